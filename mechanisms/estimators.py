@@ -1,0 +1,421 @@
+"""Unbiased group-mean and gap estimators with closed-form variances and error bounds.
+
+Paper 000, Definition 7 (estimators), Appendix A.4 (Eq. 19 for M_L, Eq. 20 for M_R) and
+Theorem 9 (the gap's MSE is the sum of the groups' MSEs); SPEC 1.3 for what goes beyond the
+paper: unknown group sizes, d > 2 groups, intervals tighter than Chebyshev.
+
+Notation: values v in [-1, 1] (v = 2 m - 1 for a metric m in [0, 1]); S_G is the sum of
+reported values v' over reports whose group is G, n'_G their number, K all reports.
+The estimator of a group's mean is  m_hat_G = S_G / (gain * n_G)  with gain = a (2b - 1)
+for M_R and a for M_L; n_G is the true group size when known, otherwise the GRR frequency
+estimate n_hat_G = (n'_G - K q) / (a - q), q = (1 - a)/(d - 1).
+
+Variances (derived per client from :class:`~mechanisms.reports.ReportMoments`)::
+
+    Var(S_G) = a alpha0 n_G + (a alpha1 - a^2 gamma^2) sum_G v^2 + (K - n_G) q beta
+
+which for d = 2 is exactly Eq. 20 (M_R) and Eq. 19 (M_L) times (gain n_G)^2; the cross
+covariances are 0 for known sizes (Theorem 9). With estimated sizes the ratio S_G / n_hat_G
+is linearised (delta method) using the exact covariances of (S_G, n'_G) across groups.
+
+All public results are in *metric units* (m in [0, 1]): means (v + 1)/2, gaps and standard
+errors half of their v-unit values.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from scipy import stats
+
+from mechanisms._validation import check_open_unit
+from mechanisms.randomized_response import grr_frequency_estimate
+from mechanisms.reports import ReportMoments, ReportSummary
+
+
+class GapMechanism(Protocol):
+    """What the estimators need from a mechanism (M_R or M_L)."""
+
+    name: str
+    epsilon_group: float
+    epsilon_value: float
+    num_groups: int
+
+    @property
+    def epsilon(self) -> float: ...
+
+    @property
+    def moments(self) -> ReportMoments: ...
+
+
+class EstimationError(ValueError):
+    """The reports do not allow an estimate (e.g. a group with no member)."""
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """A two-sided interval (metric units)."""
+
+    low: float
+    high: float
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def report_sum_variance(
+    moments: ReportMoments,
+    num_clients: int,
+    group_sizes: np.ndarray,
+    group_square_sums: np.ndarray,
+) -> np.ndarray:
+    """Var(S_G) per group: a alpha0 n + (a alpha1 - a^2 gamma^2) sum v^2 + (K - n) q beta."""
+    a = moments.keep_probability
+    q = moments.flip_probability
+    gamma = moments.value_gain
+    sizes = np.asarray(group_sizes, dtype=np.float64)
+    squares = np.asarray(group_square_sums, dtype=np.float64)
+    return (
+        a * moments.kept_second_moment * sizes
+        + (a * moments.kept_second_moment_slope - (a * gamma) ** 2) * squares
+        + (num_clients - sizes) * q * moments.flipped_second_moment
+    )
+
+
+def estimator_covariance(
+    moments: ReportMoments,
+    num_clients: int,
+    group_sizes: np.ndarray,
+    group_sums: np.ndarray,
+    group_square_sums: np.ndarray,
+    *,
+    sizes_known: bool = True,
+) -> np.ndarray:
+    """Covariance matrix (v units, d x d) of the group-mean estimators m_hat_G.
+
+    Parameters
+    ----------
+    moments : ReportMoments
+        The mechanism's report moments.
+    num_clients : int
+        K.
+    group_sizes, group_sums, group_square_sums : np.ndarray
+        n_G, sum of v and sum of v^2 over group G's members (true values, or plug-ins).
+    sizes_known : bool
+        True: m_hat = S / (gain n) with the true n (exact; diagonal, Theorem 9).
+        False: m_hat = S / (gain n_hat) with the GRR frequency estimate (delta method).
+    """
+    a = moments.keep_probability
+    q = moments.flip_probability
+    gain = a * moments.value_gain
+    sizes = np.asarray(group_sizes, dtype=np.float64)
+    sums = np.asarray(group_sums, dtype=np.float64)
+    var_totals = report_sum_variance(moments, num_clients, sizes, group_square_sums) / gain**2
+    if sizes_known:
+        return np.diag(var_totals / sizes**2)
+    num_groups = sizes.shape[0]
+    spread = a - q
+    # Joint covariance of (T_0..T_{d-1}, N_0..N_{d-1}), T_G = S_G / gain, N_G = n_hat_G.
+    cov_tt = np.diag(var_totals)
+    cov_tn = np.empty((num_groups, num_groups))
+    cov_tn[:] = -(sums * q / spread)[:, None]
+    np.fill_diagonal(cov_tn, sums * (1.0 - a) / spread)
+    pair_size = sizes[:, None] + sizes[None, :]
+    cov_nn = -(a * q * pair_size + q * q * (num_clients - pair_size)) / spread**2
+    own_size_variance = sizes * a * (1 - a) + (num_clients - sizes) * q * (1 - q)
+    np.fill_diagonal(cov_nn, own_size_variance / spread**2)
+    joint = np.block([[cov_tt, cov_tn], [cov_tn.T, cov_nn]])
+    means = sums / sizes
+    jacobian = np.hstack([np.diag(1.0 / sizes), np.diag(-means / sizes)])
+    return jacobian @ joint @ jacobian.T
+
+
+def worst_case_square_sums(moments: ReportMoments, group_sizes: np.ndarray) -> np.ndarray:
+    """The sum of v^2 in [0, n_G] that maximises Var(S_G): n_G for M_L, 0 for M_R."""
+    a = moments.keep_probability
+    slope = a * moments.kept_second_moment_slope - (a * moments.value_gain) ** 2
+    sizes = np.asarray(group_sizes, dtype=np.float64)
+    return sizes if slope > 0 else np.zeros_like(sizes)
+
+
+def chebyshev_halfwidth(variance: float | np.ndarray, confidence: float) -> np.ndarray:
+    """Chebyshev: P(|X - mu| >= t) <= Var / t^2, so t = sqrt(Var / (1 - confidence))."""
+    return np.sqrt(np.asarray(variance, dtype=np.float64) / (1.0 - confidence))
+
+
+def normal_quantile(confidence: float) -> float:
+    """z with P(|Z| <= z) = confidence."""
+    return float(stats.norm.ppf(0.5 + 0.5 * confidence))
+
+
+def fold_interval(low: float, high: float) -> ConfidenceInterval:
+    """Interval for |D| from an interval [low, high] for D."""
+    if low > 0:
+        return ConfidenceInterval(low, high)
+    if high < 0:
+        return ConfidenceInterval(-high, -low)
+    return ConfidenceInterval(0.0, max(-low, high))
+
+
+@dataclass(frozen=True)
+class GapEstimate:
+    """Private estimate of group means and gaps (metric units), with error bounds.
+
+    Attributes
+    ----------
+    group_means, group_stderrs : np.ndarray
+        m_hat_G and its standard error, per group.
+    group_sizes : np.ndarray
+        Group sizes used by the estimator (true sizes, or estimates from the reports).
+    sizes_estimated : bool
+        Whether ``group_sizes`` were estimated from the perturbed group reports.
+    pairs : tuple of (int, int)
+        Group pairs (i, j), i < j, in the order of the pairwise arrays below.
+    differences, difference_stderrs : np.ndarray
+        Signed m_hat_i - m_hat_j and standard errors.
+    gaps : np.ndarray
+        |m_hat_i - m_hat_j| (the paper's gap estimator; note |.| is biased upwards near 0).
+    gap_intervals : tuple of ConfidenceInterval
+        Normal-approximation interval for each true gap |m_i - m_j| at ``confidence``.
+    chebyshev_halfwidths : np.ndarray
+        The paper's bound: sqrt(Var_worst / (1 - confidence)) with Var_worst the pair's
+        variance at the worst-case sum of v^2 (Section 5).
+    normal_halfwidths : np.ndarray
+        z * stderr of each pair (the tighter interval's half width).
+    max_gap, max_gap_pair, max_gap_interval
+        The largest pairwise gap, its pair, and a simultaneous (Bonferroni) interval.
+    """
+
+    mechanism: str
+    epsilon: float
+    epsilon_group: float
+    epsilon_value: float
+    num_reports: int
+    confidence: float
+    group_means: np.ndarray
+    group_stderrs: np.ndarray
+    group_sizes: np.ndarray
+    sizes_estimated: bool
+    pairs: tuple[tuple[int, int], ...]
+    differences: np.ndarray
+    difference_stderrs: np.ndarray
+    gaps: np.ndarray
+    gap_intervals: tuple[ConfidenceInterval, ...]
+    chebyshev_halfwidths: np.ndarray
+    normal_halfwidths: np.ndarray
+    max_gap: float
+    max_gap_pair: tuple[int, int]
+    max_gap_interval: ConfidenceInterval
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_means.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary (keys documented in the README)."""
+        return {
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "epsilon_group": self.epsilon_group,
+            "epsilon_value": self.epsilon_value,
+            "num_reports": self.num_reports,
+            "confidence": self.confidence,
+            "group_means": self.group_means.tolist(),
+            "group_stderrs": self.group_stderrs.tolist(),
+            "group_sizes": self.group_sizes.tolist(),
+            "sizes_estimated": self.sizes_estimated,
+            "pairs": [list(pair) for pair in self.pairs],
+            "differences": self.differences.tolist(),
+            "difference_stderrs": self.difference_stderrs.tolist(),
+            "gaps": self.gaps.tolist(),
+            "gap_intervals": [[ci.low, ci.high] for ci in self.gap_intervals],
+            "chebyshev_halfwidths": self.chebyshev_halfwidths.tolist(),
+            "normal_halfwidths": self.normal_halfwidths.tolist(),
+            "max_gap": self.max_gap,
+            "max_gap_pair": list(self.max_gap_pair),
+            "max_gap_interval": [self.max_gap_interval.low, self.max_gap_interval.high],
+            "notes": list(self.notes),
+        }
+
+
+def _check_known_sizes(group_sizes: Sequence[int], summary: ReportSummary) -> np.ndarray:
+    sizes = np.asarray(group_sizes, dtype=np.float64)
+    if sizes.shape != (summary.num_groups,):
+        raise ValueError(
+            f"group_sizes must have one entry per group ({summary.num_groups}), got {sizes.size}"
+        )
+    if not np.all(np.isfinite(sizes)) or np.any(sizes != np.round(sizes)):
+        raise ValueError("group_sizes must be whole numbers")
+    if np.any(sizes < 1):
+        empty = int(np.flatnonzero(sizes < 1)[0])
+        raise EstimationError(f"group {empty} is empty (group_sizes[{empty}] = 0)")
+    if int(sizes.sum()) != summary.num_reports:
+        raise ValueError(
+            f"group_sizes must sum to the number of reports ({summary.num_reports}), "
+            f"got {int(sizes.sum())}"
+        )
+    return sizes
+
+
+def estimate_gap(
+    summary: ReportSummary,
+    mechanism: GapMechanism,
+    *,
+    group_sizes: Sequence[int] | None = None,
+    confidence: float = 0.95,
+) -> GapEstimate:
+    """Estimate every group's mean, every pairwise gap and the max gap from reports.
+
+    Parameters
+    ----------
+    summary : ReportSummary
+        Sufficient statistics of the perturbed reports (one per client).
+    mechanism : GapMechanism
+        The mechanism that produced them (its parameters define the estimator).
+    group_sizes : sequence of int, optional
+        True group sizes n_G if known (they must sum to K); otherwise they are estimated
+        from the reported groups (GRR frequency estimator) and the extra error is included
+        in the standard errors.
+    confidence : float
+        Level of the intervals and bounds, in (0, 1).
+
+    Notes
+    -----
+    Standard errors use the closed-form variance with plug-ins: the group sizes, the means,
+    and the sum of v^2 -- estimated from the reported squares for M_L, and for M_R (whose
+    reports carry no information on it) its smallest value given the mean, n m^2 (Jensen),
+    which maximises M_R's variance near that mean.
+    """
+    confidence = check_open_unit("confidence", confidence)
+    if summary.num_groups != mechanism.num_groups:
+        raise ValueError(
+            f"the summary has {summary.num_groups} groups but the mechanism expects "
+            f"{mechanism.num_groups}"
+        )
+    num_clients = summary.num_reports
+    if num_clients < mechanism.num_groups:
+        raise EstimationError(
+            f"need at least as many reports as groups ({mechanism.num_groups}), got {num_clients}"
+        )
+    moments = mechanism.moments
+    a = moments.keep_probability
+    gain = a * moments.value_gain
+    notes: list[str] = []
+    if group_sizes is not None:
+        sizes = _check_known_sizes(group_sizes, summary)
+        sizes_known = True
+    else:
+        sizes = grr_frequency_estimate(summary.report_counts, num_clients, a)
+        sizes_known = False
+        if np.any(sizes <= 0.5):
+            empty = int(np.flatnonzero(sizes <= 0.5)[0])
+            raise EstimationError(
+                f"group {empty} has an estimated size of {sizes[empty]:.1f} (<= 0.5) from the "
+                "perturbed reports: it is empty or too small to estimate at this epsilon"
+            )
+    totals = summary.value_sums / gain
+    means_v = totals / sizes
+    # Plug-in for sum_G v^2.
+    if moments.kept_second_moment_slope > 0:
+        q = moments.flip_probability
+        squares = (
+            summary.value_square_sums
+            - a * moments.kept_second_moment * sizes
+            - (num_clients - sizes) * q * moments.flipped_second_moment
+        ) / (a * moments.kept_second_moment_slope)
+    else:
+        squares = np.zeros_like(sizes)
+    lower = sizes * np.minimum(means_v**2, 1.0)
+    squares = np.clip(squares, lower, sizes)
+    cov = estimator_covariance(
+        moments, num_clients, sizes, totals, squares, sizes_known=sizes_known
+    )
+    worst = estimator_covariance(
+        moments,
+        num_clients,
+        sizes,
+        totals,
+        worst_case_square_sums(moments, sizes),
+        sizes_known=sizes_known,
+    )
+    pairs = tuple(itertools.combinations(range(mechanism.num_groups), 2))
+    first = np.array([i for i, _ in pairs])
+    second = np.array([j for _, j in pairs])
+    diff_var = cov[first, first] + cov[second, second] - 2 * cov[first, second]
+    worst_var = worst[first, first] + worst[second, second] - 2 * worst[first, second]
+    diff_var = np.maximum(diff_var, 0.0)
+    differences_v = means_v[first] - means_v[second]
+    z = normal_quantile(confidence)
+    normal_half = z * np.sqrt(diff_var)
+    intervals = tuple(
+        fold_interval(d - h, d + h) for d, h in zip(differences_v / 2, normal_half / 2, strict=True)
+    )
+    gaps = np.abs(differences_v) / 2
+    best = int(np.argmax(gaps))
+    # Simultaneous interval for the max gap: Bonferroni over the pairs.
+    z_all = normal_quantile(1.0 - (1.0 - confidence) / len(pairs))
+    simultaneous = [
+        fold_interval(d - z_all * s, d + z_all * s)
+        for d, s in zip(differences_v / 2, np.sqrt(diff_var) / 2, strict=True)
+    ]
+    max_interval = ConfidenceInterval(
+        max(ci.low for ci in simultaneous), max(ci.high for ci in simultaneous)
+    )
+    if not sizes_known:
+        notes.append("group sizes estimated from the perturbed group reports (GRR estimator)")
+    return GapEstimate(
+        mechanism=mechanism.name,
+        epsilon=float(mechanism.epsilon),
+        epsilon_group=float(mechanism.epsilon_group),
+        epsilon_value=float(mechanism.epsilon_value),
+        num_reports=int(num_clients),
+        confidence=confidence,
+        group_means=(means_v + 1.0) / 2.0,
+        group_stderrs=np.sqrt(np.maximum(np.diag(cov), 0.0)) / 2.0,
+        group_sizes=sizes,
+        sizes_estimated=not sizes_known,
+        pairs=pairs,
+        differences=differences_v / 2.0,
+        difference_stderrs=np.sqrt(diff_var) / 2.0,
+        gaps=gaps,
+        gap_intervals=intervals,
+        chebyshev_halfwidths=chebyshev_halfwidth(worst_var, confidence) / 2.0,
+        normal_halfwidths=normal_half / 2.0,
+        max_gap=float(gaps[best]),
+        max_gap_pair=pairs[best],
+        max_gap_interval=max_interval,
+        notes=tuple(notes),
+    )
+
+
+def metric_to_value(metric: np.ndarray | float) -> np.ndarray:
+    """v = 2 m - 1: a metric in [0, 1] on the mechanisms' [-1, 1] scale."""
+    return 2.0 * np.asarray(metric, dtype=np.float64) - 1.0
+
+
+def value_to_metric(value: np.ndarray | float) -> np.ndarray:
+    """m = (v + 1) / 2."""
+    return (np.asarray(value, dtype=np.float64) + 1.0) / 2.0
+
+
+__all__ = [
+    "ConfidenceInterval",
+    "EstimationError",
+    "GapEstimate",
+    "GapMechanism",
+    "chebyshev_halfwidth",
+    "estimate_gap",
+    "estimator_covariance",
+    "fold_interval",
+    "metric_to_value",
+    "normal_quantile",
+    "report_sum_variance",
+    "value_to_metric",
+    "worst_case_square_sums",
+]

@@ -1,0 +1,1 @@
+"""fedparity server side: the ServerApp, run orchestration and the command line."""

@@ -1,0 +1,460 @@
+"""The ``fedparity`` command line: the LDP math for auditors and planners.
+
+Subcommands (``fedparity <command> --help`` for every option):
+
+* ``privacy``  -- the true LDP epsilon of M_R / M_L for (eps1, eps2, d) (SPEC 1.1);
+* ``plan``     -- minimum budget for an error target, or the error bound at a budget;
+* ``measure``  -- run a mechanism on every row of a CSV (one row = one client) and estimate
+  the per-group means and gaps from the perturbed reports, streaming the file.
+
+Each takes ``--json`` to print one JSON object (keys in the README). Bad input exits with
+status 2 and a one-line message naming the parameter; nothing is computed or released.
+No Flower import here: the command starts fast and works without a federation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+import numpy as np
+
+from mechanisms import (
+    EstimationError,
+    GapEstimate,
+    UnboundedPrivacyLossError,
+    estimate_gap,
+    metric_to_value,
+    summarize_stream,
+    true_epsilon,
+)
+from mechanisms.calibration import best_split
+from mechanisms.laplace import check_noise_ratio
+from mechanisms.planner import (
+    error_bound,
+    format_table1,
+    minimum_epsilon,
+    table1,
+)
+
+#: Rows parsed per chunk by ``measure`` (bounded memory for files of any length).
+DEFAULT_CHUNK_ROWS = 1 << 20
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input: printed on one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _finite(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{name} must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise UsageError(f"{name} must be finite, got {text!r}")
+    return value
+
+
+def _positive(name: str, value: float) -> float:
+    if not value > 0:
+        raise UsageError(f"{name} must be > 0, got {value:g}")
+    return value
+
+
+def _unit_open(name: str, value: float) -> float:
+    if not 0.0 < value < 1.0:
+        raise UsageError(f"{name} must be in the open interval (0, 1), got {value:g}")
+    return value
+
+
+def _int_at_least(name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        try:  # accept integral scientific notation such as 1e7
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number.is_integer()):
+            raise UsageError(f"{name} must be an integer >= {minimum}, got {text!r}") from None
+        value = int(number)
+    if value < minimum:
+        raise UsageError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _emit(payload: dict[str, Any], text: str, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(json.dumps(payload, allow_nan=False) + "\n")
+    else:
+        out.write(text.rstrip("\n") + "\n")
+
+
+# --- privacy ------------------------------------------------------------------------------
+
+
+def _paper_claimed_epsilon(mechanism: str, eps1: float, eps2: float, k: float) -> float:
+    """What the paper's Theorem 5 / 6 claims (for contrast only; both are wrong)."""
+    if mechanism == "R":
+        return max(eps1, eps2)
+    return max(eps2, math.log(2 / k) + eps2 / 2 - eps1, math.log(k / 2) + eps2 / k + eps1)
+
+
+def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
+    eps1 = _positive("--eps1", _finite("--eps1", args.eps1))
+    eps2 = _positive("--eps2", _finite("--eps2", args.eps2))
+    groups = _int_at_least("--groups", args.groups, 2)
+    noise_ratio = _positive("--k", _finite("--k", args.k))
+    if args.mechanism == "R" and args.k != "2":
+        raise UsageError("--k only applies to --mechanism L")
+    if args.mechanism == "L":
+        try:
+            check_noise_ratio(noise_ratio)
+        except UnboundedPrivacyLossError as error:
+            raise UsageError(f"--k: {error}") from None
+    epsilon = true_epsilon(args.mechanism, eps1, eps2, groups)
+    claimed = _paper_claimed_epsilon(args.mechanism, eps1, eps2, noise_ratio)
+    payload = {
+        "mechanism": args.mechanism,
+        "epsilon_group": eps1,
+        "epsilon_value": eps2,
+        "num_groups": groups,
+        "noise_ratio": noise_ratio if args.mechanism == "L" else None,
+        "epsilon": epsilon,
+        "paper_claimed_epsilon": claimed,
+    }
+    theorem = "Theorem 5" if args.mechanism == "R" else "Theorem 6"
+    text = (
+        f"M_{args.mechanism} with eps1={eps1:g}, eps2={eps2:g}, d={groups}: "
+        f"true epsilon = {epsilon:.6g}\n"
+        f"(the paper's {theorem} claims {claimed:.6g}"
+        + (", which is wrong: see SPEC 1.1)" if not math.isclose(claimed, epsilon) else ")")
+    )
+    _emit(payload, text, args.json, out)
+    return 0
+
+
+# --- plan ---------------------------------------------------------------------------------
+
+
+def run_plan(args: argparse.Namespace, out: TextIO) -> int:
+    confidence = _unit_open("--confidence", _finite("--confidence", args.confidence))
+    groups = _int_at_least("--groups", args.groups, 2)
+    ratio = _positive("--group-ratio", _finite("--group-ratio", args.group_ratio))
+    if args.table:
+        paper = table1(paper_allocation=True, confidence=confidence)
+        valid = table1(bound=args.bound, confidence=confidence)
+        payload = {"paper_table1": paper, "valid_table1": valid, "bound": args.bound}
+        text = (
+            "Paper's Table 1 (value scale, Chebyshev; its allocations are NOT eps-LDP):\n"
+            f"{format_table1(paper)}\n\n"
+            f"Valid mechanisms (true eps <= budget; {args.bound} bound, value scale):\n"
+            f"{format_table1(valid)}"
+        )
+        _emit(payload, text, args.json, out)
+        return 0
+    if args.clients is None:
+        raise UsageError("--clients is required (or use --table)")
+    clients = _int_at_least("--clients", args.clients, groups)
+    if (args.alpha is None) == (args.epsilon is None):
+        raise UsageError("give exactly one of --alpha (find the budget) or --epsilon (the error)")
+    candidates = ("R", "L") if args.mechanism == "best" else (args.mechanism,)
+    common = dict(
+        confidence=confidence,
+        group_ratio=ratio,
+        num_groups=groups,
+        bound=args.bound,
+        scale=args.scale,
+    )
+    if args.alpha is not None:
+        alpha = _positive("--alpha", _finite("--alpha", args.alpha))
+        plans = [minimum_epsilon(name, clients, alpha, **common) for name in candidates]
+        reachable = [p for p in plans if p.epsilon is not None]
+        chosen = min(reachable, key=lambda p: p.epsilon) if reachable else plans[0]
+        query = "min_epsilon"
+    else:
+        epsilon = _positive("--epsilon", _finite("--epsilon", args.epsilon))
+        plans = [error_bound(name, clients, epsilon, **common) for name in candidates]
+        chosen = min(plans, key=lambda p: p.alpha)
+        query = "error_bound"
+    payload = {"query": query, **chosen.to_dict(), "candidates": [p.to_dict() for p in plans]}
+    lines = [
+        f"K={clients:,} clients, d={groups}, group ratio {ratio:g}, confidence {confidence:g}, "
+        f"{args.bound} bound, errors on the {args.scale} scale"
+    ]
+    for plan in plans:
+        split = plan.split
+        if query == "min_epsilon":
+            head = f"M_{plan.mechanism}: minimum epsilon for error {plan.alpha:g}: "
+            if plan.epsilon is None:
+                lines.append(head + "none (no budget up to 1e4 reaches it)")
+                continue
+            head += f"{plan.epsilon:.4g}"
+        else:
+            head = f"M_{plan.mechanism}: error bound at epsilon {plan.epsilon:g}: {plan.alpha:.4g}"
+        assert split is not None
+        lines.append(
+            f"{head}  (eps1={split.epsilon_group:.4g}, eps2={split.epsilon_value:.4g}, "
+            f"true eps={split.epsilon:.4g})"
+        )
+    if len(plans) > 1:
+        lines.append(f"best: M_{chosen.mechanism}")
+    _emit(payload, "\n".join(lines), args.json, out)
+    return 0
+
+
+# --- measure ------------------------------------------------------------------------------
+
+
+def _csv_columns(path: Path, group_column: str, metric_column: str) -> tuple[int, int]:
+    with path.open("r", encoding="utf-8") as handle:
+        header = handle.readline().strip()
+    if not header:
+        raise UsageError(f"--input: {path} is empty (expected a header line)")
+    names = [name.strip() for name in header.split(",")]
+    for option, column in (("--group-column", group_column), ("--metric-column", metric_column)):
+        if column not in names:
+            raise UsageError(f"{option}: column {column!r} not in {path.name}'s header {names}")
+    return names.index(group_column), names.index(metric_column)
+
+
+def _read_chunks(
+    path: Path,
+    group_index: int,
+    metric_index: int,
+    num_groups: int,
+    chunk_rows: int,
+    group_counts: np.ndarray,
+    raw_sums: np.ndarray,
+    args: argparse.Namespace,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (groups, values) chunks, checking every row; tally true group sizes."""
+    row = 1  # header is line 1
+    with path.open("rb") as handle:
+        handle.readline()
+        while True:
+            lines = handle.readlines(chunk_rows * 24)
+            if not lines:
+                return
+            try:
+                table = np.loadtxt(
+                    lines,
+                    delimiter=",",
+                    usecols=(group_index, metric_index),
+                    ndmin=2,
+                    dtype=np.float64,
+                )
+            except ValueError as error:
+                raise UsageError(
+                    f"--input: cannot parse rows {row + 1}-{row + len(lines)}: {error}"
+                ) from None
+            groups_float, metrics = table[:, 0], table[:, 1]
+            bad = ~np.isfinite(groups_float) | (groups_float != np.round(groups_float))
+            bad |= (groups_float < 0) | (groups_float >= num_groups)
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                raise UsageError(
+                    f"--group-column {args.group_column!r}: row {row + 1 + first} has group "
+                    f"{groups_float[first]!r}; groups must be integers in [0, {num_groups - 1}] "
+                    f"(--groups {num_groups})"
+                )
+            bad = ~np.isfinite(metrics) | (metrics < 0) | (metrics > 1)
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                raise UsageError(
+                    f"--metric-column {args.metric_column!r}: row {row + 1 + first} has value "
+                    f"{metrics[first]!r}; metric values must be in [0, 1]"
+                )
+            groups = groups_float.astype(np.int64)
+            group_counts += np.bincount(groups, minlength=num_groups)
+            raw_sums += np.bincount(groups, weights=metrics, minlength=num_groups)
+            row += len(lines)
+            yield groups, metric_to_value(metrics)
+
+
+def _format_estimate(estimate: GapEstimate, budget: float, elapsed: float) -> str:
+    level = f"{100 * estimate.confidence:g}%"
+    lines = [
+        f"M_{estimate.mechanism}: eps1={estimate.epsilon_group:.4g}, "
+        f"eps2={estimate.epsilon_value:.4g}; true epsilon spent per client = "
+        f"{estimate.epsilon:.6g} (budget {budget:g})",
+        f"K = {estimate.num_reports:,} clients; group sizes "
+        + ("estimated from the perturbed reports" if estimate.sizes_estimated else "known"),
+        "",
+        f"{'group':>5}  {'size':>12}  {'mean':>8}  {'stderr':>8}",
+    ]
+    for group in range(estimate.num_groups):
+        lines.append(
+            f"{group:>5}  {estimate.group_sizes[group]:>12,.0f}  "
+            f"{estimate.group_means[group]:>8.4f}  {estimate.group_stderrs[group]:>8.4f}"
+        )
+    lines += [
+        "",
+        f"{'pair':>6}  {'gap':>8}  {level + ' interval':>20}  {'normal +/-':>10}  "
+        f"{'Chebyshev +/-':>13}",
+    ]
+    for index, (i, j) in enumerate(estimate.pairs):
+        ci = estimate.gap_intervals[index]
+        lines.append(
+            f"{f'{i}-{j}':>6}  {estimate.gaps[index]:>8.4f}  "
+            f"{f'[{ci.low:.4f}, {ci.high:.4f}]':>20}  "
+            f"{estimate.normal_halfwidths[index]:>10.4f}  "
+            f"{estimate.chebyshev_halfwidths[index]:>13.4f}"
+        )
+    if estimate.num_groups > 2:
+        ci = estimate.max_gap_interval
+        i, j = estimate.max_gap_pair
+        lines.append(
+            f"max gap {estimate.max_gap:.4f} (groups {i}-{j}), simultaneous {level} interval "
+            f"[{ci.low:.4f}, {ci.high:.4f}]"
+        )
+    lines.append(f"(metric units; {elapsed:.1f} s)")
+    return "\n".join(lines)
+
+
+def run_measure(args: argparse.Namespace, out: TextIO) -> int:
+    budget = _positive("--epsilon", _finite("--epsilon", args.epsilon))
+    groups = _int_at_least("--groups", args.groups, 2)
+    confidence = _unit_open("--confidence", _finite("--confidence", args.confidence))
+    chunk_rows = _int_at_least("--chunk-rows", args.chunk_rows, 1)
+    seed = None if args.seed is None else _int_at_least("--seed", args.seed, 0)
+    path = Path(args.input)
+    if not path.is_file():
+        raise UsageError(f"--input: no such file: {path}")
+    group_index, metric_index = _csv_columns(path, args.group_column, args.metric_column)
+    mechanism = best_split(args.mechanism, budget, groups).build()
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(groups, dtype=np.int64)
+    raw_sums = np.zeros(groups)
+    started = time.perf_counter()
+    summary = summarize_stream(
+        mechanism,
+        _read_chunks(path, group_index, metric_index, groups, chunk_rows, counts, raw_sums, args),
+        rng,
+    )
+    if summary.num_reports < groups:
+        raise UsageError(
+            f"--input: {summary.num_reports} rows is fewer than the number of groups ({groups})"
+        )
+    if np.any(counts == 0):
+        empty = int(np.flatnonzero(counts == 0)[0])
+        raise UsageError(
+            f"--group-column {args.group_column!r}: group {empty} has no row (empty group); "
+            f"check --groups {groups}"
+        )
+    try:
+        estimate = estimate_gap(
+            summary,
+            mechanism,
+            group_sizes=counts if args.known_group_sizes else None,
+            confidence=confidence,
+        )
+    except EstimationError as error:
+        raise UsageError(f"--epsilon {budget:g}: {error}") from None
+    elapsed = time.perf_counter() - started
+    payload: dict[str, Any] = {
+        "input": str(path),
+        "budget": budget,
+        "seed": seed,
+        **estimate.to_dict(),
+        "elapsed_seconds": elapsed,
+    }
+    text = _format_estimate(estimate, budget, elapsed)
+    if args.compare_raw:
+        raw_means = raw_sums / counts
+        raw_gap = float(np.max(raw_means) - np.min(raw_means))
+        payload["raw_group_means"] = raw_means.tolist()
+        payload["raw_max_gap"] = raw_gap
+        text += (
+            "\nraw input (NOT private, for evaluating the estimate): group means "
+            + ", ".join(f"{m:.4f}" for m in raw_means)
+            + f"; max gap {raw_gap:.4f}"
+        )
+    _emit(payload, text, args.json, out)
+    return 0
+
+
+# --- entry point --------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedparity", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    privacy = commands.add_parser("privacy", help="true LDP epsilon of M_R / M_L")
+    privacy.add_argument("--mechanism", choices=("R", "L"), required=True)
+    privacy.add_argument("--eps1", required=True, help="group budget eps1 > 0")
+    privacy.add_argument("--eps2", required=True, help="value budget eps2 > 0")
+    privacy.add_argument("--groups", default="2", help="number of groups d >= 2 (default 2)")
+    privacy.add_argument("--k", default="2", help="M_L noise ratio; only k = 2 is LDP")
+    privacy.add_argument("--json", action="store_true", help="print one JSON object")
+
+    plan = commands.add_parser("plan", help="budget for an error target, or error at a budget")
+    plan.add_argument("--mechanism", choices=("R", "L", "best"), default="best")
+    plan.add_argument("--clients", help="number of clients K")
+    plan.add_argument("--alpha", help="error target: find the minimum epsilon")
+    plan.add_argument("--epsilon", help="budget: find the error bound")
+    plan.add_argument("--confidence", default="0.99", help="probability of the bound (0.99)")
+    plan.add_argument("--group-ratio", default="1", help="n_A / n_B (default 1: balanced)")
+    plan.add_argument("--groups", default="2", help="number of groups d (default 2)")
+    plan.add_argument("--bound", choices=("chebyshev", "normal"), default="chebyshev")
+    plan.add_argument("--scale", choices=("metric", "value"), default="metric")
+    plan.add_argument("--table", action="store_true", help="print Table 1 (paper vs valid)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+    measure = commands.add_parser("measure", help="run a mechanism + estimator on a CSV")
+    measure.add_argument("--input", required=True, help="CSV, one row per client, with header")
+    measure.add_argument("--epsilon", required=True, help="per-client LDP budget")
+    measure.add_argument("--mechanism", choices=("R", "L", "best"), default="best")
+    measure.add_argument("--seed", default=None, help="seed (simulations only; omit in production)")
+    measure.add_argument("--group-column", default="group")
+    measure.add_argument("--metric-column", default="metric")
+    measure.add_argument("--groups", default="2", help="number of groups d (default 2)")
+    measure.add_argument("--confidence", default="0.95", help="interval level (0.95)")
+    measure.add_argument(
+        "--known-group-sizes",
+        action="store_true",
+        help="use the true group sizes from the file instead of estimating them",
+    )
+    measure.add_argument(
+        "--compare-raw",
+        action="store_true",
+        help="also print the raw (non-private) group means of the input",
+    )
+    measure.add_argument("--chunk-rows", default=str(DEFAULT_CHUNK_ROWS), help=argparse.SUPPRESS)
+    measure.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+COMMANDS = {"privacy": run_privacy, "plan": run_plan, "measure": run_measure}
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    out = sys.stdout if out is None else out
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args, out)
+    except (UsageError, ValueError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        sys.stderr.write(f"fedparity {args.command}: error: {message}\n")
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""fedparity Flower strategies: thin adapters around mechanisms/."""
