@@ -1,0 +1,1 @@
+"""Client side of fedparity: user populations (``data``) and the model task (``task``)."""

@@ -1,0 +1,195 @@
+"""The run configuration: one typed, validated view of ``context.run_config``.
+
+Keys are the kebab-case keys of ``[tool.flwr.app.config]`` in pyproject.toml (defaults) and
+of the experiment files in ``configs/`` (``flwr run . --run-config configs/<name>.toml``).
+:func:`RunConfig.from_mapping` rejects unknown keys and out-of-range values with a message
+naming the key, before any work starts; clients and server parse the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from clients.data import DATASETS
+from clients.task import METRIC_NAMES
+from mechanisms.accounting import BUDGET_TOLERANCE
+
+TASKS = ("ldp-audit",)
+MECHANISM_CHOICES = ("R", "L", "best")
+GROUP_SIZE_MODES = ("estimated", "known")
+
+
+class ConfigError(ValueError):
+    """A run-config key is missing, unknown or out of range."""
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"{key} must be true or false, got {value!r}")
+
+
+def _as_int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}") from None
+    if not number.is_integer() or number < minimum:
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return int(number)
+
+
+def _as_float(key: str, value: Any, *, low: float, high: float, open_low: bool = True) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    inside = (number > low if open_low else number >= low) and number < high
+    if not math.isfinite(number) or not inside:
+        bracket = "(" if open_low else "["
+        raise ConfigError(f"{key} must be in {bracket}{low:g}, {high:g}), got {value!r}")
+    return number
+
+
+def _as_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+    return str(value)
+
+
+def _as_epsilons(key: str, value: Any) -> tuple[float, ...]:
+    parts = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not parts:
+        raise ConfigError(f'{key} must list at least one epsilon, e.g. "0.5,1,2"')
+    epsilons = tuple(
+        _as_float(f"{key} (entry {index + 1})", part, low=0.0, high=math.inf)
+        for index, part in enumerate(parts)
+    )
+    return epsilons
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Validated run configuration (see pyproject.toml for every key's meaning)."""
+
+    task: str = "ldp-audit"
+    dataset: str = "synthetic"
+    data_dir: str = ""
+    download: bool = False
+    users_per_node: int = 1000
+    num_groups: int = 2
+    seed: int = 42
+    num_server_rounds: int = 3
+    local_epochs: int = 1
+    learning_rate: float = 0.1
+    metric: str = "accuracy"
+    mechanism: str = "best"
+    epsilons: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    confidence: float = 0.95
+    user_budget: float = 10.0
+    group_sizes: str = "estimated"
+    ground_truth: bool = True
+    output_dir: str = ""
+    reply_timeout: float = 600.0
+    min_nodes: int = 1
+    node_wait_timeout: float = 120.0
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The accepted kebab-case keys."""
+        return tuple(field.name.replace("_", "-") for field in fields(cls))
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> RunConfig:
+        """Parse ``context.run_config`` (missing keys take the defaults above)."""
+        unknown = sorted(set(mapping) - set(cls.keys()))
+        if unknown:
+            raise ConfigError(
+                f"unknown run-config key(s) {', '.join(unknown)}; known keys: "
+                f"{', '.join(cls.keys())}"
+            )
+        get = {key.replace("-", "_"): value for key, value in mapping.items()}
+        default = cls()
+        values: dict[str, Any] = {
+            "task": _as_choice("task", get.get("task", default.task), TASKS),
+            "dataset": _as_choice("dataset", get.get("dataset", default.dataset), DATASETS),
+            "data_dir": str(get.get("data_dir", default.data_dir)),
+            "download": _as_bool("download", get.get("download", default.download)),
+            "users_per_node": _as_int(
+                "users-per-node", get.get("users_per_node", default.users_per_node), 1
+            ),
+            "num_groups": _as_int("num-groups", get.get("num_groups", default.num_groups), 2),
+            "seed": _as_int("seed", get.get("seed", default.seed), 0),
+            "num_server_rounds": _as_int(
+                "num-server-rounds", get.get("num_server_rounds", default.num_server_rounds), 0
+            ),
+            "local_epochs": _as_int(
+                "local-epochs", get.get("local_epochs", default.local_epochs), 1
+            ),
+            "learning_rate": _as_float(
+                "learning-rate",
+                get.get("learning_rate", default.learning_rate),
+                low=0.0,
+                high=math.inf,
+            ),
+            "metric": _as_choice("metric", get.get("metric", default.metric), METRIC_NAMES),
+            "mechanism": _as_choice(
+                "mechanism", get.get("mechanism", default.mechanism), MECHANISM_CHOICES
+            ),
+            "epsilons": _as_epsilons("epsilons", get.get("epsilons", "0.5,1,2,4")),
+            "confidence": _as_float(
+                "confidence", get.get("confidence", default.confidence), low=0.0, high=1.0
+            ),
+            "user_budget": _as_float(
+                "user-budget", get.get("user_budget", default.user_budget), low=0.0, high=math.inf
+            ),
+            "group_sizes": _as_choice(
+                "group-sizes", get.get("group_sizes", default.group_sizes), GROUP_SIZE_MODES
+            ),
+            "ground_truth": _as_bool("ground-truth", get.get("ground_truth", default.ground_truth)),
+            "output_dir": str(get.get("output_dir", default.output_dir)),
+            "reply_timeout": _as_float(
+                "reply-timeout",
+                get.get("reply_timeout", default.reply_timeout),
+                low=0.0,
+                high=math.inf,
+            ),
+            "min_nodes": _as_int("min-nodes", get.get("min_nodes", default.min_nodes), 1),
+            "node_wait_timeout": _as_float(
+                "node-wait-timeout",
+                get.get("node_wait_timeout", default.node_wait_timeout),
+                low=0.0,
+                high=math.inf,
+            ),
+        }
+        config = cls(**values)
+        if config.dataset == "adult" and config.num_groups != 2:
+            raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')
+        total = sum(config.epsilons)
+        if total > config.user_budget + BUDGET_TOLERANCE:
+            raise ConfigError(
+                f"epsilons sum to {total:g}, more than user-budget = {config.user_budget:g}: "
+                "every user would refuse the later audits (sequential composition)"
+            )
+        if config.group_sizes == "known" and not config.ground_truth:
+            raise ConfigError(
+                'group-sizes = "known" needs the simulation harness (ground-truth = true): '
+                "a real server does not know the group sizes"
+            )
+        return config
+
+    @classmethod
+    def from_toml(cls, path: str | Path, base: Mapping[str, Any] | None = None) -> RunConfig:
+        """Parse a ``configs/*.toml`` file over ``base`` (e.g. pyproject's defaults)."""
+        with Path(path).open("rb") as handle:
+            overrides = tomllib.load(handle)
+        return cls.from_mapping({**(base or {}), **overrides})

@@ -1,0 +1,298 @@
+"""LDP gap audit: a Flower strategy around :mod:`mechanisms` (SPEC 1, SPEC 4).
+
+One audit = one exchange. The server sends the global model and the mechanism's public
+parameters (M_R or M_L, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
+node evaluates the model for each of its users, perturbs each user's (group, metric) pair
+on the node and replies with the perturbed pairs only. The strategy validates every reply,
+counts rejected and missing ones, merges the accepted reports into a
+:class:`~mechanisms.reports.ReportSummary` and calls :func:`~mechanisms.estimators.estimate_gap`.
+
+It is not a :class:`flwr.serverapp.strategy.Strategy` subclass: an audit is not a training
+round (no arrays are aggregated, and every audit spends privacy budget, so it must not run
+in every round of ``Strategy.start``). It follows the same shape: ``configure_audit`` and
+``aggregate_audit`` hooks, ``summary()``, and ``start()`` that runs one audit on a Grid.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
+from mechanisms.accounting import BUDGET_TOLERANCE
+from mechanisms.calibration import GapMechanismType
+
+#: Message type of an audit; the ClientApp handles it with ``@app.query("ldp_audit")``.
+AUDIT_MESSAGE_TYPE = "query.ldp_audit"
+#: Record keys of an audit reply.
+REPORTS_KEY = "reports"
+GROUPS_KEY = "groups"
+VALUES_KEY = "values"
+METRICS_KEY = "metrics"
+
+
+@dataclass(frozen=True)
+class RejectedReply:
+    """A reply that was not used, and why."""
+
+    node_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class AuditOutcome:
+    """Everything one audit produced.
+
+    Attributes
+    ----------
+    estimate : GapEstimate or None
+        The private estimate (None if the accepted reports did not allow one; see ``error``).
+    summary : ReportSummary
+        Sufficient statistics of the accepted reports.
+    nodes_sent, nodes_replied : int
+        Messages sent, replies received (before the timeout).
+    accepted_nodes : int
+        Replies whose reports were used.
+    rejected : tuple of RejectedReply
+        Replies that failed validation (or carried an error).
+    missing_nodes : tuple of int
+        Nodes that were sent the audit but did not reply.
+    refused_users : int
+        Users who refused because their privacy ledger could not afford the audit.
+    undefined_users : int
+        Users whose metric is undefined (e.g. TPR without positives); they do not report.
+    error : str or None
+        Why there is no estimate, if there is none.
+    """
+
+    estimate: GapEstimate | None
+    summary: ReportSummary
+    nodes_sent: int
+    nodes_replied: int
+    accepted_nodes: int
+    rejected: tuple[RejectedReply, ...] = field(default=())
+    missing_nodes: tuple[int, ...] = field(default=())
+    refused_users: int = 0
+    undefined_users: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "estimate": None if self.estimate is None else self.estimate.to_dict(),
+            "num_reports": self.summary.num_reports,
+            "nodes_sent": self.nodes_sent,
+            "nodes_replied": self.nodes_replied,
+            "accepted_nodes": self.accepted_nodes,
+            "rejected_replies": [{"node_id": r.node_id, "reason": r.reason} for r in self.rejected],
+            "missing_nodes": list(self.missing_nodes),
+            "refused_users": self.refused_users,
+            "undefined_users": self.undefined_users,
+            "error": self.error,
+        }
+
+
+class LdpGapAudit:
+    """Server side of one LDP audit of the performance gap.
+
+    Parameters
+    ----------
+    mechanism : RandomizedResponseMechanism or LaplaceMechanism
+        What every user applies; its *true* epsilon must fit ``budget``.
+    budget : float
+        The epsilon this audit may spend per user.
+    metric : str
+        The per-user metric audited (accuracy, tpr, fpr, fnr).
+    confidence : float
+        Level of the intervals.
+    group_sizes : sequence of int, optional
+        True group sizes (simulation harness only); by default estimated from the reports.
+    audit_id : str
+        Label recorded in the users' ledgers.
+    """
+
+    def __init__(
+        self,
+        mechanism: GapMechanismType,
+        *,
+        budget: float,
+        metric: str = "accuracy",
+        confidence: float = 0.95,
+        group_sizes: Sequence[int] | None = None,
+        audit_id: str = "audit",
+    ) -> None:
+        if not budget > 0:
+            raise ValueError(f"budget must be > 0, got {budget!r}")
+        if mechanism.epsilon > budget + BUDGET_TOLERANCE:
+            raise ValueError(
+                f"the mechanism's true epsilon {mechanism.epsilon:.6g} exceeds the audit "
+                f"budget {budget:g}: refusing to release"
+            )
+        if not 0.0 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        self.mechanism = mechanism
+        self.budget = float(budget)
+        self.metric = metric
+        self.confidence = float(confidence)
+        self.group_sizes = None if group_sizes is None else list(group_sizes)
+        self.audit_id = audit_id
+
+    def summary(self) -> None:
+        """Log the audit's parameters (like ``Strategy.summary``)."""
+        mech = self.mechanism
+        log(logging.INFO, "LdpGapAudit %s:", self.audit_id)
+        log(
+            logging.INFO,
+            "\t├── M_%s: eps1=%.4g eps2=%.4g d=%d; true epsilon %.4g (budget %.4g)",
+            mech.name,
+            mech.epsilon_group,
+            mech.epsilon_value,
+            mech.num_groups,
+            mech.epsilon,
+            self.budget,
+        )
+        log(
+            logging.INFO,
+            "\t└── metric %s, confidence %.3g, group sizes %s",
+            self.metric,
+            self.confidence,
+            "known (simulation)" if self.group_sizes is not None else "estimated",
+        )
+
+    def audit_config(self) -> ConfigRecord:
+        """The public parameters a client needs (it recomputes the true epsilon itself)."""
+        mech = self.mechanism
+        return ConfigRecord(
+            {
+                "mechanism": mech.name,
+                "epsilon-group": float(mech.epsilon_group),
+                "epsilon-value": float(mech.epsilon_value),
+                "num-groups": int(mech.num_groups),
+                "budget": self.budget,
+                "metric": self.metric,
+                "audit-id": self.audit_id,
+            }
+        )
+
+    def configure_audit(self, arrays: ArrayRecord, node_ids: Iterable[int]) -> list[Message]:
+        """One audit message per node, carrying the model and the audit config."""
+        content = RecordDict({"arrays": arrays, "config": self.audit_config()})
+        return [
+            Message(content=content, dst_node_id=node_id, message_type=AUDIT_MESSAGE_TYPE)
+            for node_id in node_ids
+        ]
+
+    def check_reply(self, reply: Message) -> tuple[ReportSummary, int, int]:
+        """Validate one reply and summarise its reports; ``ValueError`` says what is wrong."""
+        if reply.has_error():
+            raise ValueError(f"client error: {reply.error.reason}")
+        content = reply.content
+        if REPORTS_KEY not in content.array_records:
+            raise ValueError(f"no '{REPORTS_KEY}' ArrayRecord")
+        record = content.array_records[REPORTS_KEY]
+        if GROUPS_KEY not in record or VALUES_KEY not in record:
+            raise ValueError(f"'{REPORTS_KEY}' must hold '{GROUPS_KEY}' and '{VALUES_KEY}'")
+        try:
+            groups = record[GROUPS_KEY].numpy()
+            values = record[VALUES_KEY].numpy()
+        except Exception as error:  # a corrupt Array must not end the run
+            raise ValueError(f"cannot decode reports: {error}") from None
+        if groups.ndim != 1 or values.ndim != 1 or groups.shape != values.shape:
+            raise ValueError(
+                f"groups and values must be 1-D of equal length, got {groups.shape} "
+                f"and {values.shape}"
+            )
+        if not np.issubdtype(groups.dtype, np.integer):
+            raise ValueError(f"groups must be integers, got dtype {groups.dtype}")
+        num_groups = self.mechanism.num_groups
+        if groups.size and (groups.min() < 0 or groups.max() >= num_groups):
+            raise ValueError(f"group out of range [0, {num_groups - 1}]")
+        if values.dtype.kind not in "iuf":
+            raise ValueError(f"values must be numeric, got dtype {values.dtype}")
+        if not np.all(self.mechanism.is_valid_report_value(values)):
+            raise ValueError(
+                f"values outside M_{self.mechanism.name}'s output domain "
+                + ("{-1, +1}" if self.mechanism.name == "R" else "(finite reals)")
+            )
+        metrics = content.metric_records.get(METRICS_KEY, {})
+        declared = metrics.get("num-reports", groups.size)
+        if int(declared) != groups.size:
+            raise ValueError(f"num-reports says {declared}, the arrays hold {groups.size}")
+        refused = int(metrics.get("num-refused", 0))
+        undefined = int(metrics.get("num-undefined", 0))
+        if refused < 0 or undefined < 0:
+            raise ValueError("num-refused and num-undefined must be >= 0")
+        if self.mechanism.name == "R":
+            values = values.astype(np.int8)
+        return (
+            ReportSummary.from_reports(groups.astype(np.int64), values, num_groups),
+            refused,
+            (undefined),
+        )
+
+    def aggregate_audit(self, sent_to: Sequence[int], replies: Iterable[Message]) -> AuditOutcome:
+        """Validate replies, merge accepted reports and estimate; never raises on bad replies."""
+        total = ReportSummary.empty(self.mechanism.num_groups)
+        rejected: list[RejectedReply] = []
+        replied: set[int] = set()
+        accepted = refused = undefined = 0
+        for reply in replies:
+            node_id = int(reply.metadata.src_node_id)
+            if node_id in replied:
+                rejected.append(RejectedReply(node_id, "duplicate reply"))
+                continue
+            replied.add(node_id)
+            if node_id not in sent_to:
+                rejected.append(RejectedReply(node_id, "reply from a node that was not asked"))
+                continue
+            try:
+                summary, node_refused, node_undefined = self.check_reply(reply)
+            except ValueError as error:
+                rejected.append(RejectedReply(node_id, str(error)))
+                continue
+            total = total.merge(summary)
+            accepted += 1
+            refused += node_refused
+            undefined += node_undefined
+        missing = tuple(node for node in sent_to if node not in replied)
+        estimate, error_text = None, None
+        try:
+            estimate = estimate_gap(
+                total, self.mechanism, group_sizes=self.group_sizes, confidence=self.confidence
+            )
+        except (EstimationError, ValueError) as error:
+            error_text = str(error)
+        for item in rejected:
+            log(
+                logging.WARNING,
+                "LDP audit: rejected reply from node %d: %s",
+                item.node_id,
+                item.reason,
+            )
+        if missing:
+            log(logging.WARNING, "LDP audit: no reply from %d node(s)", len(missing))
+        return AuditOutcome(
+            estimate=estimate,
+            summary=total,
+            nodes_sent=len(sent_to),
+            nodes_replied=len(replied),
+            accepted_nodes=accepted,
+            rejected=tuple(rejected),
+            missing_nodes=missing,
+            refused_users=refused,
+            undefined_users=undefined,
+            error=error_text,
+        )
+
+    def start(self, grid: Grid, arrays: ArrayRecord, *, timeout: float = 600.0) -> AuditOutcome:
+        """Run the audit on every connected node and return the outcome."""
+        self.summary()
+        node_ids = sorted(grid.get_node_ids())
+        messages = self.configure_audit(arrays, node_ids)
+        replies = grid.send_and_receive(messages, timeout=timeout)
+        return self.aggregate_audit(node_ids, replies)

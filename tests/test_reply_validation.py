@@ -1,0 +1,245 @@
+"""Server-side validation of client replies: malformed or missing replies are counted and
+reported, never crash a run (LdpGapAudit for the audit, RobustFedAvg for training).
+
+Replies are real ``flwr.app.Message`` objects built with ``reply_to`` (as a ClientApp does);
+the faults are the point of the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from mechanisms import LaplaceMechanism, RandomizedResponseMechanism, ReportSummary
+from strategies.ldp_audit import (
+    AUDIT_MESSAGE_TYPE,
+    GROUPS_KEY,
+    METRICS_KEY,
+    REPORTS_KEY,
+    VALUES_KEY,
+    LdpGapAudit,
+)
+from strategies.robust_fedavg import RobustFedAvg
+
+
+@pytest.fixture(autouse=True)
+def task_identity() -> Iterator[None]:
+    """Messages need a run/task identity, which a running ServerApp process has."""
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+def _instruction(node_id: int) -> Message:
+    return Message(content=RecordDict({}), dst_node_id=node_id, message_type=AUDIT_MESSAGE_TYPE)
+
+
+def _reply(node_id: int, groups: np.ndarray, values: np.ndarray, **metrics: int) -> Message:
+    record = ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)})
+    content = RecordDict(
+        {
+            REPORTS_KEY: record,
+            METRICS_KEY: MetricRecord({"num-reports": int(groups.size), **metrics}),
+        }
+    )
+    return Message(content=content, reply_to=_instruction(node_id))
+
+
+def _honest_reports(
+    mechanism: RandomizedResponseMechanism | LaplaceMechanism,
+    num_users: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    groups = (rng.random(num_users) < 0.5).astype(np.int64)
+    values = np.where(groups == 0, 0.6, -0.2)
+    reports = mechanism.perturb(groups, values, rng)
+    return reports.groups, reports.values
+
+
+def test_valid_replies_are_merged_exactly() -> None:
+    rng = np.random.default_rng(3)
+    mechanism = RandomizedResponseMechanism(1.0, 2.0)
+    audit = LdpGapAudit(mechanism, budget=mechanism.epsilon)
+    parts = [_honest_reports(mechanism, 500, rng) for _ in range(3)]
+    replies = [_reply(node, g, v) for node, (g, v) in zip((11, 12, 13), parts, strict=True)]
+    outcome = audit.aggregate_audit([11, 12, 13], replies)
+    expected = ReportSummary.from_reports(
+        np.concatenate([g for g, _ in parts]), np.concatenate([v for _, v in parts]), 2
+    )
+    assert outcome.accepted_nodes == 3 and not outcome.rejected and not outcome.missing_nodes
+    np.testing.assert_array_equal(outcome.summary.report_counts, expected.report_counts)
+    np.testing.assert_array_equal(outcome.summary.value_sums, expected.value_sums)
+    assert outcome.estimate is not None and outcome.estimate.num_reports == 1500
+
+
+def _malformed_replies(node_ids: list[int]) -> list[tuple[Message, str]]:
+    """(reply, fragment of the expected rejection reason) for one fault each."""
+    ok_groups = np.array([0, 1, 1], dtype=np.int64)
+    ok_values = np.array([1, -1, 1], dtype=np.int8)
+    no_reports = Message(
+        content=RecordDict({METRICS_KEY: MetricRecord({"num-reports": 0})}),
+        reply_to=_instruction(node_ids[1]),
+    )
+    wrong_keys = Message(
+        content=RecordDict({REPORTS_KEY: ArrayRecord({"g": Array(ok_groups)})}),
+        reply_to=_instruction(node_ids[2]),
+    )
+    faults = [
+        (Message(Error(code=1, reason="boom"), reply_to=_instruction(node_ids[0])), "boom"),
+        (no_reports, "no 'reports'"),
+        (wrong_keys, "must hold"),
+        (_reply(node_ids[3], np.array([0, 2, 1]), ok_values), "out of range"),
+        (_reply(node_ids[4], np.array([0.0, 1.0, 1.0]), ok_values), "integers"),
+        (_reply(node_ids[5], ok_groups, np.array([1, 0, 1], dtype=np.int8)), "output domain"),
+        (_reply(node_ids[6], ok_groups, np.array([1, 1])), "equal length"),
+        (_reply(node_ids[7], ok_groups, np.array([1.0, np.nan, -1.0])), "output domain"),
+    ]
+    mismatch = _reply(node_ids[8], ok_groups, ok_values)
+    mismatch.content.metric_records[METRICS_KEY]["num-reports"] = 7
+    faults.append((mismatch, "num-reports"))
+    faults.append((_reply(node_ids[9], ok_groups, np.array(["a", "b", "c"])), "numeric"))
+    return faults
+
+
+def test_malformed_replies_are_counted_and_reported_not_raised() -> None:
+    rng = np.random.default_rng(5)
+    mechanism = RandomizedResponseMechanism(1.0, 2.0)
+    audit = LdpGapAudit(mechanism, budget=mechanism.epsilon)
+    bad_nodes = list(range(100, 110))
+    faults = _malformed_replies(bad_nodes)
+    good = [_reply(node, *_honest_reports(mechanism, 2000, rng)) for node in (1, 2)]
+    duplicate = _reply(1, *_honest_reports(mechanism, 10, rng))
+    stranger = _reply(999, *_honest_reports(mechanism, 10, rng))
+    missing_nodes = [3, 4]
+    sent_to = [1, 2, *missing_nodes, *bad_nodes]
+    replies = [*good, *(reply for reply, _ in faults), duplicate, stranger]
+    outcome = audit.aggregate_audit(sent_to, replies)
+
+    assert outcome.accepted_nodes == 2
+    assert outcome.summary.num_reports == 4000  # only the two honest replies
+    assert outcome.missing_nodes == tuple(missing_nodes)
+    reasons = {item.node_id: item.reason for item in outcome.rejected if item.node_id >= 100}
+    for node, (_, fragment) in zip(bad_nodes, faults, strict=True):
+        assert fragment in reasons[node], (node, reasons.get(node))
+    others = [item for item in outcome.rejected if item.node_id < 100 or item.node_id == 999]
+    assert {item.reason for item in others} == {
+        "duplicate reply",
+        "reply from a node that was not asked",
+    }
+    assert outcome.estimate is not None  # the run goes on with the valid replies
+    report = outcome.to_dict()
+    assert len(report["rejected_replies"]) == len(faults) + 2
+    assert report["missing_nodes"] == missing_nodes
+
+
+def test_laplace_reports_must_be_finite_reals() -> None:
+    mechanism = LaplaceMechanism(0.5, 1.0)
+    audit = LdpGapAudit(mechanism, budget=1.0)
+    groups = np.array([0, 1, 0], dtype=np.int64)
+    replies = [
+        _reply(1, groups, np.array([3.5, -7.25, 0.1])),
+        _reply(2, groups, np.array([0.3, np.inf, 0.2])),
+    ]
+    outcome = audit.aggregate_audit([1, 2], replies)
+    assert outcome.accepted_nodes == 1
+    assert [item.node_id for item in outcome.rejected] == [2]
+
+
+def test_no_valid_reply_gives_an_error_not_an_exception() -> None:
+    mechanism = RandomizedResponseMechanism(1.0, 1.0)
+    audit = LdpGapAudit(mechanism, budget=mechanism.epsilon)
+    replies = [Message(Error(code=1, reason="dropped"), reply_to=_instruction(7))]
+    outcome = audit.aggregate_audit([7, 8], replies)
+    assert outcome.estimate is None and outcome.error
+    assert outcome.missing_nodes == (8,)
+    assert outcome.summary.num_reports == 0
+
+
+def test_audit_refuses_a_mechanism_over_budget() -> None:
+    mechanism = RandomizedResponseMechanism(1.0, 1.0)  # true epsilon 1.3799 (SPEC 1.1)
+    with pytest.raises(ValueError, match="exceeds the audit budget"):
+        LdpGapAudit(mechanism, budget=1.0)
+
+
+def test_audit_config_carries_only_public_parameters() -> None:
+    mechanism = LaplaceMechanism(0.5, 1.0, 3)
+    audit = LdpGapAudit(mechanism, budget=1.0, metric="tpr", audit_id="a1")
+    config = audit.audit_config()
+    assert dict(config) == {
+        "mechanism": "L",
+        "epsilon-group": 0.5,
+        "epsilon-value": 1.0,
+        "num-groups": 3,
+        "budget": 1.0,
+        "metric": "tpr",
+        "audit-id": "a1",
+    }
+    messages = audit.configure_audit(ArrayRecord({"w": Array(np.zeros(2))}), [4, 5])
+    assert [m.metadata.dst_node_id for m in messages] == [4, 5]
+    assert all(m.metadata.message_type == AUDIT_MESSAGE_TYPE for m in messages)
+
+
+# --- training replies ------------------------------------------------------------------------
+
+
+def _train_reply(node_id: int, arrays: dict[str, np.ndarray], weight: object) -> Message:
+    instruction = Message(content=RecordDict({}), dst_node_id=node_id, message_type="train")
+    records: dict[str, ArrayRecord | MetricRecord] = {
+        "arrays": ArrayRecord({key: Array(value) for key, value in arrays.items()})
+    }
+    if weight is not None:
+        records["metrics"] = MetricRecord({"num-examples": weight})
+    return Message(content=RecordDict(records), reply_to=instruction)
+
+
+def test_robust_fedavg_averages_good_replies_and_counts_bad_ones() -> None:
+    strategy = RobustFedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    shapes = {"w": np.zeros((2, 3)), "b": np.zeros(1)}
+    strategy._sent_shapes = {key: value.shape for key, value in shapes.items()}
+    good_a = {"w": np.ones((2, 3)), "b": np.array([1.0])}
+    good_b = {"w": 4 * np.ones((2, 3)), "b": np.array([4.0])}
+    replies = [
+        _train_reply(1, good_a, 1),
+        _train_reply(2, good_b, 2),
+        _train_reply(3, {"w": np.ones((3, 2)), "b": np.array([1.0])}, 5),
+        _train_reply(4, {"w": np.full((2, 3), np.nan), "b": np.array([1.0])}, 5),
+        _train_reply(5, good_a, None),
+        _train_reply(6, good_a, -1),
+        _train_reply(7, {"w": np.ones((2, 3))}, 5),
+        _train_reply(9, {"w": np.zeros((2, 3)), "b": np.zeros(1)}, 0),  # empty shard: skipped
+        Message(
+            Error(code=2, reason="node crashed"),
+            reply_to=Message(content=RecordDict({}), dst_node_id=8, message_type="train"),
+        ),
+    ]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    averaged = arrays.to_numpy_ndarrays()
+    # weights 1 and 2: (1 * 1 + 2 * 4) / 3 = 3
+    np.testing.assert_allclose(averaged[0], np.full((2, 3), 3.0))
+    rejected = {item.node_id: item.reason for item in strategy.rejected[1]}
+    assert sorted(rejected) == [3, 4, 5, 6, 7, 8]
+    assert "shape" in rejected[3] and "NaN" in rejected[4] and "node crashed" in rejected[8]
+
+
+def test_robust_fedavg_with_no_valid_reply_keeps_the_model() -> None:
+    strategy = RobustFedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+    strategy._sent_shapes = {"w": (2,)}
+    arrays, metrics = strategy.aggregate_train(
+        1, [_train_reply(1, {"w": np.array([np.inf, 0.0])}, 3)]
+    )
+    assert arrays is None and metrics is None
+    assert len(strategy.rejected[1]) == 1
+
+
+def test_config_record_roundtrip_of_audit_values() -> None:
+    """The audit parameters survive Flower's ConfigRecord types (floats stay floats)."""
+    mechanism = RandomizedResponseMechanism(0.620114506958, 1.0)
+    record = LdpGapAudit(mechanism, budget=1.0).audit_config()
+    assert isinstance(record, ConfigRecord)
+    assert float(record["epsilon-group"]) == mechanism.epsilon_group
