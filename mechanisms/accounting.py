@@ -94,13 +94,21 @@ class ShardLedger:
             raise ValueError(f"spent must have shape ({self.num_users},), got {self.spent.shape}")
 
     def spend(self, epsilon: float, users: np.ndarray | None = None) -> np.ndarray:
-        """Charge ``epsilon`` to every user (or the masked ones) who can afford it.
+        """Charge ``epsilon`` to every user (or those where ``users`` is True) who can afford it.
 
         Returns the boolean mask of users who answered; the others refuse and are not
         charged.
         """
         epsilon = check_epsilon("epsilon", epsilon)
-        wanted = np.ones(self.num_users, dtype=bool) if users is None else np.asarray(users)
+        if users is None:
+            wanted = np.ones(self.num_users, dtype=bool)
+        else:
+            wanted = np.asarray(users)
+            if wanted.dtype != np.bool_ or wanted.shape != (self.num_users,):
+                raise ValueError(
+                    f"users must be a boolean mask of shape ({self.num_users},), got dtype "
+                    f"{wanted.dtype} and shape {wanted.shape}"
+                )
         allowed = wanted & (self.spent + epsilon <= self.budget + BUDGET_TOLERANCE)
         self.spent = self.spent + epsilon * allowed
         return allowed

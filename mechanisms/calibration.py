@@ -148,7 +148,7 @@ def optimal_split(
         Expected share of each group (default: equal); only the objective depends on it.
     """
     check_choice("mechanism", mechanism, MECHANISMS)
-    budget = check_epsilon("epsilon", budget)
+    budget = check_epsilon("budget", budget)
     num_groups = check_num_groups(num_groups)
     fractions = check_group_fractions(group_fractions, num_groups)
     return _optimal_split(mechanism, budget, num_groups, tuple(fractions.tolist()))

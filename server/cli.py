@@ -221,7 +221,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _csv_columns(path: Path, group_column: str, metric_column: str) -> tuple[int, int]:
-    with path.open("r", encoding="utf-8") as handle:
+    with path.open("r", encoding="utf-8-sig") as handle:  # tolerate a BOM (Excel)
         header = handle.readline().strip()
     if not header:
         raise UsageError(f"--input: {path} is empty (expected a header line)")

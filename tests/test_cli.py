@@ -1,0 +1,382 @@
+"""The ``fedparity`` command line (server/cli.py): privacy, plan and measure."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.cli import main
+
+FEDPARITY = Path(sys.executable).with_name("fedparity")
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue()
+
+
+def run_json(argv: list[str]) -> dict:
+    code, text = run([*argv, "--json"])
+    assert code == 0
+    lines = text.strip().splitlines()
+    assert len(lines) == 1  # one JSON object
+    return json.loads(lines[0])
+
+
+def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    """Exit status 2, nothing on stdout, a one-line stderr message containing ``needles``."""
+    capsys.readouterr()
+    code, text = run(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert text == ""
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
+    """SPEC 1.1 closed forms (M_R any d; M_L with k = 2)."""
+    if mechanism == "R":
+        log_two_b = math.log(2.0) - math.log1p(math.exp(-eps2))
+        log_half = math.log1p(math.exp(eps2)) - math.log(2.0)
+        return max(eps2, eps1 + log_two_b, log_half - eps1)
+    return max(eps2, eps1 + eps2 / 2.0)
+
+
+# --- privacy --------------------------------------------------------------------------------------
+
+
+def test_privacy_spec_example_text_and_json() -> None:
+    code, text = run(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
+    assert code == 0
+    match = re.search(r"true epsilon = ([0-9.]+)", text)
+    assert match is not None
+    assert round(float(match.group(1)), 4) == 1.3799  # SPEC 1.1 example
+    payload = run_json(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
+    assert round(payload["epsilon"], 4) == 1.3799
+    assert payload["paper_claimed_epsilon"] == 1.0  # Theorem 5's (wrong) claim
+
+
+def test_privacy_laplace_k2() -> None:
+    payload = run_json(["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "2"])
+    assert payload["epsilon"] == pytest.approx(2.0)  # max(eps2, eps1 + eps2/2)
+    payload = run_json(
+        ["privacy", "--mechanism", "L", "--eps1", "1.5", "--eps2", "1", "--groups", "5"]
+    )
+    assert payload["epsilon"] == pytest.approx(2.0)
+
+
+def test_privacy_laplace_k_not_two_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = assert_usage_error(
+        ["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "0.6667"],
+        capsys,
+        "--k",
+    )
+    assert "unbounded" in err or "without bound" in err
+
+
+def test_installed_script_exit_code_and_one_line_stderr() -> None:
+    result = subprocess.run(
+        [str(FEDPARITY), "privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.endswith("\n")
+    assert "--k" in result.stderr
+    assert "unbounded" in result.stderr or "without bound" in result.stderr
+
+
+# --- plan -----------------------------------------------------------------------------------------
+
+
+PLAN_KEYS = {
+    "query",
+    "mechanism",
+    "epsilon",
+    "epsilon_group",
+    "epsilon_value",
+    "true_epsilon",
+    "alpha",
+    "candidates",
+}
+
+
+def test_plan_alpha_path() -> None:
+    payload = run_json(["plan", "--clients", "1000000", "--alpha", "0.01"])
+    assert PLAN_KEYS <= set(payload)
+    assert payload["query"] == "min_epsilon"
+    assert payload["alpha"] == 0.01
+    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L"]
+    budgets = [c["epsilon"] for c in payload["candidates"] if c["epsilon"] is not None]
+    assert payload["epsilon"] == min(budgets)
+    assert payload["mechanism"] in ("R", "L")
+    true = spec_true_epsilon(
+        payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
+    )
+    assert payload["true_epsilon"] == pytest.approx(true, rel=1e-12)
+    assert true <= payload["epsilon"] + 1e-12
+    code, text = run(["plan", "--clients", "1000000", "--alpha", "0.01"])
+    assert code == 0 and "best: M_" in text
+
+
+def test_plan_epsilon_path() -> None:
+    payload = run_json(["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "best"])
+    assert PLAN_KEYS <= set(payload)
+    assert payload["query"] == "error_bound"
+    assert payload["epsilon"] == 1.0
+    alphas = [c["alpha"] for c in payload["candidates"]]
+    assert payload["alpha"] == min(alphas)
+    assert payload["true_epsilon"] <= 1.0
+    # Normal bound at 0.99 is z_0.995 / 10 of the Chebyshev one (same variance).
+    normal = run_json(
+        ["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "L", "--bound", "normal"]
+    )
+    chebyshev = run_json(["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "L"])
+    assert normal["alpha"] == pytest.approx(2.5758293035489 / 10 * chebyshev["alpha"], rel=1e-9)
+
+
+def test_plan_table_has_paper_and_valid_tables() -> None:
+    code, text = run(["plan", "--table"])
+    assert code == 0
+    assert "1.86" in text and "178.89" in text  # paper's Table 1 cells
+    assert "Valid mechanisms" in text
+    payload = run_json(["plan", "--table"])
+    assert payload["paper_table1"]["R"][0][0] == pytest.approx(1.86, abs=0.005)
+    assert payload["paper_table1"]["L"][0][2] == pytest.approx(178.89, abs=0.005)
+    assert payload["paper_table1"]["R"][0][1] is None
+    assert set(payload["valid_table1"]) == {"R", "L", "best"}
+
+
+def test_plan_bad_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert_usage_error(["plan", "--clients", "1000"], capsys, "--alpha", "--epsilon")
+    assert_usage_error(
+        ["plan", "--clients", "1000", "--alpha", "0.1", "--epsilon", "1"], capsys, "--alpha"
+    )
+    assert_usage_error(["plan", "--alpha", "0.1"], capsys, "--clients")
+    assert_usage_error(["plan", "--clients", "1", "--alpha", "0.1"], capsys, "--clients")
+    assert_usage_error(["plan", "--clients", "1000", "--alpha", "0"], capsys, "--alpha")
+    assert_usage_error(["plan", "--clients", "1000", "--epsilon", "nan"], capsys, "--epsilon")
+    assert_usage_error(
+        ["plan", "--clients", "1000", "--alpha", "0.1", "--confidence", "1"], capsys, "--confidence"
+    )
+
+
+# --- measure --------------------------------------------------------------------------------------
+
+
+def write_csv(path: Path, header: str, groups: np.ndarray, metrics: np.ndarray) -> None:
+    rows = (
+        f"{i},{g},{m:.6f}"
+        for i, (g, m) in enumerate(zip(groups.tolist(), metrics.tolist(), strict=True))
+    )
+    path.write_text(header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+
+
+def population(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Two groups, 45/55, metrics Beta(7,3) (mean 0.70) and Beta(11,9) (mean 0.55)."""
+    rng = np.random.default_rng(seed)
+    groups = (rng.random(rows) < 0.55).astype(np.int64)
+    metrics = np.where(groups == 0, rng.beta(7.0, 3.0, rows), rng.beta(11.0, 9.0, rows))
+    metrics = np.round(metrics, 6)
+    means = [metrics[groups == g].mean() for g in (0, 1)]
+    return groups, metrics, abs(means[0] - means[1])
+
+
+@pytest.fixture(scope="module")
+def big_csv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, list[float]]:
+    groups, metrics, gap = population(200_000, 1)
+    path = tmp_path_factory.mktemp("cli") / "clients.csv"
+    write_csv(path, "client,group,metric", groups, metrics)
+    means = [float(metrics[groups == g].mean()) for g in (0, 1)]
+    assert 0.13 < gap < 0.17
+    return path, gap, means
+
+
+@pytest.mark.parametrize("extra", [[], ["--known-group-sizes"], ["--mechanism", "L"]])
+def test_measure_json(big_csv: tuple[Path, float, list[float]], extra: list[str]) -> None:
+    path, gap, _ = big_csv
+    # One run per case: a 99.9% interval, so a miss would be a 1-in-1000 event, not luck.
+    payload = run_json(
+        [
+            "measure",
+            "--input",
+            str(path),
+            "--epsilon",
+            "2",
+            "--seed",
+            "3",
+            "--confidence",
+            "0.999",
+            *extra,
+        ]
+    )
+    for key in ("group_means", "gaps", "gap_intervals", "chebyshev_halfwidths", "epsilon"):
+        assert key in payload
+    assert payload["num_reports"] == 200_000
+    assert payload["budget"] == 2.0
+    assert payload["epsilon"] <= 2.0
+    true = spec_true_epsilon(
+        payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
+    )
+    assert true <= 2.0 + 1e-12
+    low, high = payload["gap_intervals"][0]
+    assert low <= gap <= high
+    assert payload["chebyshev_halfwidths"][0] >= (high - low) / 2 - 1e-12
+    assert payload["sizes_estimated"] is ("--known-group-sizes" not in extra)
+    if "--mechanism" in extra:
+        assert payload["mechanism"] == "L"
+
+
+def test_measure_text_and_compare_raw(big_csv: tuple[Path, float, list[float]]) -> None:
+    path, gap, means = big_csv
+    payload = run_json(
+        ["measure", "--input", str(path), "--epsilon", "1", "--seed", "4", "--compare-raw"]
+    )
+    assert payload["raw_max_gap"] == pytest.approx(gap, abs=1e-9)
+    assert payload["raw_group_means"] == pytest.approx(means, abs=1e-9)
+    code, text = run(["measure", "--input", str(path), "--epsilon", "1", "--seed", "4"])
+    assert code == 0 and "interval" in text and "raw input" not in text
+
+
+def test_measure_custom_columns(tmp_path: Path) -> None:
+    groups, metrics, gap = population(50_000, 2)
+    path = tmp_path / "custom.csv"
+    write_csv(path, "id,sex,tpr", groups, metrics)
+    payload = run_json(
+        [
+            "measure",
+            "--input",
+            str(path),
+            "--epsilon",
+            "4",
+            "--seed",
+            "5",
+            "--group-column",
+            "sex",
+            "--metric-column",
+            "tpr",
+            "--compare-raw",
+            "--confidence",
+            "0.999",
+        ]
+    )
+    assert payload["num_reports"] == 50_000
+    assert payload["raw_max_gap"] == pytest.approx(gap, abs=1e-9)
+    low, high = payload["gap_intervals"][0]
+    assert low <= gap <= high
+
+
+def test_measure_accepts_a_byte_order_mark(tmp_path: Path) -> None:
+    """Spreadsheet programs often save CSV as UTF-8 with a BOM before the header."""
+    path = tmp_path / "bom.csv"
+    rows = "\n".join(f"{i % 2},{0.9 if i % 2 == 0 else 0.4},{i}" for i in range(2000))
+    # The BOM sticks to the first column's name, so the group column comes first here.
+    path.write_bytes("\ufeffgroup,metric,client\n".encode() + rows.encode() + b"\n")
+    payload = run_json(["measure", "--input", str(path), "--epsilon", "8", "--seed", "1"])
+    assert payload["num_reports"] == 2000
+
+
+def small_file(tmp_path: Path, rows: list[tuple[float, float]], name: str = "s.csv") -> str:
+    path = tmp_path / name
+    lines = ["client,group,metric"] + [f"{i},{g},{m}" for i, (g, m) in enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+GOOD_ROWS = [(i % 2, 0.5) for i in range(20)]
+
+
+@pytest.mark.parametrize("epsilon", ["0", "nan", "inf", "-1", "abc"])
+def test_measure_bad_epsilon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], epsilon: str
+) -> None:
+    path = small_file(tmp_path, GOOD_ROWS)
+    assert_usage_error(["measure", "--input", path, "--epsilon", epsilon], capsys, "--epsilon")
+
+
+def test_measure_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = small_file(tmp_path, GOOD_ROWS)
+    base = ["measure", "--epsilon", "1", "--input"]
+    assert_usage_error([*base, good, "--groups", "1"], capsys, "--groups")
+    # Group label outside [0, d): data row 6 is file line 7 (the header is line 1).
+    rows = list(GOOD_ROWS)
+    rows[5] = (2, 0.5)
+    err = assert_usage_error([*base, small_file(tmp_path, rows, "g.csv")], capsys, "--group-column")
+    assert "row 7" in err
+    rows = list(GOOD_ROWS)
+    rows[9] = (0.5, 0.5)
+    err = assert_usage_error([*base, small_file(tmp_path, rows, "h.csv")], capsys, "--group-column")
+    assert "row 11" in err
+    rows = list(GOOD_ROWS)
+    rows[3] = (1, 1.5)
+    err = assert_usage_error(
+        [*base, small_file(tmp_path, rows, "m.csv")], capsys, "--metric-column"
+    )
+    assert "row 5" in err and "1.5" in err
+    assert_usage_error([*base, good, "--metric-column", "accuracy"], capsys, "--metric-column")
+    assert_usage_error([*base, good, "--group-column", "sex"], capsys, "--group-column")
+    err = assert_usage_error([*base, good, "--groups", "3"], capsys, "empty")
+    assert "--groups" in err
+    assert_usage_error([*base, good, "--confidence", "1.5"], capsys, "--confidence")
+    assert_usage_error([*base, small_file(tmp_path, [(0, 0.5)], "one.csv")], capsys, "--input")
+    assert_usage_error([*base, str(tmp_path / "missing.csv")], capsys, "--input")
+
+
+def test_measure_row_numbers_across_chunks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [(i % 2, 0.25) for i in range(5_000)]
+    rows[4_321] = (1, -0.5)
+    path = small_file(tmp_path, rows, "chunked.csv")
+    err = assert_usage_error(
+        ["measure", "--epsilon", "1", "--input", path, "--chunk-rows", "100"],
+        capsys,
+        "--metric-column",
+    )
+    assert "row 4323" in err
+
+
+def test_measure_streams_a_large_file(tmp_path: Path) -> None:
+    rows = 2_000_000
+    rng = np.random.default_rng(9)
+    groups = (rng.random(rows) < 0.5).astype(np.int64)
+    # Metrics on a 1/1000 grid: Binomial(1000, p)/1000 with p = 0.7 (group 0), 0.55 (group 1).
+    metrics = np.where(groups == 0, rng.binomial(1000, 0.7, rows), rng.binomial(1000, 0.55, rows))
+    text = "\n".join(
+        f"{g},{m / 1000:.3f}" for g, m in zip(groups.tolist(), metrics.tolist(), strict=True)
+    )
+    path = tmp_path / "large.csv"
+    path.write_text("group,metric\n" + text + "\n", encoding="utf-8")
+    gap = abs(metrics[groups == 0].mean() - metrics[groups == 1].mean()) / 1000
+    payload = run_json(
+        [
+            "measure",
+            "--input",
+            str(path),
+            "--epsilon",
+            "1",
+            "--seed",
+            "6",
+            "--chunk-rows",
+            "100000",
+            "--confidence",
+            "0.999",
+        ]
+    )
+    assert payload["num_reports"] == rows
+    low, high = payload["gap_intervals"][0]
+    assert low <= gap <= high
