@@ -85,7 +85,7 @@ class RunConfig:
     dataset: str = "synthetic"
     data_dir: str = ""
     download: bool = False
-    users_per_node: int = 1000
+    users_per_node: int = 5000
     num_groups: int = 2
     seed: int = 42
     num_server_rounds: int = 3

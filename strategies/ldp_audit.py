@@ -16,6 +16,7 @@ in every round of ``Strategy.start``). It follows the same shape: ``configure_au
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +36,19 @@ REPORTS_KEY = "reports"
 GROUPS_KEY = "groups"
 VALUES_KEY = "values"
 METRICS_KEY = "metrics"
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+MAX_REASON_LENGTH = 240
+
+
+def short_reason(text: str) -> str:
+    """A client's error text for logs and results: no colour codes, one line, the end kept
+    (where Python puts the exception message of a long remote traceback)."""
+    flat = " ".join(_ANSI_ESCAPE.sub("", str(text)).split())
+    if len(flat) <= MAX_REASON_LENGTH:
+        return flat
+    return "..." + flat[-MAX_REASON_LENGTH:]
 
 
 @dataclass(frozen=True)
@@ -190,7 +204,7 @@ class LdpGapAudit:
     def check_reply(self, reply: Message) -> tuple[ReportSummary, int, int]:
         """Validate one reply and summarise its reports; ``ValueError`` says what is wrong."""
         if reply.has_error():
-            raise ValueError(f"client error: {reply.error.reason}")
+            raise ValueError(f"client error: {short_reason(reply.error.reason)}")
         content = reply.content
         if REPORTS_KEY not in content.array_records:
             raise ValueError(f"no '{REPORTS_KEY}' ArrayRecord")

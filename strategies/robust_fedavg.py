@@ -20,7 +20,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from strategies.ldp_audit import RejectedReply
+from strategies.ldp_audit import RejectedReply, short_reason
 
 
 class RobustFedAvg(FedAvg):
@@ -70,7 +70,7 @@ class RobustFedAvg(FedAvg):
         for reply in replies:
             node_id = int(reply.metadata.src_node_id)
             problem = (
-                f"client error: {reply.error.reason}"
+                f"client error: {short_reason(reply.error.reason)}"
                 if reply.has_error()
                 else self._problem(reply.content)
             )

@@ -1,0 +1,1 @@
+"""Throwaway Flower App exercising the Message API (one ``query`` round)."""

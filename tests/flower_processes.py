@@ -1,0 +1,1316 @@
+"""Start, drive and stop real Flower 1.41 processes for tests and benchmarks.
+
+Plain functions and context managers (no pytest fixtures), so that both the test
+suite and the benchmarks can import them::
+
+    from tests.flower_processes import local_deployment, local_simulation
+
+    with local_deployment(app_dir, 3, None, flwr_home) as dep:
+        run = dep.run({"num-server-rounds": 1, "output-dir": str(out)})
+    print(run.output)
+
+What this module guarantees (measured facts are in ``/work/notes/flower-runtime.md``):
+
+* Nothing is installed at run time: the SuperLink gets
+  ``--disable-runtime-dependency-installation`` (SuperNodes never install by
+  default) and every child process gets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``.
+* Every process listens on 127.0.0.1 on a port chosen with :func:`free_port`; in
+  Flower 1.41 a SuperLink serves its Fleet, Control and Runtime (ServerAppIo) APIs
+  on ONE HTTP port (``--port``) and each SuperNode serves its ClientAppIo API on its
+  own ``--port``. Nothing uses the fixed default ports (8000, 9094, 39091).
+* The managed local SuperLink of ``flwr run`` (fixed port 39091, detached, left
+  running after the run, shared across ``FLWR_HOME`` values) is never used: the
+  federations written to ``$FLWR_HOME/config.toml`` have explicit addresses.
+* On exit, exactly the processes started here are stopped, together with their
+  descendants (SuperExec, ``flwr-serverapp``/``flwr-clientapp``/``flwr-simulation``,
+  Ray): SIGTERM to each process group, then SIGKILL after a grace period.
+* ``flwr run`` exits with 0 even when the ServerApp raised; :func:`run_flwr` asks the
+  SuperLink for the run status and raises :class:`FlwrRunError` unless it is
+  ``finished:completed`` (``check=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import tomli_w
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (tomli ships with flwr)
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = [
+    "DEPLOYMENT_FEDERATION",
+    "SIMULATION_FEDERATION",
+    "Deployment",
+    "FlowerProcessError",
+    "FlwrRun",
+    "FlwrRunError",
+    "ManagedProcess",
+    "RunConfigValue",
+    "Simulation",
+    "child_env",
+    "flower_executable",
+    "format_run_config",
+    "free_port",
+    "local_deployment",
+    "local_simulation",
+    "run_flwr",
+    "run_status",
+    "strip_ansi",
+    "write_connection",
+]
+
+DEPLOYMENT_FEDERATION = "local-deployment"
+SIMULATION_FEDERATION = "local-simulation"
+HOST = "127.0.0.1"
+
+RunConfigValue = bool | int | float | str
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RUN_ID_RE = re.compile(r"Successfully started run (\d+)")
+_NODE_ID_RE = re.compile(r"SuperNode ID: (\d+)")
+_CONFIG_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+class _NotInlineError(ValueError):
+    """A run-config value that Flower's inline ``key=value`` parser cannot carry."""
+
+
+class FlowerProcessError(RuntimeError):
+    """A Flower process failed to start, died, or did not become ready in time."""
+
+
+class FlwrRunError(RuntimeError):
+    """``flwr run`` failed, timed out, or the run did not finish as ``completed``.
+
+    Parameters
+    ----------
+    message : str
+        What went wrong; the tail of the captured output is appended.
+    result : FlwrRun or None
+        The captured process result, when ``flwr run`` returned at all.
+    """
+
+    def __init__(self, message: str, result: FlwrRun | None = None) -> None:
+        self.result = result
+        tail = ""
+        if result is not None:
+            tail = "\n--- flwr run output (tail) ---\n" + _tail_text(result.output, 60)
+        super().__init__(message + tail)
+
+
+# --------------------------------------------------------------------------- utilities
+
+
+def free_port(host: str = HOST) -> int:
+    """Return a TCP port that is currently free on ``host``.
+
+    Parameters
+    ----------
+    host : str, default "127.0.0.1"
+        Interface to probe.
+
+    Returns
+    -------
+    int
+        A port number the OS just handed out for an ephemeral bind. Another process
+        may grab it before it is used; :func:`local_deployment` and
+        :func:`local_simulation` detect that (the server exits) and report it.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _free_ports(count: int, host: str = HOST) -> list[int]:
+    """Return ``count`` distinct free ports (all sockets held open while choosing)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI colour codes (Flower colours its log levels unconditionally).
+
+    Parameters
+    ----------
+    text : str
+        Text possibly containing escape sequences.
+
+    Returns
+    -------
+    str
+        The text without ANSI escape sequences.
+    """
+    return _ANSI_RE.sub("", text)
+
+
+def _tail_text(text: str, lines: int) -> str:
+    return "\n".join(strip_ansi(text).splitlines()[-lines:])
+
+
+def flower_executable(name: str) -> str:
+    """Return the path of a Flower console script (``flwr``, ``flower-superlink``...).
+
+    The script next to the running interpreter is preferred, so that
+    ``/work/venv/bin/python -m pytest`` works without an activated venv.
+
+    Parameters
+    ----------
+    name : str
+        Console-script name.
+
+    Returns
+    -------
+    str
+        Absolute path of the executable.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the script is neither next to ``sys.executable`` nor on ``PATH``.
+    """
+    candidate = Path(sys.executable).parent / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"Flower executable {name!r} not found (is flwr installed?)")
+    return found
+
+
+def child_env(flwr_home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Build the environment for a Flower process or ``flwr`` CLI call.
+
+    Parameters
+    ----------
+    flwr_home : Path
+        Value for ``FLWR_HOME`` (CLI config, installed FABs, update-check cache).
+    extra : Mapping[str, str] or None
+        Variables that override everything else.
+
+    Returns
+    -------
+    dict[str, str]
+        ``os.environ`` plus: ``FLWR_HOME``; the interpreter's ``bin`` directory first
+        on ``PATH`` (SuperLink/SuperNode spawn ``flower-superexec``, ``flwr-serverapp``,
+        ``flwr-clientapp`` and ``flwr-simulation`` by name);
+        ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``;
+        ``FLWR_DISABLE_UPDATE_CHECK=1``; ``FLWR_TELEMETRY_ENABLED=0`` and
+        ``PYTHONUNBUFFERED=1`` (so ``print`` in apps reaches the log files at once).
+    """
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["FLWR_HOME"] = str(flwr_home)
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    env["FLWR_TELEMETRY_ENABLED"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+# ------------------------------------------------------------- FLWR_HOME configuration
+
+
+def write_connection(
+    flwr_home: Path, name: str, address: str, *, make_default: bool = False
+) -> Path:
+    """Add or replace ``[superlink.<name>]`` in ``$FLWR_HOME/config.toml``.
+
+    Other connections in the file are kept. The project's ``pyproject.toml`` is
+    never touched (a ``[tool.flwr.federations]`` table there would be *migrated* by
+    ``flwr run``, i.e. the tracked file rewritten).
+
+    Parameters
+    ----------
+    flwr_home : Path
+        The Flower home directory (created if missing).
+    name : str
+        Connection name, used as ``flwr run <app> <name>``.
+    address : str
+        ``host:port`` of the SuperLink's HTTP API.
+    make_default : bool, default False
+        Also make it ``[superlink] default``. A default is set anyway when the file
+        has none.
+
+    Returns
+    -------
+    Path
+        The path of ``config.toml``.
+    """
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    data: dict[str, object] = {}
+    if path.exists():
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    superlink = data.setdefault("superlink", {})
+    assert isinstance(superlink, dict)
+    superlink[name] = {"address": address, "insecure": True}
+    if make_default or "default" not in superlink:
+        superlink["default"] = name
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    return path
+
+
+def _remove_connection(flwr_home: Path, name: str, previous_default: str | None) -> None:
+    path = flwr_home / "config.toml"
+    if not path.exists():
+        return
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    superlink = data.get("superlink")
+    if not isinstance(superlink, dict):
+        return
+    superlink.pop(name, None)
+    if superlink.get("default") == name:
+        if previous_default is not None and previous_default in superlink:
+            superlink["default"] = previous_default
+        else:
+            superlink.pop("default", None)
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+
+
+def _read_default(flwr_home: Path) -> str | None:
+    path = flwr_home / "config.toml"
+    if not path.exists():
+        return None
+    superlink = tomllib.loads(path.read_text(encoding="utf-8")).get("superlink", {})
+    default = superlink.get("default") if isinstance(superlink, dict) else None
+    return default if isinstance(default, str) else None
+
+
+@contextmanager
+def _connection(flwr_home: Path, name: str, address: str) -> Iterator[Path]:
+    previous_default = _read_default(flwr_home)
+    path = write_connection(flwr_home, name, address)
+    try:
+        yield path
+    finally:
+        _remove_connection(flwr_home, name, previous_default)
+
+
+# ------------------------------------------------------------------ process handling
+
+
+@dataclass
+class ManagedProcess:
+    """A Flower process started by this module, with its log file.
+
+    Attributes
+    ----------
+    name : str
+        Short label (``superlink``, ``supernode-0``...).
+    popen : subprocess.Popen[bytes]
+        The process; it leads its own session/process group.
+    log_path : Path
+        File receiving its stdout and stderr.
+    port : int
+        The HTTP port it listens on.
+    """
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        """Process id (also the process-group id)."""
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """Return True while the process has not exited."""
+        return self.popen.poll() is None
+
+    def log_text(self) -> str:
+        """Return the whole log, ANSI codes removed."""
+        try:
+            return strip_ansi(self.log_path.read_text(encoding="utf-8", errors="replace"))
+        except FileNotFoundError:
+            return ""
+
+    def tail(self, lines: int = 30) -> str:
+        """Return the last ``lines`` lines of the log."""
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def _start(
+    name: str, cmd: Sequence[str], log_path: Path, cwd: Path, env: Mapping[str, str], port: int
+) -> ManagedProcess:
+    log_file = log_path.open("wb")
+    try:
+        popen = subprocess.Popen(  # noqa: S603 - fixed executables, no shell
+            list(cmd),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except BaseException:
+        log_file.close()
+        raise
+    return ManagedProcess(name, popen, log_path, port, log_file)
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """Return ``(state, ppid, starttime)`` of ``pid`` from /proc, or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2 (comm) is parenthesised and may contain spaces: split after it.
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        return fields[0], int(fields[1]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _descendants(pid: int) -> dict[int, int]:
+    """Return ``{pid: starttime}`` of all current descendants of ``pid`` (Linux /proc).
+
+    Empty where /proc is unavailable (then only process groups are signalled).
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return {}
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) is not None:
+            children.setdefault(stat[1], []).append((int(entry.name), stat[2]))
+    found: dict[int, int] = {}
+    stack = list(children.get(pid, []))
+    while stack:
+        child, starttime = stack.pop()
+        if child not in found:
+            found[child] = starttime
+            stack.extend(children.get(child, []))
+    return found
+
+
+def _same_process_running(pid: int, starttime: int) -> bool:
+    """True if ``pid`` is still the process recorded earlier and is not a zombie."""
+    stat = _proc_stat(pid)
+    return stat is not None and stat[2] == starttime and stat[0] != "Z"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_processes(processes: Sequence[ManagedProcess], grace: float) -> None:
+    """Stop ``processes`` and every descendant: SIGTERM, wait ``grace`` s, SIGKILL.
+
+    Descendants are recorded (pid and start time) *before* signalling, because the
+    SuperLink detaches its SuperExec into a new session, Ray's processes live in the
+    SuperExec's group (outside our process groups), and orphans are re-parented to
+    PID 1. A recorded pid is only killed if its start time still matches.
+    """
+    owned: dict[int, int] = {}
+    for proc in processes:
+        owned |= _descendants(proc.pid)
+    for proc in processes:
+        if proc.alive():
+            _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in processes:
+        try:
+            proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    # Processes spawned during the grace period are caught too (while still parented).
+    for proc in processes:
+        if proc.alive():
+            owned |= _descendants(proc.pid)
+    for proc in processes:
+        if proc.alive():
+            _signal_group(proc.pid, signal.SIGKILL)
+    # Give children a moment to follow their parent (they watch --parent-pid).
+    settle = time.monotonic() + min(grace, 3.0)
+    while time.monotonic() < settle and any(
+        _same_process_running(pid, st) for pid, st in owned.items()
+    ):
+        time.sleep(0.1)
+    for pid, starttime in owned.items():
+        if _same_process_running(pid, starttime):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for proc in processes:
+        try:
+            proc.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc._log_file is not None:
+            proc._log_file.close()
+            proc._log_file = None
+
+
+def _http_ok(port: int, path: str = "/health", timeout: float = 0.5) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as resp:
+            return 200 <= int(resp.status) < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _owns_listening_port(pid: int, port: int) -> bool | None:
+    """Whether ``pid`` holds the socket listening on ``127.0.0.1:port``.
+
+    Guards against a port grabbed by someone else between :func:`free_port` and
+    the bind: then ``/health`` may answer while our process is about to fail.
+    Returns None when /proc cannot tell (non-Linux).
+    """
+    inodes: set[str] = set()
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        cols = line.split()
+        # local_address is "0100007F:PORT" (hex), st "0A" is LISTEN.
+        if len(cols) > 9 and cols[3] == "0A" and int(cols[1].split(":")[1], 16) == port:
+            inodes.add(cols[9])
+    if not inodes:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
+
+
+def _startup_error(message: str, processes: Sequence[ManagedProcess]) -> FlowerProcessError:
+    parts = [message]
+    for proc in processes:
+        state = "running" if proc.alive() else f"exited with code {proc.popen.returncode}"
+        parts.append(f"--- {proc.name} (pid {proc.pid}, {state}, log {proc.log_path}) ---")
+        parts.append(proc.tail(25) or "<empty log>")
+    return FlowerProcessError("\n".join(parts))
+
+
+def _wait_http_ready(
+    procs: Sequence[ManagedProcess], deadline: float, all_procs: Sequence[ManagedProcess]
+) -> None:
+    pending = list(procs)
+    while pending:
+        for proc in list(pending):
+            if not proc.alive():
+                raise _startup_error(
+                    f"{proc.name} exited during start-up (port {proc.port} taken?)", all_procs
+                )
+            if _http_ok(proc.port) and _owns_listening_port(proc.pid, proc.port) is not False:
+                pending.remove(proc)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(p.name for p in pending)
+            raise _startup_error(f"timed out waiting for /health of: {names}", all_procs)
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------ flwr run
+
+
+class FlwrRun(subprocess.CompletedProcess[str]):
+    """Result of :func:`run_flwr`: a ``CompletedProcess`` plus the run's identity.
+
+    Attributes
+    ----------
+    run_id : int or None
+        Parsed from ``Successfully started run <id>``.
+    status : str or None
+        ``finished:completed``, ``finished:failed``... as reported by ``flwr list``
+        (None when the status was not queried or could not be read).
+    status_details : str or None
+        The SuperLink's details, e.g. ``ServerApp failed with exception: ...``.
+    duration : float
+        Wall-clock seconds of the ``flwr run`` call.
+    """
+
+    def __init__(
+        self,
+        args: list[str],
+        returncode: int,
+        stdout: str,
+        stderr: str,
+        duration: float,
+    ) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        match = _RUN_ID_RE.search(strip_ansi(stdout))
+        self.run_id: int | None = int(match.group(1)) if match else None
+        self.status: str | None = None
+        self.status_details: str | None = None
+        self.duration = duration
+
+    @property
+    def output(self) -> str:
+        """Stdout followed by stderr, ANSI codes removed (ServerApp logs are in stdout)."""
+        return strip_ansi(self.stdout) + strip_ansi(self.stderr)
+
+
+def format_run_config(run_config: Mapping[str, RunConfigValue]) -> str:
+    """Render a dict as one ``--run-config`` string for Flower's parser.
+
+    Flower splits the string with ``(\\S+?)=('[^']*'|"[^"]*"|\\S+)`` and parses each
+    value as TOML. Strings therefore become TOML literal strings ``'...'`` (no
+    escapes, backslashes kept) or, if they contain ``'``, basic strings ``"..."``.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, bool | int | float | str]
+        Keys must exist in ``[tool.flwr.app.config]`` (the SuperLink rejects unknown
+        keys: ``[code: 15] Invalid run configuration.``). Dotted keys address nested
+        tables.
+
+    Returns
+    -------
+    str
+        E.g. ``num-server-rounds=3 epsilons='0.5,1' ground-truth=true``.
+
+    Raises
+    ------
+    ValueError
+        For an invalid key, a non-scalar value, a string containing both quote
+        characters or a newline (use a TOML file instead: :func:`run_flwr` does so
+        automatically), or a value type Flower cannot carry.
+    """
+    parts: list[str] = []
+    for key, value in run_config.items():
+        if not _CONFIG_KEY_RE.match(key):
+            raise ValueError(f"run-config key {key!r} is not a bare/dotted TOML key")
+        parts.append(f"{key}={_format_value(key, value)}")
+    return " ".join(parts)
+
+
+def _format_value(key: str, value: RunConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)  # 'inf', 'nan', '1e-05' are valid TOML floats
+        return text if ("." in text or "e" in text or "n" in text) else text + ".0"
+    if isinstance(value, str):
+        if "\n" in value or "\r" in value:
+            raise _NotInlineError(f"run-config value for {key!r} contains a newline")
+        if "'" not in value:
+            return f"'{value}'"
+        if '"' not in value:
+            return '"' + value.replace("\\", "\\\\").replace("\t", "\\t") + '"'
+        raise _NotInlineError(f"run-config value for {key!r} contains both ' and \"")
+    raise ValueError(f"run-config value for {key!r} has unsupported type {type(value)}")
+
+
+def _run_config_args(
+    run_config: Mapping[str, RunConfigValue] | Path | None, scratch: Path, app_dir: Path
+) -> list[str]:
+    if run_config is None:
+        return []
+    if isinstance(run_config, Path):
+        path = run_config if run_config.is_absolute() else app_dir / run_config
+        if path.suffix != ".toml" or not path.is_file():
+            raise ValueError(f"run-config file {path} must be an existing *.toml file")
+        # Flower treats a single --run-config value ending in ".toml" as a file path,
+        # resolved against the CLI's working directory: pass it absolute.
+        return ["--run-config", str(path.resolve())]
+    if not run_config:
+        return []
+    try:
+        return ["--run-config", format_run_config(run_config)]
+    except _NotInlineError:
+        pass
+    # Values the inline parser cannot carry: pass a TOML file (flwr flattens it).
+    path = scratch / "run-config.toml"
+    path.write_text(tomli_w.dumps(dict(run_config)), encoding="utf-8")
+    return ["--run-config", str(path)]
+
+
+def _check_app_dir(app_dir: Path) -> None:
+    pyproject = app_dir / "pyproject.toml"
+    if not pyproject.is_file():
+        raise FileNotFoundError(f"{pyproject} not found: not a Flower App directory")
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    if "federations" in data.get("tool", {}).get("flwr", {}):
+        raise ValueError(
+            f"{pyproject} has [tool.flwr.federations]: `flwr run` would migrate it into "
+            "$FLWR_HOME/config.toml and rewrite pyproject.toml. Remove that table."
+        )
+
+
+def run_status(
+    run_id: int, federation: str, flwr_home: Path, timeout: float = 60.0
+) -> tuple[str, str]:
+    """Return ``(status, details)`` of a run via ``flwr list <fed> --run-id <id>``.
+
+    Parameters
+    ----------
+    run_id : int
+        The run to look up.
+    federation : str
+        SuperLink connection name in ``$FLWR_HOME/config.toml``.
+    flwr_home : Path
+        The ``FLWR_HOME`` holding that connection.
+    timeout : float, default 60.0
+        Seconds allowed for the CLI call.
+
+    Returns
+    -------
+    tuple[str, str]
+        E.g. ``("finished:completed", "N/A")`` or
+        ``("finished:failed", "ServerApp failed with exception: ...")``.
+
+    Raises
+    ------
+    FlwrRunError
+        If the CLI fails or its JSON cannot be read.
+    """
+    cmd = [
+        flower_executable("flwr"),
+        "list",
+        federation,
+        "--run-id",
+        str(run_id),
+        "--format",
+        "json",
+    ]
+    proc = subprocess.run(  # noqa: S603
+        cmd,
+        env=child_env(flwr_home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    text = proc.stdout
+    start = text.find("{")
+    try:
+        payload = json.loads(text[start:]) if start >= 0 else {}
+        run = payload["runs"][0]
+        return str(run["status"]), str(run.get("status-details", ""))
+    except (ValueError, KeyError, IndexError, TypeError) as err:
+        raise FlwrRunError(
+            f"could not read the status of run {run_id} (exit {proc.returncode}):\n"
+            f"{_tail_text(proc.stdout + proc.stderr, 20)}"
+        ) from err
+
+
+def _stop_run(run_id: int, federation: str, flwr_home: Path) -> None:
+    """Best effort ``flwr stop`` of a run left behind by a timed-out ``flwr run``."""
+    try:
+        subprocess.run(  # noqa: S603
+            [flower_executable("flwr"), "stop", str(run_id), federation],
+            env=child_env(flwr_home),
+            capture_output=True,
+            timeout=30,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        pass
+
+
+def run_flwr(
+    app_dir: Path,
+    federation: str,
+    run_config: Mapping[str, RunConfigValue] | Path | None,
+    flwr_home: Path,
+    timeout: float = 300.0,
+    extra_args: Sequence[str] = (),
+    *,
+    federation_config: Mapping[str, RunConfigValue] | None = None,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> FlwrRun:
+    """Run ``flwr run <app_dir> <federation> --stream`` and wait for the run to end.
+
+    Parameters
+    ----------
+    app_dir : Path
+        The Flower App (directory with ``pyproject.toml``). It must not contain
+        ``[tool.flwr.federations]`` (``flwr run`` would rewrite the file).
+    federation : str
+        SuperLink connection name in ``$FLWR_HOME/config.toml`` (e.g.
+        ``deployment.federation``). Never use one whose address is ``:local:``
+        here: that starts Flower's detached managed SuperLink on port 39091.
+    run_config : Mapping[str, bool | int | float | str], Path or None
+        Overrides of ``[tool.flwr.app.config]``. A mapping is rendered by
+        :func:`format_run_config` (or, for strings holding both quote characters or
+        newlines, written to a temporary TOML file). A ``Path`` to a ``*.toml`` file
+        (relative paths are taken from ``app_dir``, e.g. ``Path("configs/x.toml")``)
+        is passed as ``--run-config /abs/path.toml``.
+    flwr_home : Path
+        ``FLWR_HOME`` for the CLI.
+    timeout : float, default 300.0
+        Seconds before ``flwr run`` is killed, the run is stopped on the SuperLink
+        (best effort ``flwr stop``) and :class:`FlwrRunError` is raised.
+    extra_args : Sequence[str], default ()
+        Appended to the command line.
+    federation_config : Mapping or None
+        Simulation settings sent as ``--federation-config`` (e.g.
+        ``{"num-supernodes": 10, "client-resources-num-cpus": 1}``).
+    check : bool, default True
+        Raise :class:`FlwrRunError` unless ``flwr run`` exits with 0 *and* the run's
+        status is ``finished:completed``. (``flwr run --stream`` exits with 0 even when
+        the ServerApp raised, so the status is queried with ``flwr list``.)
+    env : Mapping[str, str] or None
+        Extra environment variables for the CLI.
+    cwd : Path or None
+        Working directory of the CLI (default: ``app_dir``).
+
+    Returns
+    -------
+    FlwrRun
+        ``CompletedProcess`` with ``stdout`` (contains the streamed ServerApp logs),
+        ``stderr``, ``run_id``, ``status``, ``status_details``, ``duration``.
+
+    Raises
+    ------
+    FlwrRunError
+        On timeout, or (with ``check``) on a non-zero exit or a failed run.
+    """
+    app_dir = Path(app_dir).resolve()
+    _check_app_dir(app_dir)
+    with tempfile.TemporaryDirectory(prefix="flwr-run-") as scratch:
+        cmd = [flower_executable("flwr"), "run", str(app_dir), federation, "--stream"]
+        cmd += _run_config_args(run_config, Path(scratch), app_dir)
+        if federation_config:
+            cmd += ["--federation-config", format_run_config(federation_config)]
+        cmd += list(extra_args)
+        start = time.monotonic()
+        proc = subprocess.Popen(  # noqa: S603
+            cmd,
+            cwd=cwd or app_dir,
+            env=child_env(flwr_home, env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            result = FlwrRun(cmd, -9, stdout, stderr, time.monotonic() - start)
+            if result.run_id is not None:
+                _stop_run(result.run_id, federation, flwr_home)
+            raise FlwrRunError(f"`flwr run` timed out after {timeout:.0f} s", result) from None
+        result = FlwrRun(cmd, proc.returncode, stdout, stderr, time.monotonic() - start)
+
+    if check:
+        if result.returncode != 0 or result.run_id is None:
+            raise FlwrRunError(f"`flwr run` exited with code {result.returncode}", result)
+        _fill_status(result, federation, flwr_home)
+        if result.status != "finished:completed":
+            raise FlwrRunError(
+                f"run {result.run_id} ended as {result.status!r}: {result.status_details}",
+                result,
+            )
+    elif result.run_id is not None:
+        try:
+            _fill_status(result, federation, flwr_home)
+        except FlwrRunError:
+            pass
+    return result
+
+
+def _fill_status(result: FlwrRun, federation: str, flwr_home: Path, wait: float = 15.0) -> None:
+    """Query the run status; poll briefly while it is not ``finished:*`` yet."""
+    assert result.run_id is not None
+    deadline = time.monotonic() + wait
+    while True:
+        status, details = run_status(result.run_id, federation, flwr_home)
+        result.status, result.status_details = status, details
+        if status.startswith("finished") or time.monotonic() > deadline:
+            return
+        time.sleep(0.5)
+
+
+# ------------------------------------------------------------------- context managers
+
+
+@dataclass
+class Deployment:
+    """A running SuperLink plus SuperNodes started by :func:`local_deployment`.
+
+    Attributes
+    ----------
+    app_dir : Path
+        The Flower App that :meth:`run` submits.
+    flwr_home : Path
+        ``FLWR_HOME`` of the CLI and of the SuperLink (FABs land in ``apps/``).
+    federation : str
+        Connection name written to ``$FLWR_HOME/config.toml``.
+    address : str
+        ``127.0.0.1:<port>`` of the SuperLink (Fleet, Control and Runtime APIs).
+    work_dir : Path
+        Temporary directory with the logs, ``state.db`` and the SuperNodes' homes.
+    cwd : Path
+        Working directory of all processes: relative paths written by the ServerApp
+        resolve against it.
+    superlink : ManagedProcess
+        The SuperLink.
+    supernodes : list[ManagedProcess]
+        The SuperNodes, in ``node_configs`` order.
+    node_ids : list[int]
+        Node ids as logged by each SuperNode (``SuperNode ID: ...``).
+    """
+
+    app_dir: Path
+    flwr_home: Path
+    federation: str
+    address: str
+    work_dir: Path
+    cwd: Path
+    superlink: ManagedProcess
+    supernodes: list[ManagedProcess]
+    node_ids: list[int] = field(default_factory=list)
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """SuperLink first, then the SuperNodes."""
+        return [self.superlink, *self.supernodes]
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        """Log file of every process, by name."""
+        return {p.name: p.log_path for p in self.processes}
+
+    def logs(self) -> dict[str, str]:
+        """Current log text of every process, by name (ANSI codes removed)."""
+        return {p.name: p.log_text() for p in self.processes}
+
+    def run(
+        self,
+        run_config: Mapping[str, RunConfigValue] | Path | None = None,
+        timeout: float = 300.0,
+        extra_args: Sequence[str] = (),
+        *,
+        check: bool = True,
+    ) -> FlwrRun:
+        """Submit :attr:`app_dir` with :func:`run_flwr` and wait for it to finish."""
+        return run_flwr(
+            self.app_dir,
+            self.federation,
+            run_config,
+            self.flwr_home,
+            timeout,
+            extra_args,
+            check=check,
+        )
+
+
+@dataclass
+class Simulation:
+    """A simulation SuperLink started by :func:`local_simulation`.
+
+    Attributes
+    ----------
+    app_dir, flwr_home, federation, address, work_dir, cwd
+        As in :class:`Deployment`.
+    superlink : ManagedProcess
+        The ``flower-superlink --simulation`` process.
+    num_supernodes : int
+        Virtual SuperNodes per run (sent as ``--federation-config``).
+    client_cpus : int
+        ``client-resources-num-cpus`` per ClientApp (1 is fastest on 2 cores).
+    """
+
+    app_dir: Path
+    flwr_home: Path
+    federation: str
+    address: str
+    work_dir: Path
+    cwd: Path
+    superlink: ManagedProcess
+    num_supernodes: int
+    client_cpus: int
+
+    @property
+    def log_paths(self) -> dict[str, Path]:
+        """Log file of the SuperLink (it also receives the Ray/ClientApp output)."""
+        return {self.superlink.name: self.superlink.log_path}
+
+    def logs(self) -> dict[str, str]:
+        """Current log text, by process name (ANSI codes removed)."""
+        return {self.superlink.name: self.superlink.log_text()}
+
+    def run(
+        self,
+        run_config: Mapping[str, RunConfigValue] | Path | None = None,
+        timeout: float = 300.0,
+        extra_args: Sequence[str] = (),
+        *,
+        num_supernodes: int | None = None,
+        check: bool = True,
+    ) -> FlwrRun:
+        """Submit :attr:`app_dir` as a simulation with ``num_supernodes`` virtual nodes."""
+        federation_config: dict[str, RunConfigValue] = {
+            "num-supernodes": num_supernodes or self.num_supernodes,
+            "client-resources-num-cpus": self.client_cpus,
+        }
+        return run_flwr(
+            self.app_dir,
+            self.federation,
+            run_config,
+            self.flwr_home,
+            timeout,
+            extra_args,
+            federation_config=federation_config,
+            check=check,
+        )
+
+
+def _work_dir_cleanup(
+    work: Path, created: bool, keep: bool
+) -> Callable[[type[BaseException] | None, BaseException | None, TracebackType | None], None]:
+    """Exit callback removing a work dir we created, unless kept or the block failed."""
+
+    def cleanup(
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if created and not keep and exc_type is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return cleanup
+
+
+def _superlink_cmd(port: int, database: Path, simulation: bool) -> list[str]:
+    cmd = [
+        flower_executable("flower-superlink"),
+        "--insecure",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--database",
+        str(database),
+        "--disable-runtime-dependency-installation",
+    ]
+    if simulation:
+        cmd.append("--simulation")
+    return cmd
+
+
+@contextmanager
+def local_deployment(
+    app_dir: Path,
+    num_supernodes: int,
+    node_configs: list[str] | None,
+    flwr_home: Path,
+    *,
+    federation: str = DEPLOYMENT_FEDERATION,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 60.0,
+    stop_grace: float = 5.0,
+    work_dir: Path | None = None,
+    keep_work_dir: bool = False,
+) -> Iterator[Deployment]:
+    """Start one SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1.
+
+    Commands (ports chosen with :func:`free_port` at call time)::
+
+        flower-superlink --insecure --host 127.0.0.1 --port P --database W/state.db \\
+            --disable-runtime-dependency-installation
+        flower-supernode --insecure --superlink 127.0.0.1:P --host 127.0.0.1 \\
+            --port Q_i --node-config "<node_configs[i]>"      # FLWR_HOME=W/supernode-i
+
+    The block is entered once the SuperLink answers ``/health``, every SuperNode
+    answers ``/health`` and has logged ``SuperNode ID: ...`` (i.e. registered).
+
+    Parameters
+    ----------
+    app_dir : Path
+        Flower App submitted by :meth:`Deployment.run`.
+    num_supernodes : int
+        Number of SuperNode processes.
+    node_configs : list[str] or None
+        One ``--node-config`` string per SuperNode; None gives
+        ``partition-id=i num-partitions=N``.
+    flwr_home : Path
+        ``FLWR_HOME`` of the CLI and the SuperLink; ``[superlink.<federation>]`` is
+        added to its ``config.toml`` and removed again on exit.
+    federation : str, default "local-deployment"
+        Connection name.
+    cwd : Path or None
+        Working directory of the processes (default: ``app_dir``, as for
+        ``flwr run .`` typed in the project folder).
+    env : Mapping[str, str] or None
+        Extra environment variables for all processes.
+    startup_timeout : float, default 60.0
+        Seconds allowed for everything to become ready.
+    stop_grace : float, default 5.0
+        Seconds between SIGTERM and SIGKILL on exit.
+    work_dir : Path or None
+        Where logs, ``state.db`` and the SuperNodes' homes go. Default: a new
+        temporary directory, deleted on a clean exit (read the logs inside the
+        ``with`` block) and kept when the block raised or ``keep_work_dir`` is set.
+        A given ``work_dir`` is never deleted.
+    keep_work_dir : bool, default False
+        Keep the temporary work directory after a clean exit too.
+
+    Yields
+    ------
+    Deployment
+        Handles, ports, log paths, and :meth:`Deployment.run`.
+
+    Raises
+    ------
+    FlowerProcessError
+        If a process exits or is not ready in time; the message contains the tail
+        of every process log.
+    """
+    if num_supernodes < 1:
+        raise ValueError("num_supernodes must be >= 1")
+    if node_configs is None:
+        node_configs = [
+            f"partition-id={i} num-partitions={num_supernodes}" for i in range(num_supernodes)
+        ]
+    if len(node_configs) != num_supernodes:
+        raise ValueError(f"{len(node_configs)} node_configs for {num_supernodes} supernodes")
+    app_dir = Path(app_dir).resolve()
+    _check_app_dir(app_dir)
+    flwr_home = Path(flwr_home).resolve()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    created = work_dir is None
+    work = Path(work_dir or tempfile.mkdtemp(prefix="flwr-deployment-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    run_cwd = Path(cwd or app_dir).resolve()
+
+    link_port, *node_ports = _free_ports(1 + num_supernodes)
+    started: list[ManagedProcess] = []
+    with ExitStack() as stack:
+        stack.push(_work_dir_cleanup(work, created, keep_work_dir))
+        stack.callback(lambda: _stop_processes(list(reversed(started)), stop_grace))
+        superlink = _start(
+            "superlink",
+            _superlink_cmd(link_port, work / "state.db", simulation=False),
+            work / "superlink.log",
+            run_cwd,
+            child_env(flwr_home, env),
+            link_port,
+        )
+        started.append(superlink)
+        deadline = time.monotonic() + startup_timeout
+        # SuperNodes back off exponentially while the SuperLink is down: start them after.
+        _wait_http_ready([superlink], deadline, started)
+
+        address = f"{HOST}:{link_port}"
+        supernodes: list[ManagedProcess] = []
+        for i, (port, node_config) in enumerate(zip(node_ports, node_configs, strict=True)):
+            node_home = work / f"supernode-{i}"
+            node_home.mkdir(exist_ok=True)
+            cmd = [
+                flower_executable("flower-supernode"),
+                "--insecure",
+                "--superlink",
+                address,
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--node-config",
+                node_config,
+            ]
+            node = _start(
+                f"supernode-{i}",
+                cmd,
+                work / f"supernode-{i}.log",
+                run_cwd,
+                child_env(node_home, env),
+                port,
+            )
+            started.append(node)
+            supernodes.append(node)
+
+        _wait_http_ready(supernodes, deadline, started)
+        node_ids = _wait_registered(supernodes, deadline, started)
+        stack.enter_context(_connection(flwr_home, federation, address))
+        yield Deployment(
+            app_dir=app_dir,
+            flwr_home=flwr_home,
+            federation=federation,
+            address=address,
+            work_dir=work,
+            cwd=run_cwd,
+            superlink=superlink,
+            supernodes=supernodes,
+            node_ids=node_ids,
+        )
+
+
+def _wait_registered(
+    nodes: Sequence[ManagedProcess], deadline: float, all_procs: Sequence[ManagedProcess]
+) -> list[int]:
+    ids: dict[str, int] = {}
+    while len(ids) < len(nodes):
+        for node in nodes:
+            if node.name in ids:
+                continue
+            if not node.alive():
+                raise _startup_error(f"{node.name} exited during start-up", all_procs)
+            match = _NODE_ID_RE.search(node.log_text())
+            if match:
+                ids[node.name] = int(match.group(1))
+        if len(ids) == len(nodes):
+            break
+        if time.monotonic() > deadline:
+            missing = ", ".join(n.name for n in nodes if n.name not in ids)
+            raise _startup_error(f"timed out waiting for registration of: {missing}", all_procs)
+        time.sleep(0.1)
+    return [ids[n.name] for n in nodes]
+
+
+@contextmanager
+def local_simulation(
+    app_dir: Path,
+    num_supernodes: int,
+    flwr_home: Path,
+    *,
+    client_cpus: int = 1,
+    federation: str = SIMULATION_FEDERATION,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 60.0,
+    stop_grace: float = 5.0,
+    work_dir: Path | None = None,
+    keep_work_dir: bool = False,
+) -> Iterator[Simulation]:
+    """Start a simulation SuperLink on a free port for ``flwr run`` simulations.
+
+    Command (instead of ``flwr run``'s managed SuperLink, which always uses port
+    39091, is shared by every ``FLWR_HOME``, keeps the working directory and
+    settings of whoever started it first, and stays running after the run)::
+
+        flower-superlink --insecure --simulation --host 127.0.0.1 --port P \\
+            --database W/state.db --disable-runtime-dependency-installation
+
+    Runs submitted with :meth:`Simulation.run` pass
+    ``--federation-config "num-supernodes=N client-resources-num-cpus=C"``.
+
+    Parameters
+    ----------
+    app_dir : Path
+        Flower App submitted by :meth:`Simulation.run`.
+    num_supernodes : int
+        Default number of virtual SuperNodes per run.
+    flwr_home : Path
+        ``FLWR_HOME`` of the CLI and the SuperLink.
+    client_cpus : int, default 1
+        ``client-resources-num-cpus`` (Flower's default is 2, i.e. one ClientApp at
+        a time on a 2-core machine).
+    federation : str, default "local-simulation"
+        Connection name written to ``$FLWR_HOME/config.toml``.
+    cwd : Path or None
+        Working directory of the SuperLink and hence of the ServerApp and the Ray
+        workers (default: ``app_dir``). NOTE: Ray puts this directory first on the
+        workers' ``sys.path``, so a package found there shadows the FAB's copy.
+    env : Mapping[str, str] or None
+        Extra environment variables.
+    startup_timeout : float, default 60.0
+        Seconds allowed for ``/health`` to answer.
+    stop_grace : float, default 5.0
+        Seconds between SIGTERM and SIGKILL on exit.
+    work_dir : Path or None
+        Where the log and ``state.db`` go; same lifetime rules as in
+        :func:`local_deployment`.
+    keep_work_dir : bool, default False
+        Keep the temporary work directory after a clean exit too.
+
+    Yields
+    ------
+    Simulation
+        Handle with :meth:`Simulation.run`.
+
+    Raises
+    ------
+    FlowerProcessError
+        If the SuperLink exits or is not ready in time (message has its log tail).
+    """
+    if num_supernodes < 1:
+        raise ValueError("num_supernodes must be >= 1")
+    app_dir = Path(app_dir).resolve()
+    _check_app_dir(app_dir)
+    flwr_home = Path(flwr_home).resolve()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    created = work_dir is None
+    work = Path(work_dir or tempfile.mkdtemp(prefix="flwr-simulation-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    run_cwd = Path(cwd or app_dir).resolve()
+    port = free_port()
+    started: list[ManagedProcess] = []
+    with ExitStack() as stack:
+        stack.push(_work_dir_cleanup(work, created, keep_work_dir))
+        stack.callback(lambda: _stop_processes(started, stop_grace))
+        superlink = _start(
+            "superlink",
+            _superlink_cmd(port, work / "state.db", simulation=True),
+            work / "superlink.log",
+            run_cwd,
+            child_env(flwr_home, env),
+            port,
+        )
+        started.append(superlink)
+        _wait_http_ready([superlink], time.monotonic() + startup_timeout, started)
+        address = f"{HOST}:{port}"
+        stack.enter_context(_connection(flwr_home, federation, address))
+        yield Simulation(
+            app_dir=app_dir,
+            flwr_home=flwr_home,
+            federation=federation,
+            address=address,
+            work_dir=work,
+            cwd=run_cwd,
+            superlink=superlink,
+            num_supernodes=num_supernodes,
+            client_cpus=client_cpus,
+        )

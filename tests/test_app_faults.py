@@ -1,0 +1,68 @@
+"""A run survives client faults: crashed, silent and malformed nodes are counted and
+reported, and the audit completes with the nodes that behaved (real Flower simulation).
+
+The project is copied into a temporary folder whose ClientApp component is swapped for
+``tests/fault_apps/faulty_client.py`` (the real handlers, plus injected faults).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+try:
+    from tests.flower_processes import local_simulation
+except ImportError:  # pragma: no cover
+    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def faulty_app(tmp_path: Path) -> Path:
+    app_dir = tmp_path / "app"
+    for package in ("clients", "server", "strategies", "mechanisms"):
+        shutil.copytree(
+            REPO / package, app_dir / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(REPO / "tests" / "fault_apps" / "faulty_client.py", app_dir / "faulty_client.py")
+    pyproject = (REPO / "pyproject.toml").read_text()
+    pyproject, count = re.subn(
+        r'clientapp = "clients\.app:app"', 'clientapp = "faulty_client:app"', pyproject
+    )
+    assert count == 1
+    (app_dir / "pyproject.toml").write_text(pyproject)
+    (app_dir / "README.md").write_text("fault-injection copy of fedparity\n")
+    return app_dir
+
+
+@pytest.mark.slow
+def test_audit_completes_despite_crashed_silent_and_malformed_nodes(tmp_path: Path) -> None:
+    output = tmp_path / "run"
+    run_config = {
+        "output-dir": str(output),
+        "users-per-node": 400,
+        "num-server-rounds": 1,
+        "epsilons": "4",
+        "user-budget": 4.0,
+        "reply-timeout": 20.0,
+    }
+    with local_simulation(faulty_app(tmp_path), 6, tmp_path / "flwr-home") as simulation:
+        run = simulation.run(run_config, timeout=600)
+    assert run.status == "finished:completed", run.output[-3000:]
+
+    results = json.loads((output / "results.json").read_text())
+    audit = results["audits"][0]
+    assert audit["nodes_sent"] == 6
+    assert audit["accepted_nodes"] == 3  # partitions 0, 4 and 5
+    assert audit["num_reports"] == 3 * 400
+    assert len(audit["missing_nodes"]) == 1
+    reasons = [item["reason"] for item in audit["rejected_replies"]]
+    assert len(reasons) == 2
+    assert any("simulated crash" in reason for reason in reasons)
+    assert any("output domain" in reason for reason in reasons)
+    assert audit["estimate"] is not None  # estimated from the three good nodes
+    assert "rejected reply from node" in run.output

@@ -1,0 +1,148 @@
+"""The ClientApp handlers, called as the Flower runtime calls them (real Context/Message).
+
+What leaves the node: only perturbed (group, value) pairs and counts; every user's ledger
+is charged the mechanism's true epsilon (recomputed on the node) and users refuse once
+their budget would be exceeded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from clients.app import describe, ldp_audit, load_shard, train_handler
+from clients.task import build_model, get_arrays
+from mechanisms import RandomizedResponseMechanism, randomized_response_epsilon
+from server.config import RunConfig
+from strategies.ldp_audit import AUDIT_MESSAGE_TYPE, LdpGapAudit
+
+RUN_CONFIG = {"users-per-node": 40, "epsilons": "1", "user-budget": 2.5}
+
+
+@pytest.fixture(autouse=True)
+def task_identity() -> Iterator[None]:
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+def make_context(node_config: dict[str, object] | None = None) -> Context:
+    return Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 1, "num-partitions": 3, **(node_config or {})},
+        state=RecordDict(),
+        run_config=dict(RUN_CONFIG),
+    )
+
+
+def model_arrays(context: Context) -> ArrayRecord:
+    shard = load_shard(context, RunConfig.from_mapping(context.run_config), "test")
+    return ArrayRecord(get_arrays(build_model(shard.num_features, seed=0)))
+
+
+def audit_message(
+    context: Context, mechanism: RandomizedResponseMechanism, budget: float
+) -> Message:
+    audit = LdpGapAudit(mechanism, budget=budget, metric="accuracy")
+    return audit.configure_audit(model_arrays(context), [context.node_id])[0]
+
+
+def test_describe_reports_only_shapes() -> None:
+    context = make_context()
+    request = Message(content=RecordDict({}), dst_node_id=7, message_type="query.describe")
+    reply = describe(request, context)
+    metrics = dict(reply.content.metric_records["metrics"])
+    assert metrics == {
+        "partition-id": 1,
+        "num-partitions": 3,
+        "num-features": 8,
+        "num-users": 40,
+        "num-train-samples": 40 * 16,
+    }
+    assert not reply.content.array_records
+
+
+def test_train_replies_updated_arrays_and_weight() -> None:
+    context = make_context()
+    arrays = model_arrays(context)
+    request = Message(
+        content=RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1})}),
+        dst_node_id=7,
+        message_type="train",
+    )
+    reply = train_handler(request, context)
+    new = reply.content.array_records["arrays"].to_numpy_ndarrays()
+    old = arrays.to_numpy_ndarrays()
+    assert [a.shape for a in new] == [a.shape for a in old]
+    assert any(not np.allclose(a, b) for a, b in zip(new, old, strict=True))
+    assert reply.content.metric_records["metrics"]["num-examples"] == 40 * 16
+
+
+def test_audit_reply_holds_only_perturbed_pairs_and_charges_the_ledger() -> None:
+    context = make_context()
+    mechanism = RandomizedResponseMechanism(0.6, 1.0)
+    true_epsilon = randomized_response_epsilon(0.6, 1.0)
+    reply = ldp_audit(audit_message(context, mechanism, budget=1.2), context)
+
+    assert set(reply.content.array_records) == {"reports"}
+    reports = reply.content.array_records["reports"]
+    assert set(reports) == {"groups", "values"}
+    values = reports["values"].numpy()
+    assert values.dtype == np.int8 and set(np.unique(values)) <= {-1, 1}  # never a raw metric
+    metrics = dict(reply.content.metric_records["metrics"])
+    assert metrics["num-reports"] == 40 and metrics["num-refused"] == 0
+    assert metrics["epsilon-charged"] == pytest.approx(true_epsilon)
+    spent = context.state.array_records["ldp-ledger"]["spent"].numpy()
+    np.testing.assert_allclose(spent, true_epsilon)  # the true epsilon, not eps1 or eps2
+
+
+def test_users_refuse_once_their_budget_would_be_exceeded() -> None:
+    context = make_context()
+    mechanism = RandomizedResponseMechanism(0.6, 1.0)  # true epsilon 1.096
+    message = audit_message(context, mechanism, budget=1.2)
+    first = ldp_audit(message, context)
+    second = ldp_audit(message, context)  # 2.19 <= 2.5: still allowed
+    third = ldp_audit(message, context)  # 3.29 > 2.5: every user refuses
+    counts = [dict(r.content.metric_records["metrics"]) for r in (first, second, third)]
+    assert [c["num-reports"] for c in counts] == [40, 40, 0]
+    assert counts[2]["num-refused"] == 40
+    assert third.content.array_records["reports"]["groups"].numpy().size == 0
+
+
+def test_ledger_dir_survives_across_runs(tmp_path: Path) -> None:
+    mechanism = RandomizedResponseMechanism(0.6, 1.0)
+    for expected in (40, 40, 0):  # a fresh Context per run: only the file remembers
+        context = make_context({"ledger-dir": str(tmp_path)})
+        reply = ldp_audit(audit_message(context, mechanism, budget=1.2), context)
+        assert reply.content.metric_records["metrics"]["num-reports"] == expected
+    assert (tmp_path / "ledger-partition-1.npz").exists()
+
+
+def test_node_refuses_a_mechanism_above_the_audit_budget() -> None:
+    context = make_context()
+    config = ConfigRecord(
+        {
+            "mechanism": "R",
+            "epsilon-group": 1.0,
+            "epsilon-value": 1.0,  # true epsilon 1.38 (SPEC 1.1), claimed budget 1.0
+            "num-groups": 2,
+            "budget": 1.0,
+            "metric": "accuracy",
+            "audit-id": "x",
+        }
+    )
+    message = Message(
+        content=RecordDict({"arrays": model_arrays(context), "config": config}),
+        dst_node_id=7,
+        message_type=AUDIT_MESSAGE_TYPE,
+    )
+    with pytest.raises(ValueError, match="exceeds the audit budget"):
+        ldp_audit(message, context)
+    assert "ldp-ledger" not in context.state.array_records  # nothing was charged

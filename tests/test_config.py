@@ -1,0 +1,90 @@
+"""Run configuration: defaults in one place, named configs valid, bad values named."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from server.config import ConfigError, RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pyproject_defaults() -> dict[str, object]:
+    with (REPO / "pyproject.toml").open("rb") as handle:
+        return tomllib.load(handle)["tool"]["flwr"]["app"]["config"]
+
+
+def test_pyproject_defaults_equal_the_dataclass_defaults() -> None:
+    """`run_simulation` passes no run config, so RunConfig's own defaults must match."""
+    defaults = pyproject_defaults()
+    assert set(defaults) == set(RunConfig.keys())
+    assert RunConfig.from_mapping(defaults) == RunConfig()
+
+
+def test_no_federations_table_in_pyproject() -> None:
+    """Flower 1.41 migrates [tool.flwr.federations] and rewrites pyproject.toml."""
+    with (REPO / "pyproject.toml").open("rb") as handle:
+        flwr = tomllib.load(handle)["tool"]["flwr"]
+    assert "federations" not in flwr
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_named_configs_are_valid(path: Path) -> None:
+    with path.open("rb") as handle:
+        overrides = tomllib.load(handle)
+    # Flower rejects keys that are not in [tool.flwr.app.config].
+    assert set(overrides) <= set(pyproject_defaults())
+    config = RunConfig.from_toml(path, pyproject_defaults())
+    assert config.task == overrides.get("task", "ldp-audit")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("confidence", 1.0, "confidence must be in (0, 1)"),
+        ("confidence", 0, "confidence must be in (0, 1)"),
+        ("epsilons", "1,-2", "epsilons (entry 2)"),
+        ("epsilons", "1,nan", "epsilons (entry 2)"),
+        ("epsilons", "", "epsilons must list"),
+        ("num-groups", 1, "num-groups must be an integer >= 2"),
+        ("users-per-node", 0, "users-per-node must be an integer >= 1"),
+        ("mechanism", "M", "mechanism must be one of R, L, best"),
+        ("metric", "auc", "metric must be one of accuracy, tpr, fpr, fnr"),
+        ("dataset", "femnist", "dataset must be one of synthetic, adult"),
+        ("learning-rate", 0.0, "learning-rate must be in (0, inf)"),
+        ("user-budget", -1.0, "user-budget must be in (0, inf)"),
+        ("ground-truth", "yes", "ground-truth must be true or false"),
+        ("group-sizes", "guess", "group-sizes must be one of estimated, known"),
+    ],
+)
+def test_bad_values_name_the_key(key: str, value: object, fragment: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_mapping({key: value})
+    assert fragment in str(error.value)
+
+
+def test_unknown_key_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        RunConfig.from_mapping({"epsilon": 1.0})
+
+
+def test_audits_must_fit_the_user_budget() -> None:
+    with pytest.raises(ConfigError, match="more than user-budget"):
+        RunConfig.from_mapping({"epsilons": "4,4", "user-budget": 7.0})
+    assert RunConfig.from_mapping({"epsilons": "0.1,0.2", "user-budget": 0.3}).epsilons == (
+        0.1,
+        0.2,
+    )
+
+
+def test_known_group_sizes_need_the_harness() -> None:
+    with pytest.raises(ConfigError, match="ground-truth"):
+        RunConfig.from_mapping({"group-sizes": "known", "ground-truth": False})
+
+
+def test_adult_has_two_groups() -> None:
+    with pytest.raises(ConfigError, match="num-groups must be 2"):
+        RunConfig.from_mapping({"dataset": "adult", "num-groups": 3})

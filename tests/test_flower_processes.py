@@ -1,0 +1,125 @@
+"""End-to-end checks of ``tests/flower_processes.py`` with real Flower processes.
+
+The throwaway app in ``tests/flower_lab_app`` is copied into ``tmp_path`` and run
+(1) on a SuperLink + 3 SuperNodes, (2) on a simulation SuperLink with 3 virtual
+SuperNodes. Each node answers a ``query`` with its ``partition-id``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+try:
+    from tests.flower_processes import (
+        FlwrRunError,
+        format_run_config,
+        free_port,
+        local_deployment,
+        local_simulation,
+    )
+except ImportError:  # pytest "prepend" import mode without the repo root on sys.path
+    from flower_processes import (  # type: ignore[no-redef, import-not-found]
+        FlwrRunError,
+        format_run_config,
+        free_port,
+        local_deployment,
+        local_simulation,
+    )
+
+LAB_APP = Path(__file__).parent / "flower_lab_app"
+
+
+@pytest.fixture
+def lab_app(tmp_path: Path) -> Path:
+    """Fresh copy of the throwaway Flower App."""
+    dst = tmp_path / "flowerlab_app"
+    shutil.copytree(LAB_APP, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dst
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_format_run_config_quotes_for_flower_parser() -> None:
+    from flwr.common.config import parse_config_args
+
+    config: dict[str, bool | int | float | str] = {
+        "a": 3,
+        "b": 0.5,
+        "c": True,
+        "d": "x y=z",
+        "e": "it's",
+        "f": "",
+        "g": r"C:\dir",
+        "h": 1e-5,
+    }
+    line = format_run_config(config)
+    assert parse_config_args([line]) == config
+    with pytest.raises(ValueError):
+        format_run_config({"bad key": 1})
+
+
+def test_deployment_three_supernodes_and_failure_status(lab_app: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out-deployment"
+    with local_deployment(lab_app, 3, None, tmp_path / "flwr-home") as dep:
+        assert len(set(dep.node_ids)) == 3
+        run = dep.run(
+            {"expected-nodes": 3, "greeting": "hi 'there'", "output-dir": str(out_dir)},
+            timeout=180,
+        )
+        logs = dep.logs()
+        # `flwr run` exits 0 although the ServerApp raised: the helper reads the status.
+        with pytest.raises(FlwrRunError, match="finished:failed"):
+            dep.run({"fail": True}, timeout=120)
+        pids = [p.pid for p in dep.processes]
+    assert run.status == "finished:completed"
+    for i in range(3):
+        assert f"LAB reply partition-id={i} num-partitions=3 greeting=hi 'there'" in run.output
+        # ClientApp prints land in the SuperNode's log.
+        assert f"LABCLIENT partition-id={i}" in logs[f"supernode-{i}"]
+    replies = json.loads((out_dir / "replies.json").read_text())
+    assert [r["partition-id"] for r in replies] == [0, 1, 2]
+    assert _pids_alive(pids) == []
+    # The connection was removed again from the per-test FLWR_HOME.
+    assert "local-deployment" not in (tmp_path / "flwr-home" / "config.toml").read_text()
+
+
+def test_simulation_three_supernodes(lab_app: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out-simulation"
+    # Run config from a TOML file inside the app (as `flwr run . -c configs/sim.toml`).
+    (lab_app / "configs").mkdir()
+    (lab_app / "configs" / "sim.toml").write_text(
+        f'expected-nodes = 3\noutput-dir = "{out_dir.as_posix()}"\n', encoding="utf-8"
+    )
+    with local_simulation(lab_app, 3, tmp_path / "flwr-home") as sim:
+        run = sim.run(Path("configs/sim.toml"), timeout=180)
+        pid = sim.superlink.pid
+    assert "3 simulated SuperNodes" in run.output
+    for i in range(3):
+        assert f"LAB reply partition-id={i} num-partitions=3 greeting=hello" in run.output
+    replies = json.loads((out_dir / "replies.json").read_text())
+    assert [r["partition-id"] for r in replies] == [0, 1, 2]
+    assert f"LAB cwd={os.path.realpath(lab_app)}" in run.output
+    assert _pids_alive([pid]) == []
