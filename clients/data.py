@@ -432,6 +432,7 @@ def load_adult(
     *,
     download: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    source_url: str = ADULT_URL,
 ) -> AdultData:
     """Read ``adult.data`` and ``adult.test`` (UCI format) from ``data_dir``.
 
@@ -441,7 +442,8 @@ def load_adult(
 
     If the files are not in ``data_dir`` (nor in ``cache_dir`` when given): with
     ``download=False`` raise ``FileNotFoundError``; with ``download=True`` fetch them from
-    :data:`ADULT_URL` into ``cache_dir`` (default ``data_dir``) and read them from there.
+    ``source_url`` (default :data:`ADULT_URL`, UCI) into ``cache_dir`` (default ``data_dir``)
+    and read them from there.
     Parsed files are cached in memory per folder and modification time.
     """
     data_path = Path(data_dir).expanduser()
@@ -457,11 +459,11 @@ def load_adult(
             "data_dir at a folder containing them"
         )
     target = candidates[-1]
-    _download_adult(target)
+    _download_adult(target, source_url)
     return _read_adult_cached(*_cache_key(target))
 
 
-def _download_adult(target: Path) -> None:
+def _download_adult(target: Path, source_url: str = ADULT_URL) -> None:
     """Fetch the missing Adult files into ``target`` (written atomically via a ``.part`` file)."""
     target.mkdir(parents=True, exist_ok=True)
     for name in ADULT_FILES:
@@ -469,7 +471,7 @@ def _download_adult(target: Path) -> None:
         if destination.is_file():
             continue
         partial = target / f"{name}.part"
-        with urllib.request.urlopen(ADULT_URL + name, timeout=60) as response:
+        with urllib.request.urlopen(source_url.rstrip("/") + "/" + name, timeout=60) as response:
             with open(partial, "wb") as out:
                 shutil.copyfileobj(response, out)
         os.replace(partial, destination)

@@ -5,7 +5,9 @@ Subcommands (``fedparity <command> --help`` for every option):
 * ``privacy``  -- the true LDP epsilon of M_R / M_L for (eps1, eps2, d) (SPEC 1.1);
 * ``plan``     -- minimum budget for an error target, or the error bound at a budget;
 * ``measure``  -- run a mechanism on every row of a CSV (one row = one client) and estimate
-  the per-group means and gaps from the perturbed reports, streaming the file.
+  the per-group means and gaps from the perturbed reports, streaming the file;
+* ``federations`` -- add the app's ``local-simulation`` / ``local-deployment`` connections to
+  Flower's ``$FLWR_HOME/config.toml``.
 
 Each takes ``--json`` to print one JSON object (keys in the README). Bad input exits with
 status 2 and a one-line message naming the parameter; nothing is computed or released.
@@ -44,7 +46,7 @@ from mechanisms.planner import (
 )
 
 #: Rows parsed per chunk by ``measure`` (bounded memory for files of any length).
-DEFAULT_CHUNK_ROWS = 1 << 20
+DEFAULT_CHUNK_ROWS = 1 << 18
 EXIT_USAGE = 2
 
 
@@ -388,6 +390,65 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# --- federations --------------------------------------------------------------------------
+
+LOCAL_SIMULATION = "local-simulation"
+LOCAL_DEPLOYMENT = "local-deployment"
+
+
+def flower_config_path(flwr_home: str | None) -> Path:
+    """``$FLWR_HOME/config.toml`` (Flower's default home is ~/.flwr)."""
+    import os
+
+    home = flwr_home or os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+    return Path(home).expanduser() / "config.toml"
+
+
+def run_federations(args: argparse.Namespace, out: TextIO) -> int:
+    """Add the ``local-simulation`` (default) and ``local-deployment`` connections.
+
+    Flower 1.41 keeps connections in ``$FLWR_HOME/config.toml``; a ``[tool.flwr.federations]``
+    table in pyproject.toml would be migrated there and commented out of the project file, so
+    the project ships this command instead. Other entries of the file are kept.
+    """
+    import tomllib
+
+    import tomli_w  # a Flower dependency (Flower writes this file with it too)
+
+    address = args.deployment_address
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--deployment-address must be HOST:PORT, got {address!r}")
+    path = flower_config_path(args.flwr_home)
+    config: dict[str, Any] = {}
+    if path.exists():
+        try:
+            config = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise UsageError(f"--flwr-home: {path} is not valid TOML: {error}") from None
+    superlink = config.setdefault("superlink", {})
+    superlink[LOCAL_SIMULATION] = {"address": ":local:"}
+    superlink[LOCAL_DEPLOYMENT] = {"address": address, "insecure": True}
+    superlink.setdefault("default", LOCAL_SIMULATION)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(config), encoding="utf-8")
+    payload = {
+        "config_file": str(path),
+        "default": superlink["default"],
+        LOCAL_SIMULATION: superlink[LOCAL_SIMULATION],
+        LOCAL_DEPLOYMENT: superlink[LOCAL_DEPLOYMENT],
+    }
+    text = (
+        f"wrote {path}:\n"
+        f"  {LOCAL_SIMULATION}: local simulation engine"
+        + (" (default)" if superlink["default"] == LOCAL_SIMULATION else "")
+        + f"\n  {LOCAL_DEPLOYMENT}: SuperLink at {address} (insecure, loopback)\n"
+        f"then: flwr run . {LOCAL_DEPLOYMENT} --stream"
+    )
+    _emit(payload, text, args.json, out)
+    return 0
+
+
 # --- entry point --------------------------------------------------------------------------
 
 
@@ -437,10 +498,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     measure.add_argument("--chunk-rows", default=str(DEFAULT_CHUNK_ROWS), help=argparse.SUPPRESS)
     measure.add_argument("--json", action="store_true", help="print one JSON object")
+
+    federations = commands.add_parser(
+        "federations",
+        help="add the local-simulation and local-deployment connections to Flower's config",
+    )
+    federations.add_argument("--flwr-home", default=None, help="default: $FLWR_HOME or ~/.flwr")
+    federations.add_argument(
+        "--deployment-address",
+        default="127.0.0.1:9093",
+        help="the SuperLink of local-deployment (its --port)",
+    )
+    federations.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
-COMMANDS = {"privacy": run_privacy, "plan": run_plan, "measure": run_measure}
+COMMANDS = {
+    "privacy": run_privacy,
+    "plan": run_plan,
+    "measure": run_measure,
+    "federations": run_federations,
+}
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -146,3 +146,31 @@ def test_node_refuses_a_mechanism_above_the_audit_budget() -> None:
     with pytest.raises(ValueError, match="exceeds the audit budget"):
         ldp_audit(message, context)
     assert "ldp-ledger" not in context.state.array_records  # nothing was charged
+
+
+def test_adult_users_audit_through_the_handler(adult_path: Path) -> None:
+    """Real UCI Adult: a node's users (grouped by sex) evaluate and report perturbed TPRs;
+    users without a positive test sample have no TPR and do not report."""
+    context = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": 4},
+        state=RecordDict(),
+        run_config={
+            "dataset": "adult",
+            "data-dir": str(adult_path),
+            "users-per-node": 500,
+            "epsilons": "2",
+            "user-budget": 2.0,
+        },
+    )
+    shard = load_shard(context, RunConfig.from_mapping(context.run_config), "test")
+    assert shard.num_users == 500 and set(np.unique(shard.user_groups)) == {0, 1}
+    mechanism = RandomizedResponseMechanism(1.0, 1.5)
+    arrays = ArrayRecord(get_arrays(build_model(shard.num_features, seed=0)))
+    message = LdpGapAudit(mechanism, budget=2.0, metric="tpr").configure_audit(arrays, [7])[0]
+    reply = ldp_audit(message, context)
+    metrics = dict(reply.content.metric_records["metrics"])
+    positives = np.bincount(shard.user_index, weights=shard.labels, minlength=500)
+    assert metrics["num-undefined"] == int((positives == 0).sum()) > 0
+    assert metrics["num-reports"] == 500 - metrics["num-undefined"]

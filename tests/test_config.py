@@ -88,3 +88,54 @@ def test_known_group_sizes_need_the_harness() -> None:
 def test_adult_has_two_groups() -> None:
     with pytest.raises(ConfigError, match="num-groups must be 2"):
         RunConfig.from_mapping({"dataset": "adult", "num-groups": 3})
+
+
+def test_federations_command_writes_connections_flower_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fedparity federations` gives Flower a default local-simulation and a local-deployment
+    connection, keeping the file's other entries; read back with Flower's own reader."""
+    import io
+
+    from flwr.cli.flower_config import read_superlink_connection
+
+    from server.cli import main
+
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "10.0.0.1:9093"\n'
+    )
+    out = io.StringIO()
+    assert (
+        main(
+            [
+                "federations",
+                "--flwr-home",
+                str(home),
+                "--deployment-address",
+                "127.0.0.1:9555",
+                "--json",
+            ],
+            out=out,
+        )
+        == 0
+    )
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    deployment = read_superlink_connection("local-deployment")
+    assert deployment.address == "127.0.0.1:9555" and deployment.insecure
+    assert read_superlink_connection("local-simulation").address == ":local:"
+    assert read_superlink_connection("mine").address == "10.0.0.1:9093"  # kept
+    assert read_superlink_connection().name == "mine"  # an existing default is kept
+
+    fresh = tmp_path / "fresh-home"
+    assert main(["federations", "--flwr-home", str(fresh)], out=io.StringIO()) == 0
+    monkeypatch.setenv("FLWR_HOME", str(fresh))
+    assert read_superlink_connection().name == "local-simulation"
+    assert (
+        main(
+            ["federations", "--flwr-home", str(fresh), "--deployment-address", "nope"],
+            out=io.StringIO(),
+        )
+        == 2
+    )

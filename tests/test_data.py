@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,22 +20,6 @@ from clients.data import (
     load_partition,
     synthetic_partition,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def adult_dir() -> Path:
-    """The real Adult folder: ``$FEDPARITY_ADULT_DIR`` or ``<repo>/../shared/data/adult``."""
-    override = os.environ.get(ADULT_DIR_ENV)
-    return Path(override) if override else REPO_ROOT.parent / "shared" / "data" / "adult"
-
-
-@pytest.fixture(scope="module")
-def adult_path() -> Path:
-    path = adult_dir()
-    if not ((path / "adult.data").is_file() and (path / "adult.test").is_file()):
-        pytest.skip(f"UCI Adult files not found in {path} (set {ADULT_DIR_ENV} to their folder)")
-    return path
 
 
 def assert_shards_equal(left: UserShard, right: UserShard) -> None:
@@ -399,3 +382,35 @@ def test_load_partition_adult_uses_env_folder(
         "adult", 0, 2, users_per_node=10, num_groups=2, seed=1, split="train", data_dir=""
     )
     assert_shards_equal(shard, adult_partition(adult_path, 0, 2, 10, "train", seed=1))
+
+
+def test_adult_download_only_when_absent_and_asked(adult_path: Path, tmp_path: Path) -> None:
+    """The download path, against a real HTTP server on 127.0.0.1 serving UCI's file layout
+    (a temporary copy of the shared files; nothing is copied into the repository)."""
+    import functools
+    import http.server
+    import shutil
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("adult.data", "adult.test"):
+        shutil.copy(adult_path / name, served / name)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    cache = tmp_path / "cache"
+    try:
+        with pytest.raises(FileNotFoundError, match="download"):
+            load_adult(cache, source_url=url)  # absent and not asked: no download
+        assert not cache.exists()
+        adult = load_adult(cache, download=True, source_url=url)
+        assert adult.train.num_rows == 32_561 and adult.test.num_rows == 16_281
+        assert sorted(p.name for p in cache.iterdir()) == ["adult.data", "adult.test"]
+        server.shutdown()  # present now: no second download needed
+        assert load_adult(cache, download=True, source_url=url).test.num_rows == 16_281
+    finally:
+        server.shutdown()
+        server.server_close()
