@@ -135,3 +135,17 @@ def check_metric_values(metrics: np.ndarray, name: str = "metric") -> np.ndarray
             bad = low if low < 0.0 else high
             raise ValueError(f"{name} values must be in [0, 1]; found {bad!r}")
     return array
+
+
+def check_clients(
+    groups: np.ndarray, values: np.ndarray, num_groups: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Clients' (group, value) pairs: groups in [0, d), values in [-1, 1], equal lengths."""
+    groups = check_groups_array(groups, num_groups)
+    values = check_unit_values(values)
+    if groups.shape != values.shape:
+        raise ValueError(
+            f"groups and values must have the same length, got {groups.shape[0]} and "
+            f"{values.shape[0]}"
+        )
+    return groups, values

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms._validation import (
+    check_clients,
     check_epsilon,
-    check_groups_array,
     check_num_groups,
-    check_unit_values,
 )
 from mechanisms.randomized_response import _flip_to_other_group, grr_keep_probability
 from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
@@ -150,10 +149,7 @@ class LaplaceMechanism:
     ) -> PerturbedReports:
         """Perturb each client's (g, v); ``values`` on the [-1, 1] scale (v = 2 m - 1)."""
         if validate:
-            groups = check_groups_array(groups, self.num_groups)
-            values = check_unit_values(values)
-            if groups.shape != values.shape:
-                raise ValueError("groups and values must have the same length")
+            groups, values = check_clients(groups, values, self.num_groups)
         if self.num_groups == 2:
             in_group_one, out_values = self._perturb_two_groups(groups, values, rng)
             return PerturbedReports(in_group_one.astype(np.int64), out_values)
@@ -204,10 +200,7 @@ class LaplaceMechanism:
         (the streaming fast path); they equal ``from_reports`` up to summation order.
         """
         if validate:
-            groups = check_groups_array(groups, self.num_groups)
-            values = check_unit_values(values)
-            if groups.shape != values.shape:
-                raise ValueError("groups and values must have the same length")
+            groups, values = check_clients(groups, values, self.num_groups)
         if self.num_groups != 2:
             reports = self.perturb(groups, values, rng, validate=False)
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)

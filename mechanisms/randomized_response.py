@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from mechanisms._validation import (
+    check_clients,
     check_epsilon,
     check_groups_array,
     check_num_groups,
-    check_unit_values,
 )
 from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
 
@@ -179,10 +179,7 @@ class RandomizedResponseMechanism:
         the streaming path); never pass unchecked user input with it.
         """
         if validate:
-            groups = check_groups_array(groups, self.num_groups)
-            values = check_unit_values(values)
-            if groups.shape != values.shape:
-                raise ValueError("groups and values must have the same length")
+            groups, values = check_clients(groups, values, self.num_groups)
         a = self.group_keep_probability
         value_gain = 2.0 * self.value_keep_probability - 1.0
         draws = rng.random(groups.shape[0])
@@ -215,10 +212,7 @@ class RandomizedResponseMechanism:
         state the summary is identical; for d = 2 it only counts (the streaming fast path).
         """
         if validate:
-            groups = check_groups_array(groups, self.num_groups)
-            values = check_unit_values(values)
-            if groups.shape != values.shape:
-                raise ValueError("groups and values must have the same length")
+            groups, values = check_clients(groups, values, self.num_groups)
         if self.num_groups != 2:
             reports = self.perturb(groups, values, rng, validate=False)
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)

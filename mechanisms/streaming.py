@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mechanisms._validation import check_groups_array, check_int_at_least, check_unit_values
+from mechanisms._validation import check_clients, check_int_at_least
 from mechanisms.calibration import GapMechanismType
 from mechanisms.reports import ReportSummary
 
@@ -46,13 +46,7 @@ def summarize_stream(
     block_size = check_int_at_least("block_size", block_size, 1)
     total = ReportSummary.empty(mechanism.num_groups)
     for groups, values in chunks:
-        groups = check_groups_array(groups, mechanism.num_groups)
-        values = check_unit_values(values)
-        if groups.shape != values.shape:
-            raise ValueError(
-                f"groups and values must have the same length, got {groups.shape[0]} and "
-                f"{values.shape[0]}"
-            )
+        groups, values = check_clients(groups, values, mechanism.num_groups)
         for start in range(0, groups.shape[0], block_size):
             stop = start + block_size
             total = total.merge(
