@@ -414,3 +414,44 @@ def test_adult_download_only_when_absent_and_asked(adult_path: Path, tmp_path: P
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_adult_doctorate_holders_partition_the_rows(adult_path: Path) -> None:
+    """Paper 003's split: holder 0 = Doctorate rows, holder 1 = the rest; group = non-White."""
+    from clients.data import adult_holder
+
+    adult = load_adult(adult_path)
+    education = adult.test.columns["education"]
+    race = adult.test.columns["race"]
+    doctorate = adult_holder(adult_path, 0, 2, "test", scheme="doctorate")
+    others = adult_holder(adult_path, 1, 2, "test", scheme="doctorate")
+    assert doctorate.num_samples == int((education == "Doctorate").sum())
+    assert doctorate.num_samples + others.num_samples == adult.test.num_rows
+    assert doctorate.user_groups.sum() == int(
+        ((education == "Doctorate") & (race != "White")).sum()
+    )
+    with pytest.raises(ValueError, match="num_partitions must be 2"):
+        adult_holder(adult_path, 0, 3, "test", scheme="doctorate")
+
+
+def test_adult_dirichlet_holders_are_disjoint_complete_and_skewed(adult_path: Path) -> None:
+    from clients.data import adult_holder
+
+    shards = [adult_holder(adult_path, i, 10, "train", seed=3) for i in range(10)]
+    assert sum(s.num_samples for s in shards) == 32_561
+    rates = np.array([s.labels.mean() for s in shards if s.num_samples])
+    assert rates.max() - rates.min() > 0.2  # label skew from the Dirichlet shares
+    again = adult_holder(adult_path, 4, 10, "train", seed=3)
+    np.testing.assert_array_equal(again.features, shards[4].features)
+    other_seed = adult_holder(adult_path, 4, 10, "train", seed=4)
+    assert other_seed.num_samples != shards[4].num_samples
+
+
+def test_synthetic_holder_rows_carry_their_users_group() -> None:
+    from clients.data import synthetic_holder
+
+    holder = synthetic_holder(1, 3, "test", rows_per_holder=800)
+    shard = synthetic_partition(1, 3, 50, split="test")
+    np.testing.assert_array_equal(holder.features, shard.features)
+    np.testing.assert_array_equal(holder.user_groups, shard.user_groups[shard.user_index])
+    assert holder.num_users == holder.num_samples == 800
