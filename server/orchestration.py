@@ -1,0 +1,123 @@
+"""Run orchestration shared by the jobs: wait for nodes, learn their shapes, train, output dir.
+
+Every job (LDP audit, FedEvalFair, FPFL) starts the same way: wait until enough nodes are
+connected, ask each for its (public) shard shape with a ``query.describe`` message, build the
+model, and, for the jobs that need a trained global model, run FedAvg
+(:class:`~strategies.robust_fedavg.RobustFedAvg`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from clients.task import build_model, get_arrays
+from server.config import RunConfig
+from strategies.ldp_audit import METRICS_KEY
+from strategies.robust_fedavg import RobustFedAvg
+
+DESCRIBE_MESSAGE_TYPE = "query.describe"
+DEFAULT_RUNS_DIR = Path.home() / ".fedparity" / "runs"
+
+
+class NodeDescriptions:
+    """What the nodes said about their shards (public sizes only)."""
+
+    def __init__(self) -> None:
+        self.num_features: int | None = None
+        self.num_users = 0
+        self.partitions: list[tuple[int, int]] = []
+        self.failed: list[tuple[int, str]] = []
+
+
+def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
+    """Node ids once at least ``minimum`` are connected (nodes register asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        node_ids = sorted(grid.get_node_ids())
+        if len(node_ids) >= minimum:
+            return node_ids
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"only {len(node_ids)} node(s) connected after {timeout:g} s; min-nodes = {minimum}"
+            )
+        time.sleep(0.5)
+
+
+def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescriptions:
+    """Ask every node for its feature count, user count and partition (no private data)."""
+    messages = [
+        Message(content=RecordDict({}), dst_node_id=node, message_type=DESCRIBE_MESSAGE_TYPE)
+        for node in node_ids
+    ]
+    found = NodeDescriptions()
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = int(reply.metadata.src_node_id)
+        if reply.has_error():
+            found.failed.append((node, reply.error.reason))
+            continue
+        metrics = reply.content.metric_records.get(METRICS_KEY)
+        try:
+            num_features = int(metrics["num-features"])  # type: ignore[index]
+            found.num_users += int(metrics["num-users"])  # type: ignore[index]
+            found.partitions.append(
+                (int(metrics["partition-id"]), int(metrics["num-partitions"]))  # type: ignore[index]
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            found.failed.append((node, f"malformed describe reply: {error!r}"))
+            continue
+        if found.num_features is None:
+            found.num_features = num_features
+        elif found.num_features != num_features:
+            reason = f"{num_features} features, the others have {found.num_features}"
+            found.failed.append((node, reason))
+    if found.num_features is None:
+        raise RuntimeError(f"no node described its data: {found.failed}")
+    return found
+
+
+def resolve_output_dir(config: RunConfig) -> Path:
+    """``output-dir`` (absolute), or ``~/.fedparity/runs/<task>-<UTC time>``."""
+    if config.output_dir:
+        return Path(config.output_dir).expanduser().resolve()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return DEFAULT_RUNS_DIR / f"{config.task}-{stamp}"
+
+
+def train_global_model(
+    grid: Grid, config: RunConfig, num_features: int
+) -> tuple[ArrayRecord, dict[int, float], RobustFedAvg]:
+    """``num-server-rounds`` rounds of FedAvg from a seeded initial model."""
+    arrays = ArrayRecord(get_arrays(build_model(num_features, seed=config.seed)))
+    strategy = RobustFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
+    losses: dict[int, float] = {}
+    if config.num_server_rounds:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=arrays,
+            num_rounds=config.num_server_rounds,
+            timeout=config.reply_timeout,
+            train_config=ConfigRecord({"learning-rate": config.learning_rate}),
+        )
+        arrays = result.arrays
+        losses = {
+            int(rnd): float(metrics.get("train-loss", float("nan")))
+            for rnd, metrics in result.train_metrics_clientapp.items()
+        }
+    return arrays, losses, strategy
+
+
+def training_report(config: RunConfig, losses: dict[int, float], strategy: RobustFedAvg) -> dict:
+    """The ``training`` section of results.json."""
+    return {
+        "rounds": config.num_server_rounds,
+        "train_loss": losses,
+        "rejected_replies": {
+            rnd: [{"node_id": r.node_id, "reason": r.reason} for r in items]
+            for rnd, items in strategy.rejected.items()
+        },
+    }
