@@ -1,0 +1,252 @@
+"""Cost of the FedEvalFair three-round protocol, CKKS-encrypted vs plaintext, in one process.
+
+    python benchmarks/fedevalfair_protocol.py                 # k = 10, 100, 1000; writes tables
+    python benchmarks/fedevalfair_protocol.py --clients 100 --json
+
+No Flower: every simulated client runs in this process one after the other with real
+TenSEAL ciphertexts (:func:`clients.ckks.run_protocol_locally`); the plaintext rows run the
+same protocol with float64 vectors (:func:`clients.ckks.run_protocol_plaintext`). Flower's
+own overhead is measured elsewhere.
+
+Payload (SPEC 2.1): client i contributes [w_i, w_i y_i, w_i y_i^2] with w_i = 1/S_i^2 in
+[1e4, 1e6] and y_i ~ N(0.03, 1/w_i) (+ the count slot); its round-2 terms are Cochran's
+w_i (y_i - mu)^2 and the paper's w_i (y_i - mu)^2 / (1 - w_i / W). Two key holders decrypt
+in round 3. Reported per client and round: payload bytes up and down (Flower framing not
+included), ciphertexts uploaded, compute time; per round the server's time. "parallel s"
+is the critical path if the clients ran in parallel: sum over rounds of (slowest client +
+server). Precision: the encrypted run's p-values (Q, T1, W*) against exact float64.
+
+Target (issue): encrypted, 100 clients, under 30 s; at most one ciphertext per client per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from clients.ckks import (
+    CkksParameters,
+    ProtocolTrace,
+    generate_keys,
+    load_public_context,
+    load_secret_context,
+    run_protocol_locally,
+    run_protocol_plaintext,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KEY_HOLDERS = 2
+TARGET_SECONDS = 30.0
+
+
+def population(k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Weights 1/S^2 in [1e4, 1e6] and estimates y ~ N(0.03, 1/w) (H0 of stage 1 true)."""
+    rng = np.random.default_rng(seed)
+    weights = 10.0 ** rng.uniform(4.0, 6.0, size=k)
+    return weights, 0.03 + rng.standard_normal(k) / np.sqrt(weights)
+
+
+def terms(reference: np.ndarray, contribution: np.ndarray) -> np.ndarray:
+    """Round-2 terms: Cochran's and the paper's, against the round-1 weighted mean."""
+    total, mean = reference[0], reference[1] / reference[0]
+    weight, estimate = contribution[0], contribution[1] / contribution[0]
+    cochran = weight * (estimate - mean) ** 2
+    return np.array([cochran, cochran / (1.0 - weight / total)])
+
+
+def report(released: np.ndarray) -> dict[str, float]:
+    """p-values from the default release [Q, T1, W, sum w y, sum w y^2, count]."""
+    q, t1, total, weighted, weighted_squares, count = released
+    z = np.sqrt(total) * weighted / total
+    q_round1 = max(weighted_squares - weighted**2 / total, 0.0)  # one round, by cancellation
+    return {
+        "Q": float(q),
+        "Q_round1": float(q_round1),
+        "p_Q_round1": float(stats.chi2.sf(q_round1, count - 1)),
+        "T1": float(t1),
+        "W*": float(z),
+        "p_Q": float(stats.chi2.sf(q, count - 1)),
+        "p_T1": float(stats.chi2.sf(t1, count - 1)),
+        "p_W*": float(2.0 * stats.norm.sf(abs(z))),
+    }
+
+
+def exact_report(weights: np.ndarray, estimates: np.ndarray) -> dict[str, float]:
+    total = weights.sum()
+    mean = (weights * estimates).sum() / total
+    cochran = weights * (estimates - mean) ** 2
+    released = np.array(
+        [
+            cochran.sum(),
+            (cochran / (1.0 - weights / total)).sum(),
+            total,
+            (weights * estimates).sum(),
+            (weights * estimates**2).sum(),
+            weights.size,
+        ]
+    )
+    return report(released)
+
+
+def summarize(trace: ProtocolTrace, exact: dict[str, float]) -> dict[str, Any]:
+    """Per-client traffic (a plain client and a key holder), times, precision."""
+    holder = trace.key_holders[0]
+    plain = next(c for c in range(trace.num_clients - 1, -1, -1) if c not in trace.key_holders)
+    per_round_max = trace.client_seconds.max(axis=0)
+    return {
+        "mode": "CKKS" if trace.encrypted else "plaintext",
+        "clients": trace.num_clients,
+        "wall_seconds": trace.wall_seconds,
+        "parallel_seconds": float(per_round_max.sum() + sum(trace.server_seconds)),
+        "server_seconds": list(trace.server_seconds),
+        "client_seconds_mean": trace.client_seconds[:, :2].mean(axis=0).tolist(),
+        "client_seconds_max": per_round_max.tolist(),
+        "client_upload_bytes": trace.upload_bytes[plain].tolist(),
+        "client_download_bytes": trace.download_bytes[plain].tolist(),
+        "key_holder_upload_bytes": trace.upload_bytes[holder].tolist(),
+        "key_holder_download_bytes": trace.download_bytes[holder].tolist(),
+        "max_ciphertexts_per_client_per_round": trace.ciphertexts.max(axis=0).tolist(),
+        "server_received_bytes": int(trace.upload_bytes.sum()),
+        "pvalue_max_abs_error": max(
+            abs(trace.report[name] - exact[name]) for name in ("p_Q", "p_T1", "p_W*")
+        ),
+        "statistic_max_rel_error": max(
+            abs(trace.report[name] - exact[name]) / abs(exact[name]) for name in ("Q", "T1", "W*")
+        ),
+        "round1_q_pvalue_abs_error": abs(trace.report["p_Q_round1"] - exact["p_Q_round1"]),
+        "report": trace.report,
+    }
+
+
+def measure(k: int, seed: int, secret: Any, public: Any) -> list[dict[str, Any]]:
+    weights, estimates = population(k, seed)
+    contributions = [
+        np.array([w, w * y, w * y * y]) for w, y in zip(weights, estimates, strict=True)
+    ]
+    exact = exact_report(weights, estimates)
+    rows = []
+    for encrypted in (True, False):
+        if encrypted:
+            trace = run_protocol_locally(
+                contributions, terms, secret, public, report_fn=report, key_holders=KEY_HOLDERS
+            )
+        else:
+            trace = run_protocol_plaintext(
+                contributions, terms, report_fn=report, key_holders=KEY_HOLDERS
+            )
+        rows.append(summarize(trace, exact))
+    return rows
+
+
+def kb(value: float) -> str:
+    return f"{value / 1000:.1f}" if value >= 1000 else f"{value / 1000:.3f}"
+
+
+def markdown(rows: list[dict[str, Any]], keys: dict[str, Any]) -> str:
+    lines = [
+        "Per-client payload in kB (1 kB = 1000 B): r1 up | r2 down | r2 up; key holders "
+        "additionally download r3 (both sums) and upload the released aggregates.",
+        "",
+        "| mode | k | wall s | parallel s | server s (r1/r2/r3) | client ms mean (r1/r2) "
+        "| r1 up | r2 down | r2 up | key holder r3 down / up | ct/client/round (r1/r2/r3) "
+        "| server received MB | max abs err p | max rel err stat | abs err p(Q, 1 round) |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        up, down = row["client_upload_bytes"], row["client_download_bytes"]
+        holder_up, holder_down = row["key_holder_upload_bytes"], row["key_holder_download_bytes"]
+        server = "/".join(f"{s:.2f}" for s in row["server_seconds"])
+        client = "/".join(f"{1e3 * s:.2f}" for s in row["client_seconds_mean"])
+        counts = "/".join(str(c) for c in row["max_ciphertexts_per_client_per_round"])
+        lines.append(
+            f"| {row['mode']} | {row['clients']} | {row['wall_seconds']:.2f} "
+            f"| {row['parallel_seconds']:.2f} | {server} | {client} | {kb(up[0])} "
+            f"| {kb(down[1])} | {kb(up[1])} | {kb(holder_down[2])} / {kb(holder_up[2])} "
+            f"| {counts} | {row['server_received_bytes'] / 1e6:.2f} "
+            f"| {row['pvalue_max_abs_error']:.1e} | {row['statistic_max_rel_error']:.1e} "
+            f"| {row['round1_q_pvalue_abs_error']:.1e} |"
+        )
+    lines += [
+        "",
+        f"Key material ({keys['parameters']}): secret context {kb(keys['secret_bytes'])} kB "
+        f"per client (out of band, once), public context {kb(keys['public_bytes'])} kB for the "
+        f"server (once); loading a context takes {keys['load_ms']:.0f} ms.",
+        "",
+        "Errors against exact float64: p-values of Q, T1 (round-2 terms) and W*; the last column "
+        "is Cochran's Q from round 1 alone (sum w y^2 - (sum w y)^2 / sum w, by cancellation).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object per row")
+    parser.add_argument("--no-write", action="store_true", help="do not write results/")
+    args = parser.parse_args(argv)
+    if any(k < 2 for k in args.clients):
+        parser.error(f"--clients must be integers >= 2, got {args.clients}")
+    parameters = CkksParameters()
+    with tempfile.TemporaryDirectory() as folder:
+        paths = generate_keys(folder, parameters)
+        started = time.perf_counter()
+        secret = load_secret_context(paths.secret)
+        public = load_public_context(paths.public)
+        keys = {
+            "parameters": (
+                f"N={parameters.poly_modulus_degree}, q={list(parameters.coeff_mod_bit_sizes)}, "
+                f"scale 2^{parameters.global_scale_bits}, {parameters.security_bits}-bit"
+            ),
+            "secret_bytes": paths.secret.stat().st_size,
+            "public_bytes": paths.public.stat().st_size,
+            "load_ms": 1e3 * (time.perf_counter() - started) / 2,
+        }
+    rows = []
+    for k in args.clients:
+        for row in measure(k, args.seed + k, secret, public):
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(
+                    f"{row['mode']:>9} k={k}: {row['wall_seconds']:.2f} s, "
+                    f"{row['client_upload_bytes'][0] / 1e3:.1f} kB up per client in round 1",
+                    flush=True,
+                )
+    encrypted_100 = [r for r in rows if r["mode"] == "CKKS" and r["clients"] == 100]
+    verdict = ""
+    if encrypted_100:
+        seconds = encrypted_100[0]["wall_seconds"]
+        status = "met" if seconds < TARGET_SECONDS else "MISSED"
+        verdict = (
+            f"Target (CKKS, 100 clients, < {TARGET_SECONDS:.0f} s): {status} ({seconds:.1f} s)."
+        )
+    table = markdown(rows, keys)
+    if not args.json:
+        print(table)
+        if verdict:
+            print(verdict)
+    if not args.no_write:
+        RESULTS.mkdir(exist_ok=True)
+        header = (
+            f"# FedEvalFair protocol cost ({platform.processor() or platform.machine()}, "
+            f"{time.strftime('%Y-%m-%d')}, one process, clients run sequentially)\n\n"
+        )
+        (RESULTS / "fedevalfair_protocol.md").write_text(header + table + "\n\n" + verdict + "\n")
+        (RESULTS / "fedevalfair_protocol.json").write_text(
+            json.dumps({"keys": keys, "rows": rows}, indent=2) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
