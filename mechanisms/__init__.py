@@ -9,6 +9,15 @@ LDP gap measurement (paper 000/001, SPEC 1):
 * :func:`summarize_stream`: mechanism + summary over chunks, in bounded memory;
 * :mod:`mechanisms.planner`: minimum budget for an error target, error at a budget, Table 1;
 * :class:`PrivacyLedger` / :class:`ShardLedger`: per-user budgets over repeated audits.
+
+FedEvalFair two-stage fairness test (paper 003, SPEC 2):
+
+* :func:`bootstrap_disparity`: a client's B bootstrap disparities (dp / eo) and its
+  :class:`ClientSummary` in mode "paper" or "calibrated";
+* :func:`fedevalfair`: stage 1 (T1 or Cochran's Q), stage 2 (W*) and TOST in a
+  :class:`FairnessReport`; :func:`client_contribution`, :func:`stage1_term` and
+  :func:`report_from_sums` are the same computation as sums over clients (encrypted protocol);
+  :func:`stage_statistics` vectorises it for simulations.
 """
 
 from mechanisms.accounting import PrivacyBudgetExceeded, PrivacyLedger, ShardLedger
@@ -28,6 +37,23 @@ from mechanisms.estimators import (
     metric_to_value,
     value_to_metric,
 )
+from mechanisms.fairtest import (
+    BootstrapDisparity,
+    ClientSummary,
+    FairnessReport,
+    InsufficientGroupData,
+    StageStatistics,
+    TestResult,
+    bootstrap_disparity,
+    client_contribution,
+    common_disparity_test,
+    equivalence_test,
+    fedevalfair,
+    homogeneity_test,
+    report_from_sums,
+    stage1_term,
+    stage_statistics,
+)
 from mechanisms.laplace import LaplaceMechanism, UnboundedPrivacyLossError, laplace_epsilon
 from mechanisms.randomized_response import (
     RandomizedResponseMechanism,
@@ -40,10 +66,14 @@ from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
 from mechanisms.streaming import summarize_stream
 
 __all__ = [
+    "BootstrapDisparity",
     "BudgetSplit",
+    "ClientSummary",
     "ConfidenceInterval",
     "EstimationError",
+    "FairnessReport",
     "GapEstimate",
+    "InsufficientGroupData",
     "LaplaceMechanism",
     "PerturbedReports",
     "PrivacyBudgetExceeded",
@@ -52,18 +82,29 @@ __all__ = [
     "ReportMoments",
     "ReportSummary",
     "ShardLedger",
+    "StageStatistics",
+    "TestResult",
     "UnboundedPrivacyLossError",
     "best_split",
+    "bootstrap_disparity",
     "build_mechanism",
+    "client_contribution",
+    "common_disparity_test",
+    "equivalence_test",
     "estimate_gap",
+    "fedevalfair",
     "grr_frequency_estimate",
     "grr_keep_probability",
     "grr_perturb",
+    "homogeneity_test",
     "laplace_epsilon",
     "mechanism_for_budget",
     "metric_to_value",
     "optimal_split",
     "randomized_response_epsilon",
+    "report_from_sums",
+    "stage1_term",
+    "stage_statistics",
     "summarize_stream",
     "true_epsilon",
     "value_to_metric",

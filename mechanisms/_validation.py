@@ -149,3 +149,55 @@ def check_clients(
             f"{values.shape[0]}"
         )
     return groups, values
+
+
+def check_finite(name: str, value: float) -> float:
+    """Return ``float(value)`` if it is a finite number, else raise ``ValueError``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def check_nonnegative_finite(name: str, value: float) -> float:
+    """Return ``float(value)`` if it is finite and >= 0, else raise ``ValueError``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
+    if not math.isfinite(number) or number < 0.0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def check_generator(name: str, value: object) -> np.random.Generator:
+    """A ``numpy.random.Generator`` (never the global ``np.random`` state)."""
+    if not isinstance(value, np.random.Generator):
+        raise ValueError(
+            f"{name} must be a numpy.random.Generator (e.g. np.random.default_rng(seed)), "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
+def check_binary_array(values: np.ndarray, name: str) -> np.ndarray:
+    """A 1-D array of 0/1 values (bool, integer or float 0.0/1.0), returned as int8."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, got shape {array.shape}")
+    if array.dtype == np.bool_:
+        return array.astype(np.int8)
+    if array.size and not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
+        raise ValueError(f"{name} must hold 0/1 values, got dtype {array.dtype}")
+    if array.size:
+        bad = (array != 0) & (array != 1)
+        if bad.any():
+            raise ValueError(
+                f"{name} must hold only 0 and 1; found {array[np.flatnonzero(bad)[0]]!r}"
+            )
+    return array.astype(np.int8)

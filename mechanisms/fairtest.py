@@ -1,0 +1,884 @@
+"""FedEvalFair: per-client bootstrap disparities and the two-stage fairness test.
+
+Paper 003 (FedEvalFair), Sections 3-4; SPEC 2 and 2.1 for what differs from the paper.
+
+A client i holds a test set (predictions, labels, protected group A in {0, 1}). It draws B
+bootstrap resamples and computes the disparity on each (Section 3.2):
+
+    dp = P(Yhat = 1 | A = 0) - P(Yhat = 1 | A = 1)                   (signed; Eq. 1 has |.|)
+    eo = P(Yhat = 1 | A = 0, Y = 1) - P(Yhat = 1 | A = 1, Y = 1)     (signed; Eq. 2 has |.|)
+
+and reports a :class:`ClientSummary` (mean, variance, n). Two modes (SPEC 2.1):
+
+``"paper"``
+    Faithful to the paper: the mean and sample variance S_i^2 of the B *absolute* bootstrap
+    disparities, n_i = B; weights w_i = n_i / S_i^2 (so Var(mu_hat_i) = S_i^2 / B shrinks with B
+    although the data did not change); stage 1 is Eq. 10,
+    T1 = sum w_i (Ybar_i - mu_hat)^2 / (1 - omega_i), referred to chi2(k - 1), which it does
+    not follow (the terms share mu_hat).
+``"calibrated"`` (default)
+    The signed plug-in disparity mu_hat_i on the full test set, the bootstrap variance S_i^2
+    of the signed resamples as Var(mu_hat_i), weights w_i = 1 / S_i^2 (n_i is not used), and
+    Cochran's Q = sum w_i (Ybar_i - mu_hat)^2 for stage 1, exactly chi2(k - 1) for normal
+    estimates with known variances. Asymptotic: S_i^2 is a plug-in (Wald-type) variance that
+    is correlated with the plug-in disparity when a (group, prediction) cell holds a handful
+    of rows; the weights 1 / S_i^2 then favour extreme clients and both stages are liberal,
+    more so as k grows (benchmarks/results/fedevalfair_mc.md; see
+    :attr:`BootstrapDisparity.cell_counts`).
+
+In both modes mu_hat = sum w_i Ybar_i / sum w_i (Graybill-Deal, Eq. 6) with standard error
+1 / sqrt(sum w_i); stage 2 (Algorithm 2) is W* = sqrt(sum w_i) (mu_hat - mu0) ~ N(0, 1), two
+sided; the equivalence test (TOST, SPEC 2.1) certifies |mu| < tolerance.
+
+The server only adds (Algorithms 1-2, SPEC 2): in round 1 every client adds
+:func:`client_contribution` = [w_i, w_i Ybar_i, w_i Ybar_i^2, 1]; in round 2, given the
+decrypted round-1 totals, it adds :func:`stage1_term`; :func:`report_from_sums` turns the two
+totals into the :class:`FairnessReport`. :func:`fedevalfair` is that computation in one
+process, and :func:`stage_statistics` the same kernels over arrays (Monte Carlo).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats
+
+from mechanisms._validation import (
+    check_binary_array,
+    check_choice,
+    check_finite,
+    check_generator,
+    check_int_at_least,
+    check_nonnegative_finite,
+    check_open_unit,
+    check_positive_finite,
+)
+from mechanisms.estimators import ConfidenceInterval, normal_quantile
+
+Mode = Literal["paper", "calibrated"]
+Metric = Literal["dp", "eo"]
+MODES: tuple[Mode, ...] = ("paper", "calibrated")
+METRICS: tuple[Metric, ...] = ("dp", "eo")
+
+#: Names of the round-1 vector's entries (what :func:`client_contribution` returns).
+ROUND1_FIELDS: tuple[str, ...] = (
+    "sum_weights",
+    "sum_weighted_means",
+    "sum_weighted_squared_means",
+    "num_clients",
+)
+#: Elements of one bootstrap index chunk (B x n is drawn in chunks of this many; ~32 MB).
+_CHUNK_ELEMENTS = 1 << 22
+#: Cell code of a row the metric ignores (eo: Y = 0).
+_IGNORED = 4
+
+
+class InsufficientGroupData(ValueError):
+    """The client's test set cannot produce the disparity, so the client cannot take part."""
+
+
+# --------------------------------------------------------------------------------------------
+# What a client reports
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientSummary:
+    """A client's bootstrap summary (paper Section 3.1: Ybar_i, S_i^2, n_i).
+
+    Attributes
+    ----------
+    mean : float
+        Ybar_i: the mean |disparity| of the resamples (mode "paper") or the signed plug-in
+        disparity (mode "calibrated").
+    variance : float
+        S_i^2 > 0: the sample variance (ddof = 1) of the resamples (of |disparity| in mode
+        "paper", of the signed disparity in mode "calibrated", where it estimates
+        Var(mean)).
+    n : int
+        n_i >= 2: the number of bootstrap resamples B (the paper's n_i; its weights are
+        n_i / S_i^2). Not used by the calibrated weights 1 / S_i^2.
+    """
+
+    mean: float
+    variance: float
+    n: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", check_finite("mean", self.mean))
+        object.__setattr__(self, "variance", check_positive_finite("variance", self.variance))
+        object.__setattr__(self, "n", check_int_at_least("n", self.n, 2))
+
+
+@dataclass(frozen=True, eq=False)
+class BootstrapDisparity:
+    """B bootstrap disparities of one client's test set (paper Sections 3.1-3.2).
+
+    Attributes
+    ----------
+    metric : {"dp", "eo"}
+    plugin : float
+        The signed disparity on the full test set (mu_hat_i of the calibrated mode).
+    resamples : np.ndarray
+        The B signed bootstrap disparities Y_i1 .. Y_iB (read-only).
+    redraws : int
+        Resamples discarded and drawn again because they lacked a member of a group (for
+        "eo": a positive, Y = 1, member).
+    group_sizes : tuple of int
+        Rows of group 0 and group 1 that the metric averages over (all rows for "dp", the
+        positives for "eo").
+    num_samples : int
+        Rows of the test set (the size n of each resample).
+    cell_counts : tuple of int
+        Counts of (A=0, Yhat=0), (A=0, Yhat=1), (A=1, Yhat=0), (A=1, Yhat=1) among the rows the
+        metric averages over. With a handful of rows in a cell, S^2 is strongly correlated
+        with the plug-in disparity and the calibrated weights 1 / S^2 favour extreme
+        estimates (see benchmarks/fedevalfair_mc.py): check ``min(cell_counts)``.
+    """
+
+    metric: Metric
+    plugin: float
+    resamples: np.ndarray
+    redraws: int
+    group_sizes: tuple[int, int]
+    num_samples: int
+    cell_counts: tuple[int, int, int, int]
+
+    @property
+    def num_resamples(self) -> int:
+        """B."""
+        return int(self.resamples.shape[0])
+
+    @property
+    def mean(self) -> float:
+        """Mean of the signed resamples."""
+        return float(np.mean(self.resamples))
+
+    @property
+    def variance(self) -> float:
+        """Sample variance (ddof = 1) of the signed resamples: the bootstrap Var(plugin)."""
+        return float(np.var(self.resamples, ddof=1))
+
+    def summary(self, mode: Mode = "calibrated") -> ClientSummary:
+        """What the client reports in ``mode`` (SPEC 2.1).
+
+        ``"paper"``: mean and S^2 of |Y_ij|, n = B. ``"calibrated"``: the signed plug-in
+        disparity, S^2 of the signed Y_ij, n = B (unused by the weights).
+
+        Raises
+        ------
+        InsufficientGroupData
+            If every resample gives the same value (S^2 = 0, e.g. a model that predicts the
+            same class for everyone): no variance can be estimated from this test set.
+        """
+        mode = check_choice("mode", mode, MODES)
+        if mode == "paper":
+            values = np.abs(self.resamples)
+            mean = float(np.mean(values))
+        else:
+            values = self.resamples
+            mean = self.plugin
+        variance = float(np.var(values, ddof=1))
+        if not variance > 0.0:
+            raise InsufficientGroupData(
+                f"all {self.num_resamples} bootstrap disparities ({self.metric}) are equal, so "
+                "their variance is 0: this test set cannot estimate the disparity's "
+                "uncertainty and the client cannot take part"
+            )
+        return ClientSummary(mean=mean, variance=variance, n=self.num_resamples)
+
+
+def _cell_codes(
+    predictions: np.ndarray, labels: np.ndarray | None, groups: np.ndarray, metric: Metric
+) -> np.ndarray:
+    """Cell of every row: 2 A + Yhat for rows the metric averages over, else 4 (eo: Y = 0)."""
+    codes = (2 * groups + predictions).astype(np.uint8)
+    if metric == "eo":
+        assert labels is not None
+        codes[labels == 0] = _IGNORED
+    return codes
+
+
+def _cell_counts(cells: np.ndarray) -> np.ndarray:
+    """Counts of cells 0..3 along the last axis: shape (..., 4)."""
+    return np.stack([np.count_nonzero(cells == c, axis=-1) for c in range(4)], axis=-1)
+
+
+def _lacking(counts: np.ndarray) -> np.ndarray:
+    """Rows of ``counts`` with no member of group 0 or of group 1."""
+    return (counts[..., 0] + counts[..., 1] == 0) | (counts[..., 2] + counts[..., 3] == 0)
+
+
+def _disparity(counts: np.ndarray) -> np.ndarray:
+    """c1 / (c0 + c1) - c3 / (c2 + c3): rate of group 0 minus rate of group 1."""
+    return counts[..., 1] / (counts[..., 0] + counts[..., 1]) - counts[..., 3] / (
+        counts[..., 2] + counts[..., 3]
+    )
+
+
+def bootstrap_disparity(
+    predictions: np.ndarray,
+    labels: np.ndarray | None,
+    groups: np.ndarray,
+    *,
+    metric: Metric = "dp",
+    num_resamples: int = 100,
+    rng: np.random.Generator,
+    max_redraws: int | None = None,
+) -> BootstrapDisparity:
+    """Bootstrap the signed disparity of one client's test set (paper Sections 3.1-3.2).
+
+    Each of the B resamples draws n rows with replacement (n = the test set's size). A
+    resample without a member of group 0 or of group 1 (for ``"eo"``: without a positive,
+    Y = 1, member) has no disparity; it is discarded and drawn again (SPEC 2). The B x n
+    index matrix is drawn at once (in chunks of ~4M entries), and the group rates are counts
+    along each row.
+
+    Parameters
+    ----------
+    predictions, labels, groups : array of 0/1
+        Yhat, Y and the protected attribute A of the n rows. ``labels`` may be None for
+        ``metric="dp"``.
+    metric : {"dp", "eo"}
+        Demographic parity (Eq. 1) or equal opportunity (Eq. 2), signed: group 0 minus 1.
+    num_resamples : int
+        B >= 2.
+    rng : np.random.Generator
+    max_redraws : int, optional
+        Most resamples that may be discarded in total (default 10 B); beyond it
+        :class:`InsufficientGroupData` is raised.
+
+    Raises
+    ------
+    InsufficientGroupData
+        The test set has one group only (for ``"eo"``: a group without positives), or more
+        than ``max_redraws`` resamples lacked a group: the client cannot take part.
+    """
+    metric = check_choice("metric", metric, METRICS)
+    num_resamples = check_int_at_least("num_resamples", num_resamples, 2)
+    max_redraws = 10 * num_resamples if max_redraws is None else max_redraws
+    max_redraws = check_int_at_least("max_redraws", max_redraws, 0)
+    check_generator("rng", rng)
+    predictions = check_binary_array(predictions, "predictions")
+    groups = check_binary_array(groups, "groups")
+    if groups.shape != predictions.shape:
+        raise ValueError(
+            f"groups must have one entry per prediction ({predictions.size}), got {groups.size}"
+        )
+    if labels is None:
+        if metric == "eo":
+            raise ValueError("labels are required for metric='eo' (true positives per group)")
+    else:
+        labels = check_binary_array(labels, "labels")
+        if labels.shape != predictions.shape:
+            raise ValueError(
+                f"labels must have one entry per prediction ({predictions.size}), got {labels.size}"
+            )
+    cells = _cell_codes(predictions, labels, groups, metric)
+    counts = _cell_counts(cells)
+    sizes = (int(counts[0] + counts[1]), int(counts[2] + counts[3]))
+    members = "positive (Y = 1) members" if metric == "eo" else "members"
+    for group, size in enumerate(sizes):
+        if size == 0:
+            raise InsufficientGroupData(
+                f"groups: the test set has no {members} of group {group} "
+                f"(group sizes {sizes[0]} and {sizes[1]} of {predictions.size} rows), so "
+                f"its {metric} disparity is undefined and the client cannot take part"
+            )
+    num_rows = int(predictions.size)
+    resamples = np.empty(num_resamples)
+    redraws = 0
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // num_rows)
+    for start in range(0, num_resamples, rows_per_chunk):
+        stop = min(start + rows_per_chunk, num_resamples)
+        chunk = _cell_counts(cells[rng.integers(0, num_rows, size=(stop - start, num_rows))])
+        bad = _lacking(chunk)
+        while bad.any():
+            discarded = int(np.count_nonzero(bad))
+            if redraws + discarded > max_redraws:
+                raise InsufficientGroupData(
+                    f"max_redraws: more than {max_redraws} bootstrap resamples lacked {members} "
+                    f"of a group (group sizes {sizes[0]} and {sizes[1]} of {num_rows} rows); "
+                    "the test set is too small or too unbalanced and the client cannot take part"
+                )
+            redraws += discarded
+            chunk[bad] = _cell_counts(cells[rng.integers(0, num_rows, size=(discarded, num_rows))])
+            bad = _lacking(chunk)
+        resamples[start:stop] = _disparity(chunk)
+    resamples.flags.writeable = False
+    return BootstrapDisparity(
+        metric=metric,
+        plugin=float(_disparity(counts)),
+        resamples=resamples,
+        redraws=redraws,
+        group_sizes=sizes,
+        num_samples=num_rows,
+        cell_counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3])),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels (array-valued; every entry point below uses them)
+# --------------------------------------------------------------------------------------------
+
+
+def _weights(variances: np.ndarray, sizes: np.ndarray, mode: Mode) -> np.ndarray:
+    """w_i = n_i / S_i^2 (paper, Eq. 6) or 1 / S_i^2 (calibrated)."""
+    weights = sizes / variances if mode == "paper" else 1.0 / variances
+    if not np.all(np.isfinite(weights)):
+        raise ValueError("variance is too small: a weight n / variance or 1 / variance overflows")
+    return weights
+
+
+def _round1_vectors(
+    means: np.ndarray, variances: np.ndarray, sizes: np.ndarray, mode: Mode
+) -> np.ndarray:
+    """[w_i, w_i Ybar_i, w_i Ybar_i^2, 1] along a new last axis."""
+    weights = _weights(variances, sizes, mode)
+    return np.stack([weights, weights * means, weights * means**2, np.ones_like(weights)], -1)
+
+
+def _stage1_terms(
+    means: np.ndarray, variances: np.ndarray, sizes: np.ndarray, totals: np.ndarray, mode: Mode
+) -> np.ndarray:
+    """w_i (Ybar_i - mu_hat)^2, divided by 1 - omega_i = (sum w - w_i) / sum w in mode paper."""
+    weights = _weights(variances, sizes, mode)
+    sum_weights = totals[..., 0]
+    terms = weights * (means - totals[..., 1] / sum_weights) ** 2
+    if mode == "paper":
+        others = sum_weights - weights
+        if np.any(others <= 0.0):
+            raise ValueError(
+                "round1_totals[0] (the sum of weights) must exceed the client's own weight "
+                "(1 - omega_i > 0)"
+            )
+        terms = terms * (sum_weights / others)
+    return terms
+
+
+@dataclass(frozen=True)
+class StageStatistics:
+    """Both stages' statistics (arrays over any leading axes; see :func:`stage_statistics`)."""
+
+    mode: Mode
+    k: int
+    dof: int
+    estimate: np.ndarray
+    stderr: np.ndarray
+    homogeneity_statistic: np.ndarray
+    homogeneity_pvalue: np.ndarray
+    common_statistic: np.ndarray
+    common_pvalue: np.ndarray
+    equivalence_statistic: np.ndarray | None
+    equivalence_pvalue: np.ndarray | None
+
+
+def _from_sums(
+    totals: np.ndarray,
+    stage1_total: np.ndarray,
+    *,
+    mode: Mode,
+    k: int,
+    mu0: float,
+    tolerance: float | None,
+) -> StageStatistics:
+    """Graybill-Deal estimate, stage 1 p-value (chi2, k - 1), W* and its two-sided p-value."""
+    sum_weights = totals[..., 0]
+    estimate = totals[..., 1] / sum_weights
+    stderr = 1.0 / np.sqrt(sum_weights)
+    common = np.sqrt(sum_weights) * (estimate - mu0)
+    equivalence_statistic = equivalence_pvalue = None
+    if tolerance is not None:
+        # TOST: max(P(Z > (mu_hat + tol)/se), P(Z < (mu_hat - tol)/se)) = sf((tol - |mu_hat|)/se).
+        equivalence_statistic = (tolerance - np.abs(estimate)) / stderr
+        if tolerance > 0.0:
+            equivalence_pvalue = stats.norm.sf(equivalence_statistic)
+        else:  # H0 |mu| >= 0 holds for every mu: never rejected.
+            equivalence_pvalue = np.ones_like(estimate)
+    return StageStatistics(
+        mode=mode,
+        k=k,
+        dof=k - 1,
+        estimate=estimate,
+        stderr=stderr,
+        homogeneity_statistic=stage1_total,
+        homogeneity_pvalue=stats.chi2.sf(stage1_total, k - 1),
+        common_statistic=common,
+        common_pvalue=2.0 * stats.norm.sf(np.abs(common)),
+        equivalence_statistic=equivalence_statistic,
+        equivalence_pvalue=equivalence_pvalue,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Protocol helpers: what each client adds, and the report from the totals
+# --------------------------------------------------------------------------------------------
+
+
+def client_contribution(summary: ClientSummary, mode: Mode = "calibrated") -> np.ndarray:
+    """Round 1 (Algorithms 1-2, step 3-4): the vector a client encrypts and the server adds.
+
+    Returns ``[w_i, w_i Ybar_i, w_i Ybar_i^2, 1.0]`` (:data:`ROUND1_FIELDS`), w_i = n_i / S_i^2
+    in mode "paper" and 1 / S_i^2 in mode "calibrated". The totals give sum w, mu_hat and k,
+    and (calibrated) Cochran's Q = sum w Ybar^2 - (sum w Ybar)^2 / sum w.
+    """
+    mode = check_choice("mode", mode, MODES)
+    _check_summary(summary, "summary")
+    return _round1_vectors(
+        np.float64(summary.mean), np.float64(summary.variance), np.float64(summary.n), mode
+    )
+
+
+def _check_totals(round1_totals: np.ndarray) -> np.ndarray:
+    totals = np.asarray(round1_totals, dtype=np.float64)
+    if totals.shape != (len(ROUND1_FIELDS),):
+        raise ValueError(
+            f"round1_totals must have {len(ROUND1_FIELDS)} entries {ROUND1_FIELDS}, "
+            f"got shape {totals.shape}"
+        )
+    if not np.all(np.isfinite(totals)) or not totals[0] > 0.0:
+        raise ValueError(
+            "round1_totals must be finite with a sum of weights (entry 0) > 0, "
+            f"got {totals.tolist()}"
+        )
+    return totals
+
+
+def stage1_term(
+    summary: ClientSummary, round1_totals: np.ndarray, mode: Mode = "calibrated"
+) -> float:
+    """Round 2 (Algorithm 1, steps 7-9): the client's term of the stage-1 statistic.
+
+    Given the decrypted round-1 totals (sum w, sum w Ybar, ...): mode "paper" returns
+    w_i (Ybar_i - mu_hat)^2 / (1 - omega_i) with omega_i = w_i / sum w (Eq. 10); mode
+    "calibrated" returns w_i (Ybar_i - mu_hat)^2 (Cochran's Q).
+    """
+    mode = check_choice("mode", mode, MODES)
+    _check_summary(summary, "summary")
+    totals = _check_totals(round1_totals)
+    return float(
+        _stage1_terms(
+            np.float64(summary.mean),
+            np.float64(summary.variance),
+            np.float64(summary.n),
+            totals,
+            mode,
+        )
+    )
+
+
+def _check_options(
+    mode: str, mu0: float, tolerance: float | None
+) -> tuple[Mode, float, float | None]:
+    checked_mode: Mode = check_choice("mode", mode, MODES)  # type: ignore[assignment]
+    mu0 = check_finite("mu0", mu0)
+    if tolerance is not None:
+        tolerance = check_nonnegative_finite("tolerance", tolerance)
+    return checked_mode, mu0, tolerance
+
+
+def report_from_sums(
+    round1_totals: np.ndarray,
+    stage1_total: float | None,
+    *,
+    mode: Mode = "calibrated",
+    alpha: float = 0.05,
+    mu0: float = 0.0,
+    tolerance: float | None = None,
+    num_clients: int,
+) -> FairnessReport:
+    """The :class:`FairnessReport` from the decrypted sums of the two rounds.
+
+    Parameters
+    ----------
+    round1_totals : array of 4
+        The sum over clients of :func:`client_contribution`.
+    stage1_total : float or None
+        The sum over clients of :func:`stage1_term`. Mode "calibrated" accepts None: then
+        Q = sum w Ybar^2 - (sum w Ybar)^2 / sum w from round 1 alone (one round less, but it
+        subtracts two large numbers: prefer round 2 when the clients' means are close and
+        large).
+    num_clients : int
+        k >= 2 clients that contributed (must match ``round1_totals[3]``).
+
+    Notes
+    -----
+    A ``stage1_total`` slightly below 0 (encryption noise on a sum of non-negative terms)
+    is read as 0; anything below -1e-6 (1 + sum w Ybar^2) is an error.
+    """
+    alpha = check_open_unit("alpha", alpha)
+    mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
+    num_clients = check_int_at_least("num_clients", num_clients, 2)
+    totals = _check_totals(round1_totals)
+    if abs(totals[3] - num_clients) > 0.5:
+        raise ValueError(
+            f"round1_totals[3] (the number of contributions, {totals[3]:g}) must equal "
+            f"num_clients ({num_clients})"
+        )
+    if stage1_total is None:
+        if mode != "calibrated":
+            raise ValueError("stage1_total is required in mode 'paper' (T1 needs round 2)")
+        statistic = totals[2] - totals[1] ** 2 / totals[0]
+    else:
+        statistic = check_finite("stage1_total", stage1_total)
+    if statistic < 0.0:
+        if statistic < -1e-6 * (1.0 + abs(totals[2])):
+            raise ValueError(f"stage1_total must be >= 0 (a sum of squares), got {statistic!r}")
+        statistic = 0.0
+    computed = _from_sums(
+        totals, np.float64(statistic), mode=mode, k=num_clients, mu0=mu0, tolerance=tolerance
+    )
+    return _report(computed, alpha=alpha, mu0=mu0, tolerance=tolerance)
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+
+
+def _json_float(value: float | None) -> float | None:
+    """A finite float, or None (JSON never gets NaN or infinity)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One test of FedEvalFair (scipy.stats style).
+
+    Attributes
+    ----------
+    statistic : float
+        T1 or Q (stage 1), W* (stage 2) or (tolerance - |mu_hat|) / stderr (TOST).
+    dof : int or None
+        k - 1 for the chi-square statistic of stage 1; None for the normal ones.
+    pvalue : float
+    estimate, stderr : float
+        The Graybill-Deal common disparity mu_hat and 1 / sqrt(sum w).
+    method : str
+    mode : {"paper", "calibrated"}
+    k : int
+        Number of clients.
+    null_value : float or None
+        mu0 (stage 2), the tolerance (TOST); None for stage 1.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    statistic: float
+    dof: int | None
+    pvalue: float
+    estimate: float
+    stderr: float
+    method: str
+    mode: Mode
+    k: int
+    null_value: float | None = None
+
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
+        """Normal interval mu_hat +/- z stderr for the common disparity."""
+        level = check_open_unit("level", level)
+        half = normal_quantile(level) * self.stderr
+        return ConfidenceInterval(self.estimate - half, self.estimate + half)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (no NaN or infinity: non-finite numbers become None)."""
+        return {
+            "statistic": _json_float(self.statistic),
+            "dof": self.dof,
+            "pvalue": _json_float(self.pvalue),
+            "estimate": _json_float(self.estimate),
+            "stderr": _json_float(self.stderr),
+            "method": self.method,
+            "null_value": _json_float(self.null_value),
+        }
+
+
+_METHODS = {
+    ("homogeneity", "paper"): (
+        "FedEvalFair stage 1 (paper Eq. 10): T1 = sum w_i (Ybar_i - mu_hat)^2 / (1 - omega_i), "
+        "w_i = n_i / S_i^2, referred to chi2(k - 1) (not its distribution: SPEC 2.1)"
+    ),
+    ("homogeneity", "calibrated"): (
+        "Cochran's Q = sum w_i (Ybar_i - mu_hat)^2, w_i = 1 / S_i^2, chi2(k - 1)"
+    ),
+    ("common", "paper"): (
+        "FedEvalFair stage 2 (paper Algorithm 2): W* = sqrt(sum w_i) (mu_hat - mu0), "
+        "w_i = n_i / S_i^2 of |disparities|, two-sided N(0, 1)"
+    ),
+    ("common", "calibrated"): (
+        "Stage 2: W* = (mu_hat - mu0) / stderr, Graybill-Deal mu_hat of signed plug-in "
+        "disparities, w_i = 1 / S_i^2, two-sided N(0, 1)"
+    ),
+    ("equivalence", "paper"): (
+        "TOST equivalence, H0: |mu| >= tolerance, on the paper-mode mu_hat and stderr, N(0, 1)"
+    ),
+    ("equivalence", "calibrated"): (
+        "TOST equivalence, H0: |mu| >= tolerance vs H1: |mu| < tolerance, N(0, 1)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FairnessReport:
+    """Both stages of FedEvalFair, the optional equivalence test, and the decisions at alpha.
+
+    ``reject_homogeneity``: stage 1 rejects H0 mu_1 = ... = mu_k. ``reject_fairness``: stage 2
+    rejects H0 mu = mu0. ``certified_fair``: TOST rejects H0 |mu| >= tolerance (None when no
+    tolerance was given). The decisions are reported side by side; none gates another.
+    """
+
+    mode: Mode
+    alpha: float
+    k: int
+    mu0: float
+    tolerance: float | None
+    homogeneity: TestResult
+    common_disparity: TestResult
+    equivalence: TestResult | None
+
+    @property
+    def reject_homogeneity(self) -> bool:
+        return bool(self.homogeneity.pvalue < self.alpha)
+
+    @property
+    def reject_fairness(self) -> bool:
+        return bool(self.common_disparity.pvalue < self.alpha)
+
+    @property
+    def certified_fair(self) -> bool | None:
+        if self.equivalence is None:
+            return None
+        return bool(self.equivalence.pvalue < self.alpha)
+
+    @property
+    def estimate(self) -> float:
+        """The Graybill-Deal common disparity mu_hat."""
+        return self.common_disparity.estimate
+
+    @property
+    def stderr(self) -> float:
+        """1 / sqrt(sum w)."""
+        return self.common_disparity.stderr
+
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
+        """Normal interval for the common disparity (at level 1 - alpha it excludes mu0
+        exactly when stage 2 rejects)."""
+        return self.common_disparity.confidence_interval(level)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary (keys documented in the README); never NaN or infinity."""
+        interval = self.confidence_interval(1.0 - self.alpha)
+        return {
+            "mode": self.mode,
+            "alpha": self.alpha,
+            "k": self.k,
+            "mu0": self.mu0,
+            "tolerance": self.tolerance,
+            "estimate": _json_float(self.estimate),
+            "stderr": _json_float(self.stderr),
+            "confidence_level": 1.0 - self.alpha,
+            "confidence_interval": [_json_float(interval.low), _json_float(interval.high)],
+            "homogeneity": self.homogeneity.to_dict(),
+            "common_disparity": self.common_disparity.to_dict(),
+            "equivalence": None if self.equivalence is None else self.equivalence.to_dict(),
+            "reject_homogeneity": self.reject_homogeneity,
+            "reject_fairness": self.reject_fairness,
+            "certified_fair": self.certified_fair,
+        }
+
+
+def _report(
+    computed: StageStatistics, *, alpha: float, mu0: float, tolerance: float | None
+) -> FairnessReport:
+    mode, k = computed.mode, computed.k
+    estimate, stderr = float(computed.estimate), float(computed.stderr)
+    common = dict(estimate=estimate, stderr=stderr, mode=mode, k=k)
+    equivalence = None
+    if tolerance is not None:
+        assert computed.equivalence_statistic is not None
+        assert computed.equivalence_pvalue is not None
+        equivalence = TestResult(
+            statistic=float(computed.equivalence_statistic),
+            dof=None,
+            pvalue=float(computed.equivalence_pvalue),
+            method=_METHODS["equivalence", mode],
+            null_value=tolerance,
+            **common,
+        )
+    return FairnessReport(
+        mode=mode,
+        alpha=alpha,
+        k=k,
+        mu0=mu0,
+        tolerance=tolerance,
+        homogeneity=TestResult(
+            statistic=float(computed.homogeneity_statistic),
+            dof=computed.dof,
+            pvalue=float(computed.homogeneity_pvalue),
+            method=_METHODS["homogeneity", mode],
+            **common,
+        ),
+        common_disparity=TestResult(
+            statistic=float(computed.common_statistic),
+            dof=None,
+            pvalue=float(computed.common_pvalue),
+            method=_METHODS["common", mode],
+            null_value=mu0,
+            **common,
+        ),
+        equivalence=equivalence,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+
+def _check_summary(summary: object, name: str) -> ClientSummary:
+    if not isinstance(summary, ClientSummary):
+        raise ValueError(f"{name} must be a ClientSummary, got {type(summary).__name__}")
+    return summary
+
+
+def _check_summaries(summaries: Sequence[ClientSummary]) -> list[ClientSummary]:
+    if isinstance(summaries, ClientSummary) or not isinstance(summaries, Sequence):
+        raise ValueError("summaries must be a sequence of ClientSummary (one per client)")
+    checked = [_check_summary(s, f"summaries[{i}]") for i, s in enumerate(summaries)]
+    if len(checked) < 2:
+        raise ValueError(f"summaries must hold at least 2 clients, got {len(checked)}")
+    return checked
+
+
+def fedevalfair(
+    summaries: Sequence[ClientSummary],
+    *,
+    alpha: float = 0.05,
+    mode: Mode = "calibrated",
+    mu0: float = 0.0,
+    tolerance: float | None = None,
+) -> FairnessReport:
+    """Run FedEvalFair's two stages (and TOST if ``tolerance`` is given) on client summaries.
+
+    Exactly the protocol's arithmetic: the round-1 vectors (:func:`client_contribution`) are
+    added, each client's :func:`stage1_term` is computed from the totals and added, and
+    :func:`report_from_sums` gives the report.
+
+    Parameters
+    ----------
+    summaries : sequence of ClientSummary
+        One per client, k >= 2 (built with :meth:`BootstrapDisparity.summary` in ``mode``).
+    alpha : float
+        Level of the decisions, in (0, 1).
+    mode : {"calibrated", "paper"}
+        See the module docstring (SPEC 2.1).
+    mu0 : float
+        Stage 2's null value (Algorithm 2).
+    tolerance : float, optional
+        >= 0: also test H0 |mu| >= tolerance (TOST). At 0 the null holds for every mu, so
+        the p-value is 1 and fairness is never certified.
+    """
+    alpha = check_open_unit("alpha", alpha)
+    mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
+    checked = _check_summaries(summaries)
+    totals = np.sum([client_contribution(s, mode) for s in checked], axis=0)
+    stage1_total = math.fsum(stage1_term(s, totals, mode) for s in checked)
+    return report_from_sums(
+        totals,
+        stage1_total,
+        mode=mode,
+        alpha=alpha,
+        mu0=mu0,
+        tolerance=tolerance,
+        num_clients=len(checked),
+    )
+
+
+def homogeneity_test(
+    summaries: Sequence[ClientSummary], *, mode: Mode = "calibrated"
+) -> TestResult:
+    """Stage 1 (Algorithm 1), H0: mu_1 = ... = mu_k: T1 (paper, Eq. 10) or Cochran's Q."""
+    return fedevalfair(summaries, mode=mode).homogeneity
+
+
+def common_disparity_test(
+    summaries: Sequence[ClientSummary], *, mode: Mode = "calibrated", mu0: float = 0.0
+) -> TestResult:
+    """Stage 2 (Algorithm 2), H0: mu = mu0: W* = sqrt(sum w)(mu_hat - mu0), two-sided."""
+    return fedevalfair(summaries, mode=mode, mu0=mu0).common_disparity
+
+
+def equivalence_test(
+    summaries: Sequence[ClientSummary], *, tolerance: float, mode: Mode = "calibrated"
+) -> TestResult:
+    """TOST (SPEC 2.1), H0: |mu| >= tolerance vs H1: |mu| < tolerance.
+
+    p = max(P(Z > (mu_hat + tol)/se), P(Z < (mu_hat - tol)/se)) = P(Z > (tol - |mu_hat|)/se);
+    tolerance 0 gives p = 1 (the null covers every mu).
+    """
+    report = fedevalfair(summaries, mode=mode, tolerance=tolerance)
+    assert report.equivalence is not None
+    return report.equivalence
+
+
+def stage_statistics(
+    means: np.ndarray,
+    variances: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    mode: Mode = "calibrated",
+    mu0: float = 0.0,
+    tolerance: float | None = None,
+) -> StageStatistics:
+    """Vectorised :func:`fedevalfair` for simulations: clients on the last axis.
+
+    ``means``, ``variances`` and ``sizes`` broadcast to shape (..., k); every statistic of
+    the result has shape (...). Same kernels as the protocol helpers.
+    """
+    mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
+    means, variances, sizes = np.broadcast_arrays(
+        np.asarray(means, dtype=np.float64),
+        np.asarray(variances, dtype=np.float64),
+        np.asarray(sizes, dtype=np.float64),
+    )
+    if means.ndim == 0 or means.shape[-1] < 2:
+        raise ValueError(f"means must hold at least 2 clients on the last axis, got {means.shape}")
+    if not np.all(np.isfinite(means)):
+        raise ValueError("means must be finite numbers")
+    if not np.all(np.isfinite(variances)) or np.any(variances <= 0.0):
+        raise ValueError("variances must be finite numbers > 0")
+    if not np.all(np.isfinite(sizes)) or np.any(sizes < 2) or np.any(sizes != np.round(sizes)):
+        raise ValueError("sizes must be integers >= 2")
+    totals = _round1_vectors(means, variances, sizes, mode).sum(axis=-2)
+    stage1 = _stage1_terms(means, variances, sizes, totals[..., None, :], mode).sum(axis=-1)
+    return _from_sums(
+        totals, stage1, mode=mode, k=int(means.shape[-1]), mu0=mu0, tolerance=tolerance
+    )
+
+
+__all__ = [
+    "METRICS",
+    "MODES",
+    "ROUND1_FIELDS",
+    "BootstrapDisparity",
+    "ClientSummary",
+    "FairnessReport",
+    "InsufficientGroupData",
+    "StageStatistics",
+    "TestResult",
+    "bootstrap_disparity",
+    "client_contribution",
+    "common_disparity_test",
+    "equivalence_test",
+    "fedevalfair",
+    "homogeneity_test",
+    "report_from_sums",
+    "stage1_term",
+    "stage_statistics",
+]

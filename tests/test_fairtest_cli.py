@@ -1,0 +1,240 @@
+"""``fedparity fairtest``: FedEvalFair from a CSV of per-client summaries (server/cli.py).
+
+The printed and JSON values are checked against the library (:func:`mechanisms.fedevalfair`)
+and, for the headline numbers, against the formulas written out here (Graybill-Deal estimate,
+Cochran's Q with scipy's chi2, W* with scipy's normal).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mechanisms import ClientSummary, fedevalfair
+from server.cli import main
+
+ROWS = [  # client, mean, variance, n (an extra column that the command ignores)
+    ("north", 0.012, 4.0e-4, 100),
+    ("south", 0.031, 9.0e-4, 100),
+    ("east", -0.004, 2.0e-4, 200),
+    ("west", 0.020, 6.0e-4, 150),
+]
+JSON_KEYS = {
+    "input",
+    "mode",
+    "alpha",
+    "k",
+    "mu0",
+    "tolerance",
+    "estimate",
+    "stderr",
+    "confidence_level",
+    "confidence_interval",
+    "homogeneity",
+    "common_disparity",
+    "equivalence",
+    "reject_homogeneity",
+    "reject_fairness",
+    "certified_fair",
+}
+TEST_KEYS = {"statistic", "dof", "pvalue", "estimate", "stderr", "method", "null_value"}
+
+
+def write_csv(path: Path, rows: list[tuple] = ROWS, header: str = "client,mean,variance,n") -> Path:
+    lines = [header] + [",".join(str(field) for field in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def summaries() -> list[ClientSummary]:
+    return [ClientSummary(mean, variance, n) for _, mean, variance, n in ROWS]
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue()
+
+
+def run_json(argv: list[str]) -> dict:
+    code, text = run([*argv, "--json"])
+    assert code == 0
+    lines = text.strip().splitlines()
+    assert len(lines) == 1  # one JSON object
+    return json.loads(lines[0])
+
+
+@pytest.fixture
+def csv_path(tmp_path: Path) -> Path:
+    return write_csv(tmp_path / "clients.csv")
+
+
+def test_json_output_matches_the_library_and_the_formulas(csv_path: Path) -> None:
+    payload = run_json(["fairtest", "--input", str(csv_path), "--tolerance", "0.05"])
+    assert set(payload) == JSON_KEYS
+    assert set(payload["homogeneity"]) == TEST_KEYS
+    assert set(payload["common_disparity"]) == TEST_KEYS
+    assert set(payload["equivalence"]) == TEST_KEYS
+    report = fedevalfair(summaries(), tolerance=0.05)
+    assert payload == {"input": str(csv_path), **report.to_dict()}
+    # Independent formulas (calibrated mode: w = 1 / S^2).
+    means = np.array([row[1] for row in ROWS])
+    w = 1.0 / np.array([row[2] for row in ROWS])
+    mu_hat = float(np.sum(w * means) / np.sum(w))
+    q = float(np.sum(w * (means - mu_hat) ** 2))
+    w_star = math.sqrt(w.sum()) * mu_hat
+    assert payload["estimate"] == pytest.approx(mu_hat, rel=1e-12)
+    assert payload["stderr"] == pytest.approx(1 / math.sqrt(w.sum()), rel=1e-12)
+    assert payload["homogeneity"]["statistic"] == pytest.approx(q, rel=1e-12)
+    assert payload["homogeneity"]["dof"] == 3
+    assert payload["homogeneity"]["pvalue"] == pytest.approx(stats.chi2.sf(q, 3), rel=1e-10)
+    assert payload["common_disparity"]["pvalue"] == pytest.approx(
+        2 * stats.norm.sf(abs(w_star)), rel=1e-10
+    )
+    z = stats.norm.ppf(0.975)
+    assert payload["confidence_interval"] == pytest.approx(
+        [mu_hat - z / math.sqrt(w.sum()), mu_hat + z / math.sqrt(w.sum())], rel=1e-10
+    )
+    assert payload["k"] == 4 and payload["mode"] == "calibrated" and payload["tolerance"] == 0.05
+
+
+def test_json_paper_mode_and_options(csv_path: Path) -> None:
+    payload = run_json(
+        ["fairtest", "--input", str(csv_path), "--mode", "paper", "--alpha", "0.1", "--mu0", "0.01"]
+    )
+    report = fedevalfair(summaries(), mode="paper", alpha=0.1, mu0=0.01)
+    assert payload == {"input": str(csv_path), **report.to_dict()}
+    assert payload["equivalence"] is None and payload["certified_fair"] is None
+    assert payload["confidence_level"] == pytest.approx(0.9)
+    assert payload["common_disparity"]["null_value"] == 0.01
+
+
+def test_text_output(csv_path: Path) -> None:
+    code, text = run(["fairtest", "--input", str(csv_path), "--tolerance", "0.05"])
+    assert code == 0
+    report = fedevalfair(summaries(), tolerance=0.05)
+    assert "mode calibrated" in text and "k = 4 clients" in text
+    numbers = {
+        name: float(match.group(1))
+        for name, pattern in (
+            ("q", r"Cochran's Q = ([-0-9.e]+)"),
+            ("p1", r"dof 3, p = ([-0-9.e]+)"),
+            ("w", r"W\* = ([-0-9.e]+)"),
+            ("estimate", r"Graybill-Deal\): ([-0-9.e]+)"),
+            ("stderr", r"stderr ([-0-9.e]+)"),
+            ("tost", r"TOST, H0: \|mu\| >= 0.05\): z = ([-0-9.e]+)"),
+        )
+        if (match := re.search(pattern, text))
+    }
+    assert len(numbers) == 6, text
+    assert numbers["q"] == pytest.approx(report.homogeneity.statistic, rel=1e-5)
+    assert numbers["p1"] == pytest.approx(report.homogeneity.pvalue, rel=1e-3)
+    assert numbers["w"] == pytest.approx(report.common_disparity.statistic, rel=1e-5)
+    assert numbers["estimate"] == pytest.approx(report.estimate, rel=1e-5)
+    assert numbers["stderr"] == pytest.approx(report.stderr, rel=1e-3)
+    assert numbers["tost"] == pytest.approx(report.equivalence.statistic, rel=1e-5)  # type: ignore[union-attr]
+    interval = report.confidence_interval(0.95)
+    assert f"95% CI [{interval.low:.6g}, {interval.high:.6g}]" in text
+    decision = "certified fair" if report.certified_fair else "not certified"
+    assert decision in text
+    for line in text.splitlines()[1:3]:
+        assert line.endswith("-> rejected") or line.endswith("-> not rejected")
+
+
+def test_paper_mode_text_warns(csv_path: Path) -> None:
+    code, text = run(["fairtest", "--input", str(csv_path), "--mode", "paper"])
+    assert code == 0
+    assert "T1 (paper Eq. 10)" in text and "SPEC 2.1" in text
+    assert "TOST" not in text
+
+
+def test_extra_columns_any_order_and_blank_lines_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "shuffled.csv"
+    lines = ["n,note,variance,mean"] + [f"{n},x{i},{v},{m}" for i, (_, m, v, n) in enumerate(ROWS)]
+    path.write_text("\ufeff" + "\n".join(lines) + "\n\n", encoding="utf-8")  # BOM, blank line
+    payload = run_json(["fairtest", "--input", str(path)])
+    assert payload["estimate"] == pytest.approx(fedevalfair(summaries()).estimate, rel=1e-12)
+
+
+# --- bad input: exit 2, nothing on stdout, one line on stderr naming the parameter ---------------
+
+
+def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> None:
+    capsys.readouterr()
+    try:
+        code, text = run(argv)
+    except SystemExit as exit_:  # argparse errors (unknown --mode, missing --input)
+        code, text = exit_.code, ""
+    err = capsys.readouterr().err
+    assert code == 2
+    assert text == ""
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("fedparity fairtest: error:"), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    [
+        (["--alpha", "0"], ("--alpha", "(0, 1)")),
+        (["--alpha", "1"], ("--alpha", "(0, 1)")),
+        (["--alpha", "nan"], ("--alpha",)),
+        (["--alpha", "x"], ("--alpha", "number")),
+        (["--mu0", "inf"], ("--mu0", "finite")),
+        (["--tolerance", "-0.01"], ("--tolerance", ">= 0")),
+        (["--tolerance", "abc"], ("--tolerance", "number")),
+        (["--mode", "exact"], ("--mode",)),
+    ],
+)
+def test_bad_options(
+    csv_path: Path, options: list[str], needles: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_usage_error(["fairtest", "--input", str(csv_path), *options], capsys, *needles)
+
+
+@pytest.mark.parametrize(
+    ("rows", "header", "needles"),
+    [
+        ([("a", 0.1, 0.0, 100), ("b", 0.1, 0.1, 100)], None, ("--input", "row 2", "variance")),
+        ([("a", 0.1, -1, 100), ("b", 0.1, 0.1, 100)], None, ("--input", "variance", "> 0")),
+        ([("a", 0.1, "nan", 100), ("b", 0.1, 0.1, 100)], None, ("--input", "variance")),
+        ([("a", 0.1, 0.1, 100), ("b", 0.1, 0.1, 1)], None, ("--input", "row 3", "n must")),
+        ([("a", 0.1, 0.1, 100), ("b", 0.1, 0.1, 2.5)], None, ("--input", "n must")),
+        ([("a", "x", 0.1, 100), ("b", 0.1, 0.1, 100)], None, ("--input", "'mean'", "'x'")),
+        ([("a", "inf", 0.1, 100), ("b", 0.1, 0.1, 100)], None, ("--input", "mean")),
+        ([("a", 0.1, 0.1, 100)], None, ("--input", "at least 2 clients")),
+        ([], None, ("--input", "at least 2 clients")),
+        ([("a", 0.1, 0.1)], "client,mean,variance", ("--input", "'n'")),
+        ([("a", 0.1, 0.1, 100), ("b", 0.1)], None, ("--input", "row 3", "fields")),
+    ],
+)
+def test_bad_csv(
+    tmp_path: Path,
+    rows: list[tuple],
+    header: str | None,
+    needles: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = write_csv(tmp_path / "bad.csv", rows, header or "client,mean,variance,n")
+    assert_usage_error(["fairtest", "--input", str(path)], capsys, *needles)
+
+
+def test_missing_and_empty_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_usage_error(
+        ["fairtest", "--input", str(tmp_path / "absent.csv")], capsys, "--input", "no such file"
+    )
+    empty = tmp_path / "empty.csv"
+    empty.write_text("", encoding="utf-8")
+    assert_usage_error(["fairtest", "--input", str(empty)], capsys, "--input", "empty")
+
+
+def test_input_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    assert_usage_error(["fairtest"], capsys, "--input")
