@@ -16,22 +16,44 @@ in the run config: a seed known to the server would let it undo the perturbation
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
-from clients.data import UserShard, load_partition
+from clients.ckks import (
+    encrypt_vector,
+    from_array,
+    load_secret_context,
+    secret_context_path,
+    to_array,
+)
+from clients.data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
+from clients.fedevalfair import (
+    RELEASE_SIZE,
+    ROUND1_SIZE,
+    ROUND2_SIZE,
+    ClientStatistics,
+    bootstrap_seed,
+    client_statistics,
+    holder_predictions,
+    open_sum,
+    release_vector,
+    round1_vector,
+    round2_vector,
+)
 from clients.task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 from mechanisms import ShardLedger, build_mechanism, metric_to_value
 from mechanisms.accounting import BUDGET_TOLERANCE
 from server.config import RunConfig
 from strategies.ldp_audit import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
-
-app = ClientApp()
 
 LEDGER_STATE_KEY = "ldp-ledger"
 
@@ -48,8 +70,35 @@ def _partition(context: Context) -> tuple[int, int]:
 
 
 def load_shard(context: Context, config: RunConfig, split: str) -> UserShard:
-    """This node's users (``split`` = "train" or "test")."""
+    """This node's users (``split`` = "train" or "test"); for FedEvalFair the node is a data
+    holder and every row is its own user (:func:`clients.data.adult_holder`)."""
     partition_id, num_partitions = _partition(context)
+    return load_shard_for(config, partition_id, num_partitions, split)
+
+
+def load_shard_for(
+    config: RunConfig, partition_id: int, num_partitions: int, split: str
+) -> UserShard:
+    """The shard of partition ``partition_id`` (also used by the simulation harness)."""
+    if config.task == "fedevalfair":
+        if config.dataset == "adult":
+            folder = config.data_dir or os.environ.get(ADULT_DIR_ENV, "")
+            return adult_holder(
+                folder,
+                partition_id,
+                num_partitions,
+                split,
+                scheme=config.fef_split,
+                seed=config.seed,
+                download=config.download,
+            )
+        return synthetic_holder(
+            partition_id,
+            num_partitions,
+            split,
+            rows_per_holder=config.users_per_node,
+            seed=config.seed,
+        )
     return load_partition(
         config.dataset,
         partition_id,
@@ -70,10 +119,8 @@ def _model_for(shard: UserShard, arrays: ArrayRecord | None, seed: int):  # noqa
     return model
 
 
-@app.query("describe")
-def describe(msg: Message, context: Context) -> Message:
+def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     """Reply with the shard's shape (no private content: sizes and feature count)."""
-    config = RunConfig.from_mapping(context.run_config)
     shard = load_shard(context, config, "train")
     partition_id, num_partitions = _partition(context)
     metrics = MetricRecord(
@@ -88,10 +135,8 @@ def describe(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=msg)
 
 
-@app.train()
-def train_handler(msg: Message, context: Context) -> Message:
+def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     """Local FedAvg training on the shard (one reply: arrays + num-examples)."""
-    config = RunConfig.from_mapping(context.run_config)
     shard = load_shard(context, config, "train")
     arrays = msg.content["arrays"]
     model = _model_for(shard, arrays, config.seed)
@@ -135,10 +180,8 @@ def _ledger(context: Context, config: RunConfig, num_users: int) -> tuple[ShardL
     return ShardLedger(config.user_budget, num_users), None
 
 
-@app.query("ldp_audit")
-def ldp_audit(msg: Message, context: Context) -> Message:
+def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
     """Evaluate, perturb every user's (group, metric) and reply with perturbed pairs only."""
-    config = RunConfig.from_mapping(context.run_config)
     audit = msg.content["config"]
     num_groups = int(audit["num-groups"])
     if num_groups != config.num_groups:
@@ -195,3 +238,118 @@ def ldp_audit(msg: Message, context: Context) -> Message:
         }
     )
     return Message(content=content, reply_to=msg)
+
+
+# --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
+
+FEF_STATE_KEY = "fef-statistics"
+FEF_KEY = "fef"
+
+
+@functools.lru_cache(maxsize=4)
+def _secret_context(path: str):  # noqa: ANN202 - a tenseal.Context
+    return load_secret_context(path)
+
+
+def _node_secret_context(context: Context):  # noqa: ANN202
+    """The key holder's secret context, from node config ``fef-secret-context`` or
+    ``$FEDPARITY_SECRET_CONTEXT`` -- never from the server."""
+    return _secret_context(str(secret_context_path(context.node_config, os.environ)))
+
+
+def _ciphertext_reply(msg: Message, payload: bytes) -> Message:
+    record = ArrayRecord({"ciphertext": Array(to_array(payload))})
+    return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
+
+
+def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Bootstrap dp/eo on the holder's test set; reply with one ciphertext."""
+    secret = _node_secret_context(context)
+    shard = load_shard(context, config, "test")
+    partition_id, _ = _partition(context)
+    rng = np.random.default_rng(bootstrap_seed(config.seed, partition_id))
+    model = _model_for(shard, msg.content["arrays"], config.seed)
+    predictions = holder_predictions(model, shard, config.fef_variant, rng)
+    statistics = client_statistics(shard, predictions, num_resamples=config.fef_resamples, rng=rng)
+    context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
+        {"summaries": Array(statistics.to_array())}
+    )
+    return _ciphertext_reply(msg, encrypt_vector(secret, round1_vector(statistics)))
+
+
+def fef_round2(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Decrypt the round-1 sum, add this client's stage-1 terms; one ciphertext back."""
+    secret = _node_secret_context(context)
+    record = msg.content.array_records[FEF_KEY]
+    counts = msg.content.config_records["config"]
+    round1_sum = open_sum(
+        secret, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
+    )
+    if FEF_STATE_KEY not in context.state.array_records:
+        raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
+    statistics = ClientStatistics.from_array(
+        context.state.array_records[FEF_STATE_KEY]["summaries"].numpy()
+    )
+    return _ciphertext_reply(msg, encrypt_vector(secret, round2_vector(statistics, round1_sum)))
+
+
+def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Key holder: decrypt both sums, release the aggregate statistics (plaintext)."""
+    secret = _node_secret_context(context)
+    record = msg.content.array_records[FEF_KEY]
+    counts = msg.content.config_records["config"]
+    round1_sum = open_sum(
+        secret, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
+    )
+    round2_sum = open_sum(
+        secret, from_array(record["round2-sum"].numpy()), ROUND2_SIZE, int(counts["round2-count"])
+    )
+    released = release_vector(round1_sum, round2_sum)
+    assert released.size == RELEASE_SIZE
+    reply = ArrayRecord({"release": Array(released)})
+    return Message(content=RecordDict({FEF_KEY: reply}), reply_to=msg)
+
+
+# --- the ClientApp --------------------------------------------------------------------------
+
+#: Message type -> handler(msg, context, config); the one table the ClientApp is built from.
+HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
+    "query.describe": describe,
+    "train": train_handler,
+    "query.ldp_audit": ldp_audit,
+    "query.fef_round1": fef_round1,
+    "query.fef_round2": fef_round2,
+    "query.fef_round3": fef_round3,
+}
+
+
+def build_client_app(
+    overrides: Mapping[str, Any] | None = None,
+    handlers: Mapping[str, Callable[[Message, Context, RunConfig], Message]] | None = None,
+) -> ClientApp:
+    """The ClientApp: every handler gets the run config parsed (and validated) once.
+
+    ``overrides`` are merged over ``context.run_config`` (Flower forbids changing it on a
+    node): :mod:`server.api` uses them to run a job from Python. ``handlers`` replaces
+    entries of :data:`HANDLERS` (tests inject faults this way).
+    """
+    client_app = ClientApp()
+    table = {**HANDLERS, **(handlers or {})}
+    extra = dict(overrides or {})
+
+    def bind(handler: Callable[[Message, Context, RunConfig], Message]):  # noqa: ANN202
+        def bound(msg: Message, context: Context) -> Message:
+            return handler(msg, context, RunConfig.from_mapping({**context.run_config, **extra}))
+
+        bound.__name__ = handler.__name__
+        return bound
+
+    for message_type, handler in table.items():
+        kind, _, action = message_type.partition(".")
+        register = getattr(client_app, kind)  # client_app.train / .query / .evaluate
+        decorator = register(action) if action else register()
+        decorator(bind(handler))
+    return client_app
+
+
+app = build_client_app()

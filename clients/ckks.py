@@ -122,6 +122,8 @@ NODE_CONFIG_KEY = "fef-secret-context"
 #: Environment variable of the secret context path (simulation, where node config is fixed).
 SECRET_CONTEXT_ENV = "FEDPARITY_SECRET_CONTEXT"
 SECRET_CONTEXT_FILE = "secret_context.tenseal"
+#: Where ``fedparity keys`` writes by default and nodes/server look last.
+DEFAULT_KEY_DIR = Path.home() / ".fedparity" / "keys"
 PUBLIC_CONTEXT_FILE = "public_context.tenseal"
 
 DEFAULT_MAX_MAGNITUDE = 1e12
@@ -478,9 +480,13 @@ def load_public_context(path: str | os.PathLike[str], *, n_threads: int = 1) -> 
 
 
 def secret_context_path(
-    node_config: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    node_config: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    *,
+    default_dir: Path | None = None,
 ) -> Path:
-    """Where this node's secret context is: node config first, then the environment.
+    """Where this node's secret context is: node config, then environment, then the node's
+    default key folder (``~/.fedparity/keys``, where ``fedparity keys`` writes by default).
 
     Parameters
     ----------
@@ -490,6 +496,9 @@ def secret_context_path(
     environ
         Environment; variable ``FEDPARITY_SECRET_CONTEXT`` (simulation, where the node config
         cannot be set per node). Default ``os.environ``.
+    default_dir
+        The node-local fallback folder (default :data:`DEFAULT_KEY_DIR`); used only if it
+        holds a secret context. Every source is on the node: never a path from the server.
 
     Returns
     -------
@@ -502,9 +511,13 @@ def secret_context_path(
         Neither is set, the value is not an absolute path, or the file does not exist.
     """
     environ = os.environ if environ is None else environ
+    fallback = (DEFAULT_KEY_DIR if default_dir is None else Path(default_dir)) / (
+        SECRET_CONTEXT_FILE
+    )
     candidates = (
         (f"node config {NODE_CONFIG_KEY!r}", node_config.get(NODE_CONFIG_KEY)),
         (f"environment variable {SECRET_CONTEXT_ENV}", environ.get(SECRET_CONTEXT_ENV)),
+        ("the default key folder", str(fallback) if fallback.is_file() else None),
     )
     for source, value in candidates:
         if value is None or value == "":
@@ -519,8 +532,9 @@ def secret_context_path(
         return path
     raise KeyMaterialError(
         f"no secret TenSEAL context for this node: set the node config key {NODE_CONFIG_KEY!r} "
-        f"(flower-supernode --node-config \"{NODE_CONFIG_KEY}='/abs/path'\") or, in "
-        f"simulation, the environment variable {SECRET_CONTEXT_ENV}"
+        f"(flower-supernode --node-config \"{NODE_CONFIG_KEY}='/abs/path'\"), or, in "
+        f"simulation, the environment variable {SECRET_CONTEXT_ENV}, or create the keys in "
+        f"{fallback.parent} (fedparity keys)"
     )
 
 

@@ -19,7 +19,10 @@ from clients.data import DATASETS
 from clients.task import METRIC_NAMES
 from mechanisms.accounting import BUDGET_TOLERANCE
 
-TASKS = ("ldp-audit",)
+TASKS = ("ldp-audit", "fedevalfair")
+FEF_SPLITS = ("doctorate", "dirichlet")
+FEF_VARIANTS = ("trained", "fair")
+FEF_MODES = ("calibrated", "paper")
 MECHANISM_CHOICES = ("R", "L", "best")
 GROUP_SIZE_MODES = ("estimated", "known")
 
@@ -77,6 +80,13 @@ def _as_epsilons(key: str, value: Any) -> tuple[float, ...]:
     return epsilons
 
 
+def _as_optional_tolerance(key: str, value: Any) -> float | None:
+    """An equivalence tolerance >= 0, or "" for none."""
+    if value == "" or value is None:
+        return None
+    return _as_float(key, value, low=0.0, high=1.0, open_low=False)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Validated run configuration (see pyproject.toml for every key's meaning)."""
@@ -102,6 +112,16 @@ class RunConfig:
     reply_timeout: float = 600.0
     min_nodes: int = 1
     node_wait_timeout: float = 120.0
+    fef_split: str = "dirichlet"
+    fef_variant: str = "trained"
+    fef_mode: str = "calibrated"
+    fef_alpha: float = 0.05
+    fef_mu0: float = 0.0
+    fef_tolerance: float | None = None
+    fef_resamples: int = 100
+    fef_public_context: str = ""
+    fef_key_holders: int = 2
+    fef_min_cell: int = 5
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -171,6 +191,44 @@ class RunConfig:
                 high=math.inf,
             ),
         }
+        values.update(
+            {
+                "fef_split": _as_choice(
+                    "fef-split", get.get("fef_split", default.fef_split), FEF_SPLITS
+                ),
+                "fef_variant": _as_choice(
+                    "fef-variant", get.get("fef_variant", default.fef_variant), FEF_VARIANTS
+                ),
+                "fef_mode": _as_choice(
+                    "fef-mode", get.get("fef_mode", default.fef_mode), FEF_MODES
+                ),
+                "fef_alpha": _as_float(
+                    "fef-alpha", get.get("fef_alpha", default.fef_alpha), low=0.0, high=1.0
+                ),
+                "fef_mu0": _as_float(
+                    "fef-mu0",
+                    get.get("fef_mu0", default.fef_mu0),
+                    low=-1.0,
+                    high=1.0,
+                    open_low=False,
+                ),
+                "fef_tolerance": _as_optional_tolerance(
+                    "fef-tolerance", get.get("fef_tolerance", "")
+                ),
+                "fef_resamples": _as_int(
+                    "fef-resamples", get.get("fef_resamples", default.fef_resamples), 2
+                ),
+                "fef_public_context": str(
+                    get.get("fef_public_context", default.fef_public_context)
+                ),
+                "fef_min_cell": _as_int(
+                    "fef-min-cell", get.get("fef_min_cell", default.fef_min_cell), 0
+                ),
+                "fef_key_holders": _as_int(
+                    "fef-key-holders", get.get("fef_key_holders", default.fef_key_holders), 1
+                ),
+            }
+        )
         config = cls(**values)
         if config.dataset == "adult" and config.num_groups != 2:
             raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')

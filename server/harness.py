@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord
 
-from clients.data import load_partition
+from clients.app import load_shard_for
 from clients.task import build_model, evaluate_users, group_gap_truth, metric_values, set_arrays
 from server.config import RunConfig
 
@@ -51,17 +51,7 @@ def ground_truth(
     groups: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for partition_id, num_partitions in partitions:
-        shard = load_partition(
-            config.dataset,
-            partition_id,
-            num_partitions,
-            users_per_node=config.users_per_node,
-            num_groups=config.num_groups,
-            seed=config.seed,
-            split="test",
-            data_dir=config.data_dir or None,
-            download=False,
-        )
+        shard = load_shard_for(config, partition_id, num_partitions, "test")
         if not shard.num_users:
             continue
         model = build_model(shard.num_features, seed=config.seed)
@@ -84,3 +74,77 @@ def ground_truth(
         max_gap=float(truth["max_gap"]),
         pairwise_gaps=pairwise,
     )
+
+
+@dataclass(frozen=True)
+class FedEvalFairTruth:
+    """The plaintext FedEvalFair computation on the same data (simulation harness only).
+
+    ``reports`` maps (metric, mode) to the plaintext :class:`~mechanisms.fairtest.FairnessReport`
+    (None if fewer than 2 holders could compute the metric); ``resamples`` maps metric to
+    each holder's bootstrap disparities (for the distribution plot, paper Figures 4/5).
+    """
+
+    reports: dict[tuple[str, str], object]
+    resamples: dict[str, list[tuple[int, np.ndarray]]]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "label": HARNESS_LABEL,
+            "tests": [
+                {
+                    "metric": metric,
+                    "mode": mode,
+                    "report": None if report is None else report.to_dict(),  # type: ignore[attr-defined]
+                }
+                for (metric, mode), report in self.reports.items()
+            ],
+        }
+
+
+def fedevalfair_truth(
+    config: RunConfig, arrays: ArrayRecord, partitions: Sequence[tuple[int, int]]
+) -> FedEvalFairTruth:
+    """Recompute every holder's bootstrap exactly as its ClientApp does (same seeds) and run
+    :func:`mechanisms.fairtest.fedevalfair` in plaintext."""
+    from clients.fedevalfair import BLOCKS, bootstrap_seed, client_statistics, holder_predictions
+    from mechanisms.fairtest import InsufficientGroupData, fedevalfair
+
+    per_block: dict[tuple[str, str], list] = {block: [] for block in BLOCKS}
+    resamples: dict[str, list[tuple[int, np.ndarray]]] = {"dp": [], "eo": []}
+    for partition_id, num_partitions in sorted(partitions):
+        shard = load_shard_for(config, partition_id, num_partitions, "test")
+        rng = np.random.default_rng(bootstrap_seed(config.seed, partition_id))
+        model = build_model(shard.num_features, seed=config.seed)
+        set_arrays(model, list(arrays.to_numpy_ndarrays()))
+        predictions = holder_predictions(model, shard, config.fef_variant, rng)
+        try:
+            statistics = client_statistics(
+                shard,
+                predictions,
+                num_resamples=config.fef_resamples,
+                rng=rng,
+                min_cell_count=config.fef_min_cell,
+            )
+        except InsufficientGroupData:
+            continue
+        for block, summary in zip(BLOCKS, statistics.summaries, strict=True):
+            if summary is not None:
+                per_block[block].append(summary)
+        for metric, boot in zip(("dp", "eo"), statistics.bootstraps, strict=True):
+            if boot is not None:
+                resamples[metric].append((partition_id, np.asarray(boot.resamples)))
+    reports: dict[tuple[str, str], object] = {}
+    for (metric, mode), summaries in per_block.items():
+        reports[(metric, mode)] = (
+            fedevalfair(
+                summaries,
+                alpha=config.fef_alpha,
+                mode=mode,  # type: ignore[arg-type]
+                mu0=config.fef_mu0,
+                tolerance=config.fef_tolerance,
+            )
+            if len(summaries) >= 2
+            else None
+        )
+    return FedEvalFairTruth(reports, resamples)

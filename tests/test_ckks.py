@@ -250,6 +250,11 @@ def test_generate_keys_does_not_overwrite(tmp_path: Path) -> None:
         generate_keys(tmp_path / "x", parameters=(8192, (60, 40, 40, 60), 40))  # type: ignore[arg-type]
 
 
+def test_secret_context_path_default_folder(keys: KeyPaths, tmp_path: Path) -> None:
+    """Last resort: the node's own default key folder (never a path from the server)."""
+    assert secret_context_path({}, {}, default_dir=keys.secret.parent) == keys.secret
+
+
 def test_secret_context_path_lookup(keys: KeyPaths, tmp_path: Path) -> None:
     other = tmp_path / "other.tenseal"
     other.write_bytes(b"x")
@@ -259,7 +264,7 @@ def test_secret_context_path_lookup(keys: KeyPaths, tmp_path: Path) -> None:
     assert secret_context_path({}, env) == other  # then the environment
     assert secret_context_path({NODE_CONFIG_KEY: ""}, env) == other  # empty = unset
     with pytest.raises(KeyMaterialError) as error:
-        secret_context_path({}, {})
+        secret_context_path({}, {}, default_dir=tmp_path / "no-keys-here")
     assert NODE_CONFIG_KEY in str(error.value) and SECRET_CONTEXT_ENV in str(error.value)
     with pytest.raises(KeyMaterialError, match="absolute"):
         secret_context_path({NODE_CONFIG_KEY: "keys/secret"}, {})

@@ -32,6 +32,11 @@ def task_identity() -> Iterator[None]:
     TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
 
 
+def config_of(context: Context) -> RunConfig:
+    """What the ClientApp passes every handler: the parsed run config."""
+    return RunConfig.from_mapping(context.run_config)
+
+
 def make_context(node_config: dict[str, object] | None = None) -> Context:
     return Context(
         run_id=1,
@@ -57,7 +62,7 @@ def audit_message(
 def test_describe_reports_only_shapes() -> None:
     context = make_context()
     request = Message(content=RecordDict({}), dst_node_id=7, message_type="query.describe")
-    reply = describe(request, context)
+    reply = describe(request, context, config_of(context))
     metrics = dict(reply.content.metric_records["metrics"])
     assert metrics == {
         "partition-id": 1,
@@ -77,7 +82,7 @@ def test_train_replies_updated_arrays_and_weight() -> None:
         dst_node_id=7,
         message_type="train",
     )
-    reply = train_handler(request, context)
+    reply = train_handler(request, context, config_of(context))
     new = reply.content.array_records["arrays"].to_numpy_ndarrays()
     old = arrays.to_numpy_ndarrays()
     assert [a.shape for a in new] == [a.shape for a in old]
@@ -89,7 +94,7 @@ def test_audit_reply_holds_only_perturbed_pairs_and_charges_the_ledger() -> None
     context = make_context()
     mechanism = RandomizedResponseMechanism(0.6, 1.0)
     true_epsilon = randomized_response_epsilon(0.6, 1.0)
-    reply = ldp_audit(audit_message(context, mechanism, budget=1.2), context)
+    reply = ldp_audit(audit_message(context, mechanism, budget=1.2), context, config_of(context))
 
     assert set(reply.content.array_records) == {"reports"}
     reports = reply.content.array_records["reports"]
@@ -107,9 +112,9 @@ def test_users_refuse_once_their_budget_would_be_exceeded() -> None:
     context = make_context()
     mechanism = RandomizedResponseMechanism(0.6, 1.0)  # true epsilon 1.096
     message = audit_message(context, mechanism, budget=1.2)
-    first = ldp_audit(message, context)
-    second = ldp_audit(message, context)  # 2.19 <= 2.5: still allowed
-    third = ldp_audit(message, context)  # 3.29 > 2.5: every user refuses
+    first = ldp_audit(message, context, config_of(context))
+    second = ldp_audit(message, context, config_of(context))  # 2.19 <= 2.5: still allowed
+    third = ldp_audit(message, context, config_of(context))  # 3.29 > 2.5: every user refuses
     counts = [dict(r.content.metric_records["metrics"]) for r in (first, second, third)]
     assert [c["num-reports"] for c in counts] == [40, 40, 0]
     assert counts[2]["num-refused"] == 40
@@ -120,7 +125,9 @@ def test_ledger_dir_survives_across_runs(tmp_path: Path) -> None:
     mechanism = RandomizedResponseMechanism(0.6, 1.0)
     for expected in (40, 40, 0):  # a fresh Context per run: only the file remembers
         context = make_context({"ledger-dir": str(tmp_path)})
-        reply = ldp_audit(audit_message(context, mechanism, budget=1.2), context)
+        reply = ldp_audit(
+            audit_message(context, mechanism, budget=1.2), context, config_of(context)
+        )
         assert reply.content.metric_records["metrics"]["num-reports"] == expected
     assert (tmp_path / "ledger-partition-1.npz").exists()
 
@@ -144,7 +151,7 @@ def test_node_refuses_a_mechanism_above_the_audit_budget() -> None:
         message_type=AUDIT_MESSAGE_TYPE,
     )
     with pytest.raises(ValueError, match="exceeds the audit budget"):
-        ldp_audit(message, context)
+        ldp_audit(message, context, config_of(context))
     assert "ldp-ledger" not in context.state.array_records  # nothing was charged
 
 
@@ -169,7 +176,7 @@ def test_adult_users_audit_through_the_handler(adult_path: Path) -> None:
     mechanism = RandomizedResponseMechanism(1.0, 1.5)
     arrays = ArrayRecord(get_arrays(build_model(shard.num_features, seed=0)))
     message = LdpGapAudit(mechanism, budget=2.0, metric="tpr").configure_audit(arrays, [7])[0]
-    reply = ldp_audit(message, context)
+    reply = ldp_audit(message, context, config_of(context))
     metrics = dict(reply.content.metric_records["metrics"])
     positives = np.bincount(shard.user_index, weights=shard.labels, minlength=500)
     assert metrics["num-undefined"] == int((positives == 0).sum()) > 0

@@ -11,27 +11,24 @@ import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 
 from clients import app as real
-
-app = ClientApp()
-
-app.query("describe")(real.describe)
-app.train()(real.train_handler)
+from server.config import RunConfig
 
 
-@app.query("ldp_audit")
-def faulty_audit(msg: Message, context: Context) -> Message:
+def faulty_audit(msg: Message, context: Context, config: RunConfig) -> Message:
     partition = int(context.node_config["partition-id"])
     if partition == 1:
         raise RuntimeError("simulated crash during the audit")
     if partition == 2:
-        time.sleep(float(context.run_config["reply-timeout"]) + 10.0)
+        time.sleep(config.reply_timeout + 10.0)
     if partition == 3:
         reports = ArrayRecord(
             {"groups": Array(np.zeros(5, dtype=np.int64)), "values": Array(np.full(5, np.nan))}
         )
         metrics = MetricRecord({"num-reports": 5})
         return Message(content=RecordDict({"reports": reports, "metrics": metrics}), reply_to=msg)
-    return real.ldp_audit(msg, context)
+    return real.ldp_audit(msg, context, config)
+
+
+app = real.build_client_app(handlers={"query.ldp_audit": faulty_audit})

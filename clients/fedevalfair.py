@@ -1,0 +1,218 @@
+"""Client side of the encrypted FedEvalFair protocol (SPEC 2, paper 003 Algorithms 1-2).
+
+One protocol run tests both disparities (dp, eo) in both modes (calibrated, paper): the four
+(metric, mode) *blocks* travel side by side in one CKKS ciphertext per message, so a client
+sends at most one ciphertext per round.
+
+* Round 1 -- :func:`round1_vector`: per block the contribution
+  ``[w_i, w_i Ybar_i, w_i Ybar_i^2, 1]`` of :func:`mechanisms.fairtest.client_contribution`
+  (zeros for a block the client cannot compute, e.g. eo without positives in a group), plus
+  one message-count slot.
+* Round 2 -- :func:`round2_vector`: decrypt the round-1 sum, compute the block's stage-1 term
+  (:func:`mechanisms.fairtest.stage1_term`), and send ``[terms, contribution again, 1]``: the
+  fresh contribution sums let the key holders correct for clients that dropped in between.
+* Round 3 -- :func:`release_vector` (key holders only): decrypt both sums and release, per
+  block, ``[stage-1 total, sum w, sum w Ybar, sum w Ybar^2, k]`` over the round-2 clients.
+  These five numbers are in one-to-one correspondence with (T, W*, mu_hat, its standard
+  error, k): the server learns the test statistics and nothing per client.
+
+Dropouts between rounds 1 and 2: for a calibrated block the key holder corrects Cochran's Q
+exactly, sum_R2 w (y - c)^2 = Q_R2 + W_R2 (mu_R2 - c)^2 with c the round-1 mean; the paper's
+T1 has 1 / (1 - omega_i) factors that cannot be corrected, so a paper block is released as
+NaN (unavailable) and reported so. The round-1 sum itself is never released (with the
+round-2 sum it would reveal the dropped client's contribution).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tenseal as ts
+import torch
+
+from clients.ckks import (
+    append_count_slot,
+    check_count_slot,
+    check_magnitude,
+    decrypt_vector,
+)
+from clients.data import UserShard
+from mechanisms.fairtest import (
+    ROUND1_FIELDS,
+    BootstrapDisparity,
+    ClientSummary,
+    InsufficientGroupData,
+    bootstrap_disparity,
+    client_contribution,
+    stage1_term,
+)
+
+#: (metric, mode) of each block, in message order.
+BLOCKS: tuple[tuple[str, str], ...] = (
+    ("dp", "calibrated"),
+    ("dp", "paper"),
+    ("eo", "calibrated"),
+    ("eo", "paper"),
+)
+BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, sum w Ybar^2, count]
+CONTRIBUTION_SIZE = len(BLOCKS) * BLOCK_WIDTH
+ROUND1_SIZE = CONTRIBUTION_SIZE + 1
+ROUND2_SIZE = len(BLOCKS) + CONTRIBUTION_SIZE + 1
+RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 total, sum w, sum w Ybar, sum w Ybar^2, k]
+RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
+#: Largest magnitude a decrypted sum may have (a sum under a foreign key decrypts to ~1e30).
+MAX_MAGNITUDE = 1e12
+
+
+@dataclass(frozen=True)
+class ClientStatistics:
+    """A client's summaries per block (None where it cannot take part) and why not."""
+
+    summaries: tuple[ClientSummary | None, ...]
+    reasons: tuple[str, ...]
+    #: The dp and eo bootstraps (None where impossible); kept on the node, never sent.
+    bootstraps: tuple[BootstrapDisparity | None, ...] = ()
+
+    @property
+    def contribution(self) -> np.ndarray:
+        """The round-1 contribution (zeros for the blocks without a summary)."""
+        parts = [
+            np.zeros(BLOCK_WIDTH) if summary is None else client_contribution(summary, mode)
+            for summary, (_, mode) in zip(self.summaries, BLOCKS, strict=True)
+        ]
+        return np.concatenate(parts)
+
+    def to_array(self) -> np.ndarray:
+        """(blocks x 3) [mean, variance, n], NaN rows for missing blocks (node state)."""
+        rows = [
+            [math.nan] * 3 if s is None else [s.mean, s.variance, float(s.n)]
+            for s in self.summaries
+        ]
+        return np.asarray(rows, dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, array: np.ndarray) -> ClientStatistics:
+        summaries = tuple(
+            None if not np.isfinite(row).all() else ClientSummary(row[0], row[1], int(row[2]))
+            for row in np.asarray(array, dtype=np.float64)
+        )
+        return cls(summaries, ())
+
+
+def bootstrap_seed(seed: int, partition_id: int) -> np.random.SeedSequence:
+    """The bootstrap's randomness (not a privacy mechanism: seeded for reproducibility)."""
+    return np.random.SeedSequence([seed, partition_id, 0xFEF])
+
+
+def holder_predictions(
+    model: torch.nn.Module, shard: UserShard, variant: str, rng: np.random.Generator
+) -> np.ndarray:
+    """0/1 predictions of the global model (``"trained"``), or of its fair-by-construction
+    variant (``"fair"``): Bernoulli(p) with p the model's mean predicted probability on this
+    test set, drawn independently of every feature, so P(Yhat = 1 | A) does not depend on A."""
+    model.eval()
+    with torch.no_grad():
+        scores = torch.sigmoid(model(torch.from_numpy(shard.features)).reshape(-1)).numpy()
+    if variant == "trained":
+        return (scores >= 0.5).astype(np.int64)
+    if variant == "fair":
+        rate = float(scores.mean()) if scores.size else 0.5
+        return (rng.random(shard.num_samples) < rate).astype(np.int64)
+    raise ValueError(f"variant must be 'trained' or 'fair', got {variant!r}")
+
+
+def client_statistics(
+    shard: UserShard,
+    predictions: np.ndarray,
+    *,
+    num_resamples: int,
+    rng: np.random.Generator,
+    min_cell_count: int = 0,
+) -> ClientStatistics:
+    """Bootstrap dp and eo on the holder's test set; summaries for both modes.
+
+    A metric whose smallest (group, prediction) cell has fewer than ``min_cell_count`` rows is
+    not reported by this client: there the bootstrap variance is correlated with the plug-in
+    disparity and the calibrated test over-rejects (benchmarks/results/fedevalfair_mc.md).
+    Raises InsufficientGroupData when no block can be computed (the client cannot take part).
+    """
+    groups = shard.user_groups[shard.user_index]
+    summaries: list[ClientSummary | None] = []
+    reasons: list[str] = []
+    bootstraps: list[BootstrapDisparity | None] = []
+    for metric in ("dp", "eo"):
+        boot = None
+        try:
+            boot = bootstrap_disparity(
+                predictions,
+                shard.labels,
+                groups,
+                metric=metric,
+                num_resamples=num_resamples,
+                rng=rng,
+            )
+            if min(boot.cell_counts) < min_cell_count:
+                raise InsufficientGroupData(
+                    f"smallest (group, prediction) cell has {min(boot.cell_counts)} row(s), "
+                    f"fewer than fef-min-cell = {min_cell_count}"
+                )
+            pair = [boot.summary("calibrated"), boot.summary("paper")]
+        except InsufficientGroupData as error:
+            pair = [None, None]
+            reasons.append(f"{metric}: {error}")
+        summaries.extend(pair)
+        bootstraps.append(boot)
+    if all(summary is None for summary in summaries):
+        raise InsufficientGroupData("cannot take part: " + "; ".join(reasons))
+    return ClientStatistics(tuple(summaries), tuple(reasons), tuple(bootstraps))
+
+
+def round1_vector(statistics: ClientStatistics) -> np.ndarray:
+    """What a client encrypts in round 1: [contribution, 1]."""
+    return append_count_slot(statistics.contribution)
+
+
+def open_sum(context: ts.Context, payload: bytes, size: int, count: int) -> np.ndarray:
+    """Decrypt a sum, check its magnitude and message-count slot; return it without the slot."""
+    decrypted = decrypt_vector(context, payload, expected_size=size)
+    checked = check_magnitude(decrypted, max_magnitude=MAX_MAGNITUDE, name="decrypted sum")
+    return check_count_slot(checked, count)
+
+
+def _blocks(vector: np.ndarray) -> list[np.ndarray]:
+    return [vector[i * BLOCK_WIDTH : (i + 1) * BLOCK_WIDTH] for i in range(len(BLOCKS))]
+
+
+def round2_vector(statistics: ClientStatistics, round1_sum: np.ndarray) -> np.ndarray:
+    """Round 2: [stage-1 terms (one per block), contribution, 1] given the decrypted S1."""
+    terms = []
+    for summary, totals, (_, mode) in zip(
+        statistics.summaries, _blocks(round1_sum), BLOCKS, strict=True
+    ):
+        usable = summary is not None and totals[3] >= 1.5 and totals[0] > 0
+        terms.append(stage1_term(summary, totals, mode) if usable else 0.0)  # type: ignore[arg-type]
+    return append_count_slot(np.concatenate([terms, statistics.contribution]))
+
+
+def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray:
+    """Round 3 (key holder): per block [stage-1 total, round-2 sums of the contribution].
+
+    ``round1_sum`` / ``round2_sum`` are the decrypted sums without their count slots.
+    """
+    terms = round2_sum[: len(BLOCKS)]
+    fresh = _blocks(round2_sum[len(BLOCKS) :])
+    reference = _blocks(round1_sum)
+    released = []
+    for index, (_, mode) in enumerate(BLOCKS):
+        total, now, before = float(terms[index]), fresh[index], reference[index]
+        changed = abs(now[3] - before[3]) > 0.5
+        if changed and now[0] > 0 and before[0] > 0:
+            if mode == "calibrated":
+                centre, mean, weight = before[1] / before[0], now[1] / now[0], now[0]
+                total -= weight * (mean - centre) ** 2
+            else:
+                total = math.nan  # T1's 1/(1 - omega_i) factors refer to the round-1 clients
+        released.append(np.concatenate([[total], now]))
+    return np.concatenate(released)

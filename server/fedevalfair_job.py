@@ -1,0 +1,196 @@
+"""The FedEvalFair job (SPEC 2): train with FedAvg, then test fairness over encrypted statistics.
+
+Nodes are data holders (synthetic, or UCI Adult split by doctorate or Dirichlet label skew;
+protected attribute: race). The global model (or its fair-by-construction variant) is
+evaluated on every holder's private test set; the two-stage test runs over CKKS ciphertexts
+(:class:`~strategies.fedevalfair.FedEvalFairProtocol`) for demographic parity and equal
+opportunity in both modes. The table shows, per test: stage statistics, degrees of freedom,
+p-values, decisions at alpha, the Graybill-Deal common disparity with its standard error,
+the number of holders and the mode. results.json and a plot of the holders' bootstrap
+distributions (simulation harness only: they never leave the nodes) go to ``output-dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from clients.ckks import DEFAULT_KEY_DIR, PUBLIC_CONTEXT_FILE, load_public_context
+from clients.fedevalfair import BLOCKS
+from server.config import RunConfig
+from server.harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
+from server.orchestration import (
+    describe_nodes,
+    resolve_output_dir,
+    train_global_model,
+    training_report,
+    wait_for_nodes,
+)
+from server.report import write_json
+from strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
+
+
+def fedevalfair_table(outcome: FedEvalFairOutcome, primary_mode: str) -> str:
+    """One row per (metric, mode): both stages, decisions and the common disparity."""
+    header = (
+        f"{'metric':>6} {'mode':>10} {'k':>3} {'stage1 stat':>11} {'dof':>3} {'p1':>9} "
+        f"{'rej1':>4} {'W*':>8} {'p2':>9} {'rej2':>4} {'mu_hat':>8} {'stderr':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for block in outcome.blocks:
+        mark = "*" if block.mode == primary_mode else " "
+        if block.report is None:
+            lines.append(f"{block.metric:>6} {block.mode:>10}{mark}  unavailable: {block.reason}")
+            continue
+        report = block.report
+        first, second = report.homogeneity, report.common_disparity
+        reject1 = "yes" if report.reject_homogeneity else "no"
+        reject2 = "yes" if report.reject_fairness else "no"
+        lines.append(
+            f"{block.metric:>6} {block.mode:>10}{mark}{report.k:>3} {first.statistic:>11.4f} "
+            f"{first.dof:>3} {first.pvalue:>9.3g} {reject1:>4} "
+            f"{second.statistic:>8.3f} {second.pvalue:>9.3g} {reject2:>4} "
+            f"{report.estimate:>8.4f} {report.stderr:>8.4f}"
+        )
+        if report.equivalence is not None:
+            lines.append(
+                f"{'':>18} equivalence |mu| < {report.tolerance:g}: p = "
+                f"{report.equivalence.pvalue:.3g}, certified fair: "
+                f"{'yes' if report.certified_fair else 'no'}"
+            )
+    lines.append(
+        "(* primary mode; stage 1 H0: equal disparity at every holder; stage 2 H0: mu = mu0)"
+    )
+    return "\n".join(lines)
+
+
+def plot_bootstrap_distributions(path: Path, truth: FedEvalFairTruth) -> str | None:
+    """Histograms of every holder's bootstrap disparities, dp and eo (paper Figures 4/5)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'fedparity[plot]'): no plot written"
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, metric in zip(axes, ("dp", "eo"), strict=True):
+        for partition, values in truth.resamples[metric]:
+            axis.hist(values, bins=30, alpha=0.5, label=f"holder {partition}")
+        axis.axvline(0.0, color="black", linewidth=0.8)
+        axis.set_title(f"bootstrap {'ΔDP' if metric == 'dp' else 'ΔEO'} per holder (harness)")
+        axis.set_xlabel("signed disparity, group 0 (White) minus group 1")
+        if truth.resamples[metric]:
+            axis.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return None
+
+
+def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth) -> float | None:
+    """Largest |p_encrypted - p_plaintext| over every test both computed (None if none)."""
+    differences = []
+    for block in outcome.blocks:
+        plain = truth.reports.get((block.metric, block.mode))
+        if block.report is None or plain is None:
+            continue
+        for mine, theirs in (
+            (block.report.homogeneity, plain.homogeneity),  # type: ignore[attr-defined]
+            (block.report.common_disparity, plain.common_disparity),  # type: ignore[attr-defined]
+        ):
+            differences.append(abs(mine.pvalue - theirs.pvalue))
+    return max(differences) if differences else None
+
+
+def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
+    """Train, run the encrypted two-stage test, report; returns the output directory."""
+    output_dir = resolve_output_dir(config)
+    started = time.perf_counter()
+    public_path = (
+        Path(config.fef_public_context).expanduser()
+        if config.fef_public_context
+        else DEFAULT_KEY_DIR / PUBLIC_CONTEXT_FILE
+    )
+    if not public_path.is_file():
+        raise FileNotFoundError(
+            f"fef-public-context: no public TenSEAL context at {public_path}; create the key "
+            "pair with `fedparity keys` (default folder ~/.fedparity/keys) and give the nodes "
+            "the secret one"
+        )
+    public = load_public_context(public_path)  # refuses a context holding a secret key
+    protocol = FedEvalFairProtocol(
+        public,
+        alpha=config.fef_alpha,
+        mu0=config.fef_mu0,
+        tolerance=config.fef_tolerance,
+        key_holders=config.fef_key_holders,
+        timeout=config.reply_timeout,
+    )
+    node_ids = wait_for_nodes(grid, max(config.min_nodes, 2), config.node_wait_timeout)
+    nodes = describe_nodes(grid, node_ids, config.reply_timeout)
+    log(
+        logging.INFO,
+        "fedparity FedEvalFair: %d holder(s), %d test/train rows described, dataset %s",
+        len(node_ids),
+        nodes.num_users,
+        config.dataset,
+    )
+    arrays, losses, strategy = train_global_model(
+        grid,
+        config,
+        int(nodes.num_features),  # type: ignore[arg-type]
+    )
+    outcome = protocol.start(grid, arrays, node_ids)
+    truth = fedevalfair_truth(config, arrays, nodes.partitions) if config.ground_truth else None
+    difference = None if truth is None else compare_with_plaintext(outcome, truth)
+    table = fedevalfair_table(outcome, config.fef_mode)
+    payload = {
+        "task": config.task,
+        "run_config": asdict(config),
+        "num_nodes": len(node_ids),
+        "model_variant": config.fef_variant,
+        "primary_mode": config.fef_mode,
+        "training": training_report(config, losses, strategy),
+        "fedevalfair": outcome.to_dict(),
+        "harness_plaintext": None if truth is None else truth.to_dict(),
+        "max_abs_pvalue_difference_vs_plaintext": difference,
+        "server_context_has_secret_key": False,
+        "elapsed_seconds": time.perf_counter() - started,
+    }
+    write_json(output_dir / "results.json", payload)
+    plot_note = None
+    if truth is not None:
+        plot_note = plot_bootstrap_distributions(output_dir / "bootstrap_disparities.png", truth)
+    took_part = len(outcome.round_participants[0]) if outcome.round_participants else 0
+    title = (
+        f"FedEvalFair ({config.fef_variant} model, {took_part} of {len(node_ids)} holders took "
+        f"part; alpha = {config.fef_alpha:g}, mu0 = {config.fef_mu0:g}):"
+    )
+    for line in ("", title, *table.splitlines(), ""):
+        log(logging.INFO, "%s", line)
+    if outcome.error:
+        log(logging.WARNING, "FedEvalFair: %s", outcome.error)
+    for item in outcome.unable:
+        log(logging.INFO, "holder %d did not take part: %s", item.node_id, item.reason)
+    if any(outcome.dropped[1:]):
+        log(logging.WARNING, "dropped between rounds: %s", [list(d) for d in outcome.dropped])
+    if difference is not None and math.isfinite(difference):
+        log(
+            logging.INFO,
+            "%s: p-values match the plaintext computation to %.1e",
+            HARNESS_LABEL,
+            difference,
+        )
+    if plot_note:
+        log(logging.WARNING, "%s", plot_note)
+    log(logging.INFO, "results written to %s", output_dir)
+    assert len(outcome.blocks) in (0, len(BLOCKS))
+    return output_dir

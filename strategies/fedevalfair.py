@@ -1,0 +1,408 @@
+"""FedEvalFair over CKKS: the server side of the three-round protocol (SPEC 2, paper 003).
+
+The server holds only the *public* TenSEAL context (no secret key; checked at construction).
+Round 1: every node uploads one ciphertext of its bootstrap contributions; the server adds
+the valid ones. Round 2: the round-1 participants get the encrypted sum, decrypt it
+themselves and upload one ciphertext of their stage-1 terms; the server adds. Round 3: a few
+key-holder nodes get both sums, decrypt, and release the aggregate statistics; the server
+checks they agree and computes the two stages' p-values (``mechanisms.fairtest``).
+
+Replies that are errors, undecodable, not a ciphertext of the expected context or of the
+wrong length are rejected and counted; nodes that do not answer are reported as dropped;
+a node that cannot take part (e.g. one group only in its test set) says so and is listed.
+The protocol completes while at least 2 nodes remain.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tenseal as ts
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from clients.ckks import (
+    NoValidCiphertextError,
+    add_ciphertexts,
+    context_has_secret_key,
+    from_array,
+    to_array,
+)
+from clients.fedevalfair import (
+    BLOCKS,
+    RELEASE_SIZE,
+    RELEASE_WIDTH,
+    ROUND1_SIZE,
+    ROUND2_SIZE,
+)
+from mechanisms.fairtest import FairnessReport, report_from_sums
+from strategies.ldp_audit import RejectedReply, short_reason
+
+FEF_KEY = "fef"
+ROUND_MESSAGE_TYPES = ("query.fef_round1", "query.fef_round2", "query.fef_round3")
+#: Relative tolerance within which the key holders' releases must agree.
+AGREEMENT_TOLERANCE = 1e-6
+UNABLE_MARKER = "cannot take part"
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """The test of one (metric, mode) block, or why there is none."""
+
+    metric: str
+    mode: str
+    report: FairnessReport | None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "metric": self.metric,
+            "mode": self.mode,
+            "report": None if self.report is None else self.report.to_dict(),
+            "unavailable": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class FedEvalFairOutcome:
+    """What one protocol run produced (see the module docstring)."""
+
+    blocks: tuple[BlockResult, ...]
+    round_participants: tuple[tuple[int, ...], ...]
+    dropped: tuple[tuple[int, ...], ...]
+    rejected: tuple[tuple[int, RejectedReply], ...]
+    unable: tuple[RejectedReply, ...]
+    key_holders: tuple[int, ...]
+    uploaded_bytes: tuple[dict[int, int], ...]
+    ciphertexts_per_node: tuple[int, ...]
+    error: str | None = None
+    released: tuple[float, ...] = field(default=())
+
+    def block(self, metric: str, mode: str) -> BlockResult:
+        return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "error": self.error,
+            "tests": [block.to_dict() for block in self.blocks],
+            "round_participants": [list(nodes) for nodes in self.round_participants],
+            "dropped_between_rounds": [list(nodes) for nodes in self.dropped],
+            "rejected_replies": [
+                {"round": rnd, "node_id": item.node_id, "reason": item.reason}
+                for rnd, item in self.rejected
+            ],
+            "unable_to_take_part": [
+                {"node_id": item.node_id, "reason": item.reason} for item in self.unable
+            ],
+            "key_holders": list(self.key_holders),
+            "uploaded_bytes_per_round": [
+                {str(node): size for node, size in sizes.items()} for sizes in self.uploaded_bytes
+            ],
+            "max_ciphertexts_per_node_per_round": list(self.ciphertexts_per_node),
+        }
+
+
+class FedEvalFairProtocol:
+    """Server side of the encrypted FedEvalFair test.
+
+    Parameters
+    ----------
+    public_context : tenseal.Context
+        The public CKKS context; must not hold a secret key (``ValueError`` otherwise).
+    alpha, mu0, tolerance
+        Level of the tests, stage-2 null value, TOST tolerance (None: no TOST).
+    key_holders : int
+        Nodes that decrypt the final sums in round 3 (their releases must agree).
+    min_clients : int
+        Fewest nodes for which the protocol may complete (>= 2: a sum over one node would be
+        that node's statistic).
+    timeout : float
+        Seconds to wait for the replies of one round.
+    """
+
+    def __init__(
+        self,
+        public_context: ts.Context,
+        *,
+        alpha: float = 0.05,
+        mu0: float = 0.0,
+        tolerance: float | None = None,
+        key_holders: int = 2,
+        min_clients: int = 2,
+        timeout: float = 600.0,
+    ) -> None:
+        if context_has_secret_key(public_context):
+            raise ValueError(
+                "public_context holds a secret key: the server must only have the public "
+                "context (load it with clients.ckks.load_public_context)"
+            )
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+        if key_holders < 1:
+            raise ValueError(f"key_holders must be >= 1, got {key_holders!r}")
+        if min_clients < 2:
+            raise ValueError(f"min_clients must be >= 2, got {min_clients!r}")
+        self.public_context = public_context
+        self.alpha = float(alpha)
+        self.mu0 = float(mu0)
+        self.tolerance = tolerance
+        self.key_holders = int(key_holders)
+        self.min_clients = int(min_clients)
+        self.timeout = float(timeout)
+
+    # --- rounds ---------------------------------------------------------------------------
+
+    def _send(
+        self, grid: Grid, round_index: int, node_ids: Sequence[int], content: RecordDict
+    ) -> list[Message]:
+        messages = [
+            Message(
+                content=content,
+                dst_node_id=node,
+                message_type=ROUND_MESSAGE_TYPES[round_index],
+            )
+            for node in node_ids
+        ]
+        return list(grid.send_and_receive(messages, timeout=self.timeout))
+
+    def collect_ciphertexts(
+        self, round_number: int, sent_to: Sequence[int], replies: Iterable[Message], size: int
+    ) -> tuple[bytes | None, list[int], list[RejectedReply], list[RejectedReply], dict[int, int]]:
+        """Validate replies and add their ciphertexts.
+
+        Returns (sum or None, accepted nodes, rejected, unable, uploaded bytes per node).
+        """
+        payloads: list[bytes] = []
+        senders: list[int] = []
+        rejected: list[RejectedReply] = []
+        unable: list[RejectedReply] = []
+        uploaded: dict[int, int] = {}
+        seen: set[int] = set()
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            if node in seen or node not in sent_to:
+                rejected.append(RejectedReply(node, "duplicate or unsolicited reply"))
+                continue
+            seen.add(node)
+            if reply.has_error():
+                reason = short_reason(reply.error.reason)
+                target = unable if UNABLE_MARKER in reason else rejected
+                target.append(RejectedReply(node, reason))
+                continue
+            record = reply.content.array_records.get(FEF_KEY)
+            if record is None or "ciphertext" not in record:
+                rejected.append(RejectedReply(node, "no ciphertext in the reply"))
+                continue
+            try:
+                array = record["ciphertext"].numpy()
+            except Exception as error:  # a corrupt Array must not end the run
+                rejected.append(RejectedReply(node, f"cannot decode the array: {error}"))
+                continue
+            if array.dtype != np.uint8 or array.ndim != 1:
+                rejected.append(
+                    RejectedReply(node, f"expected a 1-D uint8 ciphertext, got {array.dtype}")
+                )
+                continue
+            uploaded[node] = int(array.nbytes)
+            payloads.append(from_array(array))
+            senders.append(node)
+        if not payloads:
+            return None, [], rejected, unable, uploaded
+        try:
+            total, rejections = add_ciphertexts(self.public_context, payloads, expected_size=size)
+        except NoValidCiphertextError as error:
+            rejections, total = list(error.rejections), None
+        bad = {item.index for item in rejections}
+        for item in rejections:
+            rejected.append(RejectedReply(senders[item.index], f"{item.kind}: {item.reason}"))
+        accepted = [node for index, node in enumerate(senders) if index not in bad]
+        for item in rejected:
+            log(
+                logging.WARNING,
+                "FedEvalFair round %d: rejected node %d: %s",
+                round_number,
+                item.node_id,
+                item.reason,
+            )
+        return total, accepted, rejected, unable, uploaded
+
+    def collect_releases(
+        self, replies: Iterable[Message], holders: Sequence[int]
+    ) -> tuple[list[np.ndarray], list[RejectedReply]]:
+        releases: list[np.ndarray] = []
+        rejected: list[RejectedReply] = []
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            if node not in holders:
+                rejected.append(RejectedReply(node, "unsolicited release"))
+                continue
+            if reply.has_error():
+                rejected.append(RejectedReply(node, short_reason(reply.error.reason)))
+                continue
+            record = reply.content.array_records.get(FEF_KEY)
+            try:
+                release = np.asarray(record["release"].numpy(), dtype=np.float64)  # type: ignore[index]
+            except Exception as error:  # noqa: BLE001 - any malformed reply is rejected
+                rejected.append(RejectedReply(node, f"malformed release: {error!r}"))
+                continue
+            if release.shape != (RELEASE_SIZE,):
+                rejected.append(RejectedReply(node, f"release of shape {release.shape}"))
+                continue
+            releases.append(release)
+        return releases, rejected
+
+    @staticmethod
+    def round1_content(arrays: ArrayRecord) -> RecordDict:
+        """Round 1: the global model (each node bootstraps its own test set)."""
+        return RecordDict({"arrays": arrays})
+
+    @staticmethod
+    def round2_content(round1_sum: bytes, round1_count: int) -> RecordDict:
+        """Round 2: the encrypted round-1 sum and how many ciphertexts it adds up."""
+        return RecordDict(
+            {
+                FEF_KEY: ArrayRecord({"round1-sum": Array(to_array(round1_sum))}),
+                "config": ConfigRecord({"round1-count": round1_count}),
+            }
+        )
+
+    @staticmethod
+    def round3_content(
+        round1_sum: bytes, round1_count: int, round2_sum: bytes, round2_count: int
+    ) -> RecordDict:
+        """Round 3 (key holders): both encrypted sums and their counts."""
+        return RecordDict(
+            {
+                FEF_KEY: ArrayRecord(
+                    {
+                        "round1-sum": Array(to_array(round1_sum)),
+                        "round2-sum": Array(to_array(round2_sum)),
+                    }
+                ),
+                "config": ConfigRecord(
+                    {"round1-count": round1_count, "round2-count": round2_count}
+                ),
+            }
+        )
+
+    def reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
+        """The (metric, mode) tests from a key holder's release."""
+        results = []
+        for index, (metric, mode) in enumerate(BLOCKS):
+            block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
+            stage1, totals = block[0], block[1:]
+            clients = int(round(totals[3]))
+            if clients < 2:
+                reason = f"only {clients} node(s) could compute {metric}"
+                results.append(BlockResult(metric, mode, None, reason))
+                continue
+            if not math.isfinite(stage1):
+                reason = "a node dropped between rounds; the paper's T1 cannot be corrected"
+                results.append(BlockResult(metric, mode, None, reason))
+                continue
+            report = report_from_sums(
+                totals,
+                float(stage1),
+                mode=mode,  # type: ignore[arg-type]
+                alpha=self.alpha,
+                mu0=self.mu0,
+                tolerance=self.tolerance,
+                num_clients=clients,
+            )
+            results.append(BlockResult(metric, mode, report))
+        return tuple(results)
+
+    def start(self, grid: Grid, arrays: ArrayRecord, node_ids: Sequence[int]) -> FedEvalFairOutcome:
+        """Run the three rounds on ``node_ids``; never raises on bad or missing replies."""
+        participants: list[tuple[int, ...]] = []
+        dropped: list[tuple[int, ...]] = []
+        rejected_all: list[tuple[int, RejectedReply]] = []
+        uploaded_all: list[dict[int, int]] = []
+
+        def finish(
+            error: str | None,
+            unable: list[RejectedReply],
+            holders: Sequence[int] = (),
+            blocks: tuple[BlockResult, ...] = (),
+            released: np.ndarray | None = None,
+        ) -> FedEvalFairOutcome:
+            if error:
+                log(logging.WARNING, "FedEvalFair: %s", error)
+            return FedEvalFairOutcome(
+                blocks=blocks,
+                round_participants=tuple(participants),
+                dropped=tuple(dropped),
+                rejected=tuple(rejected_all),
+                unable=tuple(unable),
+                key_holders=tuple(holders),
+                uploaded_bytes=tuple(uploaded_all),
+                ciphertexts_per_node=tuple(1 if sizes else 0 for sizes in uploaded_all),
+                error=error,
+                released=() if released is None else tuple(float(x) for x in released),
+            )
+
+        # Round 1
+        log(logging.INFO, "[FedEvalFair round 1/3] %d node(s)", len(node_ids))
+        replies = self._send(grid, 0, node_ids, self.round1_content(arrays))
+        sum1, round1, rejected, unable, uploaded = self.collect_ciphertexts(
+            1, node_ids, replies, ROUND1_SIZE
+        )
+        rejected_all += [(1, item) for item in rejected]
+        uploaded_all.append(uploaded)
+        participants.append(tuple(round1))
+        answered = {item.node_id for item in rejected + unable} | set(round1)
+        dropped.append(tuple(node for node in node_ids if node not in answered))
+        if sum1 is None or len(round1) < self.min_clients:
+            return finish(
+                f"round 1: {len(round1)} valid ciphertext(s), need {self.min_clients}", unable
+            )
+
+        # Round 2
+        log(logging.INFO, "[FedEvalFair round 2/3] %d node(s)", len(round1))
+        replies = self._send(grid, 1, round1, self.round2_content(sum1, len(round1)))
+        sum2, round2, rejected, unable2, uploaded = self.collect_ciphertexts(
+            2, round1, replies, ROUND2_SIZE
+        )
+        rejected_all += [(2, item) for item in rejected + unable2]
+        uploaded_all.append(uploaded)
+        participants.append(tuple(round2))
+        answered = {item.node_id for item in rejected + unable2} | set(round2)
+        dropped.append(tuple(node for node in round1 if node not in answered))
+        if sum2 is None or len(round2) < self.min_clients:
+            return finish(
+                f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}", unable
+            )
+
+        # Round 3
+        holders = sorted(round2)[: self.key_holders]
+        log(logging.INFO, "[FedEvalFair round 3/3] key holder(s) %s", holders)
+        content = RecordDict(
+            {
+                FEF_KEY: ArrayRecord(
+                    {"round1-sum": Array(to_array(sum1)), "round2-sum": Array(to_array(sum2))}
+                ),
+                "config": ConfigRecord({"round1-count": len(round1), "round2-count": len(round2)}),
+            }
+        )
+        replies = self._send(grid, 2, holders, content)
+        releases, rejected = self.collect_releases(replies, holders)
+        rejected_all += [(3, item) for item in rejected]
+        uploaded_all.append({})
+        participants.append(tuple(holders))
+        if not releases:
+            return finish("round 3: no key holder released the statistics", unable, holders)
+        first = releases[0]
+        for other in releases[1:]:
+            same = np.isclose(
+                other, first, rtol=AGREEMENT_TOLERANCE, atol=AGREEMENT_TOLERANCE, equal_nan=True
+            )
+            if not same.all():
+                return finish(
+                    "round 3: the key holders' releases disagree; result withheld", unable, holders
+                )
+        return finish(None, unable, holders, self.reports(first), first)

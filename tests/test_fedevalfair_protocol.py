@@ -1,0 +1,218 @@
+"""The encrypted FedEvalFair protocol, message by message, with the real ClientApp handlers,
+real TenSEAL ciphertexts and the real server strategy (SPEC 2, 2.2).
+
+What is checked: a node's round-1/2 replies carry one uint8 ciphertext and nothing else; the
+server's context has no secret key and cannot decrypt; the three rounds give the same
+p-values as the plaintext computation (1e-6); bad ciphertexts are rejected, not fatal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from clients.app import fef_round1, fef_round2, fef_round3, load_shard_for
+from clients.ckks import (
+    NODE_CONFIG_KEY,
+    CkksParameters,
+    KeyPaths,
+    context_has_secret_key,
+    decrypt_vector,
+    encrypt_vector,
+    from_array,
+    generate_keys,
+    load_public_context,
+    load_secret_context,
+    to_array,
+)
+from clients.fedevalfair import BLOCKS, bootstrap_seed, client_statistics, holder_predictions
+from clients.task import build_model, get_arrays, set_arrays
+from mechanisms.fairtest import fedevalfair
+from server.config import RunConfig
+from strategies.fedevalfair import FEF_KEY, ROUND_MESSAGE_TYPES, FedEvalFairProtocol
+
+NUM_HOLDERS = 3
+RUN_CONFIG = {"task": "fedevalfair", "users-per-node": 1500, "fef-resamples": 60}
+
+
+@pytest.fixture(autouse=True)
+def task_identity() -> Iterator[None]:
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
+    return generate_keys(tmp_path_factory.mktemp("keys"))
+
+
+def holder_context(partition_id: int, keys: KeyPaths) -> Context:
+    return Context(
+        run_id=1,
+        node_id=100 + partition_id,
+        node_config={
+            "partition-id": partition_id,
+            "num-partitions": NUM_HOLDERS,
+            NODE_CONFIG_KEY: str(keys.secret),
+        },
+        state=RecordDict(),
+        run_config=dict(RUN_CONFIG),
+    )
+
+
+def request(node_id: int, round_index: int, content: RecordDict) -> Message:
+    return Message(
+        content=content, dst_node_id=node_id, message_type=ROUND_MESSAGE_TYPES[round_index]
+    )
+
+
+def model_arrays(config: RunConfig) -> ArrayRecord:
+    shard = load_shard_for(config, 0, NUM_HOLDERS, "test")
+    return ArrayRecord(get_arrays(build_model(shard.num_features, seed=config.seed)))
+
+
+def plaintext_reports(config: RunConfig, arrays: ArrayRecord) -> dict[tuple[str, str], object]:
+    """What the holders compute, done in one process without encryption."""
+    per_block: dict[tuple[str, str], list] = {block: [] for block in BLOCKS}
+    for partition in range(NUM_HOLDERS):
+        shard = load_shard_for(config, partition, NUM_HOLDERS, "test")
+        rng = np.random.default_rng(bootstrap_seed(config.seed, partition))
+        model = build_model(shard.num_features, seed=config.seed)
+        set_arrays(model, list(arrays.to_numpy_ndarrays()))
+        predictions = holder_predictions(model, shard, config.fef_variant, rng)
+        statistics = client_statistics(
+            shard,
+            predictions,
+            num_resamples=config.fef_resamples,
+            rng=rng,
+            min_cell_count=config.fef_min_cell,
+        )
+        for block, summary in zip(BLOCKS, statistics.summaries, strict=True):
+            per_block[block].append(summary)
+    return {
+        (metric, mode): fedevalfair(summaries, mode=mode)  # type: ignore[arg-type]
+        for (metric, mode), summaries in per_block.items()
+    }
+
+
+def test_server_context_holds_no_secret_key(keys: KeyPaths) -> None:
+    public = load_public_context(keys.public)
+    assert not context_has_secret_key(public)
+    FedEvalFairProtocol(public)  # accepted
+    with pytest.raises(ValueError, match="secret key"):
+        FedEvalFairProtocol(load_secret_context(keys.secret))
+
+
+def test_three_rounds_match_the_plaintext_test(keys: KeyPaths) -> None:
+    config = RunConfig.from_mapping(RUN_CONFIG)
+    arrays = model_arrays(config)
+    protocol = FedEvalFairProtocol(load_public_context(keys.public))
+    contexts = [holder_context(p, keys) for p in range(NUM_HOLDERS)]
+    nodes = [c.node_id for c in contexts]
+
+    # Round 1: one ciphertext per node and nothing else.
+    replies = [
+        fef_round1(request(c.node_id, 0, protocol.round1_content(arrays)), c, config)
+        for c in contexts
+    ]
+    for reply in replies:
+        content = reply.content
+        assert list(content.array_records) == [FEF_KEY]
+        assert not content.metric_records and not content.config_records
+        assert list(content.array_records[FEF_KEY]) == ["ciphertext"]
+        assert content.array_records[FEF_KEY]["ciphertext"].numpy().dtype == np.uint8
+    sum1, round1, rejected, unable, uploaded = protocol.collect_ciphertexts(1, nodes, replies, 17)
+    assert round1 == nodes and not rejected and not unable
+    # The server cannot read what it added: decrypting needs the secret key.
+    with pytest.raises(Exception):  # noqa: B017 - tenseal raises its own error types
+        decrypt_vector(load_public_context(keys.public), sum1)
+
+    # Round 2
+    replies = [
+        fef_round2(request(c.node_id, 1, protocol.round2_content(sum1, len(round1))), c, config)
+        for c in contexts
+    ]
+    for reply in replies:
+        assert list(reply.content.array_records[FEF_KEY]) == ["ciphertext"]
+        assert not reply.content.metric_records
+    sum2, round2, rejected, _, _ = protocol.collect_ciphertexts(2, round1, replies, 21)
+    assert round2 == nodes and not rejected
+
+    # Round 3: two key holders release the same aggregates.
+    holders = contexts[:2]
+    content = protocol.round3_content(sum1, len(round1), sum2, len(round2))
+    replies = [fef_round3(request(c.node_id, 2, content), c, config) for c in holders]
+    releases, rejected = protocol.collect_releases(replies, [c.node_id for c in holders])
+    assert len(releases) == 2 and not rejected
+    np.testing.assert_allclose(releases[0], releases[1], rtol=1e-6, atol=1e-6)
+
+    expected = plaintext_reports(config, arrays)
+    for block in protocol.reports(releases[0]):
+        plain = expected[(block.metric, block.mode)]
+        assert block.report is not None
+        for mine, theirs in (
+            (block.report.homogeneity, plain.homogeneity),  # type: ignore[attr-defined]
+            (block.report.common_disparity, plain.common_disparity),  # type: ignore[attr-defined]
+        ):
+            assert mine.pvalue == pytest.approx(theirs.pvalue, abs=1e-6)
+            assert mine.statistic == pytest.approx(theirs.statistic, rel=1e-6, abs=1e-9)
+
+
+def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(keys: KeyPaths, tmp_path: Path) -> None:
+    config = RunConfig.from_mapping(RUN_CONFIG)
+    arrays = model_arrays(config)
+    protocol = FedEvalFairProtocol(load_public_context(keys.public))
+    contexts = [holder_context(p, keys) for p in range(NUM_HOLDERS)]
+    good = [
+        fef_round1(request(c.node_id, 0, protocol.round1_content(arrays)), c, config)
+        for c in contexts
+    ]
+    garbage = Message(
+        content=RecordDict({FEF_KEY: ArrayRecord({"ciphertext": _array(b"not a ciphertext")})}),
+        reply_to=request(200, 0, RecordDict({})),
+    )
+    other_keys = generate_keys(tmp_path / "other", None)
+    foreign_parameters = CkksParameters(16384, (60, 40, 40, 60), 40)
+    foreign = encrypt_vector(foreign_parameters.make_context(), np.ones(17))
+    wrong_parameters = Message(
+        content=RecordDict({FEF_KEY: ArrayRecord({"ciphertext": _array(foreign)})}),
+        reply_to=request(201, 0, RecordDict({})),
+    )
+    wrong_length = Message(
+        content=RecordDict(
+            {
+                FEF_KEY: ArrayRecord(
+                    {
+                        "ciphertext": _array(
+                            encrypt_vector(load_secret_context(other_keys.secret), np.ones(5))
+                        )
+                    }
+                )
+            }
+        ),
+        reply_to=request(202, 0, RecordDict({})),
+    )
+    nodes = [c.node_id for c in contexts] + [200, 201, 202]
+    total, accepted, rejected, _, _ = protocol.collect_ciphertexts(
+        1, nodes, [*good, garbage, wrong_parameters, wrong_length], 17
+    )
+    assert accepted == [c.node_id for c in contexts]
+    assert sorted(item.node_id for item in rejected) == [200, 201, 202]
+    decrypted = decrypt_vector(load_secret_context(keys.secret), total, expected_size=17)
+    assert decrypted[-1] == pytest.approx(3.0, abs=1e-4)  # count slot: the three good ones
+
+
+def _array(data: bytes) -> Array:
+    return Array(to_array(data))
+
+
+def test_arrays_roundtrip_is_lossless() -> None:
+    payload = bytes(range(256)) * 3
+    assert from_array(to_array(payload)) == payload
