@@ -1,0 +1,169 @@
+"""FedEvalFair as a Flower job: through the Python API, through ``flwr run`` on UCI Adult,
+and with holders that crash or go silent between rounds (real Flower simulations)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message
+from flwr.simulation import run_simulation
+
+from clients.app import build_client_app, fef_round2, load_shard_for
+from clients.ckks import SECRET_CONTEXT_ENV, KeyPaths, generate_keys
+from clients.fedevalfair import BLOCKS, bootstrap_seed, client_statistics, holder_predictions
+from clients.task import build_model
+from mechanisms.fairtest import fedevalfair
+from server.api import _environment, run_simulation_job
+from server.app import build_server_app
+from server.config import RunConfig
+
+try:
+    from tests.flower_processes import local_simulation
+except ImportError:  # pragma: no cover
+    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
+    return generate_keys(tmp_path_factory.mktemp("fef-keys"))
+
+
+def assert_matches_plaintext(results: dict) -> None:
+    assert results["max_abs_pvalue_difference_vs_plaintext"] is not None
+    assert results["max_abs_pvalue_difference_vs_plaintext"] <= 1e-6
+    assert results["server_context_has_secret_key"] is False
+
+
+@pytest.mark.slow
+def test_python_api_runs_the_encrypted_test(keys: KeyPaths, tmp_path: Path) -> None:
+    results = run_simulation_job(
+        {
+            "task": "fedevalfair",
+            "fef-public-context": str(keys.public),
+            "users-per-node": 1500,
+            "num-server-rounds": 2,
+            "output-dir": str(tmp_path / "run"),
+        },
+        num_supernodes=3,
+        environment={SECRET_CONTEXT_ENV: str(keys.secret)},
+    )
+    assert_matches_plaintext(results)
+    outcome = results["fedevalfair"]
+    assert outcome["error"] is None
+    assert [len(nodes) for nodes in outcome["round_participants"]] == [3, 3, 2]
+    assert outcome["max_ciphertexts_per_node_per_round"] == [1, 1, 0]
+    tests = {(t["metric"], t["mode"]): t for t in outcome["tests"]}
+    assert set(tests) == set(BLOCKS)
+    for test in tests.values():
+        report = test["report"]
+        assert report["k"] == 3 and report["homogeneity"]["dof"] == 2
+        assert 0.0 <= report["homogeneity"]["pvalue"] <= 1.0
+    # The synthetic task is harder for group 1: equal opportunity is clearly violated.
+    assert tests[("eo", "calibrated")]["report"]["reject_fairness"] is True
+    assert (tmp_path / "run" / "bootstrap_disparities.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def crash_or_stall_in_round2(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Holder 1 crashes in round 2; holder 2 never answers round 2 in time; others behave."""
+    partition = int(context.node_config["partition-id"])
+    if partition == 1:
+        raise RuntimeError("simulated crash in round 2")
+    if partition == 2:
+        time.sleep(config.reply_timeout + 5.0)
+    return fef_round2(msg, context, config)
+
+
+@pytest.mark.slow
+def test_holders_lost_between_rounds(keys: KeyPaths, tmp_path: Path) -> None:
+    """5 holders, 2 lost in round 2: the test completes with the 3 others; the calibrated
+    results equal the plaintext test over those 3; the paper's T1 is reported unavailable."""
+    overrides = {
+        "task": "fedevalfair",
+        "fef-public-context": str(keys.public),
+        "users-per-node": 1500,
+        "num-server-rounds": 0,  # the initial model: the test can rebuild it
+        "reply-timeout": 40.0,  # the first exchange starts the actors (imports torch, tenseal)
+        "output-dir": str(tmp_path / "run"),
+    }
+    with _environment({SECRET_CONTEXT_ENV: str(keys.secret)}):
+        run_simulation(
+            server_app=build_server_app(overrides),
+            client_app=build_client_app(
+                overrides, handlers={"query.fef_round2": crash_or_stall_in_round2}
+            ),
+            num_supernodes=5,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    outcome = results["fedevalfair"]
+    assert outcome["error"] is None
+    assert [len(nodes) for nodes in outcome["round_participants"][:2]] == [5, 3]
+    assert len(outcome["dropped_between_rounds"][1]) == 1  # the silent one
+    assert any("simulated crash" in r["reason"] for r in outcome["rejected_replies"])
+
+    config = RunConfig.from_mapping(overrides)
+    survivors = {block: [] for block in BLOCKS}
+    for partition in (0, 3, 4):
+        shard = load_shard_for(config, partition, 5, "test")
+        rng = np.random.default_rng(bootstrap_seed(config.seed, partition))
+        model = build_model(shard.num_features, seed=config.seed)
+        predictions = holder_predictions(model, shard, "trained", rng)
+        statistics = client_statistics(
+            shard, predictions, num_resamples=config.fef_resamples, rng=rng, min_cell_count=5
+        )
+        for block, summary in zip(BLOCKS, statistics.summaries, strict=True):
+            survivors[block].append(summary)
+    for test in outcome["tests"]:
+        if test["mode"] == "paper":
+            assert test["report"] is None and "T1 cannot be corrected" in test["unavailable"]
+            continue
+        expected = fedevalfair(survivors[(test["metric"], "calibrated")], mode="calibrated")
+        report = test["report"]
+        assert report["k"] == 3
+        assert report["homogeneity"]["pvalue"] == pytest.approx(
+            expected.homogeneity.pvalue, abs=1e-6
+        )
+        assert report["common_disparity"]["pvalue"] == pytest.approx(
+            expected.common_disparity.pvalue, abs=1e-6
+        )
+
+
+@pytest.mark.slow
+def test_flwr_run_on_adult_doctorate_split(
+    keys: KeyPaths, adult_path: Path, tmp_path: Path
+) -> None:
+    """`flwr run` with the paper's Adult split (doctorate vs not, race as the protected
+    attribute), the named config, keys provisioned to the nodes through the environment."""
+    output = tmp_path / "run"
+    run_config = {
+        **_toml(REPO / "configs" / "fef-adult-doctorate.toml"),
+        "data-dir": str(adult_path),
+        "fef-public-context": str(keys.public),
+        "output-dir": str(output),
+    }
+    env = {SECRET_CONTEXT_ENV: str(keys.secret)}
+    with local_simulation(REPO, 2, tmp_path / "flwr-home", env=env) as simulation:
+        run = simulation.run(run_config, timeout=900)
+    assert run.status == "finished:completed", run.output[-3000:]
+    results = json.loads((output / "results.json").read_text())
+    assert_matches_plaintext(results)
+    dp = next(
+        t
+        for t in results["fedevalfair"]["tests"]
+        if t["metric"] == "dp" and t["mode"] == "calibrated"
+    )
+    assert dp["report"]["k"] == 2 and dp["report"]["homogeneity"]["dof"] == 1
+    assert "stage1 stat" in run.output and "took part" in run.output
+
+
+def _toml(path: Path) -> dict:
+    import tomllib
+
+    with path.open("rb") as handle:
+        return tomllib.load(handle)
