@@ -18,6 +18,14 @@ FedEvalFair two-stage fairness test (paper 003, SPEC 2):
   :class:`FairnessReport`; :func:`client_contribution`, :func:`stage1_term` and
   :func:`report_from_sums` are the same computation as sums over clients (encrypted protocol);
   :func:`stage_statistics` vectorises it for simulations.
+
+FPFL: fairness-constrained training with user-level DP (paper 004, SPEC 3):
+
+* :class:`StatisticsLayout` / :class:`AggregateStatistics`: the sufficient-statistic vector
+  (Eq. 17) and its cohort sum; :func:`evaluate_constraints`, :func:`mmdm_update` (Eq. 9-11),
+  :func:`sgd_update`; :func:`privatize_sum` (Gaussian noise on a clipped sum);
+* :func:`cohort_metrics` / :class:`ModelSelector`: model selection on cohort statistics;
+* :func:`fairness_gaps`: accuracy and FNR / EO / DemP / PP gaps of hard predictions.
 """
 
 from mechanisms.accounting import PrivacyBudgetExceeded, PrivacyLedger, ShardLedger
@@ -55,6 +63,24 @@ from mechanisms.fairtest import (
     stage_statistics,
 )
 from mechanisms.laplace import LaplaceMechanism, UnboundedPrivacyLossError, laplace_epsilon
+from mechanisms.mmdm import (
+    AggregateStatistics,
+    CohortMetrics,
+    ConstraintEvaluation,
+    FairnessGaps,
+    MMDMConfig,
+    MMDMUpdate,
+    ModelSelector,
+    NoisySum,
+    SelectionCandidate,
+    StatisticsLayout,
+    cohort_metrics,
+    evaluate_constraints,
+    fairness_gaps,
+    mmdm_update,
+    privatize_sum,
+    sgd_update,
+)
 from mechanisms.randomized_response import (
     RandomizedResponseMechanism,
     grr_frequency_estimate,
@@ -66,6 +92,22 @@ from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
 from mechanisms.streaming import summarize_stream
 
 __all__ = [
+    "AggregateStatistics",
+    "CohortMetrics",
+    "ConstraintEvaluation",
+    "FairnessGaps",
+    "MMDMConfig",
+    "MMDMUpdate",
+    "ModelSelector",
+    "NoisySum",
+    "SelectionCandidate",
+    "StatisticsLayout",
+    "cohort_metrics",
+    "evaluate_constraints",
+    "fairness_gaps",
+    "mmdm_update",
+    "privatize_sum",
+    "sgd_update",
     "BootstrapDisparity",
     "BudgetSplit",
     "ClientSummary",

@@ -1,0 +1,677 @@
+"""FPFL client-side math in torch: models, surrogates and per-user statistic vectors (paper 004).
+
+What a client computes per round (Algorithm 1, ``UserStatistics``; SPEC 3): for every user
+``k`` of its cohort, the vector of Eq. (17) plus the model-selection counts, in the layout of
+:class:`mechanisms.mmdm.StatisticsLayout`::
+
+    [ grad L(d^k) | F(d'^k_a) | grad F(d'^k_a) | n'^k_a | n^k | errors^k | e^k_a ]
+
+clipped to L2 norm ``C``. :func:`shard_contribution` returns the sum over the cohort users
+a node hosts; the strategy sums the nodes' contributions (secure aggregation), adds
+``N(0, C^2 sigma^2)`` noise and applies :func:`mechanisms.mmdm.mmdm_update`.
+
+Models (Section 4.1-4.2): :func:`build_fpfl_model` (``"shallow"``: one hidden layer of 10 ReLU
+units; ``"deep"``: 16-8-8 ReLU) and :func:`build_cnn` (32/64 filters + FC 100), all ending in
+``nn.Sigmoid`` (binary, one output) or ``nn.Softmax(dim=-1)`` (multi-class).
+
+Surrogates (Eq. 13-14) with ``psi`` the model output:
+
+* ``"fnr"`` (FNR parity, binary): ``d'`` = samples with ``y = 1``, ``f = 1 - psi(x)``
+  (``psi`` = probability of class 1);
+* ``"accuracy"`` (accuracy parity): ``d' = d``, ``f = psi(x)^T onehot(y)``.
+
+Output check (decision): the surrogate needs probabilities, so the model must be an
+``nn.Sequential`` whose *last module* is ``nn.Sigmoid`` or ``nn.Softmax`` over the last
+dimension; anything else raises ``ValueError`` naming ``model``. The last module is used
+instead of an output-range check because a range check on some inputs cannot prove the
+output is a probability for others. The loss is computed from the logits before that module
+(binary cross-entropy / cross-entropy with logits), which is exact and numerically stable.
+
+Per-user vectors are computed for all users at once (:func:`user_statistics`): ``torch.func``
+``vmap`` over users of ``jacrev`` of each user's ``G + 1`` summed objectives, evaluated with
+``functional_call`` on the user's (padded, masked) samples; :func:`user_statistics_loop` is
+the per-user Python-loop reference used only by tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
+
+from clients.fpfl_data import FPFLShard
+from mechanisms.mmdm import StatisticsLayout
+
+__all__ = [
+    "ARCHITECTURES",
+    "CONSTRAINTS",
+    "ClippedStatistics",
+    "ShardContribution",
+    "build_cnn",
+    "build_fpfl_model",
+    "build_mlp",
+    "clip_statistics",
+    "constraint_mask",
+    "get_flat_parameters",
+    "num_parameters",
+    "output_activation",
+    "pooled_statistics",
+    "predict",
+    "set_flat_parameters",
+    "shard_contribution",
+    "statistics_layout",
+    "unflatten_parameters",
+    "user_statistics",
+    "user_statistics_loop",
+]
+
+Constraint = Literal["fnr", "accuracy"]
+CONSTRAINTS: tuple[str, ...] = ("fnr", "accuracy")
+Architecture = Literal["shallow", "deep"]
+#: Hidden layer widths of the paper's fully connected networks (Section 4.1).
+ARCHITECTURES: dict[str, tuple[int, ...]] = {"shallow": (10,), "deep": (16, 8, 8)}
+Activation = Literal["sigmoid", "softmax"]
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _init_uniform(layers: Sequence[nn.Module], seed: int) -> None:
+    """PyTorch's default ``Linear``/``Conv2d`` init, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
+    from a seeded ``torch.Generator`` (the global RNG is neither used nor touched)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in layers:
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                fan_in = layer.weight[0].numel()
+                bound = 1.0 / math.sqrt(fan_in)
+                nn.init.uniform_(layer.weight, -bound, bound, generator=generator)
+                if layer.bias is not None:
+                    nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+
+
+def _output_layers(width: int, num_classes: int) -> list[nn.Module]:
+    if num_classes == 2:
+        return [nn.utils.skip_init(nn.Linear, width, 1), nn.Sigmoid()]
+    return [nn.utils.skip_init(nn.Linear, width, num_classes), nn.Softmax(dim=-1)]
+
+
+def build_mlp(
+    num_features: int, hidden: Sequence[int], *, num_classes: int = 2, seed: int = 0
+) -> nn.Sequential:
+    """A fully connected ReLU network ending in ``Sigmoid`` (one output, ``num_classes = 2``)
+    or ``Softmax(dim=-1)`` (``num_classes > 2`` outputs)."""
+    num_features = _check_int("num_features", num_features, 1)
+    num_classes = _check_int("num_classes", num_classes, 2)
+    seed = _check_int("seed", seed, 0)
+    widths = [_check_int("hidden", width, 1) for width in hidden]
+    layers: list[nn.Module] = []
+    previous = num_features
+    for width in widths:
+        layers += [nn.utils.skip_init(nn.Linear, previous, width), nn.ReLU()]
+        previous = width
+    layers += _output_layers(previous, num_classes)
+    _init_uniform(layers, seed)
+    return nn.Sequential(*layers)
+
+
+def build_fpfl_model(
+    architecture: Architecture, num_features: int, *, num_classes: int = 2, seed: int = 0
+) -> nn.Sequential:
+    """The paper's ``"shallow"`` (10) or ``"deep"`` (16-8-8) ReLU network (Section 4.1)."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"architecture must be one of {', '.join(map(repr, ARCHITECTURES))}; "
+            f"got {architecture!r}"
+        )
+    return build_mlp(num_features, ARCHITECTURES[architecture], num_classes=num_classes, seed=seed)
+
+
+def build_cnn(
+    *, in_channels: int, image_size: int, num_classes: int = 10, seed: int = 0
+) -> nn.Sequential:
+    """The paper's convolutional network (Section 4.2): two 5x5 convolutions with stride 2
+    (32 and 64 filters, ReLU), a fully connected layer of 100 ReLU units and a softmax output.
+
+    Padding 2 keeps small images usable: a 28-px image becomes 14 then 7 px, an 8-px one 4
+    then 2 px.
+    """
+    in_channels = _check_int("in_channels", in_channels, 1)
+    image_size = _check_int("image_size", image_size, 4)
+    num_classes = _check_int("num_classes", num_classes, 2)
+    seed = _check_int("seed", seed, 0)
+    side = (image_size + 4 - 5) // 2 + 1
+    side = (side + 4 - 5) // 2 + 1
+    layers: list[nn.Module] = [
+        nn.utils.skip_init(nn.Conv2d, in_channels, 32, 5, stride=2, padding=2),
+        nn.ReLU(),
+        nn.utils.skip_init(nn.Conv2d, 32, 64, 5, stride=2, padding=2),
+        nn.ReLU(),
+        nn.Flatten(start_dim=-3),
+        nn.utils.skip_init(nn.Linear, 64 * side * side, 100),
+        nn.ReLU(),
+        *_output_layers(100, num_classes),
+    ]
+    _init_uniform(layers, seed)
+    return nn.Sequential(*layers)
+
+
+def output_activation(model: nn.Module) -> Activation:
+    """``"sigmoid"`` or ``"softmax"``: the model's last module, which the surrogates need.
+
+    Raises ``ValueError`` naming ``model`` unless ``model`` is an ``nn.Sequential`` whose last
+    module is ``nn.Sigmoid`` or ``nn.Softmax`` with ``dim`` -1 (see the module docstring).
+    """
+    if not isinstance(model, nn.Sequential) or len(model) == 0:
+        raise ValueError(
+            "model must be an nn.Sequential ending in nn.Sigmoid (binary) or "
+            f"nn.Softmax(dim=-1) (multi-class); got {type(model).__name__}"
+        )
+    last = model[-1]
+    if isinstance(last, nn.Sigmoid):
+        return "sigmoid"
+    if isinstance(last, nn.Softmax) and last.dim == -1:
+        return "softmax"
+    raise ValueError(
+        "model must end in nn.Sigmoid (binary) or nn.Softmax(dim=-1) (multi-class): the "
+        f"fairness surrogates need probabilities, but its last module is {last!r}"
+    )
+
+
+def _body(model: nn.Sequential) -> nn.Sequential:
+    """The model without its output activation (returns logits); shares the parameters and
+    their names with ``model``."""
+    return nn.Sequential(*list(model.children())[:-1])
+
+
+def predict(
+    model: nn.Module, features: NDArray[np.float32], *, batch_size: int = 8192
+) -> NDArray[np.int64]:
+    """Hard predictions: class 1 when ``sigmoid >= 0.5`` (binary), else the argmax."""
+    activation = output_activation(model)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    body = _body(model)
+    outputs: list[NDArray[np.int64]] = []
+    with torch.no_grad():
+        tensor = torch.as_tensor(features).to(_dtype(model))
+        for start in range(0, tensor.shape[0], batch_size):
+            logits = body(tensor[start : start + batch_size])
+            outputs.append(_hard_predictions(logits, activation).numpy())
+    return np.concatenate(outputs) if outputs else np.zeros(0, dtype=np.int64)
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's parameters (inputs are cast to it; float64 models give
+    float64-exact statistics, used by the tests)."""
+    return next(model.parameters()).dtype
+
+
+def _hard_predictions(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
+    if activation == "sigmoid":
+        return (logits.reshape(-1) >= 0).to(torch.int64)
+    return logits.argmax(dim=-1).to(torch.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Flattening between a statistic vector and the model's parameters
+# --------------------------------------------------------------------------------------------
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters ``p`` (``named_parameters`` order defines the vector)."""
+    return int(sum(parameter.numel() for parameter in model.parameters()))
+
+
+def statistics_layout(model: nn.Module, num_groups: int) -> StatisticsLayout:
+    """The vector layout for ``model`` and ``num_groups`` groups."""
+    return StatisticsLayout(num_params=num_parameters(model), num_groups=num_groups)
+
+
+def get_flat_parameters(model: nn.Module) -> NDArray[np.float64]:
+    """All parameters concatenated in ``named_parameters`` order, as a float64 copy."""
+    return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()]).numpy()
+
+
+def unflatten_parameters(model: nn.Module, vector: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Split a flat vector into ``{name: tensor}`` with the shapes and dtypes of ``model``."""
+    expected = num_parameters(model)
+    if vector.ndim != 1 or vector.shape[0] != expected:
+        raise ValueError(f"vector must have shape ({expected},), got {tuple(vector.shape)}")
+    out: dict[str, torch.Tensor] = {}
+    start = 0
+    for name, parameter in model.named_parameters():
+        count = parameter.numel()
+        out[name] = vector[start : start + count].reshape(parameter.shape).to(parameter.dtype)
+        start += count
+    return out
+
+
+def set_flat_parameters(model: nn.Module, vector: NDArray[np.floating]) -> None:
+    """Load a flat vector (as from :func:`get_flat_parameters`) into ``model`` in place."""
+    array = np.asarray(vector, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise ValueError("vector must be finite (found NaN or infinity)")
+    values = unflatten_parameters(model, torch.from_numpy(array))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(values[name])
+
+
+# --------------------------------------------------------------------------------------------
+# Surrogates and per-sample terms
+# --------------------------------------------------------------------------------------------
+
+
+def _check_constraint(constraint: str, activation: Activation, num_classes: int) -> None:
+    if constraint not in CONSTRAINTS:
+        raise ValueError(
+            f"constraint must be one of {', '.join(map(repr, CONSTRAINTS))}; got {constraint!r}"
+        )
+    if constraint == "fnr" and num_classes != 2:
+        raise ValueError(
+            f"constraint 'fnr' (FNR parity) needs binary labels, got num_classes={num_classes}"
+        )
+    if activation == "sigmoid" and num_classes != 2:
+        raise ValueError(
+            f"model ends in nn.Sigmoid (binary) but the data has num_classes={num_classes}"
+        )
+
+
+def constraint_mask(labels: NDArray[np.int64], constraint: Constraint) -> NDArray[np.bool_]:
+    """Membership in the constraint's sample set ``d'``: ``y = 1`` for FNR parity, every
+    sample for accuracy parity (Section 3.1)."""
+    if constraint not in CONSTRAINTS:
+        raise ValueError(
+            f"constraint must be one of {', '.join(map(repr, CONSTRAINTS))}; got {constraint!r}"
+        )
+    labels = np.asarray(labels)
+    return labels == 1 if constraint == "fnr" else np.ones(labels.shape, dtype=bool)
+
+
+def _loss_and_surrogate(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    activation: Activation,
+    constraint: Constraint,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample loss and surrogate ``f`` from logits ``(batch, outputs)``."""
+    if activation == "sigmoid":
+        z = logits.reshape(labels.shape)
+        y = labels.to(z.dtype)
+        loss = nn.functional.softplus(z) - y * z  # binary cross-entropy with logits
+        positive = torch.sigmoid(z)
+        true_class = torch.where(labels == 1, positive, 1.0 - positive)
+    else:
+        log_probs = torch.log_softmax(logits, dim=-1)
+        log_true = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        loss = -log_true
+        true_class = log_true.exp()
+        positive = log_probs[..., 1].exp() if constraint == "fnr" else true_class
+    surrogate = 1.0 - positive if constraint == "fnr" else true_class
+    return loss, surrogate
+
+
+def _prepare(
+    model: nn.Module, shard: FPFLShard, constraint: Constraint
+) -> tuple[nn.Sequential, Activation]:
+    activation = output_activation(model)
+    _check_constraint(constraint, activation, shard.num_classes)
+    assert isinstance(model, nn.Sequential)  # checked by output_activation
+    return _body(model), activation
+
+
+# --------------------------------------------------------------------------------------------
+# Per-user statistic vectors (vectorised)
+# --------------------------------------------------------------------------------------------
+
+
+#: Default memory budget of one ``vmap`` call: the per-user Jacobians of a chunk of users,
+#: ``users * (G + 1) * p`` numbers (2^24 floats = 64 MB in float32).
+JACOBIAN_BUDGET = 1 << 24
+
+
+def user_statistics(
+    model: nn.Module,
+    shard: FPFLShard,
+    *,
+    constraint: Constraint,
+    users: Sequence[int] | NDArray[np.integer] | None = None,
+    chunk_users: int | None = None,
+) -> torch.Tensor:
+    """Unclipped statistic vectors of the users of ``shard``, vectorised (Eq. 17 + counts).
+
+    One ``torch.func`` call handles a whole chunk of users: ``vmap`` over users of
+    ``jacrev`` of the user's ``G + 1`` summed objectives ``[L(d^k), F(d'^k_a) for a]``,
+    evaluated with ``functional_call`` on the user's samples. Users are sorted by sample count
+    and padded (masked) to the largest count of their chunk, so padding is small. No Python
+    loop over users; the only loop is over chunks (memory bound).
+
+    Parameters
+    ----------
+    model : nn.Sequential
+        Ends in ``nn.Sigmoid`` / ``nn.Softmax(dim=-1)`` (see :func:`output_activation`).
+    shard : FPFLShard
+        The node's users.
+    constraint : ``"fnr"`` | ``"accuracy"``
+        The fairness surrogate (Eq. 13 / 14).
+    users : local user indices, optional
+        The cohort (rows in this order); default all users of the shard.
+    chunk_users : int, optional
+        Users per ``vmap`` call; default ``JACOBIAN_BUDGET / ((G + 1) p)``.
+
+    Returns
+    -------
+    torch.Tensor, float64, shape (num_users, layout.size)
+        One row per user in :class:`mechanisms.mmdm.StatisticsLayout` order (gradients are
+        computed in the model's dtype). A user without samples gets a zero row.
+    """
+    body, activation = _prepare(model, shard, constraint)
+    cohort = shard if users is None else shard.select_users(users)
+    layout = statistics_layout(model, shard.num_groups)
+    p, num_groups, num_users = layout.num_params, layout.num_groups, cohort.num_users
+    if chunk_users is None:
+        chunk_users = max(1, JACOBIAN_BUDGET // ((num_groups + 1) * p))
+    chunk_users = _check_int("chunk_users", chunk_users, 1)
+    params = {name: value.detach() for name, value in model.named_parameters()}
+    dtype = next(iter(params.values())).dtype
+    group_ids = torch.arange(num_groups)
+
+    def user_terms(
+        weights: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        g: torch.Tensor,
+        in_set: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One user's ``[L, F_a]`` (differentiated) and ``[L, F_a, errors, e_a]`` (aux)."""
+        logits = functional_call(body, weights, (x,))
+        loss, surrogate = _loss_and_surrogate(logits, y, activation, constraint)
+        weight = valid.to(loss.dtype)
+        member = ((g[:, None] == group_ids) & (in_set & valid)[:, None]).to(loss.dtype)
+        objectives = torch.cat([(loss * weight).sum()[None], surrogate @ member])
+        wrong = (_hard_predictions(logits.detach(), activation) != y).to(loss.dtype)
+        counts = torch.cat([(wrong * weight).sum()[None], wrong @ member])
+        return objectives, torch.cat([objectives.detach(), counts])
+
+    per_user = vmap(jacrev(user_terms, has_aux=True), in_dims=(None, 0, 0, 0, 0, 0))
+
+    # Users are processed in order of sample count (small padding) and their rows written
+    # contiguously into ``ordered`` (casting copies, no temporaries); one final scatter puts
+    # the rows in cohort order.
+    sizes = cohort.samples_per_user()
+    order = np.argsort(sizes, kind="stable")
+    num_empty = int(np.sum(sizes == 0))
+    ordered = torch.empty(num_users, layout.size, dtype=torch.float64)
+    ordered[:num_empty].zero_()
+    grads_block = ordered[:, layout.block("surrogate_grads")].view(num_users, num_groups, p)
+    loss_start = layout.block("loss_grad").start
+    sums = layout.block("surrogate_sums")
+    counts_block = layout.block("constraint_counts")
+    errors_at = layout.block("num_errors").start
+    group_errors = layout.block("group_errors")
+
+    by_user = np.argsort(cohort.user_index, kind="stable")  # samples grouped by user
+    first_sample = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    features = torch.from_numpy(cohort.features[by_user]).to(dtype)
+    labels = torch.from_numpy(cohort.labels[by_user])
+    groups = torch.from_numpy(cohort.groups[by_user])
+    member = torch.from_numpy(constraint_mask(cohort.labels[by_user], constraint))
+    for start in range(num_empty, num_users, chunk_users):
+        stop = min(start + chunk_users, num_users)
+        rows = order[start:stop]
+        width = int(sizes[rows].max())
+        position = np.arange(width)[None, :]
+        valid = position < sizes[rows][:, None]
+        index = torch.from_numpy(np.where(valid, first_sample[rows][:, None] + position, 0))
+        valid_t = torch.from_numpy(valid)
+        jacobian, aux = per_user(
+            params, features[index], labels[index], groups[index], member[index], valid_t
+        )
+        offset = 0
+        for name, value in params.items():
+            size = value.numel()
+            jac = jacobian[name].reshape(stop - start, num_groups + 1, size)
+            ordered[start:stop, loss_start + offset : loss_start + offset + size].copy_(jac[:, 0])
+            grads_block[start:stop, :, offset : offset + size].copy_(jac[:, 1:])
+            offset += size
+        block = ordered[start:stop]
+        block[:, sums].copy_(aux[:, 1 : 1 + num_groups])
+        block[:, errors_at].copy_(aux[:, 1 + num_groups])
+        block[:, group_errors].copy_(aux[:, 2 + num_groups :])
+        block[:, counts_block].copy_(
+            ((groups[index][..., None] == group_ids) & (member[index] & valid_t)[..., None]).sum(
+                dim=1
+            )
+        )
+    ordered[:, layout.block("num_samples")] = torch.from_numpy(sizes[order].astype(np.float64))[
+        :, None
+    ]
+    out = torch.empty_like(ordered)
+    out.index_copy_(0, torch.from_numpy(order), ordered)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Reference implementations (autograd on summed objectives)
+# --------------------------------------------------------------------------------------------
+
+
+def _autograd_statistics(
+    model: nn.Sequential,
+    body: nn.Sequential,
+    activation: Activation,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    groups: torch.Tensor,
+    member: torch.Tensor,
+    constraint: Constraint,
+    num_groups: int,
+) -> torch.Tensor:
+    """The statistic vector of one set of samples by plain autograd on summed objectives
+    (one backward pass for ``L`` and one per group for ``F_a``); float64 result."""
+    parameters = list(model.parameters())
+
+    def flat_grad(objective: torch.Tensor) -> torch.Tensor:
+        if not objective.requires_grad:  # empty selection: the gradient is zero
+            return torch.zeros(sum(p.numel() for p in parameters), dtype=torch.float64)
+        grads = torch.autograd.grad(objective, parameters, retain_graph=True, allow_unused=True)
+        return torch.cat(
+            [
+                (g if g is not None else torch.zeros_like(p)).reshape(-1).double()
+                for g, p in zip(grads, parameters, strict=True)
+            ]
+        )
+
+    logits = body(features)
+    if activation == "sigmoid":
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            logits.reshape(-1), labels.to(logits.dtype), reduction="sum"
+        )
+    else:
+        loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
+    _, surrogate = _loss_and_surrogate(logits, labels, activation, constraint)
+    in_group = [(groups == a) & member for a in range(num_groups)]
+    sums = [surrogate[mask].sum() for mask in in_group]
+    with torch.no_grad():
+        errors = _hard_predictions(logits, activation) != labels
+    parts = [flat_grad(loss)]
+    parts.append(torch.stack([s.detach().double() for s in sums]))
+    parts.extend(flat_grad(s) for s in sums)
+    parts.append(torch.tensor([float(mask.sum()) for mask in in_group], dtype=torch.float64))
+    parts.append(torch.tensor([float(labels.shape[0]), float(errors.sum())], dtype=torch.float64))
+    parts.append(
+        torch.tensor([float((errors & mask).sum()) for mask in in_group], dtype=torch.float64)
+    )
+    return torch.cat(parts)
+
+
+def user_statistics_loop(
+    model: nn.Module,
+    shard: FPFLShard,
+    *,
+    constraint: Constraint,
+    users: Sequence[int] | NDArray[np.integer] | None = None,
+) -> torch.Tensor:
+    """Reference for :func:`user_statistics`: a Python loop over users, each with autograd on
+    its summed loss and per-group surrogate sums. Slow; tests and benchmarks only."""
+    body, activation = _prepare(model, shard, constraint)
+    assert isinstance(model, nn.Sequential)
+    cohort = shard if users is None else shard.select_users(users)
+    member = constraint_mask(cohort.labels, constraint)
+    rows: list[torch.Tensor] = []
+    for user in range(cohort.num_users):
+        mine = cohort.user_index == user
+        rows.append(
+            _autograd_statistics(
+                model,
+                body,
+                activation,
+                torch.from_numpy(cohort.features[mine]).to(_dtype(model)),
+                torch.from_numpy(cohort.labels[mine]),
+                torch.from_numpy(cohort.groups[mine]),
+                torch.from_numpy(member[mine]),
+                constraint,
+                shard.num_groups,
+            )
+        )
+    size = statistics_layout(model, shard.num_groups).size
+    return torch.stack(rows) if rows else torch.zeros(0, size, dtype=torch.float64)
+
+
+def pooled_statistics(
+    model: nn.Module, shard: FPFLShard, *, constraint: Constraint
+) -> NDArray[np.float64]:
+    """The statistic vector of all samples of ``shard`` pooled (central computation): what
+    the server recovers from the noiseless sum of the users' unclipped vectors (Eq. 18)."""
+    body, activation = _prepare(model, shard, constraint)
+    assert isinstance(model, nn.Sequential)
+    vector = _autograd_statistics(
+        model,
+        body,
+        activation,
+        torch.from_numpy(shard.features).to(_dtype(model)),
+        torch.from_numpy(shard.labels),
+        torch.from_numpy(shard.groups),
+        torch.from_numpy(constraint_mask(shard.labels, constraint)),
+        constraint,
+        shard.num_groups,
+    )
+    return vector.numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# Clipping and a node's contribution
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ClippedStatistics:
+    """Per-user vectors clipped to L2 norm ``clipping_bound`` (Algorithm 1).
+
+    Attributes
+    ----------
+    vectors : torch.Tensor, float64, (num_users, size)
+        ``v_k * min(1, C / ||v_k||)``.
+    norms : torch.Tensor, float64, (num_users,)
+        ``||v_k||`` before clipping.
+    clipping_bound : float
+        ``C``.
+    """
+
+    vectors: torch.Tensor
+    norms: torch.Tensor
+    clipping_bound: float
+
+    @property
+    def clipped(self) -> torch.Tensor:
+        """Which users' vectors were scaled down (``||v_k|| > C``)."""
+        return self.norms > self.clipping_bound
+
+    @property
+    def clipped_fraction(self) -> float:
+        """Fraction of users whose vector was scaled down (NaN for no user)."""
+        return float(self.clipped.double().mean()) if self.norms.numel() else math.nan
+
+
+def clip_statistics(vectors: torch.Tensor, clipping_bound: float) -> ClippedStatistics:
+    """Scale every row to L2 norm at most ``clipping_bound``: ``v min(1, C / ||v||)``; rows
+    already within the bound are returned unchanged (bit for bit)."""
+    bound = float(clipping_bound)
+    if not math.isfinite(bound) or bound <= 0:
+        raise ValueError(f"clipping_bound must be a finite number > 0, got {clipping_bound!r}")
+    if vectors.ndim != 2:
+        raise ValueError(f"vectors must be 2-D (users, size), got shape {tuple(vectors.shape)}")
+    norms = torch.linalg.vector_norm(vectors, dim=1)
+    scale = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
+    clipped = torch.where((norms > bound)[:, None], vectors * scale[:, None], vectors)
+    return ClippedStatistics(vectors=clipped, norms=norms, clipping_bound=bound)
+
+
+@dataclass(frozen=True, eq=False)
+class ShardContribution:
+    """What a node sends for one round: the sum of its cohort users' clipped vectors.
+
+    Attributes
+    ----------
+    total : float64 (size,)
+        ``sum_k clip(v_k, C)`` over the node's cohort users.
+    num_users : int
+        Cohort users on this node.
+    norms : float64 (num_users,)
+        Pre-clip norms (diagnostics; never released in a private deployment).
+    clipping_bound : float
+        ``C``.
+    """
+
+    total: NDArray[np.float64]
+    num_users: int
+    norms: NDArray[np.float64]
+    clipping_bound: float
+
+    @property
+    def clipped_fraction(self) -> float:
+        """Fraction of the node's cohort users whose vector was clipped."""
+        return float(np.mean(self.norms > self.clipping_bound)) if self.num_users else math.nan
+
+
+def shard_contribution(
+    model: nn.Module,
+    shard: FPFLShard,
+    *,
+    constraint: Constraint,
+    clipping_bound: float,
+    users: Sequence[int] | NDArray[np.integer] | None = None,
+    chunk_users: int | None = None,
+    statistics: Callable[..., torch.Tensor] = user_statistics,
+) -> ShardContribution:
+    """Per-user vectors of the cohort users on this node, clipped and summed (client side of
+    Algorithm 1). ``statistics`` selects the implementation (tests pass the loop)."""
+    if statistics is user_statistics:
+        vectors = user_statistics(
+            model, shard, constraint=constraint, users=users, chunk_users=chunk_users
+        )
+    else:
+        vectors = statistics(model, shard, constraint=constraint, users=users)
+    clipped = clip_statistics(vectors, clipping_bound)
+    return ShardContribution(
+        total=clipped.vectors.sum(dim=0).numpy(),
+        num_users=int(vectors.shape[0]),
+        norms=clipped.norms.numpy(),
+        clipping_bound=clipped.clipping_bound,
+    )
