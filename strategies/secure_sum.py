@@ -1,0 +1,575 @@
+"""Pairwise-masking secure sum for FPFL training (Bonawitz et al. 2017, semi-honest variant).
+
+The FPFL training job sums the nodes' clipped statistic vectors; with this module the server
+sees only the sum. It is the pairwise-masking core of SecAgg (Bonawitz et al., "Practical
+Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017) and of
+Flower's SecAgg+ (Bell et al., CCS 2020), without their double masking. Pure numpy plus the
+``cryptography`` package (a Flower dependency); the Flower adapters call these functions.
+
+**Why not Flower's SecAgg+.** In Flower 1.41, ``SecAggPlusWorkflow`` only runs inside the
+legacy workflow (it requires a ``LegacyContext`` and a legacy ``Strategy``, and masks
+``FitIns``/``FitRes`` parameters) and spends 4 message exchanges per round (setup, share
+keys, collect masked vectors, unmask). The FPFL job uses the Message API with *one*
+exchange per training round. Here the keys are agreed once per run, a round costs one
+exchange, plus one reveal exchange only in rounds where nodes drop out. (Flower's
+``pseudo_rand_gen`` also seeds ``np.random.RandomState`` with a 32-bit fold of the seed.)
+
+Protocol
+--------
+1. *Setup (once per run).* Every node makes an X25519 key pair (:class:`MaskingKeyPair`, OS
+   entropy) and sends its 32-byte public key; the server broadcasts ``{node_id: key}``. Nodes
+   ``u, v`` derive a pair secret ``s_uv = HKDF-SHA256(X25519(u, v), salt=run_salt,
+   info=label || min(u, v) || max(u, v))`` (:func:`pair_secrets`; RFC 7748, RFC 5869).
+2. *Round r.* The pair's round seed is ``k_uvr = HMAC-SHA256(s_uv, label || r)``
+   (:func:`round_seed`): a PRF output, so revealing one round's seed says nothing about the
+   other rounds' seeds. The mask ``m_uvr`` is the ChaCha20 keystream (RFC 8439, key
+   ``k_uvr``, zero nonce and counter; a key is used once) read as little-endian uint64
+   (:func:`expand_mask`). ChaCha20 rather than numpy's PCG64 or Philox: those are
+   statistical generators, not cryptographic ones (PCG's state can be recovered from its
+   output, Bouillaguet et al., ToSC 2020), and the hiding argument needs masks that are
+   indistinguishable from uniform. Node ``u`` sends ``y_u = enc(x_u) + sum_{v > u} m_uvr -
+   sum_{v < u} m_uvr (mod 2^64)`` (:func:`mask_vector`).
+3. *Sum.* The server adds the ``y_u`` modulo ``2^64``; the masks of every pair that both
+   replied cancel (:func:`unmask_sum`) and :meth:`FixedPointCodec.decode` gives the floats.
+4. *Dropouts.* If nodes ``D`` of the round's cohort do not reply, the server sends the
+   survivors ``S`` and ``D`` to the survivors; each reveals ``{d: k_udr}`` for that round only
+   (:func:`reveal_round_seeds`), and :func:`unmask_sum` removes the leftover masks.
+
+Fixed point (:class:`FixedPointCodec`): ``enc(x) = rint(x * scale)`` (deterministic
+round-half-to-even, error <= ``0.5 / scale`` per coordinate and node) as int64, viewed as
+uint64. A sum of at most ``max_nodes`` vectors with ``|x_i| <= clip_range`` cannot wrap as
+long as ``max_nodes * clip_range * scale < 2^63``; :func:`fixed_point_scale` picks the largest
+power of two with ``max_nodes * clip_range * scale <= 2^52``, so the integer sum also stays
+below ``2^53`` and converts to float64 exactly (the ``2^10`` headroom below ``2^63`` absorbs
+the rounding). Decoding views the sum as int64 and divides by ``scale``; its error is at most
+``nodes * 0.5 / scale``.
+
+Threat model and limits
+-----------------------
+* **Semi-honest server.** The server follows the protocol but tries to learn individual
+  vectors from what it receives. It then learns only the sum of the survivors' vectors (and,
+  with ``t`` colluding nodes, the sum of the honest survivors' vectors: the honest nodes'
+  masks among themselves stay secret). A sum of one honest vector reveals it; hence the
+  ``min_survivors >= 2`` rules. The sum itself is not hidden: its privacy is the job of the
+  DP noise (outside this module).
+* **Weaker than SecAgg+ against a malicious server.** No double masking (self-masks plus
+  Shamir shares), no key authentication, no consistency round. A malicious server can
+  substitute public keys (man in the middle), send different survivor sets to different
+  nodes, or call a node that did reply "dropped" and obtain the seeds that unmask its
+  vector. The node-side checks of :func:`reveal_round_seeds` (survivors and dropped disjoint,
+  known peers, at least ``min_survivors`` survivors including the node itself) only stop a
+  server that errs, not one that lies.
+* **Late replies.** If node ``d``'s masked vector of round ``r`` arrives after the survivors
+  revealed their round-``r`` seeds with ``d``, only ``d``'s masks with the other dropped nodes
+  still hide it: if ``d`` was the only node dropped, the server could unmask ``x_d``.
+  Mitigation: the server discards replies that arrive after it sent the reveal request, and
+  a round's seeds are single use (the next round uses fresh seeds).
+* **No recovery.** A survivor that drops during the reveal makes the round unrecoverable
+  (SecAgg recovers through threshold secret sharing); the adapter abandons that round.
+* **One vector per round.** Two vectors masked with the same round's seeds leak their
+  difference: concatenate everything a node sends in a round into one vector.
+* **Cost.** Every pair of the cohort is masked (complete graph; SecAgg+ uses a sparse graph):
+  ``n - 1`` keystreams per node and round, fine for the tens to hundreds of nodes of a job.
+* The adapters keep the key pair (:meth:`MaskingKeyPair.private_bytes`) or the pair secrets
+  in node state, and refuse a second reveal for the same round.
+
+Everything is deterministic given the keys; only :meth:`MaskingKeyPair.generate` draws
+entropy (from the OS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from mechanisms._validation import check_int_at_least, check_positive_finite
+
+__all__ = [
+    "KEY_BYTES",
+    "MAX_MASKING_NODES",
+    "FixedPointCodec",
+    "MaskingKeyPair",
+    "check_masked_vector",
+    "decode_id_table",
+    "encode_id_table",
+    "expand_mask",
+    "fixed_point_scale",
+    "mask_vector",
+    "pair_secrets",
+    "reveal_round_seeds",
+    "round_seed",
+    "unmask_sum",
+]
+
+#: Length of X25519 public keys, pair secrets and round seeds (bytes).
+KEY_BYTES = 32
+#: Largest ``max_nodes`` a :class:`FixedPointCodec` accepts.
+MAX_MASKING_NODES = 2**32
+#: The integer sum stays within +-2^52 (< 2^53: exact in float64; < 2^63: no wrap-around).
+SUM_BITS = 52
+_UINT64_MAX = 2**64 - 1
+_PAIR_LABEL = b"fedparity/secure-sum/v1/pair"
+_ROUND_LABEL = b"fedparity/secure-sum/v1/round"
+
+
+def _check_uint64(name: str, value: int) -> int:
+    """An integer in [0, 2^64 - 1] (Flower node ids are uint64)."""
+    number = check_int_at_least(name, value, 0)
+    if number > _UINT64_MAX:
+        raise ValueError(f"{name} must be an integer in [0, 2^64 - 1], got {value!r}")
+    return number
+
+
+def _check_key_bytes(name: str, value: bytes) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)) or len(bytes(value)) != KEY_BYTES:
+        described = (
+            f"{len(bytes(value))} bytes"
+            if isinstance(value, (bytes, bytearray, memoryview))
+            else type(value).__name__
+        )
+        raise ValueError(f"{name} must be {KEY_BYTES} bytes, got {described}")
+    return bytes(value)
+
+
+def _check_ids(name: str, values: Collection[int]) -> frozenset[int]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Collection):
+        raise ValueError(f"{name} must be a collection of node ids, got {type(values).__name__}")
+    return frozenset(_check_uint64(f"{name} entry", v) for v in values)
+
+
+def _check_min_survivors(value: int) -> int:
+    return check_int_at_least("min_survivors", value, 2)
+
+
+def _check_pair_secrets(own_id: int, secrets: Mapping[int, bytes]) -> dict[int, bytes]:
+    if not isinstance(secrets, Mapping):
+        raise ValueError(f"pair_secrets must be a mapping, got {type(secrets).__name__}")
+    checked = {
+        _check_uint64("pair_secrets key", peer): _check_key_bytes(f"pair_secrets[{peer}]", secret)
+        for peer, secret in secrets.items()
+    }
+    if own_id in checked:
+        raise ValueError(f"pair_secrets must not contain own_id ({own_id})")
+    return checked
+
+
+def _format_ids(ids: Collection[int]) -> str:
+    return "[" + ", ".join(str(i) for i in sorted(ids)) + "]"
+
+
+@dataclass(frozen=True)
+class MaskingKeyPair:
+    """A node's X25519 key pair for one run (RFC 7748).
+
+    The private key never leaves the node; :meth:`private_bytes` is for the node's own
+    state between messages.
+    """
+
+    private_key: X25519PrivateKey = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> MaskingKeyPair:
+        """A fresh key pair from OS entropy."""
+        return cls(X25519PrivateKey.generate())
+
+    @classmethod
+    def from_private_bytes(cls, data: bytes) -> MaskingKeyPair:
+        """The key pair whose raw 32-byte private key is ``data``."""
+        return cls(X25519PrivateKey.from_private_bytes(_check_key_bytes("data", data)))
+
+    def private_bytes(self) -> bytes:
+        """The raw 32-byte private key (secret: node state only)."""
+        return self.private_key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+
+    def public_bytes(self) -> bytes:
+        """The raw 32-byte public key sent to the server."""
+        return self.private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+
+
+def pair_secrets(
+    own_id: int,
+    own_key: MaskingKeyPair,
+    peer_public_keys: Mapping[int, bytes],
+    run_salt: bytes,
+) -> dict[int, bytes]:
+    """``{peer_id: s}``: the 32-byte secret shared with every peer of the broadcast key list.
+
+    ``s = HKDF-SHA256(X25519(own, peer), salt=run_salt, info=label || min id || max id)``
+    (RFC 7748, RFC 5869), the same on both sides. ``peer_public_keys`` may contain ``own_id``
+    (the broadcast list), whose key must then be ``own_key``'s. ``run_salt`` (non-empty
+    bytes, e.g. the run id) separates runs. Raises ``ValueError`` for ids outside
+    ``[0, 2^64 - 1]``, keys that are not 32 bytes, a key listed twice, or a low-order key.
+    """
+    own_id = _check_uint64("own_id", own_id)
+    if not isinstance(own_key, MaskingKeyPair):
+        raise ValueError(f"own_key must be a MaskingKeyPair, got {type(own_key).__name__}")
+    if not isinstance(peer_public_keys, Mapping):
+        raise ValueError(
+            f"peer_public_keys must be a mapping {{node_id: 32-byte key}}, "
+            f"got {type(peer_public_keys).__name__}"
+        )
+    if not isinstance(run_salt, (bytes, bytearray)) or len(run_salt) == 0:
+        raise ValueError(f"run_salt must be non-empty bytes, got {run_salt!r}")
+    own_public = own_key.public_bytes()
+    keys = {
+        _check_uint64("peer_public_keys key", node): _check_key_bytes(
+            f"peer_public_keys[{node}]", key
+        )
+        for node, key in peer_public_keys.items()
+    }
+    if own_id in keys and keys[own_id] != own_public:
+        raise ValueError(f"peer_public_keys[{own_id}] (own_id) is not own_key's public key")
+    keys[own_id] = own_public
+    if len(set(keys.values())) != len(keys):
+        raise ValueError("peer_public_keys must hold distinct keys (a key is listed twice)")
+    secrets: dict[int, bytes] = {}
+    for peer, key in keys.items():
+        if peer == own_id:
+            continue
+        try:
+            shared = own_key.private_key.exchange(X25519PublicKey.from_public_bytes(key))
+        except ValueError:
+            raise ValueError(
+                f"peer_public_keys[{peer}] is not a usable X25519 key (low-order point)"
+            ) from None
+        low, high = sorted((own_id, peer))
+        info = _PAIR_LABEL + low.to_bytes(8, "big") + high.to_bytes(8, "big")
+        hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=bytes(run_salt), info=info)
+        secrets[peer] = hkdf.derive(shared)
+    return secrets
+
+
+def round_seed(pair_secret: bytes, round_number: int) -> bytes:
+    """``HMAC-SHA256(pair_secret, label || round)``: the pair's 32-byte mask seed of a round."""
+    secret = _check_key_bytes("pair_secret", pair_secret)
+    message = _ROUND_LABEL + _check_uint64("round_number", round_number).to_bytes(8, "big")
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def expand_mask(seed: bytes, length: int) -> np.ndarray:
+    """The mask: ``length`` uint64 read little-endian from the ChaCha20 keystream (RFC 8439)
+    with key ``seed`` and an all-zero 16-byte nonce/counter (each seed keys one stream)."""
+    key = _check_key_bytes("seed", seed)
+    length = check_int_at_least("length", length, 1)
+    encryptor = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    stream = encryptor.update(bytes(8 * length))
+    return np.frombuffer(stream, dtype="<u8").astype(np.uint64)
+
+
+def fixed_point_scale(clip_range: float, max_nodes: int) -> float:
+    """The largest power of two ``scale`` with ``max_nodes * clip_range * scale <= 2^52``.
+
+    Ring bound: a sum of ``max_nodes`` encodings does not wrap if
+    ``max_nodes * clip_range * scale < 2^63``; the stricter ``2^52`` keeps the sum exact in
+    float64 and leaves ``2^10`` of margin. The quantisation step is ``1 / scale``.
+    """
+    clip_range = check_positive_finite("clip_range", clip_range)
+    max_nodes = check_int_at_least("max_nodes", max_nodes, 2)
+    if max_nodes > MAX_MASKING_NODES:
+        raise ValueError(
+            f"max_nodes must be an integer in [2, {MAX_MASKING_NODES}], got {max_nodes!r}"
+        )
+    worst = Fraction(clip_range) * max_nodes
+    limit = Fraction(2**SUM_BITS)
+    exponent = SUM_BITS - math.ceil(math.log2(max_nodes)) - math.frexp(clip_range)[1]
+    while worst * Fraction(2) ** exponent > limit:  # log2 guesses may be off by one
+        exponent -= 1
+    while worst * Fraction(2) ** (exponent + 1) <= limit:
+        exponent += 1
+    if exponent > 1022:
+        raise ValueError(
+            f"clip_range must be >= about 2^-970 / max_nodes (scale 2^{exponent} is not a "
+            f"finite float), got {clip_range!r}"
+        )
+    return math.ldexp(1.0, exponent)
+
+
+@dataclass(frozen=True)
+class FixedPointCodec:
+    """Fixed-point encoding of clipped float vectors into uint64 (mod 2^64).
+
+    ``encode(x) = rint(x * scale)`` (deterministic, round half to even) viewed as uint64;
+    ``decode`` views a sum as int64 and divides by ``scale``. A sum of ``n <= max_nodes``
+    encodings decodes to the float sum within :meth:`error_bound` ``(n) = n * 0.5 * step``.
+
+    Attributes
+    ----------
+    clip_range : float
+        Every coordinate satisfies ``|x_i| <= clip_range`` (the caller clips).
+    max_nodes : int
+        Most vectors in one sum, in ``[2, 2^32]``.
+    scale : float
+        :func:`fixed_point_scale` ``(clip_range, max_nodes)``, a power of two.
+    """
+
+    clip_range: float
+    max_nodes: int
+    scale: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        scale = fixed_point_scale(self.clip_range, self.max_nodes)
+        object.__setattr__(self, "clip_range", float(self.clip_range))
+        object.__setattr__(self, "max_nodes", int(self.max_nodes))
+        object.__setattr__(self, "scale", scale)
+
+    @property
+    def step(self) -> float:
+        """The quantisation step ``1 / scale``."""
+        return 1.0 / self.scale
+
+    @property
+    def sum_limit(self) -> int:
+        """``max_nodes * rint(clip_range * scale)``: the largest ``|sum|`` of encodings."""
+        return self.max_nodes * int(np.rint(self.clip_range * self.scale))
+
+    def error_bound(self, num_nodes: int) -> float:
+        """``num_nodes * 0.5 * step``: the largest ``|decode(sum) - float sum|``."""
+        num_nodes = check_int_at_least("num_nodes", num_nodes, 1)
+        return num_nodes * 0.5 * self.step
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """A 1-D float vector with ``|x_i| <= clip_range`` as a uint64 vector."""
+        array = np.asarray(values, dtype=np.float64)
+        if array.ndim != 1 or array.size == 0:
+            raise ValueError(f"values must be a non-empty 1-D array, got shape {array.shape}")
+        if not np.all(np.isfinite(array)):
+            raise ValueError("values must be finite (found NaN or infinity)")
+        beyond = np.flatnonzero(np.abs(array) > self.clip_range)
+        if beyond.size:
+            raise ValueError(
+                f"values must be in [-clip_range, clip_range] = [{-self.clip_range!r}, "
+                f"{self.clip_range!r}] (clip first); found {float(array[beyond[0]])!r}"
+            )
+        return np.rint(array * self.scale).astype(np.int64).view(np.uint64)
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """The float vector of an unmasked sum of at most ``max_nodes`` encodings.
+
+        Raises ``ValueError`` if a coordinate exceeds :attr:`sum_limit` in magnitude: the
+        input is then not such a sum (masks left in, or too many nodes).
+        """
+        array = check_masked_vector(total, name="total")
+        signed = array.view(np.int64)
+        limit = self.sum_limit
+        bad = np.flatnonzero((signed > limit) | (signed < -limit))
+        if bad.size:
+            raise ValueError(
+                f"total is not a sum of at most max_nodes={self.max_nodes} encoded vectors: "
+                f"|coordinate {bad[0]}| > {limit} (masks left in, or too many nodes)"
+            )
+        return signed.astype(np.float64) / self.scale
+
+
+def check_masked_vector(
+    vector: np.ndarray, length: int | None = None, name: str = "vector"
+) -> np.ndarray:
+    """A 1-D uint64 array (of ``length`` entries if given), as a native-order copy.
+
+    Masked vectors travel as Flower ``Array``s of dtype uint64; this validates a received one.
+    """
+    if not isinstance(vector, np.ndarray) or vector.dtype.kind != "u" or vector.itemsize != 8:
+        described = (
+            f"{vector.dtype} array" if isinstance(vector, np.ndarray) else type(vector).__name__
+        )
+        raise ValueError(f"{name} must be a uint64 numpy array, got {described}")
+    if vector.ndim != 1 or vector.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {vector.shape}")
+    if length is not None and vector.size != length:
+        raise ValueError(f"{name} must have length {length}, got {vector.size}")
+    return np.ascontiguousarray(vector, dtype=np.uint64).copy()
+
+
+def mask_vector(
+    encoded: np.ndarray,
+    own_id: int,
+    pair_secrets: Mapping[int, bytes],
+    round_number: int,
+    *,
+    cohort: Collection[int] | None = None,
+) -> np.ndarray:
+    """``enc + sum_{v > u} m_uvr - sum_{v < u} m_uvr (mod 2^64)`` over the round's peers.
+
+    ``cohort`` (the round's participants, containing ``own_id``) restricts the peers; by
+    default every node of ``pair_secrets``. Refuses (``ValueError``) to send a vector with no
+    peer to mask it, or with a cohort member it holds no pair secret for.
+    """
+    own_id = _check_uint64("own_id", own_id)
+    vector = check_masked_vector(encoded, name="encoded")
+    secrets = _check_pair_secrets(own_id, pair_secrets)
+    round_number = _check_uint64("round_number", round_number)
+    if cohort is None:
+        peers = frozenset(secrets)
+    else:
+        members = _check_ids("cohort", cohort)
+        if own_id not in members:
+            raise ValueError(f"cohort must contain own_id ({own_id})")
+        peers = members - {own_id}
+        unknown = peers - secrets.keys()
+        if unknown:
+            raise ValueError(f"cohort holds nodes without a pair secret: {_format_ids(unknown)}")
+    if not peers:
+        raise ValueError("the round has no peer to mask with (need at least 2 nodes)")
+    for peer in sorted(peers):
+        mask = expand_mask(round_seed(secrets[peer], round_number), vector.size)
+        if peer > own_id:
+            vector += mask
+        else:
+            vector -= mask
+    return vector
+
+
+def reveal_round_seeds(
+    own_id: int,
+    pair_secrets: Mapping[int, bytes],
+    round_number: int,
+    dropped: Collection[int],
+    survivors: Collection[int],
+    *,
+    min_survivors: int = 2,
+) -> dict[int, bytes]:
+    """``{d: k_udr}``: this round's seeds with the dropped nodes, for :func:`unmask_sum`.
+
+    Refuses (``ValueError``) unless ``own_id`` is a survivor, ``dropped`` and ``survivors``
+    are disjoint sets of known peers, and there are at least ``min_survivors`` (>= 2)
+    survivors: revealing all of a lone survivor's seeds would unmask its vector. These
+    checks stop an erring server, not a lying one (see the module's threat model).
+    """
+    own_id = _check_uint64("own_id", own_id)
+    secrets = _check_pair_secrets(own_id, pair_secrets)
+    round_number = _check_uint64("round_number", round_number)
+    dropped_ids = _check_ids("dropped", dropped)
+    survivor_ids = _check_ids("survivors", survivors)
+    min_survivors = _check_min_survivors(min_survivors)
+    if own_id not in survivor_ids:
+        raise ValueError(f"survivors must contain own_id ({own_id}): reveal only as a survivor")
+    overlap = dropped_ids & survivor_ids
+    if overlap:
+        raise ValueError(
+            f"dropped and survivors must be disjoint; refusing to reveal seeds with "
+            f"surviving nodes {_format_ids(overlap)}"
+        )
+    unknown = (dropped_ids | survivor_ids) - secrets.keys() - {own_id}
+    if unknown:
+        raise ValueError(f"dropped/survivors hold unknown nodes: {_format_ids(unknown)}")
+    if len(survivor_ids) < min_survivors:
+        raise ValueError(
+            f"survivors must hold at least min_survivors={min_survivors} nodes, got "
+            f"{len(survivor_ids)}: refusing to reveal (it would expose a single vector)"
+        )
+    return {peer: round_seed(secrets[peer], round_number) for peer in sorted(dropped_ids)}
+
+
+def unmask_sum(
+    masked_vectors: Mapping[int, np.ndarray],
+    revealed: Mapping[tuple[int, int], bytes],
+    round_number: int,
+    length: int,
+    *,
+    participants: Collection[int],
+    min_survivors: int = 2,
+) -> np.ndarray:
+    """Server side: the uint64 sum of the survivors' encodings (decode with the codec).
+
+    Adds ``masked_vectors`` (``{survivor: y}``) modulo ``2^64`` and removes the leftover
+    masks of every (survivor, dropped) pair with the sign convention of :func:`mask_vector`.
+    ``participants`` is the round's cohort; the dropped nodes are the participants without
+    a masked vector. ``revealed`` must hold ``{(survivor, dropped): seed}`` for exactly those
+    pairs (the reveals of round ``round_number``). Raises ``ValueError`` otherwise, or with
+    fewer than ``min_survivors`` vectors.
+    """
+    if not isinstance(masked_vectors, Mapping):
+        raise ValueError(
+            f"masked_vectors must be a mapping {{node_id: uint64 vector}}, "
+            f"got {type(masked_vectors).__name__}"
+        )
+    if not isinstance(revealed, Mapping):
+        raise ValueError(
+            f"revealed must be a mapping {{(survivor, dropped): seed}}, "
+            f"got {type(revealed).__name__}"
+        )
+    round_number = _check_uint64("round_number", round_number)
+    length = check_int_at_least("length", length, 1)
+    members = _check_ids("participants", participants)
+    min_survivors = _check_min_survivors(min_survivors)
+    vectors = {
+        _check_uint64("masked_vectors key", node): check_masked_vector(
+            vector, length, name=f"masked_vectors[{node}]"
+        )
+        for node, vector in masked_vectors.items()
+    }
+    survivors = frozenset(vectors)
+    outsiders = survivors - members
+    if outsiders:
+        raise ValueError(f"masked_vectors from non-participants: {_format_ids(outsiders)}")
+    if len(survivors) < min_survivors:
+        raise ValueError(
+            f"masked_vectors must hold at least min_survivors={min_survivors} vectors, got "
+            f"{len(survivors)}"
+        )
+    dropped = members - survivors
+    needed = {(s, d) for s in survivors for d in dropped}
+    given: dict[tuple[int, int], bytes] = {}
+    for pair, seed in revealed.items():
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ValueError(f"revealed keys must be (survivor, dropped) pairs, got {pair!r}")
+        key = (_check_uint64("survivor id", pair[0]), _check_uint64("dropped id", pair[1]))
+        given[key] = _check_key_bytes(f"revealed[{key}]", seed)
+    missing, extra = needed - given.keys(), given.keys() - needed
+    if missing:
+        raise ValueError(f"revealed lacks the seeds of (survivor, dropped) {sorted(missing)}")
+    if extra:
+        raise ValueError(f"revealed holds pairs that are not (survivor, dropped): {sorted(extra)}")
+    total = np.zeros(length, dtype=np.uint64)
+    for node in sorted(vectors):
+        total += vectors[node]
+    for (survivor, gone), seed in sorted(given.items()):
+        mask = expand_mask(seed, length)
+        if gone > survivor:  # the survivor added this mask
+            total -= mask
+        else:
+            total += mask
+    return total
+
+
+def encode_id_table(table: Mapping[int, bytes]) -> np.ndarray:
+    """``{node_id: 32 bytes}`` (public keys, revealed seeds) as a ``(k, 5)`` uint64 array:
+    column 0 the id, columns 1-4 the bytes read little-endian (a Flower ``Array``)."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"table must be a mapping {{node_id: bytes}}, got {type(table).__name__}")
+    rows = np.zeros((len(table), 1 + KEY_BYTES // 8), dtype=np.uint64)
+    for row, node in enumerate(sorted(table)):
+        rows[row, 0] = _check_uint64("table key", node)
+        data = _check_key_bytes(f"table[{node}]", table[node])
+        rows[row, 1:] = np.frombuffer(data, dtype="<u8")
+    return rows
+
+
+def decode_id_table(array: np.ndarray) -> dict[int, bytes]:
+    """The mapping held by an array made by :func:`encode_id_table` (ids must be distinct)."""
+    width = 1 + KEY_BYTES // 8
+    if not isinstance(array, np.ndarray) or array.dtype.kind != "u" or array.itemsize != 8:
+        raise ValueError("array must be a uint64 numpy array made by encode_id_table")
+    if array.ndim != 2 or array.shape[1] != width:
+        raise ValueError(f"array must have shape (k, {width}), got {array.shape}")
+    table = {
+        int(row[0]): np.asarray(row[1:], dtype="<u8").tobytes() for row in array.astype(np.uint64)
+    }
+    if len(table) != array.shape[0]:
+        raise ValueError("array must hold distinct node ids")
+    return table
