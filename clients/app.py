@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
@@ -49,11 +50,26 @@ from clients.fedevalfair import (
     round1_vector,
     round2_vector,
 )
+from clients.fpfl_node import (
+    minimum_survivors,
+    node_contribution,
+    node_noise_multiplier,
+    node_shard,
+    round_rng,
+)
 from clients.task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 from mechanisms import ShardLedger, build_mechanism, metric_to_value
 from mechanisms.accounting import BUDGET_TOLERANCE
 from server.config import RunConfig
+from strategies.fpfl import FPFL_KEY
 from strategies.ldp_audit import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
+from strategies.secure_sum import (
+    FixedPointCodec,
+    MaskingKeyPair,
+    mask_vector,
+    pair_secrets,
+    reveal_round_seeds,
+)
 
 LEDGER_STATE_KEY = "ldp-ledger"
 
@@ -121,16 +137,27 @@ def _model_for(shard: UserShard, arrays: ArrayRecord | None, seed: int):  # noqa
 
 def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     """Reply with the shard's shape (no private content: sizes and feature count)."""
-    shard = load_shard(context, config, "train")
     partition_id, num_partitions = _partition(context)
-    metrics = MetricRecord(
-        {
-            "partition-id": partition_id,
-            "num-partitions": num_partitions,
+    if config.task == "fpfl":
+        users = node_shard(config, partition_id, num_partitions)
+        sample_shape = [int(size) for size in users.features.shape[1:]]
+        values = {
+            "num-features": int(np.prod(sample_shape)),
+            "num-users": users.num_users,
+            "num-train-samples": users.num_samples,
+            "sample-shape": sample_shape,
+            "num-classes": users.num_classes,
+            "num-groups": users.num_groups,
+        }
+    else:
+        shard = load_shard(context, config, "train")
+        values = {
             "num-features": shard.num_features,
             "num-users": shard.num_users,
             "num-train-samples": shard.num_samples,
         }
+    metrics = MetricRecord(
+        {"partition-id": partition_id, "num-partitions": num_partitions, **values}
     )
     return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=msg)
 
@@ -310,6 +337,99 @@ def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
     return Message(content=RecordDict({FEF_KEY: reply}), reply_to=msg)
 
 
+# --- FPFL (task = "fpfl"): one masked sum per round (paper 004, Algorithm 1) ---------------
+
+FPFL_STATE_KEY = "fpfl-masking"
+
+
+def _masking_secrets(msg_config: Any, context: Context) -> dict[int, bytes]:
+    """This node's pair secrets with the round's peers (its key pair is in its state)."""
+    state = context.state.config_records.get(FPFL_STATE_KEY)
+    if state is None or bytes(state["run-salt"]) != bytes(msg_config["run-salt"]):  # type: ignore[arg-type]
+        raise ValueError("fpfl: no masking key for this run (the setup message was not received)")
+    own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
+    peers = dict(
+        zip(
+            (int(node) for node in msg_config["peer-ids"]),  # type: ignore[union-attr]
+            (bytes(key) for key in msg_config["peer-keys"]),  # type: ignore[union-attr]
+            strict=True,
+        )
+    )
+    return pair_secrets(int(context.node_id), own, peers, bytes(msg_config["run-salt"]))  # type: ignore[arg-type]
+
+
+def fpfl_setup(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Generate this run's masking key pair (kept in the node state); reply with the public
+    key only."""
+    salt = bytes(msg.content.config_records[FPFL_KEY]["run-salt"])  # type: ignore[arg-type]
+    keys = MaskingKeyPair.generate()
+    context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
+        {"run-salt": salt, "private-key": keys.private_bytes()}
+    )
+    return Message(
+        content=RecordDict({FPFL_KEY: ConfigRecord({"public-key": keys.public_bytes()})}),
+        reply_to=msg,
+    )
+
+
+def fpfl_round(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
+    reply with the sum masked (or in the clear with ``fpfl-secure-sum = "none"``)."""
+    partition_id, num_partitions = _partition(context)
+    settings = msg.content.config_records["config"]
+    weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
+    round_number = int(settings["round"])  # type: ignore[arg-type]
+    population_size = int(settings["population-size"])  # type: ignore[arg-type]
+    num_nodes = int(settings["num-nodes"])  # type: ignore[arg-type]
+    shard = node_shard(config, partition_id, num_partitions)
+    sigma = node_noise_multiplier(config, population_size)
+    share = 0.0
+    if sigma and config.fpfl_noise == "distributed":
+        survivors = minimum_survivors(num_nodes, config.fpfl_dropout_tolerance)
+        share = config.fpfl_clipping_bound * sigma / math.sqrt(survivors)
+    rng = round_rng(config.fpfl_client_seed, partition_id, round_number)
+    total = node_contribution(
+        config,
+        shard,
+        weights,
+        sample_rate=min(1.0, config.fpfl_cohort_size / population_size),
+        noise_share_std=share,
+        rng=rng,
+    )
+    if config.fpfl_secure_sum == "none":
+        record = ArrayRecord({"sum": Array(total)})
+    else:
+        limit = float(settings["codec-range"])  # type: ignore[arg-type]
+        codec = FixedPointCodec(clip_range=limit, max_nodes=max(2, num_nodes))
+        encoded = codec.encode(np.clip(total, -limit, limit))
+        secrets = _masking_secrets(settings, context)
+        masked = mask_vector(encoded, int(context.node_id), secrets, round_number)
+        record = ArrayRecord({"masked": Array(masked)})
+    return Message(content=RecordDict({FPFL_KEY: record}), reply_to=msg)
+
+
+def fpfl_reveal(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Reveal this round's mask seeds with the dropped nodes, only if enough nodes survive
+    for the noise shares to add up to the run's noise (refuse otherwise)."""
+    settings = msg.content.config_records[FPFL_KEY]
+    round_number = int(settings["round"])  # type: ignore[arg-type]
+    survivors = [int(node) for node in settings["survivors"]]  # type: ignore[union-attr]
+    dropped = [int(node) for node in settings["dropped"]]  # type: ignore[union-attr]
+    members = len(survivors) + len(dropped)
+    needed = max(2, minimum_survivors(members, config.fpfl_dropout_tolerance))
+    secrets = _masking_secrets(settings, context)
+    state = context.state.config_records[FPFL_STATE_KEY]
+    revealed_rounds = [int(r) for r in state.get("revealed-rounds", [])]  # type: ignore[union-attr]
+    if round_number in revealed_rounds:
+        raise ValueError(f"fpfl: already revealed seeds for round {round_number}; refusing again")
+    seeds = reveal_round_seeds(
+        int(context.node_id), secrets, round_number, dropped, survivors, min_survivors=needed
+    )
+    state["revealed-rounds"] = [*revealed_rounds, round_number]
+    reply = ConfigRecord({"dropped": list(seeds), "seeds": list(seeds.values())})
+    return Message(content=RecordDict({FPFL_KEY: reply}), reply_to=msg)
+
+
 # --- the ClientApp --------------------------------------------------------------------------
 
 #: Message type -> handler(msg, context, config); the one table the ClientApp is built from.
@@ -320,6 +440,9 @@ HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
     "query.fef_round1": fef_round1,
     "query.fef_round2": fef_round2,
     "query.fef_round3": fef_round3,
+    "query.fpfl_setup": fpfl_setup,
+    "query.fpfl_round": fpfl_round,
+    "query.fpfl_reveal": fpfl_reveal,
 }
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import ndimage
 
-from clients.data import AdultData, adult_features
+from clients.data import AdultData, adult_features, load_adult
 
 __all__ = [
     "ADULT_MEAN_SAMPLES_PER_USER",
@@ -40,6 +40,7 @@ __all__ = [
     "adult_fpfl_users",
     "check_groups_present",
     "digits_leaf",
+    "fpfl_population",
     "load_leaf",
     "synthetic_fpfl_users",
     "unfair_images",
@@ -605,3 +606,65 @@ def digits_leaf(
         )
 
     return build(train_rows), build(test_rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The federated populations of the Flower job (task = "fpfl")
+# --------------------------------------------------------------------------------------------
+
+#: Pseudo-writers of the unfair-digits population (the whole bundled set, about 30 images each).
+DIGITS_WRITERS = 60
+
+
+def fpfl_population(
+    dataset: str,
+    *,
+    num_partitions: int,
+    seed: int,
+    users_per_node: int = 1000,
+    num_groups: int = 2,
+    data_dir: str | os.PathLike[str] = "",
+    download: bool = False,
+) -> tuple[FPFLShard, FPFLShard]:
+    """The (training users, held-out test set) of an FPFL run, deterministic from ``seed``.
+
+    * ``"adult"``: :func:`adult_fpfl_users` on ``adult.data`` (about 14,090 users) and the
+      ``adult.test`` rows; ``data_dir`` is the folder with the UCI files.
+    * ``"synthetic"`` (embedded, no download): :func:`synthetic_fpfl_users` with
+      ``users_per_node * num_partitions`` training users and a quarter as many (at least
+      1,000) held-out users drawn from the same distribution.
+    * ``"digits"``: unfair digits (:func:`digits_leaf` + :func:`unfair_shard`, 3 groups,
+      10 classes; stand-in for unfair FEMNIST).
+
+    A node takes ``train.partition(partition_id, num_partitions)``; only the simulation
+    harness on the server looks at ``test``.
+    """
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
+        raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+    if dataset == "adult":
+        adult = load_adult(data_dir, download=download)
+        train = adult_fpfl_users(adult, split="train", seed=seed)
+        test = adult_fpfl_users(adult, split="test", seed=seed)
+    elif dataset == "synthetic":
+        if isinstance(users_per_node, bool) or not isinstance(users_per_node, (int, np.integer)):
+            raise ValueError(f"users_per_node must be an integer >= 1, got {users_per_node!r}")
+        if users_per_node < 1:
+            raise ValueError(f"users_per_node must be an integer >= 1, got {users_per_node!r}")
+        num_train = int(users_per_node) * int(num_partitions)
+        num_test = max(num_train // 4, 1000)
+        everyone = synthetic_fpfl_users(num_train + num_test, seed=seed, num_groups=num_groups)
+        train = everyone.select_users(np.arange(num_train))
+        test = everyone.select_users(np.arange(num_train, num_train + num_test))
+    elif dataset == "digits":
+        leaf_train, leaf_test = digits_leaf(seed=seed, num_writers=DIGITS_WRITERS)
+        train = unfair_shard(leaf_train, seed=seed)
+        test = unfair_shard(leaf_test, seed=seed + 1)
+    else:
+        raise ValueError(f"dataset must be one of 'synthetic', 'adult', 'digits'; got {dataset!r}")
+    if num_partitions > train.num_users:
+        raise ValueError(
+            f"num_partitions ({num_partitions}) must be <= the number of users ({train.num_users})"
+        )
+    return train, test

@@ -57,6 +57,7 @@ __all__ = [
     "build_cnn",
     "build_fpfl_model",
     "build_mlp",
+    "build_model_for",
     "clip_statistics",
     "constraint_mask",
     "get_flat_parameters",
@@ -169,6 +170,33 @@ def build_cnn(
     ]
     _init_uniform(layers, seed)
     return nn.Sequential(*layers)
+
+
+def build_model_for(
+    architecture: str, feature_shape: Sequence[int], *, num_classes: int, seed: int = 0
+) -> nn.Sequential:
+    """The network ``architecture`` (``"shallow"``, ``"deep"`` or ``"cnn"``) for samples of
+    shape ``feature_shape`` (``(features,)`` or ``(channels, side, side)``)."""
+    shape = tuple(int(size) for size in feature_shape)
+    if architecture == "cnn":
+        if len(shape) != 3 or shape[1] != shape[2]:
+            raise ValueError(
+                f"architecture 'cnn' needs samples of shape (channels, side, side), got {shape}"
+            )
+        return build_cnn(
+            in_channels=shape[0], image_size=shape[1], num_classes=num_classes, seed=seed
+        )
+    if len(shape) != 1:
+        raise ValueError(
+            f"architecture {architecture!r} needs feature vectors (features,), got {shape}; "
+            "use architecture 'cnn' for images"
+        )
+    return build_fpfl_model(
+        architecture,  # type: ignore[arg-type]
+        shape[0],
+        num_classes=num_classes,
+        seed=seed,
+    )
 
 
 def output_activation(model: nn.Module) -> Activation:

@@ -16,9 +16,10 @@ from flwr.serverapp import Grid, ServerApp
 
 from server.config import RunConfig
 from server.fedevalfair_job import run_fedevalfair
+from server.fpfl_job import run_fpfl
 from server.ldp_job import run_ldp_audit
 
-JOBS = {"ldp-audit": run_ldp_audit, "fedevalfair": run_fedevalfair}
+JOBS = {"ldp-audit": run_ldp_audit, "fedevalfair": run_fedevalfair, "fpfl": run_fpfl}
 
 
 def run_job(grid: Grid, run_config: Mapping[str, Any]) -> None:

@@ -37,8 +37,7 @@ from clients.fpfl_data import FPFLShard, check_groups_present, digits_leaf, unfa
 from clients.fpfl_task import (
     ARCHITECTURES,
     CONSTRAINTS,
-    build_cnn,
-    build_fpfl_model,
+    build_model_for,
     constraint_mask,
     get_flat_parameters,
     pooled_statistics,
@@ -262,26 +261,9 @@ def train_central(
 
 
 def _build_model(config: CentralConfig, train: FPFLShard) -> torch.nn.Sequential:
-    shape = train.features.shape
-    if config.architecture == "cnn":
-        if len(shape) != 4 or shape[2] != shape[3]:
-            raise ValueError(
-                f"architecture 'cnn' needs features of shape (n, channels, side, side), got {shape}"
-            )
-        return build_cnn(
-            in_channels=shape[1],
-            image_size=shape[2],
-            num_classes=train.num_classes,
-            seed=config.seed,
-        )
-    if len(shape) != 2:
-        raise ValueError(
-            f"architecture {config.architecture!r} needs feature vectors (n, features), got "
-            f"{shape}; use architecture 'cnn' for images"
-        )
-    return build_fpfl_model(
-        config.architecture,  # type: ignore[arg-type]
-        shape[1],
+    return build_model_for(
+        config.architecture,
+        train.features.shape[1:],
         num_classes=train.num_classes,
         seed=config.seed,
     )

@@ -19,7 +19,23 @@ from clients.data import DATASETS
 from clients.task import METRIC_NAMES
 from mechanisms.accounting import BUDGET_TOLERANCE
 
-TASKS = ("ldp-audit", "fedevalfair")
+TASKS = ("ldp-audit", "fedevalfair", "fpfl")
+#: The six algorithms of paper 004, Table 2: (MMDM?, clip?, noise?).
+FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
+    "fl": (False, False, False),
+    "fl-clip": (False, True, False),
+    "pfl": (False, True, True),
+    "ffl": (True, False, False),
+    "ffl-clip": (True, True, False),
+    "fpfl": (True, True, True),
+}
+FPFL_ARCHITECTURES = ("shallow", "deep", "cnn")
+#: Data sets of the FPFL job only (unfair digits: 3 writer groups, 10 classes, images).
+FPFL_ONLY_DATASETS = ("digits",)
+FPFL_CONSTRAINTS = ("fnr", "accuracy")
+FPFL_ACCOUNTANTS = ("rdp", "prv")
+FPFL_NOISE = ("distributed", "central")
+FPFL_SECURE_SUM = ("masking", "none")
 FEF_SPLITS = ("doctorate", "dirichlet")
 FEF_VARIANTS = ("trained", "fair")
 FEF_MODES = ("calibrated", "paper")
@@ -80,6 +96,92 @@ def _as_epsilons(key: str, value: Any) -> tuple[float, ...]:
     return epsilons
 
 
+def _as_optional(key: str, value: Any, parse: Any) -> Any:
+    """``parse(key, value)``, or None for "" (the key's documented "not set")."""
+    if value == "" or value is None:
+        return None
+    return parse(key, value)
+
+
+def _fpfl_values(get: Mapping[str, Any], default: RunConfig) -> dict[str, Any]:
+    """The ``fpfl-*`` keys (task = "fpfl"; paper 004, SPEC 3)."""
+
+    def positive(key: str) -> float:
+        name = key.replace("-", "_")
+        return _as_float(key, get.get(name, getattr(default, name)), low=0.0, high=math.inf)
+
+    def nonnegative(key: str) -> float:
+        name = key.replace("-", "_")
+        value = get.get(name, getattr(default, name))
+        return _as_float(key, value, low=0.0, high=math.inf, open_low=False)
+
+    def choice(key: str, allowed: tuple[str, ...]) -> str:
+        name = key.replace("-", "_")
+        return _as_choice(key, get.get(name, getattr(default, name)), allowed)
+
+    def integer(key: str, minimum: int) -> int:
+        name = key.replace("-", "_")
+        return _as_int(key, get.get(name, getattr(default, name)), minimum)
+
+    return {
+        "fpfl_algorithm": choice("fpfl-algorithm", tuple(FPFL_ALGORITHMS)),
+        "fpfl_architecture": choice("fpfl-architecture", FPFL_ARCHITECTURES),
+        "fpfl_constraint": choice("fpfl-constraint", FPFL_CONSTRAINTS),
+        "fpfl_alpha": nonnegative("fpfl-alpha"),
+        "fpfl_learning_rate": positive("fpfl-learning-rate"),
+        "fpfl_multiplier_learning_rate": positive("fpfl-multiplier-learning-rate"),
+        "fpfl_damping": nonnegative("fpfl-damping"),
+        "fpfl_cohort_size": integer("fpfl-cohort-size", 1),
+        "fpfl_rounds": integer("fpfl-rounds", 1),
+        "fpfl_clipping_bound": positive("fpfl-clipping-bound"),
+        "fpfl_epsilon": positive("fpfl-epsilon"),
+        "fpfl_delta": _as_optional(
+            "fpfl-delta",
+            get.get("fpfl_delta", ""),
+            lambda key, value: _as_float(key, value, low=0.0, high=1.0),
+        ),
+        "fpfl_accountant": choice("fpfl-accountant", FPFL_ACCOUNTANTS),
+        "fpfl_noise": choice("fpfl-noise", FPFL_NOISE),
+        "fpfl_dropout_tolerance": _as_float(
+            "fpfl-dropout-tolerance",
+            get.get("fpfl_dropout_tolerance", default.fpfl_dropout_tolerance),
+            low=0.0,
+            high=1.0,
+            open_low=False,
+        ),
+        "fpfl_secure_sum": choice("fpfl-secure-sum", FPFL_SECURE_SUM),
+        "fpfl_client_seed": _as_optional(
+            "fpfl-client-seed",
+            get.get("fpfl_client_seed", ""),
+            lambda key, value: _as_int(key, value, 0),
+        ),
+        "fpfl_resume": _as_bool("fpfl-resume", get.get("fpfl_resume", default.fpfl_resume)),
+        "fpfl_stop_after": integer("fpfl-stop-after", 0),
+        "fpfl_checkpoint_every": integer("fpfl-checkpoint-every", 1),
+    }
+
+
+def _check_fpfl(config: RunConfig) -> None:
+    """Cross-key rules of the FPFL job (and of its only data set, digits)."""
+    if config.dataset in FPFL_ONLY_DATASETS and config.task != "fpfl":
+        raise ConfigError(f'dataset = "{config.dataset}" is for task = "fpfl" only')
+    if config.task != "fpfl":
+        return
+    images = config.dataset == "digits"
+    if images != (config.fpfl_architecture == "cnn"):
+        raise ConfigError(
+            'fpfl-architecture must be "cnn" for dataset = "digits" (images) and "shallow" or '
+            f'"deep" otherwise; got {config.fpfl_architecture!r} for {config.dataset!r}'
+        )
+    if images and config.num_groups != 3:
+        raise ConfigError('num-groups must be 3 for dataset = "digits" (writer groups)')
+    if images and config.fpfl_constraint == "fnr":
+        raise ConfigError(
+            'fpfl-constraint = "fnr" needs binary labels; dataset = "digits" has 10 classes: '
+            'use "accuracy"'
+        )
+
+
 def _as_optional_tolerance(key: str, value: Any) -> float | None:
     """An equivalence tolerance >= 0, or "" for none."""
     if value == "" or value is None:
@@ -122,6 +224,41 @@ class RunConfig:
     fef_public_context: str = ""
     fef_key_holders: int = 2
     fef_min_cell: int = 5
+    fpfl_algorithm: str = "fpfl"
+    fpfl_architecture: str = "shallow"
+    fpfl_constraint: str = "fnr"
+    fpfl_alpha: float = 0.02
+    fpfl_learning_rate: float = 0.1
+    fpfl_multiplier_learning_rate: float = 0.01
+    fpfl_damping: float = 2.0
+    fpfl_cohort_size: int = 1000
+    fpfl_rounds: int = 250
+    fpfl_clipping_bound: float = 2.0
+    fpfl_epsilon: float = 2.0
+    fpfl_delta: float | None = None
+    fpfl_accountant: str = "rdp"
+    fpfl_noise: str = "distributed"
+    fpfl_dropout_tolerance: float = 0.2
+    fpfl_secure_sum: str = "masking"
+    fpfl_client_seed: int | None = None
+    fpfl_resume: bool = False
+    fpfl_stop_after: int = 0
+    fpfl_checkpoint_every: int = 10
+
+    @property
+    def fpfl_uses_mmdm(self) -> bool:
+        """MMDM (FFL, FFL + Clip, FPFL) rather than plain FederatedSGD."""
+        return FPFL_ALGORITHMS[self.fpfl_algorithm][0]
+
+    @property
+    def fpfl_clips(self) -> bool:
+        """Per-user vectors clipped to ``fpfl-clipping-bound``."""
+        return FPFL_ALGORITHMS[self.fpfl_algorithm][1]
+
+    @property
+    def fpfl_private(self) -> bool:
+        """Gaussian noise on the cohort sum (PFL, FPFL): user-level (epsilon, delta)-DP."""
+        return FPFL_ALGORITHMS[self.fpfl_algorithm][2]
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -141,7 +278,9 @@ class RunConfig:
         default = cls()
         values: dict[str, Any] = {
             "task": _as_choice("task", get.get("task", default.task), TASKS),
-            "dataset": _as_choice("dataset", get.get("dataset", default.dataset), DATASETS),
+            "dataset": _as_choice(
+                "dataset", get.get("dataset", default.dataset), DATASETS + FPFL_ONLY_DATASETS
+            ),
             "data_dir": str(get.get("data_dir", default.data_dir)),
             "download": _as_bool("download", get.get("download", default.download)),
             "users_per_node": _as_int(
@@ -229,9 +368,11 @@ class RunConfig:
                 ),
             }
         )
+        values.update(_fpfl_values(get, default))
         config = cls(**values)
         if config.dataset == "adult" and config.num_groups != 2:
             raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')
+        _check_fpfl(config)
         total = sum(config.epsilons)
         if total > config.user_budget + BUDGET_TOLERANCE:
             raise ConfigError(

@@ -26,11 +26,10 @@ from clients.fedevalfair import BLOCKS
 from server.config import RunConfig
 from server.harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
 from server.orchestration import (
-    describe_nodes,
+    connect_nodes,
     resolve_output_dir,
     train_global_model,
     training_report,
-    wait_for_nodes,
 )
 from server.report import write_json
 from strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
@@ -134,8 +133,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
         key_holders=config.fef_key_holders,
         timeout=config.reply_timeout,
     )
-    node_ids = wait_for_nodes(grid, max(config.min_nodes, 2), config.node_wait_timeout)
-    nodes = describe_nodes(grid, node_ids, config.reply_timeout)
+    node_ids, nodes = connect_nodes(grid, config, minimum=2)
     log(
         logging.INFO,
         "fedparity FedEvalFair: %d holder(s), %d test/train rows described, dataset %s",

@@ -20,11 +20,10 @@ from mechanisms import mechanism_for_budget
 from server.config import RunConfig
 from server.harness import GroundTruth, ground_truth
 from server.orchestration import (
-    describe_nodes,
+    connect_nodes,
     resolve_output_dir,
     train_global_model,
     training_report,
-    wait_for_nodes,
 )
 from server.report import audit_table, plot_audits, write_json
 from strategies.ldp_audit import AuditOutcome, LdpGapAudit
@@ -34,8 +33,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
     """Train, audit at every epsilon, report; returns the output directory."""
     output_dir = resolve_output_dir(config)
     started = time.perf_counter()
-    node_ids = wait_for_nodes(grid, config.min_nodes, config.node_wait_timeout)
-    nodes = describe_nodes(grid, node_ids, config.reply_timeout)
+    node_ids, nodes = connect_nodes(grid, config, minimum=1)
     log(
         logging.INFO,
         "fedparity: %d node(s), %d user(s), %d features; dataset %s",

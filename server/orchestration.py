@@ -8,11 +8,13 @@ model, and, for the jobs that need a trained global model, run FedAvg
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid
 
 from clients.task import build_model, get_arrays
@@ -32,6 +34,11 @@ class NodeDescriptions:
         self.num_users = 0
         self.partitions: list[tuple[int, int]] = []
         self.failed: list[tuple[int, str]] = []
+        self.users_by_node: dict[int, int] = {}
+        #: FPFL nodes also report their sample shape, classes and groups (public metadata).
+        self.sample_shape: tuple[int, ...] | None = None
+        self.num_classes: int | None = None
+        self.num_groups: int | None = None
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
@@ -63,21 +70,67 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescr
         metrics = reply.content.metric_records.get(METRICS_KEY)
         try:
             num_features = int(metrics["num-features"])  # type: ignore[index]
-            found.num_users += int(metrics["num-users"])  # type: ignore[index]
-            found.partitions.append(
-                (int(metrics["partition-id"]), int(metrics["num-partitions"]))  # type: ignore[index]
-            )
+            num_users = int(metrics["num-users"])  # type: ignore[index]
+            partition = (int(metrics["partition-id"]), int(metrics["num-partitions"]))  # type: ignore[index]
+            shape = metrics.get("sample-shape")  # type: ignore[union-attr]
+            shape = tuple(int(size) for size in shape) if shape is not None else None  # type: ignore[union-attr]
+            classes = metrics.get("num-classes")  # type: ignore[union-attr]
+            groups = metrics.get("num-groups")  # type: ignore[union-attr]
         except (KeyError, TypeError, ValueError) as error:
             found.failed.append((node, f"malformed describe reply: {error!r}"))
             continue
         if found.num_features is None:
             found.num_features = num_features
-        elif found.num_features != num_features:
+            found.sample_shape = shape
+            found.num_classes = int(classes) if classes is not None else None
+            found.num_groups = int(groups) if groups is not None else None
+        elif found.num_features != num_features or found.sample_shape != shape:
             reason = f"{num_features} features, the others have {found.num_features}"
             found.failed.append((node, reason))
+            continue
+        found.num_users += num_users
+        found.users_by_node[node] = num_users
+        found.partitions.append(partition)
     if found.num_features is None:
         raise RuntimeError(f"no node described its data: {found.failed}")
     return found
+
+
+def connect_nodes(
+    grid: Grid, config: RunConfig, minimum: int = 1
+) -> tuple[list[int], NodeDescriptions]:
+    """Wait for the nodes and describe them, so that a job starts with the whole federation.
+
+    Nodes register one by one (in simulation too), so waiting for ``min-nodes`` alone would
+    start a job with whichever nodes happen to be up. Every node reports ``num-partitions``,
+    the size of the federation it belongs to: when fewer nodes than that have described
+    themselves, wait (up to ``node-wait-timeout`` in all) for the rest, then describe again.
+    After the timeout the job goes on with the nodes present and says so.
+    """
+    deadline = time.monotonic() + config.node_wait_timeout
+    node_ids = wait_for_nodes(grid, max(config.min_nodes, minimum), config.node_wait_timeout)
+    nodes = describe_nodes(grid, node_ids, config.reply_timeout)
+    expected = max((count for _, count in nodes.partitions), default=0)
+    while len(nodes.partitions) < expected:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            log(
+                logging.WARNING,
+                "only %d of %d node(s) described their data within node-wait-timeout = %g s; "
+                "going on with them",
+                len(nodes.partitions),
+                expected,
+                config.node_wait_timeout,
+            )
+            break
+        try:
+            node_ids = wait_for_nodes(grid, expected, remaining)
+        except RuntimeError:
+            node_ids = sorted(grid.get_node_ids())
+        nodes = describe_nodes(grid, node_ids, config.reply_timeout)
+        if len(node_ids) >= expected and len(nodes.partitions) < expected:
+            break  # every node is connected; the ones that failed are in nodes.failed
+    return node_ids, nodes
 
 
 def resolve_output_dir(config: RunConfig) -> Path:

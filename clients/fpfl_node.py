@@ -1,0 +1,205 @@
+"""FPFL on a node (paper 004, Algorithm 1, ``UserStatistics``): its users, the round's cohort,
+the clipped sum of the cohort's statistic vectors and the node's share of the Gaussian noise.
+
+A node hosts a shard of users (simulation) or one user (a device); the same code serves both.
+
+* **Cohort (Poisson sampling).** Every user of the node joins round ``t`` independently with
+  probability ``q = m / K``, drawn *on the node*: the server never learns who took part, and
+  the accountant's Poisson-sampling assumption holds exactly
+  (:mod:`strategies.dp_accounting`).
+* **Statistics.** :func:`clients.fpfl_task.shard_contribution` (vectorised, clipped to ``C``),
+  or the unclipped sum for the non-private baselines FL and FFL.
+* **Noise share (distributed noise).** The node recomputes the noise multiplier ``sigma``
+  itself from the run's public parameters (:func:`node_noise_multiplier`, Opacus); it never
+  takes a noise level from the server. With ``n`` nodes in the round and at most a fraction
+  ``rho`` (``fpfl-dropout-tolerance``) allowed to drop, each node adds
+  ``N(0, C^2 sigma^2 / n_min)``, ``n_min = ceil((1 - rho) n)``: any ``n_min`` or more
+  surviving shares sum to at least the ``N(0, C^2 sigma^2)`` of Algorithm 1 (with all nodes
+  present the variance is over-provisioned by ``n / n_min``). Fewer survivors than ``n_min``
+  and the nodes refuse to unmask the sum (:mod:`strategies.secure_sum`), so an
+  under-noised sum is never readable.
+
+Randomness (cohort and noise) comes from the operating system unless ``fpfl-client-seed`` is
+set; a seed makes runs reproducible (and resumable bit for bit) but anyone who knows it can
+recompute the cohort and the noise, so a seeded run is **not private**.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import numpy as np
+from numpy.typing import NDArray
+
+from clients.data import ADULT_DIR_ENV
+from clients.fpfl_data import FPFLShard, fpfl_population
+from clients.fpfl_task import (
+    build_model_for,
+    set_flat_parameters,
+    shard_contribution,
+    statistics_layout,
+    user_statistics,
+)
+from server.config import RunConfig
+from strategies.dp_accounting import calibrate_noise
+
+__all__ = [
+    "minimum_survivors",
+    "node_contribution",
+    "node_noise_multiplier",
+    "node_shard",
+    "population",
+    "round_rng",
+]
+
+#: ``spawn_key`` tags of the seeded (reproducible, not private) streams.
+_COHORT_AND_NOISE_TAG = 41
+_CENTRAL_NOISE_TAG = 42
+
+
+@functools.lru_cache(maxsize=4)
+def _population(
+    dataset: str,
+    data_dir: str,
+    download: bool,
+    users_per_node: int,
+    num_groups: int,
+    seed: int,
+    num_partitions: int,
+) -> tuple[FPFLShard, FPFLShard]:
+    return fpfl_population(
+        dataset,
+        num_partitions=num_partitions,
+        seed=seed,
+        users_per_node=users_per_node,
+        num_groups=num_groups,
+        data_dir=data_dir,
+        download=download,
+    )
+
+
+def population(config: RunConfig, num_partitions: int) -> tuple[FPFLShard, FPFLShard]:
+    """(training users, held-out test set) of the run, cached per process."""
+    data_dir = config.data_dir or os.environ.get(ADULT_DIR_ENV, "")
+    return _population(
+        config.dataset,
+        data_dir,
+        config.download,
+        config.users_per_node,
+        config.num_groups,
+        config.seed,
+        num_partitions,
+    )
+
+
+def node_shard(config: RunConfig, partition_id: int, num_partitions: int) -> FPFLShard:
+    """The users of partition ``partition_id``."""
+    train, _ = population(config, num_partitions)
+    return train.partition(partition_id, num_partitions)
+
+
+def round_rng(
+    client_seed: int | None, stream: int, round_number: int, *, central: bool = False
+) -> np.random.Generator:
+    """The generator of one round's cohort and noise on node ``stream`` (its partition id),
+    or of the server's central noise (``central=True``). OS entropy when ``client_seed`` is
+    None; otherwise ``SeedSequence(client_seed)`` keyed by (stream, round), so that a resumed
+    run draws exactly what the uninterrupted one would have drawn."""
+    if client_seed is None:
+        return np.random.default_rng()
+    tag = _CENTRAL_NOISE_TAG if central else _COHORT_AND_NOISE_TAG
+    return np.random.default_rng(
+        np.random.SeedSequence(client_seed, spawn_key=(tag, stream, round_number))
+    )
+
+
+def minimum_survivors(num_nodes: int, dropout_tolerance: float) -> int:
+    """``n_min = ceil((1 - rho) n)`` (at least 1): the fewest nodes whose noise shares still
+    add up to the full noise of Algorithm 1."""
+    if num_nodes < 1:
+        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+    if not 0.0 <= dropout_tolerance < 1.0:
+        raise ValueError(f"dropout_tolerance must be in [0, 1), got {dropout_tolerance!r}")
+    return max(1, math.ceil((1.0 - dropout_tolerance) * num_nodes - 1e-9))
+
+
+@functools.lru_cache(maxsize=16)
+def _calibrated_sigma(
+    epsilon: float, delta: float, cohort_size: int, population_size: int, steps: int, acct: str
+) -> float:
+    return calibrate_noise(
+        epsilon=epsilon,
+        delta=delta,
+        cohort_size=cohort_size,
+        population_size=population_size,
+        steps=steps,
+        accountant=acct,  # type: ignore[arg-type]
+    ).noise_multiplier
+
+
+def node_noise_multiplier(config: RunConfig, population_size: int) -> float:
+    """``sigma`` for the run's (epsilon, delta, m, K, T), recomputed on the node (Opacus);
+    0 for the algorithms without noise."""
+    if not config.fpfl_private:
+        return 0.0
+    delta = config.fpfl_delta if config.fpfl_delta is not None else 1.0 / population_size
+    return _calibrated_sigma(
+        config.fpfl_epsilon,
+        delta,
+        config.fpfl_cohort_size,
+        population_size,
+        config.fpfl_rounds,
+        config.fpfl_accountant,
+    )
+
+
+def node_contribution(
+    config: RunConfig,
+    shard: FPFLShard,
+    weights: NDArray[np.floating],
+    *,
+    sample_rate: float,
+    noise_share_std: float,
+    rng: np.random.Generator,
+) -> NDArray[np.float64]:
+    """This node's message of one round before secure aggregation: the sum of its cohort
+    users' (clipped) statistic vectors plus its noise share ``N(0, noise_share_std^2 I)``."""
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if not math.isfinite(noise_share_std) or noise_share_std < 0:
+        raise ValueError(f"noise_share_std must be a finite number >= 0, got {noise_share_std!r}")
+    model = build_model_for(
+        config.fpfl_architecture,
+        shard.features.shape[1:],
+        num_classes=shard.num_classes,
+        seed=config.seed,
+    )
+    layout = statistics_layout(model, shard.num_groups)
+    set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
+    cohort = np.flatnonzero(rng.random(shard.num_users) < sample_rate)
+    if cohort.size == 0:
+        total = np.zeros(layout.size)
+    elif config.fpfl_clips:
+        total = shard_contribution(
+            model,
+            shard,
+            constraint=config.fpfl_constraint,  # type: ignore[arg-type]
+            clipping_bound=config.fpfl_clipping_bound,
+            users=cohort,
+        ).total
+    else:
+        total = (
+            user_statistics(
+                model,
+                shard,
+                constraint=config.fpfl_constraint,  # type: ignore[arg-type]
+                users=cohort,
+            )
+            .sum(dim=0)
+            .numpy()
+        )
+    if noise_share_std > 0:
+        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
+    return np.asarray(total, dtype=np.float64)

@@ -1,0 +1,322 @@
+"""FPFL on the server (paper 004, Algorithm 1): one Flower message exchange per training round.
+
+Round ``t`` (``query.fpfl_round``): the server sends the current weights to every member node;
+each node samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic
+vectors, adds its noise share and replies with that sum **masked** (pairwise masks,
+:mod:`strategies.secure_sum`), so the server reads only the sum over all nodes. Nodes that
+did not reply are handled by one extra exchange (``query.fpfl_reveal``): the survivors reveal
+that round's mask seeds with the dropped nodes, provided enough of them survive for the noise
+to be complete; otherwise the round is lost (the weights do not move, the round still counts
+as spent privacy).
+
+Setup (``query.fpfl_setup``, once per run): the nodes' masking public keys; the member list
+is fixed from then on.
+
+The released sum is split with :class:`mechanisms.mmdm.StatisticsLayout`; the updates,
+model selection and accounting are done by the caller (:mod:`server.fpfl_job`) with
+:mod:`mechanisms.mmdm` and :mod:`strategies.dp_accounting`.
+
+``fpfl-secure-sum = "none"`` sends the nodes' (noisy) sums in the clear: for debugging and
+for measuring the cost of masking; with distributed noise each node's sum then carries only
+its own noise share, which is much less than the run's guarantee (stated in the output).
+``fpfl-noise = "central"``: nodes add no noise and the server adds ``N(0, C^2 sigma^2)`` to
+the recovered sum (a trusted aggregator).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from numpy.typing import NDArray
+
+from server.config import RunConfig
+from strategies.secure_sum import (
+    FixedPointCodec,
+    unmask_sum,
+)
+
+__all__ = [
+    "FPFL_KEY",
+    "REVEAL_MESSAGE_TYPE",
+    "ROUND_MESSAGE_TYPE",
+    "SETUP_MESSAGE_TYPE",
+    "FPFLProtocol",
+    "RoundOutcome",
+]
+
+FPFL_KEY = "fpfl"
+SETUP_MESSAGE_TYPE = "query.fpfl_setup"
+ROUND_MESSAGE_TYPE = "query.fpfl_round"
+REVEAL_MESSAGE_TYPE = "query.fpfl_reveal"
+#: Gaussian noise shares are clamped by the codec beyond this many standard deviations
+#: (probability < 2e-32 per coordinate): the fixed-point range must be finite.
+NOISE_RANGE_STDS = 12.0
+#: Per-user coordinate bound assumed for the unclipped baselines (FL, FFL): their vectors
+#: have no norm bound, but a fixed-point sum needs one; larger values are clamped.
+UNCLIPPED_RANGE = 1.0e4
+
+
+@dataclass
+class RoundOutcome:
+    """What one round produced.
+
+    ``total`` is the recovered (noisy) sum, or None when the round was lost (``reason``).
+    """
+
+    round: int
+    total: NDArray[np.float64] | None
+    replied: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    reason: str = ""
+
+
+class FPFLProtocol:
+    """Setup and rounds of the FPFL message exchange for one run.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    config : RunConfig
+    node_ids : list[int]
+        Nodes that described their data.
+    vector_size : int
+        Length of the statistic vector (``StatisticsLayout.size``).
+    population_size : int
+        ``K``: users over all nodes.
+    max_node_users : int
+        Users on the largest node (bounds a node's sum for the fixed-point codec).
+    noise_multiplier : float
+        ``sigma`` (0 without noise).
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        config: RunConfig,
+        *,
+        node_ids: list[int],
+        vector_size: int,
+        population_size: int,
+        max_node_users: int,
+        noise_multiplier: float,
+    ) -> None:
+        self.grid = grid
+        self.config = config
+        self.members = sorted(node_ids)
+        self.vector_size = vector_size
+        self.population_size = population_size
+        self.max_node_users = max_node_users
+        self.noise_multiplier = noise_multiplier
+        self.public_keys: dict[int, bytes] = {}
+        self.run_salt = secrets.token_bytes(16)
+        self.setup_failed: list[tuple[int, str]] = []
+
+    # -- setup -----------------------------------------------------------------------------
+
+    @property
+    def masking(self) -> bool:
+        """Pairwise masking on (``fpfl-secure-sum = "masking"``)."""
+        return self.config.fpfl_secure_sum == "masking"
+
+    def setup(self) -> None:
+        """Collect the nodes' masking public keys; nodes that fail leave the run."""
+        if not self.masking:
+            return
+        messages = [
+            Message(
+                content=RecordDict({FPFL_KEY: ConfigRecord({"run-salt": self.run_salt})}),
+                dst_node_id=node,
+                message_type=SETUP_MESSAGE_TYPE,
+            )
+            for node in self.members
+        ]
+        keys: dict[int, bytes] = {}
+        for reply in self.grid.send_and_receive(messages, timeout=self.config.reply_timeout):
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error():
+                self.setup_failed.append((node, reply.error.reason))
+                continue
+            record = reply.content.config_records.get(FPFL_KEY)
+            key = record.get("public-key") if record is not None else None
+            if not isinstance(key, bytes) or len(key) != 32:
+                self.setup_failed.append((node, "malformed setup reply (no 32-byte public key)"))
+                continue
+            keys[node] = key
+        missing = sorted(set(self.members) - set(keys) - {n for n, _ in self.setup_failed})
+        self.setup_failed += [(node, "no setup reply") for node in missing]
+        self.public_keys = keys
+        self.members = sorted(keys)
+        if len(self.members) < 2:
+            raise RuntimeError(
+                f"secure aggregation needs at least 2 nodes; {len(self.members)} answered the "
+                f"setup ({self.setup_failed})"
+            )
+
+    # -- fixed point -----------------------------------------------------------------------
+
+    def noise_share_std(self) -> float:
+        """Std of one node's noise share (distributed noise), as the nodes compute it."""
+        from clients.fpfl_node import minimum_survivors  # the nodes' own rule
+
+        if self.config.fpfl_noise != "distributed" or self.noise_multiplier == 0:
+            return 0.0
+        survivors = minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
+        return self.config.fpfl_clipping_bound * self.noise_multiplier / np.sqrt(survivors)
+
+    def codec_range(self) -> float:
+        """Bound on every coordinate of a node's message: ``users * C + 12 share stds``."""
+        per_user = self.config.fpfl_clipping_bound if self.config.fpfl_clips else UNCLIPPED_RANGE
+        return self.max_node_users * per_user + NOISE_RANGE_STDS * self.noise_share_std() + 1.0
+
+    def codec(self) -> FixedPointCodec:
+        """The fixed-point encoding shared by nodes and server for this run."""
+        return FixedPointCodec(clip_range=self.codec_range(), max_nodes=max(2, len(self.members)))
+
+    # -- one round -------------------------------------------------------------------------
+
+    def round_config(self, round_number: int) -> ConfigRecord:
+        """Public parameters of round ``round_number``."""
+        values: dict[str, object] = {
+            "round": round_number,
+            "population-size": self.population_size,
+            "num-nodes": len(self.members),
+            "codec-range": self.codec_range(),
+            "peer-ids": list(self.members),
+        }
+        if self.masking:
+            values["run-salt"] = self.run_salt
+            values["peer-keys"] = [self.public_keys[node] for node in self.members]
+        return ConfigRecord(values)  # type: ignore[arg-type]
+
+    def run_round(self, round_number: int, weights: NDArray[np.float64]) -> RoundOutcome:
+        """Send the weights, collect the (masked) node sums and recover their total."""
+        arrays = ArrayRecord({"weights": Array(np.asarray(weights, dtype=np.float64))})
+        settings = self.round_config(round_number)
+        messages = [
+            Message(
+                content=RecordDict({FPFL_KEY: arrays, "config": settings}),
+                dst_node_id=node,
+                message_type=ROUND_MESSAGE_TYPE,
+            )
+            for node in self.members
+        ]
+        outcome = RoundOutcome(round=round_number, total=None)
+        received: dict[int, NDArray] = {}
+        for reply in self.grid.send_and_receive(messages, timeout=self.config.reply_timeout):
+            node = int(reply.metadata.src_node_id)
+            if node not in self.members or node in received:
+                continue
+            if reply.has_error():
+                outcome.rejected.append((node, reply.error.reason))
+                continue
+            vector, reason = self._read_reply(reply)
+            if vector is None:
+                outcome.rejected.append((node, reason))
+                continue
+            received[node] = vector
+        outcome.replied = sorted(received)
+        outcome.missing = sorted(set(self.members) - set(received))
+        if not received:
+            outcome.reason = "no node replied"
+            return outcome
+        if not self.masking:
+            outcome.total = np.sum([received[node] for node in outcome.replied], axis=0)
+            return outcome
+        return self._unmask(round_number, received, outcome)
+
+    def _read_reply(self, reply: Message) -> tuple[NDArray | None, str]:
+        record = reply.content.array_records.get(FPFL_KEY)
+        name, dtype = ("masked", np.uint64) if self.masking else ("sum", np.float64)
+        if record is None or name not in record:
+            return None, f"malformed reply: no array {name!r} in record {FPFL_KEY!r}"
+        try:
+            vector = record[name].numpy()
+        except Exception as error:  # noqa: BLE001 - any deserialisation failure is a rejection
+            return None, f"malformed reply: {error!r}"
+        if vector.dtype != dtype or vector.shape != (self.vector_size,):
+            return None, (
+                f"malformed reply: {name} must be {np.dtype(dtype).name} of shape "
+                f"({self.vector_size},), got {vector.dtype} {vector.shape}"
+            )
+        if dtype == np.float64 and not np.all(np.isfinite(vector)):
+            return None, "malformed reply: non-finite values"
+        return vector, ""
+
+    def _unmask(
+        self, round_number: int, received: dict[int, NDArray], outcome: RoundOutcome
+    ) -> RoundOutcome:
+        revealed: dict[tuple[int, int], bytes] = {}
+        dropped = outcome.missing
+        if dropped:
+            revealed, failures = self._reveal(round_number, outcome.replied, dropped)
+            if failures:
+                outcome.reason = (
+                    f"{len(dropped)} node(s) dropped and the survivors did not unmask the sum "
+                    f"({failures[0][1]})"
+                )
+                outcome.rejected += failures
+                return outcome
+        masked_total = unmask_sum(
+            received,
+            revealed,
+            round_number,
+            self.vector_size,
+            participants=self.members,
+            min_survivors=min(2, len(self.members)),
+        )
+        outcome.total = self.codec().decode(masked_total)
+        return outcome
+
+    def _reveal(
+        self, round_number: int, survivors: list[int], dropped: list[int]
+    ) -> tuple[dict[tuple[int, int], bytes], list[tuple[int, str]]]:
+        settings = ConfigRecord(
+            {
+                "round": round_number,
+                "survivors": list(survivors),
+                "dropped": list(dropped),
+                "run-salt": self.run_salt,
+                "peer-ids": list(self.members),
+                "peer-keys": [self.public_keys[node] for node in self.members],
+            }
+        )
+        messages = [
+            Message(
+                content=RecordDict({FPFL_KEY: settings}),
+                dst_node_id=node,
+                message_type=REVEAL_MESSAGE_TYPE,
+            )
+            for node in survivors
+        ]
+        revealed: dict[tuple[int, int], bytes] = {}
+        failures: list[tuple[int, str]] = []
+        answered: set[int] = set()
+        for reply in self.grid.send_and_receive(messages, timeout=self.config.reply_timeout):
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error():
+                failures.append((node, f"reveal refused or failed: {reply.error.reason}"))
+                continue
+            record = reply.content.config_records.get(FPFL_KEY)
+            try:
+                peers = [int(peer) for peer in record["dropped"]]  # type: ignore[index]
+                seeds = list(record["seeds"])  # type: ignore[index]
+            except (KeyError, TypeError, ValueError) as error:
+                failures.append((node, f"malformed reveal reply: {error!r}"))
+                continue
+            if sorted(peers) != sorted(dropped) or len(seeds) != len(peers):
+                failures.append((node, "malformed reveal reply: wrong peers"))
+                continue
+            for peer, seed in zip(peers, seeds, strict=True):
+                revealed[(node, peer)] = bytes(seed)
+            answered.add(node)
+        failures += [(node, "no reveal reply") for node in survivors if node not in answered]
+        if failures:
+            log(logging.WARNING, "FPFL round %d: unmasking failed: %s", round_number, failures)
+        return revealed, failures

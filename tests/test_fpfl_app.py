@@ -1,0 +1,234 @@
+"""FPFL as a Flower job (real Flower simulations, real masking, real Opacus accountant).
+
+The expected models are recomputed here from the same population, the same seeded cohorts
+(:func:`clients.fpfl_node.round_rng`) and the central statistics
+(:func:`clients.fpfl_task.user_statistics`), independently of the server's recovery path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message
+from flwr.simulation import run_simulation
+
+from clients.app import build_client_app, fpfl_round
+from clients.fpfl_node import node_shard, round_rng
+from clients.fpfl_task import (
+    build_model_for,
+    clip_statistics,
+    get_flat_parameters,
+    set_flat_parameters,
+    statistics_layout,
+    user_statistics,
+)
+from mechanisms.mmdm import sgd_update
+from server.api import run_simulation_job
+from server.app import build_server_app
+from server.config import RunConfig
+from server.fpfl_job import load_checkpoint
+from strategies.dp_accounting import privacy_spent
+
+SMALL = {
+    "task": "fpfl",
+    "dataset": "synthetic",
+    "users-per-node": 200,
+    "fpfl-cohort-size": 150,
+    "fpfl-client-seed": 7,
+    "reply-timeout": 60.0,
+}
+
+
+def checkpoint_weights(folder: Path, config: RunConfig) -> np.ndarray:
+    state = load_checkpoint(folder, config)
+    assert state is not None
+    return state["arrays"]["weights"]
+
+
+def expected_sgd_weights(
+    config: RunConfig, num_nodes: int, rounds: Iterable[Iterable[int]]
+) -> np.ndarray:
+    """FederatedSGD (fl / fl-clip) recomputed centrally: round t sums the seeded cohorts of
+    the partitions listed for it."""
+    shards = [node_shard(config, p, num_nodes) for p in range(num_nodes)]
+    model = build_model_for(
+        config.fpfl_architecture,
+        shards[0].features.shape[1:],
+        num_classes=shards[0].num_classes,
+        seed=config.seed,
+    )
+    layout = statistics_layout(model, shards[0].num_groups)
+    population = sum(shard.num_users for shard in shards)
+    rate = config.fpfl_cohort_size / population
+    weights = get_flat_parameters(model)
+    for round_number, partitions in enumerate(rounds, start=1):
+        total = np.zeros(layout.size)
+        for partition in partitions:
+            shard = shards[partition]
+            rng = round_rng(config.fpfl_client_seed, partition, round_number)
+            cohort = np.flatnonzero(rng.random(shard.num_users) < rate)
+            vectors = user_statistics(
+                model,
+                shard,
+                constraint=config.fpfl_constraint,  # type: ignore[arg-type]
+                users=cohort,
+            )
+            if config.fpfl_clips:
+                vectors = clip_statistics(vectors, config.fpfl_clipping_bound).vectors
+            total += vectors.sum(dim=0).numpy()
+        weights = sgd_update(weights, layout.split(total), config.fpfl_learning_rate)
+        set_flat_parameters(model, weights)
+    return weights
+
+
+@pytest.mark.slow
+def test_masked_sum_recovers_the_central_statistics(tmp_path: Path) -> None:
+    """Without noise, two rounds through pairwise masking give the model that the central
+    computation on the same cohorts gives (to the fixed-point tolerance)."""
+    overrides = {**SMALL, "fpfl-algorithm": "fl", "fpfl-rounds": 2, "output-dir": str(tmp_path)}
+    results = run_simulation_job(overrides, num_supernodes=3)
+    config = RunConfig.from_mapping(overrides)
+    assert results["private"] is False and results["epsilon"] is None
+    assert [entry["replied"] for entry in results["history"]] == [3, 3]
+    expected = expected_sgd_weights(config, 3, [range(3), range(3)])
+    np.testing.assert_allclose(checkpoint_weights(tmp_path, config), expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_masking_equals_the_plain_sum_with_distributed_noise(tmp_path: Path) -> None:
+    """Same seeded cohorts and noise shares: the masked path and the plain path end in the
+    same FPFL model (MMDM, clipping, distributed noise), to the fixed-point tolerance."""
+    weights = {}
+    for mode in ("masking", "none"):
+        overrides = {
+            **SMALL,
+            "fpfl-algorithm": "fpfl",
+            "fpfl-rounds": 3,
+            "fpfl-secure-sum": mode,
+            "output-dir": str(tmp_path / mode),
+        }
+        results = run_simulation_job(overrides, num_supernodes=3)
+        weights[mode] = checkpoint_weights(tmp_path / mode, RunConfig.from_mapping(overrides))
+        assert results["private"] is True
+        assert results["noise_multiplier"] > 0
+        expected = privacy_spent(
+            noise_multiplier=results["noise_multiplier"],
+            sample_rate=150 / 600,
+            steps=3,
+            delta=1 / 600,
+        ).epsilon
+        assert results["epsilon"] == pytest.approx(expected)
+    assert not np.array_equal(weights["masking"], get_flat_parameters(_initial_model()))
+    np.testing.assert_allclose(weights["masking"], weights["none"], rtol=0, atol=1e-8)
+
+
+def _initial_model():  # noqa: ANN202
+    config = RunConfig.from_mapping(SMALL)
+    shard = node_shard(config, 0, 3)
+    return build_model_for(
+        config.fpfl_architecture, shard.features.shape[1:], num_classes=2, seed=config.seed
+    )
+
+
+@pytest.mark.slow
+def test_resume_after_stop_gives_the_uninterrupted_model(tmp_path: Path) -> None:
+    base = {**SMALL, "fpfl-algorithm": "fpfl", "fpfl-rounds": 6, "fpfl-checkpoint-every": 1}
+    whole = run_simulation_job({**base, "output-dir": str(tmp_path / "whole")}, num_supernodes=3)
+    stopped = run_simulation_job(
+        {**base, "fpfl-stop-after": 3, "output-dir": str(tmp_path / "parts")}, num_supernodes=3
+    )
+    assert [entry["round"] for entry in stopped["history"]] == [1, 2, 3]
+    assert stopped["epsilon"] < whole["epsilon"]  # a run stopped early spent less
+    resumed = run_simulation_job(
+        {**base, "fpfl-resume": True, "output-dir": str(tmp_path / "parts")}, num_supernodes=3
+    )
+    assert [entry["round"] for entry in resumed["history"]] == list(range(1, 7))
+    assert resumed["epsilon"] == pytest.approx(whole["epsilon"])  # nothing extra spent
+    config = RunConfig.from_mapping(base)
+    np.testing.assert_array_equal(
+        checkpoint_weights(tmp_path / "parts", config),
+        checkpoint_weights(tmp_path / "whole", config),
+    )
+    assert resumed["selected_round"] == whole["selected_round"]
+    # A checkpoint from other settings is refused, naming the setting.
+    with pytest.raises(Exception, match="fpfl-resume"):
+        run_simulation_job(
+            {
+                **base,
+                "fpfl-resume": True,
+                "fpfl-alpha": 0.05,
+                "output-dir": str(tmp_path / "parts"),
+            },
+            num_supernodes=3,
+        )
+
+
+def crash_in_rounds(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Partition 1 crashes from round 2 on; partition 2 crashes in round 3."""
+    partition = int(context.node_config["partition-id"])
+    round_number = int(msg.content.config_records["config"]["round"])  # type: ignore[arg-type]
+    if (partition == 1 and round_number >= 2) or (partition == 2 and round_number == 3):
+        raise RuntimeError(f"simulated crash in round {round_number}")
+    return fpfl_round(msg, context, config)
+
+
+@pytest.mark.slow
+def test_dropouts_are_unmasked_only_while_enough_nodes_survive(tmp_path: Path) -> None:
+    """4 nodes, dropout tolerance 0.25 (3 survivors needed). Round 2 loses one node: the
+    survivors reveal that round's seeds and the sum of the 3 is recovered exactly. Round 3
+    loses two: the survivors refuse, the round is lost (reported) and the model does not
+    move."""
+    overrides = {
+        **SMALL,
+        "fpfl-algorithm": "fl-clip",
+        "fpfl-rounds": 3,
+        "fpfl-dropout-tolerance": 0.25,
+        "output-dir": str(tmp_path),
+    }
+    run_simulation(
+        server_app=build_server_app(overrides),
+        client_app=build_client_app(overrides, handlers={"query.fpfl_round": crash_in_rounds}),
+        num_supernodes=4,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    results = json.loads((tmp_path / "results.json").read_text())
+    history = results["history"]
+    assert [entry["replied"] for entry in history] == [4, 3, 2]
+    assert "lost" not in history[1]
+    assert any("simulated crash" in item["reason"] for item in history[1]["rejected"])
+    assert "did not unmask" in history[2]["lost"]
+    assert any("refus" in item["reason"] for item in history[2]["rejected"])
+    config = RunConfig.from_mapping(overrides)
+    expected = expected_sgd_weights(config, 4, [range(4), (0, 2, 3)])
+    np.testing.assert_allclose(checkpoint_weights(tmp_path, config), expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_fpfl_reduces_the_fnr_gap_of_fl_on_adult(adult_path: Path, tmp_path: Path) -> None:
+    """A short run on federated UCI Adult, same seed: FPFL (epsilon = 2) ends with a smaller
+    test-set FNR gap than FL."""
+    common = {
+        "task": "fpfl",
+        "dataset": "adult",
+        "data-dir": str(adult_path),
+        "fpfl-cohort-size": 1000,
+        "fpfl-rounds": 120,
+        "fpfl-client-seed": 1,
+        "reply-timeout": 120.0,
+    }
+    fl = run_simulation_job(
+        {**common, "fpfl-algorithm": "fl", "output-dir": str(tmp_path / "fl")}, num_supernodes=4
+    )
+    fpfl = run_simulation_job(
+        {**common, "fpfl-algorithm": "fpfl", "output-dir": str(tmp_path / "fpfl")},
+        num_supernodes=4,
+    )
+    assert fpfl["epsilon"] <= 2.0
+    assert fl["fnr_gap"] > 0.08
+    assert fpfl["fnr_gap"] < fl["fnr_gap"] - 0.05
+    assert fpfl["accuracy"] > 0.78
+    assert (tmp_path / "fpfl" / "training.png").read_bytes()[:4] == b"\x89PNG"
