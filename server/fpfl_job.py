@@ -65,7 +65,13 @@ from server.report import write_json
 from strategies.dp_accounting import calibrate_noise, privacy_spent, sample_rate
 from strategies.fpfl import FPFLProtocol
 
-__all__ = ["PAPER_TABLE2", "load_checkpoint", "run_fpfl", "save_checkpoint"]
+__all__ = [
+    "PAPER_TABLE2",
+    "cohort_sample_rate",
+    "load_checkpoint",
+    "run_fpfl",
+    "save_checkpoint",
+]
 
 #: Paper 004, Table 2 (Adult, shallow network): (accuracy, FNR gap) by (algorithm, m).
 PAPER_TABLE2: dict[tuple[str, int], tuple[float, float]] = {
@@ -205,6 +211,17 @@ def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> st
 # --------------------------------------------------------------------------------------------
 
 
+def cohort_sample_rate(config: RunConfig, population_size: int) -> float:
+    """``q = m / K``, once the nodes have reported ``K``; ConfigError naming
+    ``fpfl-cohort-size`` when ``m > K`` (checked before any training round)."""
+    if config.fpfl_cohort_size > population_size:
+        raise ConfigError(
+            f"fpfl-cohort-size (m = {config.fpfl_cohort_size}) must be <= the number of users "
+            f"K = {population_size} reported by the nodes"
+        )
+    return sample_rate(config.fpfl_cohort_size, population_size)
+
+
 def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     """Train with ``fpfl-algorithm``; write results.json, plots and checkpoints."""
     output_dir = resolve_output_dir(config)
@@ -213,13 +230,8 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     if nodes.sample_shape is None or nodes.num_classes is None or nodes.num_groups is None:
         raise RuntimeError("the nodes did not describe FPFL data (is task = 'fpfl' on them?)")
     population_size = nodes.num_users
-    if config.fpfl_cohort_size > population_size:
-        raise ConfigError(
-            f"fpfl-cohort-size (m = {config.fpfl_cohort_size}) must be <= the number of users "
-            f"K = {population_size}"
-        )
+    rate = cohort_sample_rate(config, population_size)
     delta = config.fpfl_delta if config.fpfl_delta is not None else 1.0 / population_size
-    rate = sample_rate(config.fpfl_cohort_size, population_size)
     num_partitions = max((n for _, n in nodes.partitions), default=len(node_ids))
     test = None
     if config.ground_truth:

@@ -1,0 +1,97 @@
+"""FPFL inputs that must fail cleanly, with a message naming the parameter (issue 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clients.fpfl_data import check_groups_present, synthetic_fpfl_users
+from clients.fpfl_node import minimum_survivors
+from server.config import ConfigError, RunConfig
+from server.fpfl_job import cohort_sample_rate
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("fpfl-epsilon", 0, "fpfl-epsilon must be in (0"),
+        ("fpfl-epsilon", -1, "fpfl-epsilon"),
+        ("fpfl-epsilon", "nan", "fpfl-epsilon"),
+        ("fpfl-delta", 0, "fpfl-delta must be in (0, 1)"),
+        ("fpfl-delta", 1, "fpfl-delta must be in (0, 1)"),
+        ("fpfl-clipping-bound", 0, "fpfl-clipping-bound must be in (0"),
+        ("fpfl-clipping-bound", -2, "fpfl-clipping-bound"),
+        ("fpfl-alpha", -0.01, "fpfl-alpha must be in [0"),
+        ("fpfl-damping", -1, "fpfl-damping must be in [0"),
+        ("fpfl-learning-rate", 0, "fpfl-learning-rate must be in (0"),
+        ("fpfl-multiplier-learning-rate", -0.1, "fpfl-multiplier-learning-rate"),
+        ("fpfl-cohort-size", 0, "fpfl-cohort-size must be an integer >= 1"),
+        ("fpfl-rounds", 0, "fpfl-rounds must be an integer >= 1"),
+        ("fpfl-algorithm", "sgd", "fpfl-algorithm must be one of fl, fl-clip, pfl"),
+        ("fpfl-accountant", "gdp", "fpfl-accountant must be one of rdp, prv"),
+        ("fpfl-noise", "local", "fpfl-noise must be one of distributed, central"),
+        ("fpfl-dropout-tolerance", 1.0, "fpfl-dropout-tolerance must be in [0, 1)"),
+        ("fpfl-client-seed", -1, "fpfl-client-seed must be an integer >= 0"),
+    ],
+)
+def test_bad_fpfl_values_are_named(key: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_mapping({"task": "fpfl", key: value})
+    assert message in str(error.value)
+
+
+def test_cross_key_rules() -> None:
+    with pytest.raises(ConfigError, match='fpfl-architecture must be "cnn"'):
+        RunConfig.from_mapping({"task": "fpfl", "dataset": "digits", "num-groups": 3})
+    with pytest.raises(ConfigError, match="needs binary labels"):
+        RunConfig.from_mapping(
+            {
+                "task": "fpfl",
+                "dataset": "digits",
+                "num-groups": 3,
+                "fpfl-architecture": "cnn",
+                "fpfl-constraint": "fnr",
+            }
+        )
+    with pytest.raises(ConfigError, match='"digits" is for task = "fpfl" only'):
+        RunConfig.from_mapping({"dataset": "digits"})
+
+
+def test_cohort_larger_than_the_population_is_refused() -> None:
+    config = RunConfig.from_mapping({"task": "fpfl", "fpfl-cohort-size": 1000})
+    assert cohort_sample_rate(config, 4000) == 0.25
+    assert cohort_sample_rate(config, 1000) == 1.0
+    with pytest.raises(ConfigError, match=r"fpfl-cohort-size \(m = 1000\) must be <= .* K = 999"):
+        cohort_sample_rate(config, 999)
+
+
+def test_a_group_without_members_is_refused() -> None:
+    population = synthetic_fpfl_users(50, seed=0, num_groups=3)
+    alone = population.select_users(np.flatnonzero(np.bincount(population.user_index) > 0))
+    groups = np.where(alone.groups == 2, 0, alone.groups)
+    shard = type(alone)(
+        features=alone.features,
+        labels=alone.labels,
+        groups=groups,
+        user_index=alone.user_index,
+        user_ids=alone.user_ids,
+        num_groups=3,
+        num_classes=2,
+    )
+    with pytest.raises(ValueError, match=r"groups: group\(s\) \[2\] have no member"):
+        check_groups_present(shard)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "tolerance", "expected"), [(10, 0.2, 8), (4, 0.25, 3), (4, 0.2, 4), (1, 0.0, 1)]
+)
+def test_minimum_survivors(nodes: int, tolerance: float, expected: int) -> None:
+    """n_min = ceil((1 - rho) n): the fewest nodes allowed to survive a round."""
+    assert minimum_survivors(nodes, tolerance) == expected
+
+
+def test_minimum_survivors_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="dropout_tolerance must be in"):
+        minimum_survivors(4, 1.0)
+    with pytest.raises(ValueError, match="num_nodes"):
+        minimum_survivors(0, 0.2)
