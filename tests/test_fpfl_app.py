@@ -33,6 +33,7 @@ from server.config import RunConfig
 from server.fpfl_job import load_checkpoint
 from strategies.dp_accounting import privacy_spent
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL = {
     "task": "fpfl",
     "dataset": "synthetic",
@@ -232,3 +233,37 @@ def test_fpfl_reduces_the_fnr_gap_of_fl_on_adult(adult_path: Path, tmp_path: Pat
     assert fpfl["fnr_gap"] < fl["fnr_gap"] - 0.05
     assert fpfl["accuracy"] > 0.78
     assert (tmp_path / "fpfl" / "training.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
+    """`flwr run . --run-config configs/fpfl-synthetic.toml` through the real CLI: progress
+    per round, the result table and results.json with the documented keys."""
+    import tomllib
+
+    from tests.flower_processes import local_simulation
+
+    with (REPO / "configs" / "fpfl-synthetic.toml").open("rb") as handle:
+        run_config = tomllib.load(handle)
+    output = tmp_path / "run"
+    run_config.update({"fpfl-rounds": 8, "output-dir": str(output)})
+    with local_simulation(REPO, 3, tmp_path / "flwr-home") as simulation:
+        run = simulation.run(run_config, timeout=600)
+    assert run.status == "finished:completed", run.output[-3000:]
+    results = json.loads((output / "results.json").read_text())
+    for key in (
+        "accuracy",
+        "fnr_gap",
+        "eo_gap",
+        "demp_gap",
+        "pp_gap",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+    ):
+        assert isinstance(results[key], float), key
+    assert 0 < results["epsilon"] <= 2.0
+    assert results["delta"] == pytest.approx(1 / 3000)
+    assert results["population"]["nodes"] == 3 and results["population"]["users"] == 3000
+    assert "round    8: cohort acc" in run.output and "FPFL result (fpfl" in run.output
+    assert (output / "training.png").read_bytes()[:4] == b"\x89PNG"
