@@ -4,7 +4,7 @@ What a client computes per round (Algorithm 1, ``UserStatistics``; SPEC 3): for 
 ``k`` of its cohort, the vector of Eq. (17) plus the model-selection counts, in the layout of
 :class:`mechanisms.mmdm.StatisticsLayout`::
 
-    [ grad L(d^k) | F(d'^k_a) | grad F(d'^k_a) | n'^k_a | n^k | errors^k | e^k_a ]
+    [ grad L(d^k) | F(d'^k_a) | grad F(d'^k_a) | n'^k_a | n^k | errors^k | e^k_a | L(d^k) ]
 
 clipped to L2 norm ``C``. :func:`shard_contribution` returns the sum over the cohort users
 a node hosts; the strategy sums the nodes' contributions (secure aggregation), adds
@@ -453,6 +453,7 @@ def user_statistics(
     counts_block = layout.block("constraint_counts")
     errors_at = layout.block("num_errors").start
     group_errors = layout.block("group_errors")
+    loss_at = layout.block("loss_sum").start
 
     by_user = np.argsort(cohort.user_index, kind="stable")  # samples grouped by user
     first_sample = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -482,6 +483,7 @@ def user_statistics(
         block[:, sums].copy_(aux[:, 1 : 1 + num_groups])
         block[:, errors_at].copy_(aux[:, 1 + num_groups])
         block[:, group_errors].copy_(aux[:, 2 + num_groups :])
+        block[:, loss_at].copy_(aux[:, 0])
         block[:, counts_block].copy_(
             ((groups[index][..., None] == group_ids) & (member[index] & valid_t)[..., None]).sum(
                 dim=1
@@ -546,6 +548,7 @@ def _autograd_statistics(
     parts.append(
         torch.tensor([float((errors & mask).sum()) for mask in in_group], dtype=torch.float64)
     )
+    parts.append(loss.detach().double().reshape(1))
     return torch.cat(parts)
 
 

@@ -21,12 +21,13 @@ the federated server and tests. The per-user vectors themselves are computed by
 
 Vector layout (:class:`StatisticsLayout`, ``p`` parameters, ``G`` groups)::
 
-    [ grad L (p) | F_a (G) | grad F_a (G x p, group-major) | n'_a (G) | n | errors | e_a (G) ]
+    [ grad L (p) | F_a (G) | grad F_a (G x p, group-major) | n'_a (G) | n | errors | e_a (G) | L ]
 
 The first four blocks are Eq. (17). The last three serve model selection (SPEC 3: "add the
 user's total sample count and per-group correct counts if needed for model selection"): ``n``
 the number of samples (also the denominator of ``grad L / n``), ``errors`` the number of
-misclassified samples and ``e_a`` the number of misclassified samples in ``d'_a``. Error
+misclassified samples, ``e_a`` the number of misclassified samples in ``d'_a`` and ``L`` the
+summed loss (for the progress display: the cohort loss ``L / n``). Error
 counts carry the same information as correct counts (``correct = n - errors``) but are small
 for a good model, so they add less to the norm that is clipped.
 """
@@ -86,8 +87,8 @@ class StatisticsLayout:
 
     Examples
     --------
-    >>> StatisticsLayout(num_params=3, num_groups=2).size  # (G + 1) p + 3 G + 2
-    17
+    >>> StatisticsLayout(num_params=3, num_groups=2).size  # (G + 1) p + 3 G + 3
+    18
     """
 
     num_params: int
@@ -99,8 +100,8 @@ class StatisticsLayout:
 
     @property
     def size(self) -> int:
-        """Length of the vector: ``(G + 1) p + 3 G + 2``."""
-        return (self.num_groups + 1) * self.num_params + 3 * self.num_groups + 2
+        """Length of the vector: ``(G + 1) p + 3 G + 3``."""
+        return (self.num_groups + 1) * self.num_params + 3 * self.num_groups + 3
 
     def _bounds(self) -> dict[str, tuple[int, int]]:
         p, g = self.num_params, self.num_groups
@@ -112,6 +113,7 @@ class StatisticsLayout:
             ("num_samples", 1),
             ("num_errors", 1),
             ("group_errors", g),
+            ("loss_sum", 1),
         )
         bounds: dict[str, tuple[int, int]] = {}
         start = 0
@@ -150,6 +152,7 @@ class StatisticsLayout:
             num_samples=float(array[b["num_samples"][0]]),
             num_errors=float(array[b["num_errors"][0]]),
             group_errors=take("group_errors"),
+            loss_sum=float(array[b["loss_sum"][0]]),
         )
 
 
@@ -173,6 +176,8 @@ class AggregateStatistics:
         Misclassified samples in ``b``.
     group_errors : (G,)
         Misclassified samples in ``b'_a``.
+    loss_sum : float
+        ``L(b, w)``, the summed loss (0 where not computed).
     """
 
     loss_grad: FloatArray
@@ -182,6 +187,7 @@ class AggregateStatistics:
     num_samples: float
     num_errors: float
     group_errors: FloatArray
+    loss_sum: float = 0.0
 
     @property
     def layout(self) -> StatisticsLayout:
@@ -201,6 +207,7 @@ class AggregateStatistics:
                 self.constraint_counts,
                 [self.num_samples, self.num_errors],
                 self.group_errors,
+                [self.loss_sum],
             ]
         ).astype(np.float64)
 

@@ -156,7 +156,7 @@ def _progress_line(entry: dict[str, Any]) -> str:
     gaps = entry.get("cohort_gap")
     rates = entry.get("group_error_rates") or []
     return (
-        f"round {entry['round']:>4}: cohort acc "
+        f"round {entry['round']:>4}: cohort loss {_fmt(entry.get('cohort_loss'))} acc "
         f"{_fmt(entry.get('cohort_accuracy'))} | constraint gap {_fmt(gaps)} "
         f"(group rates {', '.join(_fmt(r) for r in rates)}) | lambda "
         f"{', '.join(f'{m:.3f}' for m in entry['multipliers'])} | eps spent "
@@ -170,7 +170,7 @@ def _fmt(value: float | None) -> str:
 
 
 def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> str | None:
-    """Training curves (cohort accuracy, constraint gap, multipliers, epsilon); PNG."""
+    """Training curves (cohort loss and accuracy, constraint gap, multipliers, epsilon); PNG."""
     try:
         import matplotlib
 
@@ -184,8 +184,10 @@ def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> st
         return [math.nan if entry.get(key) is None else entry[key] for entry in history]
 
     figure, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
-    axes[0, 0].plot(rounds, series("cohort_accuracy"))
-    axes[0, 0].set_ylabel("cohort accuracy (noisy)")
+    axes[0, 0].plot(rounds, series("cohort_accuracy"), label="accuracy")
+    axes[0, 0].plot(rounds, series("cohort_loss"), label="loss")
+    axes[0, 0].set_ylabel("cohort accuracy / loss (noisy)")
+    axes[0, 0].legend()
     axes[0, 1].plot(rounds, series("cohort_gap"), label="hard gap (noisy)")
     axes[0, 1].plot(rounds, series("surrogate_gap"), label="surrogate gap (noisy)")
     axes[0, 1].axhline(alpha, color="0.5", linestyle="--", label="alpha")
@@ -345,6 +347,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 )
             entry.update(
                 {
+                    "cohort_loss": _finite(stats.loss_sum / max(stats.num_samples, mmdm.min_count)),
                     "cohort_accuracy": _finite(metrics.accuracy),
                     "cohort_gap": _finite(metrics.gap),
                     "group_error_rates": [_finite(r) for r in metrics.group_error_rates],

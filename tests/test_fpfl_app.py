@@ -265,5 +265,5 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     assert 0 < results["epsilon"] <= 2.0
     assert results["delta"] == pytest.approx(1 / 3000)
     assert results["population"]["nodes"] == 3 and results["population"]["users"] == 3000
-    assert "round    8: cohort acc" in run.output and "FPFL result (fpfl" in run.output
+    assert "round    8: cohort loss" in run.output and "FPFL result (fpfl" in run.output
     assert (output / "training.png").read_bytes()[:4] == b"\x89PNG"

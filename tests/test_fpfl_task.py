@@ -112,6 +112,8 @@ def test_surrogate_values_follow_eq_13_and_14() -> None:
         assert fnr.group_errors[group] == np.sum(errors & positives)
         assert acc.group_errors[group] == np.sum(errors & (a == group))
     assert fnr.num_errors == np.sum((p >= 0.5).astype(int) != y)
+    cross_entropy = -np.sum(y * np.log(p) + (1 - y) * np.log(1 - p))
+    assert fnr.loss_sum == pytest.approx(cross_entropy, rel=1e-5)
 
 
 def test_clipping_bound_holds_and_small_vectors_are_unchanged() -> None:

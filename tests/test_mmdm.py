@@ -161,12 +161,13 @@ def test_sum_of_user_vectors_recovers_the_pooled_statistics(dtype: torch.dtype) 
 
 def test_layout_round_trip_and_block_positions() -> None:
     layout = StatisticsLayout(num_params=3, num_groups=2)
-    assert layout.size == 3 * 3 + 3 * 2 + 2
+    assert layout.size == 3 * 3 + 3 * 2 + 3
     vector = np.arange(layout.size, dtype=np.float64)
     stats = layout.split(vector)
     np.testing.assert_array_equal(stats.to_vector(), vector)
     np.testing.assert_array_equal(stats.surrogate_grads, [[5, 6, 7], [8, 9, 10]])
     assert layout.block("num_samples") == slice(13, 14)
+    assert layout.block("loss_sum") == slice(17, 18) and stats.loss_sum == 17.0
     with pytest.raises(ValueError, match="vector"):
         layout.split(vector[:-1])
     with pytest.raises(ValueError, match="num_groups"):
