@@ -60,3 +60,29 @@ def test_audit_on_superlink_and_three_supernodes(tmp_path: Path) -> None:
     stderr = estimate["difference_stderrs"][0]
     assert abs(abs(estimate["differences"][0]) - truth["max_gap"]) <= 5 * stderr
     assert "ldp_audit" in node_logs or "query" in node_logs  # the nodes ran the ClientApp
+
+
+@pytest.mark.slow
+def test_fpfl_on_superlink_and_three_supernodes(tmp_path: Path) -> None:
+    """FPFL (MMDM + clipping + distributed noise, pairwise-masked sums) across real
+    processes: each SuperNode keeps its masking key in its own node state and the server
+    reads only the sums."""
+    output = tmp_path / "run"
+    with local_deployment(REPO, 3, None, tmp_path / "flwr-home") as deployment:
+        run = deployment.run(
+            {
+                "task": "fpfl",
+                "output-dir": str(output),
+                "users-per-node": 300,
+                "fpfl-cohort-size": 200,
+                "fpfl-rounds": 2,
+                "min-nodes": 3,
+            },
+            timeout=600,
+        )
+        assert run.status == "finished:completed", run.output[-3000:]
+    results = json.loads((output / "results.json").read_text())
+    assert results["population"] == {"users": 900, "nodes": 3, "setup_failed": []}
+    assert [entry["replied"] for entry in results["history"]] == [3, 3]
+    assert results["privacy"]["secure_sum"] == "masking"
+    assert 0 < results["epsilon"] <= 2.0 and results["noise_multiplier"] > 0
