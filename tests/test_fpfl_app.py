@@ -267,3 +267,37 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     assert results["population"]["nodes"] == 3 and results["population"]["users"] == 3000
     assert "round    8: cohort loss" in run.output and "FPFL result (fpfl" in run.output
     assert (output / "training.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_central_noise_by_a_trusted_aggregator(tmp_path: Path) -> None:
+    """fpfl-noise = central: the nodes add no share and the server adds N(0, C^2 sigma^2)
+    to the recovered sum; with the PRV accountant the reported epsilon is Opacus' PRV
+    bound for the rounds run."""
+    overrides = {
+        **SMALL,
+        "fpfl-algorithm": "pfl",
+        "fpfl-rounds": 3,
+        "fpfl-noise": "central",
+        "fpfl-accountant": "prv",
+        "output-dir": str(tmp_path),
+    }
+    results = run_simulation_job(overrides, num_supernodes=3)
+    assert results["privacy"]["noise"] == "central"
+    assert results["privacy"]["noise_share_std"] == 0.0
+    assert any("trusted aggregator" in note for note in results["privacy"]["caveats"])
+    expected = privacy_spent(
+        noise_multiplier=results["noise_multiplier"],
+        sample_rate=150 / 600,
+        steps=3,
+        delta=1 / 600,
+        accountant="prv",
+    ).epsilon
+    assert results["epsilon"] == pytest.approx(expected)
+    # Same cohorts without noise (fl-clip) recomputed centrally: the noisy model differs
+    # from it by the noise only, never equals it.
+    config = RunConfig.from_mapping({**overrides, "fpfl-algorithm": "fl-clip"})
+    noiseless = expected_sgd_weights(config, 3, [range(3)] * 3)
+    assert not np.allclose(
+        checkpoint_weights(tmp_path, RunConfig.from_mapping(overrides)), noiseless
+    )
