@@ -62,7 +62,7 @@ from server.config import ConfigError, RunConfig
 from server.harness import HARNESS_LABEL
 from server.orchestration import connect_nodes, resolve_output_dir
 from server.report import write_json
-from strategies.dp_accounting import calibrate_noise, privacy_spent, sample_rate
+from strategies.dp_accounting import PrivacySpent, calibrate_noise, privacy_spent, sample_rate
 from strategies.fpfl import FPFLProtocol
 
 __all__ = [
@@ -317,6 +317,19 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     if config.fpfl_stop_after:
         last_round = min(last_round, first_round - 1 + config.fpfl_stop_after)
     round_seconds: list[float] = []
+
+    def spent_after(rounds: int) -> PrivacySpent | None:
+        """Privacy spent by ``rounds`` released rounds (None without noise)."""
+        if not sigma:
+            return None
+        return privacy_spent(
+            noise_multiplier=sigma,
+            sample_rate=rate,
+            steps=rounds,
+            delta=delta,
+            accountant=config.fpfl_accountant,  # type: ignore[arg-type]
+        )
+
     for round_number in range(first_round, last_round + 1):
         tick = time.perf_counter()
         outcome = protocol.run_round(round_number, weights)
@@ -356,17 +369,8 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 }
             )
         entry["multipliers"] = [float(m) for m in multipliers]
-        entry["epsilon_spent"] = (
-            privacy_spent(
-                noise_multiplier=sigma,
-                sample_rate=rate,
-                steps=round_number,
-                delta=delta,
-                accountant=config.fpfl_accountant,  # type: ignore[arg-type]
-            ).epsilon
-            if sigma
-            else None
-        )
+        spent_so_far = spent_after(round_number)
+        entry["epsilon_spent"] = None if spent_so_far is None else spent_so_far.epsilon
         entry["seconds"] = time.perf_counter() - tick
         round_seconds.append(entry["seconds"])
         history.append(entry)
@@ -376,17 +380,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     if last_round < first_round:
         log(logging.INFO, "nothing to do: the checkpoint is already at round %d", first_round - 1)
     rounds_done = max(first_round - 1, last_round)
-    spent = (
-        privacy_spent(
-            noise_multiplier=sigma,
-            sample_rate=rate,
-            steps=rounds_done,
-            delta=delta,
-            accountant=config.fpfl_accountant,  # type: ignore[arg-type]
-        )
-        if sigma
-        else None
-    )
+    spent = spent_after(rounds_done)
     best = selector.best
     selected_weights = best.weights if best is not None else weights
     evaluation: dict[str, Any] = {}
