@@ -297,7 +297,13 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     rng = np.random.default_rng(bootstrap_seed(config.seed, partition_id))
     model = _model_for(shard, msg.content["arrays"], config.seed)
     predictions = holder_predictions(model, shard, config.fef_variant, rng)
-    statistics = client_statistics(shard, predictions, num_resamples=config.fef_resamples, rng=rng)
+    statistics = client_statistics(
+        shard,
+        predictions,
+        num_resamples=config.fef_resamples,
+        rng=rng,
+        min_cell_count=config.fef_min_cell,
+    )
     context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
         {"summaries": Array(statistics.to_array())}
     )

@@ -129,7 +129,7 @@ def client_statistics(
     *,
     num_resamples: int,
     rng: np.random.Generator,
-    min_cell_count: int = 0,
+    min_cell_count: int,
 ) -> ClientStatistics:
     """Bootstrap dp and eo on the holder's test set; summaries for both modes.
 

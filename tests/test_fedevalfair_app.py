@@ -69,6 +69,50 @@ def test_python_api_runs_the_encrypted_test(keys: KeyPaths, tmp_path: Path) -> N
     assert (tmp_path / "run" / "bootstrap_disparities.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
+def test_nodes_apply_fef_min_cell(keys: KeyPaths, tmp_path: Path) -> None:
+    """Holders whose smallest (A, Yhat) cell is below ``fef-min-cell`` leave that metric out
+    on the node itself, so the encrypted test has the harness's k and p-values.
+
+    With 300 users per holder and the initial model, the 4 synthetic holders' smallest eo cells
+    hold 15, 13, 26 and 23 rows and their smallest dp cells 33, 31, 47 and 42 (seed 0), so
+    ``fef-min-cell = 20`` leaves eo to holders 2 and 3 and dp to all four."""
+    overrides = {
+        "task": "fedevalfair",
+        "fef-public-context": str(keys.public),
+        "users-per-node": 300,
+        "num-server-rounds": 0,
+        "fef-min-cell": 20,
+        "output-dir": str(tmp_path / "run"),
+    }
+    config = RunConfig.from_mapping(overrides)
+    smallest_cells = []
+    for partition in range(4):
+        shard = load_shard_for(config, partition, 4, "test")
+        rng = np.random.default_rng(bootstrap_seed(config.seed, partition))
+        predictions = holder_predictions(
+            build_model(shard.num_features, seed=config.seed), shard, "trained", rng
+        )
+        statistics = client_statistics(
+            shard, predictions, num_resamples=config.fef_resamples, rng=rng, min_cell_count=0
+        )
+        smallest_cells.append([min(boot.cell_counts) for boot in statistics.bootstraps])
+    expected_k = {
+        metric: sum(cells[index] >= 20 for cells in smallest_cells)
+        for index, metric in enumerate(("dp", "eo"))
+    }
+    assert expected_k == {"dp": 4, "eo": 2}, smallest_cells  # the premise of this test
+
+    results = run_simulation_job(
+        overrides, num_supernodes=4, environment={SECRET_CONTEXT_ENV: str(keys.secret)}
+    )
+    assert_matches_plaintext(results)
+    outcome = results["fedevalfair"]
+    assert outcome["error"] is None and outcome["rejected_replies"] == []
+    for test in outcome["tests"]:
+        assert test["report"]["k"] == expected_k[test["metric"]], test
+
+
 def crash_or_stall_in_round2(msg: Message, context: Context, config: RunConfig) -> Message:
     """Holder 1 crashes in round 2; holder 2 never answers round 2 in time; others behave."""
     partition = int(context.node_config["partition-id"])
