@@ -106,6 +106,7 @@ def load_shard_for(
                 split,
                 scheme=config.fef_split,
                 seed=config.seed,
+                dirichlet_alpha=config.fef_dirichlet_alpha,
                 download=config.download,
             )
         return synthetic_holder(

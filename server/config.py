@@ -224,6 +224,7 @@ class RunConfig:
     fef_public_context: str = ""
     fef_key_holders: int = 2
     fef_min_cell: int = 5
+    fef_dirichlet_alpha: float = 1.0
     fpfl_algorithm: str = "fpfl"
     fpfl_architecture: str = "shallow"
     fpfl_constraint: str = "fnr"
@@ -365,6 +366,12 @@ class RunConfig:
                 ),
                 "fef_key_holders": _as_int(
                     "fef-key-holders", get.get("fef_key_holders", default.fef_key_holders), 1
+                ),
+                "fef_dirichlet_alpha": _as_float(
+                    "fef-dirichlet-alpha",
+                    get.get("fef_dirichlet_alpha", default.fef_dirichlet_alpha),
+                    low=0.0,
+                    high=math.inf,
                 ),
             }
         )

@@ -58,6 +58,17 @@ def test_named_configs_are_valid(path: Path) -> None:
         ("user-budget", -1.0, "user-budget must be in (0, inf)"),
         ("ground-truth", "yes", "ground-truth must be true or false"),
         ("group-sizes", "guess", "group-sizes must be one of estimated, known"),
+        ("fef-alpha", 1.0, "fef-alpha must be in (0, 1)"),
+        ("fef-alpha", 0, "fef-alpha must be in (0, 1)"),
+        ("fef-resamples", 1, "fef-resamples must be an integer >= 2"),
+        ("fef-mode", "exact", "fef-mode must be one of calibrated, paper"),
+        ("fef-split", "race", "fef-split must be one of doctorate, dirichlet"),
+        ("fef-variant", "x", "fef-variant must be one of trained, fair"),
+        ("fef-tolerance", -0.1, "fef-tolerance must be in [0, 1)"),
+        ("fef-key-holders", 0, "fef-key-holders must be an integer >= 1"),
+        ("fef-min-cell", -1, "fef-min-cell must be an integer >= 0"),
+        ("fef-dirichlet-alpha", 0.0, "fef-dirichlet-alpha must be in (0, inf)"),
+        ("fef-dirichlet-alpha", "nan", "fef-dirichlet-alpha must be in (0, inf)"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: object, fragment: str) -> None:

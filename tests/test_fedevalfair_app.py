@@ -211,3 +211,27 @@ def _toml(path: Path) -> dict:
 
     with path.open("rb") as handle:
         return tomllib.load(handle)
+
+
+@pytest.mark.slow
+def test_adult_k10_config_tests_all_ten_holders(
+    keys: KeyPaths, adult_path: Path, tmp_path: Path
+) -> None:
+    """configs/fef-adult-k10.toml: ten Adult holders (Dirichlet(5) label skew), all of them
+    able to report dDP and dEO, so stage 1 has k - 1 = 9 degrees of freedom in every block."""
+    overrides = {
+        **_toml(REPO / "configs" / "fef-adult-k10.toml"),
+        "data-dir": str(adult_path),
+        "fef-public-context": str(keys.public),
+        "output-dir": str(tmp_path / "run"),
+    }
+    results = run_simulation_job(
+        overrides, num_supernodes=10, environment={SECRET_CONTEXT_ENV: str(keys.secret)}
+    )
+    assert_matches_plaintext(results)
+    outcome = results["fedevalfair"]
+    assert outcome["error"] is None and outcome["rejected_replies"] == []
+    assert {(t["metric"], t["mode"]) for t in outcome["tests"]} == set(BLOCKS)
+    for test in outcome["tests"]:
+        report = test["report"]
+        assert report["k"] == 10 and report["homogeneity"]["dof"] == 9, test
