@@ -56,6 +56,13 @@ class EstimationError(ValueError):
     """The reports do not allow an estimate (e.g. a group with no member)."""
 
 
+#: With estimated group sizes, a group is refused when n_hat_G < SIZE_DETECTION_SIGMAS *
+#: sd(n_hat_G): its size is not distinguishable from zero at ~3 sigma (one-sided; under the
+#: normal approximation a truly empty group passes with probability ~0.13%, and the group's
+#: mean S_G / n_hat_G would be a ratio with a denominator near zero, i.e. garbage).
+SIZE_DETECTION_SIGMAS = 3.0
+
+
 @dataclass(frozen=True)
 class ConfidenceInterval:
     """A two-sided interval (metric units)."""
@@ -85,6 +92,30 @@ def report_sum_variance(
         + (a * moments.kept_second_moment_slope - (a * gamma) ** 2) * squares
         + (num_clients - sizes) * q * moments.flipped_second_moment
     )
+
+
+def size_estimate_covariance(
+    moments: ReportMoments, num_clients: int, group_sizes: np.ndarray
+) -> np.ndarray:
+    """Covariance matrix (d x d) of the GRR frequency estimates n_hat_G = (n'_G - K q)/(a - q).
+
+    The reported-group counts n' are a sum of K independent one-hot draws (a client of
+    group G reports G with probability a, any other group with probability q), so
+    Var(n'_G) = n_G a (1 - a) + (K - n_G) q (1 - q) and, for G != H,
+    Cov(n'_G, n'_H) = -(a q (n_G + n_H) + q^2 (K - n_G - n_H)); both are divided by
+    (a - q)^2. The variance is Wang et al. (2017)'s for pure LDP frequency protocols,
+    n q (1 - q) / (a - q)^2 + n_G (1 - a - q) / (a - q); the covariance is the per-client
+    multinomial one summed over clients.
+    """
+    a = moments.keep_probability
+    q = moments.flip_probability
+    spread = a - q
+    sizes = np.asarray(group_sizes, dtype=np.float64)
+    pair_size = sizes[:, None] + sizes[None, :]
+    cov_nn = -(a * q * pair_size + q * q * (num_clients - pair_size)) / spread**2
+    own_size_variance = sizes * a * (1 - a) + (num_clients - sizes) * q * (1 - q)
+    np.fill_diagonal(cov_nn, own_size_variance / spread**2)
+    return cov_nn
 
 
 def estimator_covariance(
@@ -125,10 +156,7 @@ def estimator_covariance(
     cov_tn = np.empty((num_groups, num_groups))
     cov_tn[:] = -(sums * q / spread)[:, None]
     np.fill_diagonal(cov_tn, sums * (1.0 - a) / spread)
-    pair_size = sizes[:, None] + sizes[None, :]
-    cov_nn = -(a * q * pair_size + q * q * (num_clients - pair_size)) / spread**2
-    own_size_variance = sizes * a * (1 - a) + (num_clients - sizes) * q * (1 - q)
-    np.fill_diagonal(cov_nn, own_size_variance / spread**2)
+    cov_nn = size_estimate_covariance(moments, num_clients, sizes)
     joint = np.block([[cov_tt, cov_tn], [cov_tn.T, cov_nn]])
     means = sums / sizes
     jacobian = np.hstack([np.diag(1.0 / sizes), np.diag(-means / sizes)])
@@ -263,6 +291,39 @@ def _check_known_sizes(group_sizes: Sequence[int], summary: ReportSummary) -> np
     return sizes
 
 
+def _check_summary_finite(summary: ReportSummary) -> None:
+    """Refuse NaN / infinity in the summary (a corrupt or overflowing report)."""
+    for name in ("report_counts", "value_sums", "value_square_sums"):
+        array = np.asarray(getattr(summary, name), dtype=np.float64)
+        if not np.all(np.isfinite(array)):
+            bad = int(np.flatnonzero(~np.isfinite(array))[0])
+            raise ValueError(
+                f"summary.{name} must be finite numbers, found {float(array[bad])} for group "
+                f"{bad} (a corrupt report or an overflow)"
+            )
+
+
+def _check_estimated_sizes(sizes: np.ndarray, moments: ReportMoments, num_clients: int) -> None:
+    """Refuse a group whose estimated size is not distinguishable from zero.
+
+    Refused when n_hat_G <= 0.5 or n_hat_G < SIZE_DETECTION_SIGMAS * sd(n_hat_G), with
+    sd from :func:`size_estimate_covariance` at the plug-in sizes clip(n_hat, 0, K).
+    """
+    plug_in = np.clip(sizes, 0.0, float(num_clients))
+    size_sd = np.sqrt(np.diag(size_estimate_covariance(moments, num_clients, plug_in)))
+    threshold = SIZE_DETECTION_SIGMAS * size_sd
+    small = (sizes <= 0.5) | (sizes < threshold)
+    if np.any(small):
+        group = int(np.flatnonzero(small)[0])
+        raise EstimationError(
+            f"group {group} has an estimated size of {float(sizes[group]):.1f} from the "
+            f"perturbed reports, indistinguishable from zero (threshold "
+            f"{max(float(threshold[group]), 0.5):.1f} = {SIZE_DETECTION_SIGMAS:g} standard "
+            f"deviations of the size estimate, {float(size_sd[group]):.1f}): it is empty or "
+            "too small to estimate at this epsilon and number of reports"
+        )
+
+
 def estimate_gap(
     summary: ReportSummary,
     mechanism: GapMechanism,
@@ -281,7 +342,9 @@ def estimate_gap(
     group_sizes : sequence of int, optional
         True group sizes n_G if known (they must sum to K); otherwise they are estimated
         from the reported groups (GRR frequency estimator) and the extra error is included
-        in the standard errors.
+        in the standard errors; a group whose estimated size is below
+        ``SIZE_DETECTION_SIGMAS`` standard deviations of that estimate (or <= 0.5) raises
+        :class:`EstimationError` (indistinguishable from an empty group).
     confidence : float
         Level of the intervals and bounds, in (0, 1).
 
@@ -298,6 +361,7 @@ def estimate_gap(
             f"the summary has {summary.num_groups} groups but the mechanism expects "
             f"{mechanism.num_groups}"
         )
+    _check_summary_finite(summary)
     num_clients = summary.num_reports
     if num_clients < mechanism.num_groups:
         raise EstimationError(
@@ -313,12 +377,7 @@ def estimate_gap(
     else:
         sizes = grr_frequency_estimate(summary.report_counts, num_clients, a)
         sizes_known = False
-        if np.any(sizes <= 0.5):
-            empty = int(np.flatnonzero(sizes <= 0.5)[0])
-            raise EstimationError(
-                f"group {empty} has an estimated size of {sizes[empty]:.1f} (<= 0.5) from the "
-                "perturbed reports: it is empty or too small to estimate at this epsilon"
-            )
+        _check_estimated_sizes(sizes, moments, num_clients)
     totals = summary.value_sums / gain
     means_v = totals / sizes
     # Plug-in for sum_G v^2.
@@ -409,6 +468,7 @@ __all__ = [
     "EstimationError",
     "GapEstimate",
     "GapMechanism",
+    "SIZE_DETECTION_SIGMAS",
     "chebyshev_halfwidth",
     "estimate_gap",
     "estimator_covariance",
@@ -416,6 +476,7 @@ __all__ = [
     "metric_to_value",
     "normal_quantile",
     "report_sum_variance",
+    "size_estimate_covariance",
     "value_to_metric",
     "worst_case_square_sums",
 ]

@@ -20,6 +20,7 @@ import numpy as np
 from mechanisms._validation import (
     check_clients,
     check_epsilon,
+    check_generator,
     check_num_groups,
 )
 from mechanisms.randomized_response import _flip_to_other_group, grr_keep_probability
@@ -150,6 +151,7 @@ class LaplaceMechanism:
         """Perturb each client's (g, v); ``values`` on the [-1, 1] scale (v = 2 m - 1)."""
         if validate:
             groups, values = check_clients(groups, values, self.num_groups)
+            rng = check_generator("rng", rng)
         if self.num_groups == 2:
             in_group_one, out_values = self._perturb_two_groups(groups, values, rng)
             return PerturbedReports(in_group_one.astype(np.int64), out_values)
@@ -201,6 +203,7 @@ class LaplaceMechanism:
         """
         if validate:
             groups, values = check_clients(groups, values, self.num_groups)
+            rng = check_generator("rng", rng)
         if self.num_groups != 2:
             reports = self.perturb(groups, values, rng, validate=False)
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)

@@ -19,6 +19,7 @@ import numpy as np
 from mechanisms._validation import (
     check_clients,
     check_epsilon,
+    check_generator,
     check_groups_array,
     check_num_groups,
 )
@@ -60,6 +61,7 @@ def grr_perturb(
     """GRR: keep each category with probability a, else report one of the others uniformly."""
     keep = grr_keep_probability(epsilon, num_categories)
     categories = check_groups_array(categories, num_categories, "categories")
+    rng = check_generator("rng", rng)
     draws = rng.random(categories.shape[0])
     kept = draws < keep
     position = (draws - keep) / (1.0 - keep)
@@ -180,6 +182,7 @@ class RandomizedResponseMechanism:
         """
         if validate:
             groups, values = check_clients(groups, values, self.num_groups)
+            rng = check_generator("rng", rng)
         a = self.group_keep_probability
         value_gain = 2.0 * self.value_keep_probability - 1.0
         draws = rng.random(groups.shape[0])
@@ -213,6 +216,7 @@ class RandomizedResponseMechanism:
         """
         if validate:
             groups, values = check_clients(groups, values, self.num_groups)
+            rng = check_generator("rng", rng)
         if self.num_groups != 2:
             reports = self.perturb(groups, values, rng, validate=False)
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mechanisms._validation import check_clients, check_int_at_least
+from mechanisms._validation import check_clients, check_generator, check_int_at_least
 from mechanisms.calibration import GapMechanismType
 from mechanisms.reports import ReportSummary
 
@@ -44,6 +44,7 @@ def summarize_stream(
         Clients per perturbation block.
     """
     block_size = check_int_at_least("block_size", block_size, 1)
+    rng = check_generator("rng", rng)
     total = ReportSummary.empty(mechanism.num_groups)
     for groups, values in chunks:
         groups, values = check_clients(groups, values, mechanism.num_groups)

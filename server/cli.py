@@ -41,7 +41,7 @@ from mechanisms import (
 )
 from mechanisms.calibration import best_split
 from mechanisms.fairtest import ClientSummary, FairnessReport, fedevalfair
-from mechanisms.laplace import check_noise_ratio
+from mechanisms.laplace import LDP_NOISE_RATIO, check_noise_ratio
 from mechanisms.planner import (
     error_bound,
     format_table1,
@@ -103,6 +103,15 @@ def _int_at_least(name: str, text: str, minimum: int) -> int:
     return value
 
 
+def _number(value: float) -> str:
+    """A number for a message: 2 for 2.0, else the shortest exact form (1.0000001, nan),
+    never numpy's ``np.float64(2.0)`` repr."""
+    number = float(value)
+    if number.is_integer() and abs(number) < 1e16:
+        return str(int(number))
+    return repr(number)
+
+
 def _emit(payload: dict[str, Any], text: str, as_json: bool, out: TextIO) -> None:
     if as_json:
         out.write(json.dumps(payload, allow_nan=False) + "\n")
@@ -125,8 +134,12 @@ def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
     eps2 = _positive("--eps2", _finite("--eps2", args.eps2))
     groups = _int_at_least("--groups", args.groups, 2)
     noise_ratio = _positive("--k", _finite("--k", args.k))
-    if args.mechanism == "R" and args.k != "2":
-        raise UsageError("--k only applies to --mechanism L")
+    if args.mechanism == "R" and noise_ratio != LDP_NOISE_RATIO:
+        # Compared as a number: "2", "2.0" and "2e0" all mean the default.
+        raise UsageError(
+            "--k only applies to --mechanism L (M_R has no noise ratio); got "
+            f"{_number(noise_ratio)}"
+        )
     if args.mechanism == "L":
         try:
             check_noise_ratio(noise_ratio)
@@ -275,7 +288,8 @@ def _read_chunks(
                 first = int(np.flatnonzero(bad)[0])
                 raise UsageError(
                     f"--group-column {args.group_column!r}: row {row + 1 + first} has group "
-                    f"{groups_float[first]!r}; groups must be integers in [0, {num_groups - 1}] "
+                    f"{_number(groups_float[first])}; groups must be integers in "
+                    f"[0, {num_groups - 1}] "
                     f"(--groups {num_groups})"
                 )
             bad = ~np.isfinite(metrics) | (metrics < 0) | (metrics > 1)
@@ -283,7 +297,7 @@ def _read_chunks(
                 first = int(np.flatnonzero(bad)[0])
                 raise UsageError(
                     f"--metric-column {args.metric_column!r}: row {row + 1 + first} has value "
-                    f"{metrics[first]!r}; metric values must be in [0, 1]"
+                    f"{_number(metrics[first])}; metric values must be in [0, 1]"
                 )
             groups = groups_float.astype(np.int64)
             group_counts += np.bincount(groups, minlength=num_groups)

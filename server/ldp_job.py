@@ -69,6 +69,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
             confidence=config.confidence,
             group_sizes=truth.group_counts if (truth and config.group_sizes == "known") else None,
             audit_id=f"audit-{index + 1}-eps-{budget:g}",
+            users_by_node=nodes.users_by_node,
         )
         log(logging.INFO, "[AUDIT %d/%d] epsilon %g", index + 1, len(config.epsilons), budget)
         # Nodes charge their users' ledgers when they process the audit, whether or not

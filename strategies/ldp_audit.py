@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +28,7 @@ from flwr.serverapp import Grid
 from mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
 from mechanisms.accounting import BUDGET_TOLERANCE
 from mechanisms.calibration import GapMechanismType
+from mechanisms.laplace import LaplaceMechanism
 
 #: Message type of an audit; the ClientApp handles it with ``@app.query("ldp_audit")``.
 AUDIT_MESSAGE_TYPE = "query.ldp_audit"
@@ -37,6 +38,14 @@ GROUPS_KEY = "groups"
 VALUES_KEY = "values"
 METRICS_KEY = "metrics"
 
+
+#: M_L plausibility bound, in Laplace scales b = 2 / eps2 (mechanisms/laplace.py). A report
+#: is v' = v + Lap(b) with v in [-1, 1] (kept group) or v' = 0 + Lap(b) (flipped group), so
+#: |v'| > 1 + 50 b needs |Lap(b)| > 50 b, which happens with probability e^-50 (~2e-22) per
+#: legitimate report.
+LAPLACE_TAIL_SCALES = 50.0
+#: Per-user counts a reply carries: every user of the node is exactly one of these.
+USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 MAX_REASON_LENGTH = 240
@@ -49,6 +58,26 @@ def short_reason(text: str) -> str:
     if len(flat) <= MAX_REASON_LENGTH:
         return flat
     return "..." + flat[-MAX_REASON_LENGTH:]
+
+
+def laplace_report_bound(mechanism: LaplaceMechanism) -> float:
+    """Largest plausible |v'| of an M_L report: 1 + LAPLACE_TAIL_SCALES * (2 / eps2).
+
+    v in [-1, 1] (v = 2 m - 1) plus Lap(b), b = 2 / eps2 (paper 000, Section 4; k = 2, so
+    kept and flipped clients share the scale); P(|Lap(b)| > t b) = e^-t.
+    """
+    return 1.0 + LAPLACE_TAIL_SCALES * mechanism.noise_scale
+
+
+def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
+    """A per-user count from the reply's metrics: a whole number >= 0, else ``ValueError``."""
+    value = metrics.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{key} must be a whole number >= 0, got {value!r}")
+    number = float(value)
+    if not number.is_integer() or number < 0:  # NaN and infinity are not integers
+        raise ValueError(f"{key} must be a whole number >= 0, got {number:g}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -128,6 +157,11 @@ class LdpGapAudit:
         True group sizes (simulation harness only); by default estimated from the reports.
     audit_id : str
         Label recorded in the users' ledgers.
+    users_by_node : mapping of int to int, optional
+        Users each node said it hosts (``num-users`` of its ``query.describe`` reply,
+        :class:`server.orchestration.NodeDescriptions`). A reply accounting for more users
+        (num-reports + num-refused + num-undefined) is rejected; nodes not in the mapping,
+        or no mapping, are not bounded.
     """
 
     def __init__(
@@ -139,6 +173,7 @@ class LdpGapAudit:
         confidence: float = 0.95,
         group_sizes: Sequence[int] | None = None,
         audit_id: str = "audit",
+        users_by_node: Mapping[int, int] | None = None,
     ) -> None:
         if not budget > 0:
             raise ValueError(f"budget must be > 0, got {budget!r}")
@@ -155,6 +190,16 @@ class LdpGapAudit:
         self.confidence = float(confidence)
         self.group_sizes = None if group_sizes is None else list(group_sizes)
         self.audit_id = audit_id
+        self.users_by_node: dict[int, int] | None = None
+        if users_by_node is not None:
+            self.users_by_node = {}
+            for node, users in users_by_node.items():
+                if isinstance(users, bool) or not isinstance(users, (int, np.integer)) or users < 0:
+                    raise ValueError(
+                        f"users_by_node must map node ids to integers >= 0, got {users!r} "
+                        f"for node {node!r}"
+                    )
+                self.users_by_node[int(node)] = int(users)
 
     def summary(self) -> None:
         """Log the audit's parameters (like ``Strategy.summary``)."""
@@ -201,8 +246,22 @@ class LdpGapAudit:
             for node_id in node_ids
         ]
 
-    def check_reply(self, reply: Message) -> tuple[ReportSummary, int, int]:
-        """Validate one reply and summarise its reports; ``ValueError`` says what is wrong."""
+    def check_reply(
+        self, reply: Message, *, max_users: int | None = None
+    ) -> tuple[ReportSummary, int, int]:
+        """Validate one reply and summarise its reports; ``ValueError`` says what is wrong.
+
+        Besides shapes and types: M_R values must be in {-1, +1}; M_L values must be finite
+        with |v'| <= :func:`laplace_report_bound` (a legitimate report exceeds it with
+        probability e^-50); num-reports, num-refused and num-undefined must be whole
+        numbers >= 0, num-reports must match the arrays, and, if ``max_users`` (the users
+        the node said it hosts) is given, their sum must not exceed it.
+
+        Returns
+        -------
+        (ReportSummary, int, int)
+            The reports' summary, the refused users and the undefined users.
+        """
         if reply.has_error():
             raise ValueError(f"client error: {short_reason(reply.error.reason)}")
         content = reply.content
@@ -233,20 +292,35 @@ class LdpGapAudit:
                 f"values outside M_{self.mechanism.name}'s output domain "
                 + ("{-1, +1}" if self.mechanism.name == "R" else "(finite reals)")
             )
+        if isinstance(self.mechanism, LaplaceMechanism) and values.size:
+            bound = laplace_report_bound(self.mechanism)
+            largest = float(np.max(np.abs(values.astype(np.float64))))
+            if largest > bound:
+                raise ValueError(
+                    f"implausible M_L value: |v'| = {largest:g} exceeds 1 + "
+                    f"{LAPLACE_TAIL_SCALES:g} b = {bound:g} (b = 2/eps2 = "
+                    f"{self.mechanism.noise_scale:g}; an honest report exceeds it with "
+                    f"probability e^-{LAPLACE_TAIL_SCALES:g})"
+                )
         metrics = content.metric_records.get(METRICS_KEY, {})
-        declared = metrics.get("num-reports", groups.size)
-        if int(declared) != groups.size:
+        declared, refused, undefined = (
+            _user_count(metrics, key, groups.size if key == "num-reports" else 0)
+            for key in USER_COUNT_KEYS
+        )
+        if declared != groups.size:
             raise ValueError(f"num-reports says {declared}, the arrays hold {groups.size}")
-        refused = int(metrics.get("num-refused", 0))
-        undefined = int(metrics.get("num-undefined", 0))
-        if refused < 0 or undefined < 0:
-            raise ValueError("num-refused and num-undefined must be >= 0")
+        if max_users is not None and declared + refused + undefined > max_users:
+            raise ValueError(
+                f"the reply accounts for {declared + refused + undefined} users "
+                f"(num-reports {declared} + num-refused {refused} + num-undefined "
+                f"{undefined}), more than the {max_users} the node described"
+            )
         if self.mechanism.name == "R":
             values = values.astype(np.int8)
         return (
             ReportSummary.from_reports(groups.astype(np.int64), values, num_groups),
             refused,
-            (undefined),
+            undefined,
         )
 
     def aggregate_audit(self, sent_to: Sequence[int], replies: Iterable[Message]) -> AuditOutcome:
@@ -264,8 +338,9 @@ class LdpGapAudit:
             if node_id not in sent_to:
                 rejected.append(RejectedReply(node_id, "reply from a node that was not asked"))
                 continue
+            max_users = None if self.users_by_node is None else self.users_by_node.get(node_id)
             try:
-                summary, node_refused, node_undefined = self.check_reply(reply)
+                summary, node_refused, node_undefined = self.check_reply(reply, max_users=max_users)
             except ValueError as error:
                 rejected.append(RejectedReply(node_id, str(error)))
                 continue

@@ -86,6 +86,32 @@ def test_privacy_laplace_k_not_two_is_refused(capsys: pytest.CaptureFixture[str]
     assert "unbounded" in err or "without bound" in err
 
 
+@pytest.mark.parametrize("k", ["2", "2.0", "2e0", "2.000"])
+@pytest.mark.parametrize("mechanism", ["R", "L"])
+def test_privacy_k_is_compared_as_a_number(mechanism: str, k: str) -> None:
+    payload = run_json(
+        ["privacy", "--mechanism", mechanism, "--eps1", "1", "--eps2", "1", "--k", k]
+    )
+    assert payload["epsilon"] == pytest.approx(spec_true_epsilon(mechanism, 1.0, 1.0))
+    assert payload["noise_ratio"] == (2.0 if mechanism == "L" else None)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "k", "shown"),
+    [("R", "2.5", "got 2.5"), ("R", "0.5", "got 0.5"), ("L", "2.0000001", "got 2.0000001")],
+)
+def test_privacy_k_other_than_two_is_refused_with_a_plain_number(
+    capsys: pytest.CaptureFixture[str], mechanism: str, k: str, shown: str
+) -> None:
+    err = assert_usage_error(
+        ["privacy", "--mechanism", mechanism, "--eps1", "1", "--eps2", "1", "--k", k],
+        capsys,
+        "--k",
+        shown,
+    )
+    assert "np." not in err
+
+
 def test_installed_script_exit_code_and_one_line_stderr() -> None:
     result = subprocess.run(
         [str(FEDPARITY), "privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "3"],
@@ -334,6 +360,36 @@ def test_measure_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert_usage_error([*base, good, "--confidence", "1.5"], capsys, "--confidence")
     assert_usage_error([*base, small_file(tmp_path, [(0, 0.5)], "one.csv")], capsys, "--input")
     assert_usage_error([*base, str(tmp_path / "missing.csv")], capsys, "--input")
+
+
+@pytest.mark.parametrize(
+    ("row", "option", "shown"),
+    [
+        ((2, 0.5), "--group-column", "has group 2;"),
+        ((0.5, 0.5), "--group-column", "has group 0.5;"),
+        ((1, 1.5), "--metric-column", "has value 1.5;"),
+        ((1, 1.0000001), "--metric-column", "has value 1.0000001;"),
+        ((1, -2), "--metric-column", "has value -2;"),
+    ],
+)
+def test_measure_bad_rows_are_shown_as_plain_numbers(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    row: tuple[float, float],
+    option: str,
+    shown: str,
+) -> None:
+    """The offending value is printed as the number in the file, not numpy's repr."""
+    rows = list(GOOD_ROWS)
+    rows[2] = row
+    err = assert_usage_error(
+        ["measure", "--epsilon", "1", "--input", small_file(tmp_path, rows)],
+        capsys,
+        option,
+        "row 4",
+        shown,
+    )
+    assert "np." not in err and "float64" not in err
 
 
 def test_measure_row_numbers_across_chunks(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -31,9 +31,11 @@ from scipy import stats
 
 from mechanisms import (
     EstimationError,
+    LaplaceMechanism,
     RandomizedResponseMechanism,
     ReportSummary,
     estimate_gap,
+    grr_frequency_estimate,
     mechanism_for_budget,
 )
 from mechanisms.estimators import estimator_covariance
@@ -585,6 +587,90 @@ def test_empty_group_with_estimated_sizes() -> None:
     summary = ReportSummary.from_reports(reports.groups, reports.values, 2)
     with pytest.raises(EstimationError, match="empty"):
         estimate_gap(summary, mechanism)
+
+
+SIZE_CHECK_SEEDS = range(20)
+SIZE_CHECK_CLIENTS = 10_000
+
+
+def two_group_summary(
+    mechanism: RandomizedResponseMechanism | LaplaceMechanism, group_one: int, seed: int
+) -> ReportSummary:
+    """K = 10,000 clients, the last ``group_one`` of them in group 1, metric 0.7 for all."""
+    groups = np.zeros(SIZE_CHECK_CLIENTS, dtype=np.int64)
+    groups[SIZE_CHECK_CLIENTS - group_one :] = 1
+    values = np.full(SIZE_CHECK_CLIENTS, 0.4)  # v = 2 * 0.7 - 1
+    reports = mechanism.perturb(groups, values, np.random.default_rng(seed))
+    return ReportSummary.from_reports(reports.groups, reports.values, 2)
+
+
+def grr_size_sd(mechanism: RandomizedResponseMechanism | LaplaceMechanism, clients: int) -> float:
+    """sd of the GRR size estimate for d = 2 (q = 1 - a): sqrt(K a (1 - a)) / (2a - 1),
+    whatever the true size (Wang et al. 2017, pure-protocol variance with q = 1 - a)."""
+    a = mechanism.moments.keep_probability
+    return math.sqrt(clients * a * (1.0 - a)) / (2.0 * a - 1.0)
+
+
+@pytest.mark.parametrize("name", ["R", "L"])
+def test_truly_empty_group_with_estimated_sizes_is_refused_at_every_seed(name: str) -> None:
+    """eps = 1, K = 10,000, nobody in group 1: n_hat_1 is N(0, sd) noise (sd ~ 160 for M_R,
+    ~ 200 for M_L), positive about half of the time, so the former n_hat <= 0.5 rule let
+    such seeds through with a garbage mean; n_hat_1 < 3 sd must refuse every seed."""
+    mechanism = mechanism_for_budget(name, 1.0, 2)  # type: ignore[arg-type]
+    a = mechanism.moments.keep_probability
+    positive = 0
+    for seed in SIZE_CHECK_SEEDS:
+        summary = two_group_summary(mechanism, 0, seed)
+        n_hat = grr_frequency_estimate(summary.report_counts, SIZE_CHECK_CLIENTS, a)
+        positive += int(n_hat[1] > 0.5)
+        with pytest.raises(EstimationError, match="group 1 .*indistinguishable from zero"):
+            estimate_gap(summary, mechanism)
+    assert positive >= 3, positive  # the seeds do exercise what the old rule missed
+
+
+@pytest.mark.parametrize("name", ["R", "L"])
+def test_small_real_group_with_estimated_sizes_is_not_refused(name: str) -> None:
+    """A real 20% group (n_1 = 2,000) is ~ 10 sd (M_R) / 7 sd (M_L) above the 3-sd
+    threshold at eps = 1, K = 10,000: no seed may be refused (the check is not always on)."""
+    mechanism = mechanism_for_budget(name, 1.0, 2)  # type: ignore[arg-type]
+    sd = grr_size_sd(mechanism, SIZE_CHECK_CLIENTS)
+    for seed in SIZE_CHECK_SEEDS:
+        estimate = estimate_gap(two_group_summary(mechanism, 2_000, seed), mechanism)
+        assert abs(estimate.group_sizes[1] - 2_000) <= 5 * sd
+        assert estimate.sizes_estimated
+
+
+@pytest.mark.parametrize("refused", [True, False])
+def test_size_threshold_is_three_standard_deviations(refused: bool) -> None:
+    """Reported counts putting n_hat_1 one count below / above 3 sd (sd computed here, not by
+    the library; one count moves n_hat by 1 / (a - q) ~ 3, i.e. 0.02 sd): refused below."""
+    mechanism = RandomizedResponseMechanism(0.62, 1.0)
+    a = mechanism.moments.keep_probability
+    q = 1.0 - a
+    clients = SIZE_CHECK_CLIENTS
+    # n_hat = (n' - K q) / (a - q), so n_hat = 3 sd at n' = 3 sd (a - q) + K q.
+    at_threshold = 3.0 * grr_size_sd(mechanism, clients) * (a - q) + clients * q
+    assert not at_threshold.is_integer()
+    reported_one = math.floor(at_threshold) if refused else math.ceil(at_threshold)
+    counts = np.array([clients - reported_one, reported_one], dtype=np.int64)
+    summary = ReportSummary(clients, counts, np.zeros(2), counts.astype(np.float64))
+    if refused:
+        with pytest.raises(EstimationError, match="group 1 .*indistinguishable from zero"):
+            estimate_gap(summary, mechanism)
+    else:
+        assert estimate_gap(summary, mechanism).group_sizes[1] > 0
+
+
+@pytest.mark.parametrize("field", ["value_sums", "value_square_sums"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_summary_is_refused(field: str, bad: float) -> None:
+    summary, mechanism = small_summary()
+    array = getattr(summary, field).copy()
+    array[1] = bad
+    corrupt = replace(summary, **{field: array})
+    for sizes in (None, [50, 50]):
+        with pytest.raises(ValueError, match=f"summary.{field} must be finite"):
+            estimate_gap(corrupt, mechanism, group_sizes=sizes)
 
 
 @pytest.mark.parametrize("confidence", [0.0, 1.0, 1.5, -0.1, math.nan])

@@ -7,6 +7,7 @@ the faults are the point of the test.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,6 +23,7 @@ from strategies.ldp_audit import (
     REPORTS_KEY,
     VALUES_KEY,
     LdpGapAudit,
+    laplace_report_bound,
 )
 from strategies.robust_fedavg import RobustFedAvg
 
@@ -148,6 +150,74 @@ def test_laplace_reports_must_be_finite_reals() -> None:
     outcome = audit.aggregate_audit([1, 2], replies)
     assert outcome.accepted_nodes == 1
     assert [item.node_id for item in outcome.rejected] == [2]
+
+
+def test_implausible_laplace_values_and_user_counts_are_rejected_and_counted() -> None:
+    """M_L values beyond 1 + 50 b (b = 2/eps2; honest probability e^-50 per report) and
+    replies accounting for more users than the node described are rejected, counted, and
+    the audit still estimates from the well-formed replies."""
+    rng = np.random.default_rng(11)
+    mechanism = LaplaceMechanism(0.5, 1.0)  # b = 2, bound = 1 + 50 * 2 = 101
+    bound = laplace_report_bound(mechanism)
+    assert bound == pytest.approx(1.0 + 50.0 * 2.0 / mechanism.epsilon_value)
+    hosts = {1: 2000, 2: 2000, **{node: 3 for node in range(100, 109)}}
+    audit = LdpGapAudit(mechanism, budget=1.0, users_by_node=hosts)
+    groups = np.array([0, 1, 0], dtype=np.int64)
+    ok_values = np.array([3.5, -7.25, 0.1])
+    faults = [
+        (_reply(100, groups, np.array([0.2, 1e300, 0.1])), "implausible M_L value"),
+        (_reply(101, groups, np.array([0.2, -(bound + 1e-6), 0.1])), "implausible M_L value"),
+        (_reply(102, np.zeros(4, dtype=np.int64), np.zeros(4)), "more than the 3"),
+        (_reply(103, groups, ok_values, **{"num-refused": 1}), "more than the 3"),
+        (_reply(104, groups, ok_values, **{"num-undefined": 2}), "accounts for 5 users"),
+    ]
+    # Bad counts; inf once crashed the run (int(inf) raises OverflowError, not ValueError).
+    bad_counts = [("num-refused", -1), ("num-undefined", 1.5), ("num-reports", 3.5)]
+    bad_counts.append(("num-refused", math.inf))
+    for node, (key, value) in zip(range(105, 109), bad_counts, strict=True):
+        reply = _reply(node, groups, ok_values)
+        reply.content.metric_records[METRICS_KEY][key] = value
+        faults.append((reply, f"{key} must be a whole number >= 0"))
+    good = [_reply(node, *_honest_reports(mechanism, 2000, rng)) for node in (1, 2)]
+    at_bound = _reply(50, groups, np.array([0.2, bound, -bound]))  # plausible; not described
+    bad_nodes = list(range(100, 109))
+    outcome = audit.aggregate_audit(
+        [1, 2, 50, *bad_nodes], [*good, at_bound, *(reply for reply, _ in faults)]
+    )
+
+    assert outcome.accepted_nodes == 3
+    assert outcome.summary.num_reports == 4003
+    reasons = {item.node_id: item.reason for item in outcome.rejected}
+    assert sorted(reasons) == bad_nodes
+    for node, (_, fragment) in zip(bad_nodes, faults, strict=True):
+        assert fragment in reasons[node], (node, reasons[node])
+    assert len(outcome.to_dict()["rejected_replies"]) == len(faults)
+    assert outcome.estimate is not None  # the run goes on with the valid replies
+
+
+def test_user_count_bound_is_the_described_size() -> None:
+    """A reply accounting for exactly the described users is accepted; one more is not."""
+    mechanism = RandomizedResponseMechanism(1.0, 2.0)
+    audit = LdpGapAudit(mechanism, budget=mechanism.epsilon, users_by_node={1: 5, 2: 5})
+    groups = np.array([0, 1, 1], dtype=np.int64)
+    values = np.array([1, -1, 1], dtype=np.int8)
+    exact = _reply(1, groups, values, **{"num-refused": 1, "num-undefined": 1})
+    over = _reply(2, groups, values, **{"num-refused": 2, "num-undefined": 1})
+    summary, refused, undefined = audit.check_reply(exact, max_users=5)
+    assert (summary.num_reports, refused, undefined) == (3, 1, 1)
+    with pytest.raises(ValueError, match="more than the 5 the node described"):
+        audit.check_reply(over, max_users=5)
+    audit.check_reply(over)  # no bound known: accepted
+    outcome = audit.aggregate_audit([1, 2], [exact, over])
+    assert outcome.accepted_nodes == 1 and [r.node_id for r in outcome.rejected] == [2]
+    assert outcome.refused_users == 1 and outcome.undefined_users == 1
+
+
+@pytest.mark.parametrize("users_by_node", [{1: -1}, {1: 2.5}, {1: True}, {1: "3"}])
+def test_audit_refuses_bad_users_by_node(users_by_node: dict[int, object]) -> None:
+    mechanism = RandomizedResponseMechanism(1.0, 2.0)
+    with pytest.raises(ValueError, match="users_by_node"):
+        LdpGapAudit(mechanism, budget=mechanism.epsilon, users_by_node=users_by_node)  # type: ignore[arg-type]
 
 
 def test_no_valid_reply_gives_an_error_not_an_exception() -> None:

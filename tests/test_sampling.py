@@ -23,6 +23,7 @@ from mechanisms import (
     grr_frequency_estimate,
     grr_keep_probability,
     grr_perturb,
+    summarize_stream,
 )
 
 N_PER_INPUT = 200_000
@@ -267,6 +268,24 @@ def test_perturb_rejects_bad_inputs(mechanism: RandomizedResponseMechanism) -> N
                 method(good_groups, np.array(values), rng)
         with pytest.raises(ValueError, match="length"):
             method(good_groups, np.array([0.0, 0.5]), rng)
+
+
+@pytest.mark.parametrize(
+    "rng",
+    [42, np.random.RandomState(0), None],
+    ids=["int", "RandomState", "None"],
+)
+def test_every_sampler_wants_an_explicit_generator(rng: object) -> None:
+    """A seed, the legacy RandomState or None is refused with a message naming rng."""
+    groups, values = np.array([0, 1, 1]), np.array([0.0, 0.5, -0.5])
+    for mechanism in (RandomizedResponseMechanism(1.0, 1.0, 2), LaplaceMechanism(1.0, 1.0, 3)):
+        for method in (mechanism.perturb, mechanism.perturb_and_summarize):
+            with pytest.raises(ValueError, match="rng must be a numpy.random.Generator"):
+                method(groups, values, rng)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="rng must be a numpy.random.Generator"):
+            summarize_stream(mechanism, [(groups, values)], rng)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rng must be a numpy.random.Generator"):
+        grr_perturb(groups, 1.0, 2, rng)  # type: ignore[arg-type]
 
 
 def test_grr_perturb_rejects_bad_categories() -> None:
