@@ -26,7 +26,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = (
     ("doctorate, trained (unfair)", "fef-adult-doctorate.toml", 2),
     ("doctorate, fair by construction", "fef-adult-doctorate-fair.toml", 2),
-    ("10 holders (Dirichlet), trained", "fef-adult-k10.toml", 10),
+    ("10 holders (Dirichlet(5)), trained", "fef-adult-k10.toml", 10),
 )
 
 

@@ -41,6 +41,7 @@ from clients.fedevalfair import (
     RELEASE_SIZE,
     ROUND1_SIZE,
     ROUND2_SIZE,
+    UNABLE_REPLY,
     ClientStatistics,
     bootstrap_seed,
     client_statistics,
@@ -60,6 +61,7 @@ from clients.fpfl_node import (
 from clients.task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 from mechanisms import ShardLedger, build_mechanism, metric_to_value
 from mechanisms.accounting import BUDGET_TOLERANCE
+from mechanisms.fairtest import InsufficientGroupData
 from server.config import RunConfig
 from strategies.fpfl import FPFL_KEY
 from strategies.ldp_audit import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
@@ -298,13 +300,18 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     rng = np.random.default_rng(bootstrap_seed(config.seed, partition_id))
     model = _model_for(shard, msg.content["arrays"], config.seed)
     predictions = holder_predictions(model, shard, config.fef_variant, rng)
-    statistics = client_statistics(
-        shard,
-        predictions,
-        num_resamples=config.fef_resamples,
-        rng=rng,
-        min_cell_count=config.fef_min_cell,
-    )
+    try:
+        statistics = client_statistics(
+            shard,
+            predictions,
+            num_resamples=config.fef_resamples,
+            rng=rng,
+            min_cell_count=config.fef_min_cell,
+        )
+    except InsufficientGroupData as error:
+        # The detailed reason holds this node's cell counts: it stays in the node's log.
+        log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
+        raise InsufficientGroupData(UNABLE_REPLY) from None
     context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
         {"summaries": Array(statistics.to_array())}
     )

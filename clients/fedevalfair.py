@@ -33,6 +33,7 @@ import tenseal as ts
 import torch
 
 from clients.ckks import (
+    KeyMaterialError,
     append_count_slot,
     check_count_slot,
     check_magnitude,
@@ -64,6 +65,22 @@ RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 total, sum w, sum w Ybar, sum w Ybar
 RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
 #: Largest magnitude a decrypted sum may have (a sum under a foreign key decrypts to ~1e30).
 MAX_MAGNITUDE = 1e12
+#: Error-reply markers the server sorts replies by (strategies.fedevalfair).
+UNABLE_MARKER = "cannot take part"
+CORRUPT_SUM_MARKER = "encrypted sum is corrupt"
+#: What a node that cannot take part tells the server: a fixed sentence, no counts (its
+#: detailed reason, with cell counts, stays in the node's own log).
+UNABLE_REPLY = (
+    f"{UNABLE_MARKER}: no metric can be bootstrapped on this node's test set "
+    "(a group is missing or a (group, prediction) cell is below fef-min-cell)"
+)
+
+
+class CorruptSumError(ValueError):
+    """A returned encrypted sum does not decrypt to a valid aggregate.
+
+    Some node encrypted under another key, or sent out-of-range values. Neither the server
+    (no secret key) nor this node (it only sees the sum) can tell which node it was."""
 
 
 @dataclass(frozen=True)
@@ -175,10 +192,23 @@ def round1_vector(statistics: ClientStatistics) -> np.ndarray:
 
 
 def open_sum(context: ts.Context, payload: bytes, size: int, count: int) -> np.ndarray:
-    """Decrypt a sum, check its magnitude and message-count slot; return it without the slot."""
-    decrypted = decrypt_vector(context, payload, expected_size=size)
-    checked = check_magnitude(decrypted, max_magnitude=MAX_MAGNITUDE, name="decrypted sum")
-    return check_count_slot(checked, count)
+    """Decrypt a sum, check its magnitude and message-count slot; return it without the slot.
+
+    Raises :class:`CorruptSumError` (fixed message: no decrypted value leaves the node) when
+    the payload is not a ciphertext of ``size`` slots under this key, decrypts to a value
+    beyond :data:`MAX_MAGNITUDE` or non-finite, or its count slot is not ``count``.
+    """
+    try:
+        decrypted = decrypt_vector(context, payload, expected_size=size)
+        checked = check_magnitude(decrypted, max_magnitude=MAX_MAGNITUDE, name="decrypted sum")
+        return check_count_slot(checked, count)
+    except KeyMaterialError:
+        raise  # this node's own key file is wrong: not the sum's fault
+    except ValueError:
+        raise CorruptSumError(
+            f"{CORRUPT_SUM_MARKER}: it does not decrypt to the sum of {count} contribution(s) "
+            "(a node encrypted under another key or sent out-of-range values)"
+        ) from None
 
 
 def _blocks(vector: np.ndarray) -> list[np.ndarray]:

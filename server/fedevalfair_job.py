@@ -21,7 +21,12 @@ from pathlib import Path
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from clients.ckks import DEFAULT_KEY_DIR, PUBLIC_CONTEXT_FILE, load_public_context
+from clients.ckks import (
+    DEFAULT_KEY_DIR,
+    PUBLIC_CONTEXT_FILE,
+    context_has_secret_key,
+    load_public_context,
+)
 from clients.fedevalfair import BLOCKS
 from server.config import RunConfig
 from server.harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
@@ -160,7 +165,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
         "fedevalfair": outcome.to_dict(),
         "harness_plaintext": None if truth is None else truth.to_dict(),
         "max_abs_pvalue_difference_vs_plaintext": difference,
-        "server_context_has_secret_key": False,
+        "server_context_has_secret_key": context_has_secret_key(protocol.public_context),
         "elapsed_seconds": time.perf_counter() - started,
     }
     write_json(output_dir / "results.json", payload)

@@ -11,12 +11,19 @@ Replies that are errors, undecodable, not a ciphertext of the expected context o
 wrong length are rejected and counted; nodes that do not answer are reported as dropped;
 a node that cannot take part (e.g. one group only in its test set) says so and is listed.
 The protocol completes while at least 2 nodes remain.
+
+A ciphertext under another key with the same CKKS parameters, or one carrying out-of-range
+values, passes every check the server can make without the secret key. The nodes catch it
+when they decrypt the sum (magnitude and count-slot checks) and answer with a "corrupt sum"
+report; the server then withholds the result and says so -- it does not list the reporting
+(honest) nodes as rejected, and it cannot name the culprit: only the sum is ever decrypted.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,10 +42,12 @@ from clients.ckks import (
 )
 from clients.fedevalfair import (
     BLOCKS,
+    CORRUPT_SUM_MARKER,
     RELEASE_SIZE,
     RELEASE_WIDTH,
     ROUND1_SIZE,
     ROUND2_SIZE,
+    UNABLE_MARKER,
 )
 from mechanisms.fairtest import FairnessReport, report_from_sums
 from strategies.ldp_audit import RejectedReply, short_reason
@@ -47,7 +56,6 @@ FEF_KEY = "fef"
 ROUND_MESSAGE_TYPES = ("query.fef_round1", "query.fef_round2", "query.fef_round3")
 #: Relative tolerance within which the key holders' releases must agree.
 AGREEMENT_TOLERANCE = 1e-6
-UNABLE_MARKER = "cannot take part"
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,8 @@ class FedEvalFairOutcome:
     ciphertexts_per_node: tuple[int, ...]
     error: str | None = None
     released: tuple[float, ...] = field(default=())
+    #: (round, report) of nodes that found the sum they were sent corrupt (see module doc).
+    corrupt_sum_reports: tuple[tuple[int, RejectedReply], ...] = field(default=())
 
     def block(self, metric: str, mode: str) -> BlockResult:
         return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
@@ -98,6 +108,10 @@ class FedEvalFairOutcome:
             ],
             "unable_to_take_part": [
                 {"node_id": item.node_id, "reason": item.reason} for item in self.unable
+            ],
+            "corrupt_sum_reports": [
+                {"round": rnd, "node_id": item.node_id, "reason": item.reason}
+                for rnd, item in self.corrupt_sum_reports
             ],
             "key_holders": list(self.key_holders),
             "uploaded_bytes_per_round": [
@@ -191,8 +205,10 @@ class FedEvalFairProtocol:
             seen.add(node)
             if reply.has_error():
                 reason = short_reason(reply.error.reason)
-                target = unable if UNABLE_MARKER in reason else rejected
-                target.append(RejectedReply(node, reason))
+                # "cannot take part" and "corrupt sum" replies are not faults of the sender;
+                # the caller sorts the second kind out of ``unable``.
+                marked = UNABLE_MARKER in reason or CORRUPT_SUM_MARKER in reason
+                (unable if marked else rejected).append(RejectedReply(node, reason))
                 continue
             record = reply.content.array_records.get(FEF_KEY)
             if record is None or "ciphertext" not in record:
@@ -322,7 +338,22 @@ class FedEvalFairProtocol:
         participants: list[tuple[int, ...]] = []
         dropped: list[tuple[int, ...]] = []
         rejected_all: list[tuple[int, RejectedReply]] = []
+        corrupt_all: list[tuple[int, RejectedReply]] = []
         uploaded_all: list[dict[int, int]] = []
+        #: Per round, the most ciphertexts accepted from one node (each accepted payload was
+        #: checked to hold exactly one CKKS ciphertext by clients.ckks.add_ciphertexts).
+        ciphertexts_all: list[int] = []
+
+        def corrupt_error(
+            round_number: int, reports: list[RejectedReply], senders: Sequence[int]
+        ) -> str:
+            which = "round-1" if round_number == 2 else "round-2"
+            return (
+                f"round {round_number}: {len(reports)} node(s) report that the {which} sum is "
+                f"corrupt: at least one {which} ciphertext (senders: {sorted(senders)}) was "
+                "encrypted under another key or carried out-of-range values; the server holds "
+                "no secret key and cannot tell which node sent it; result withheld"
+            )
 
         def finish(
             error: str | None,
@@ -341,9 +372,10 @@ class FedEvalFairProtocol:
                 unable=tuple(unable),
                 key_holders=tuple(holders),
                 uploaded_bytes=tuple(uploaded_all),
-                ciphertexts_per_node=tuple(1 if sizes else 0 for sizes in uploaded_all),
+                ciphertexts_per_node=tuple(ciphertexts_all),
                 error=error,
                 released=() if released is None else tuple(float(x) for x in released),
+                corrupt_sum_reports=tuple(corrupt_all),
             )
 
         # Round 1
@@ -354,6 +386,7 @@ class FedEvalFairProtocol:
         )
         rejected_all += [(1, item) for item in rejected]
         uploaded_all.append(uploaded)
+        ciphertexts_all.append(max(Counter(round1).values(), default=0))
         participants.append(tuple(round1))
         answered = {item.node_id for item in rejected + unable} | set(round1)
         dropped.append(tuple(node for node in node_ids if node not in answered))
@@ -368,11 +401,17 @@ class FedEvalFairProtocol:
         sum2, round2, rejected, unable2, uploaded = self.collect_ciphertexts(
             2, round1, replies, ROUND2_SIZE
         )
-        rejected_all += [(2, item) for item in rejected + unable2]
+        corrupt = [item for item in unable2 if CORRUPT_SUM_MARKER in item.reason]
+        other = [item for item in unable2 if CORRUPT_SUM_MARKER not in item.reason]
+        rejected_all += [(2, item) for item in rejected + other]
+        corrupt_all += [(2, item) for item in corrupt]
         uploaded_all.append(uploaded)
+        ciphertexts_all.append(max(Counter(round2).values(), default=0))
         participants.append(tuple(round2))
         answered = {item.node_id for item in rejected + unable2} | set(round2)
         dropped.append(tuple(node for node in round1 if node not in answered))
+        if corrupt:
+            return finish(corrupt_error(2, corrupt, round1), unable)
         if sum2 is None or len(round2) < self.min_clients:
             return finish(
                 f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}", unable
@@ -391,9 +430,14 @@ class FedEvalFairProtocol:
         )
         replies = self._send(grid, 2, holders, content)
         releases, rejected = self.collect_releases(replies, holders)
-        rejected_all += [(3, item) for item in rejected]
+        corrupt = [item for item in rejected if CORRUPT_SUM_MARKER in item.reason]
+        rejected_all += [(3, item) for item in rejected if item not in corrupt]
+        corrupt_all += [(3, item) for item in corrupt]
         uploaded_all.append({})
+        ciphertexts_all.append(0)  # round 3: the key holders release plaintext aggregates
         participants.append(tuple(holders))
+        if corrupt:
+            return finish(corrupt_error(3, corrupt, round2), unable, holders)
         if not releases:
             return finish("round 3: no key holder released the statistics", unable, holders)
         first = releases[0]

@@ -4,17 +4,33 @@ and with holders that crash or go silent between rounds (real Flower simulations
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.simulation import run_simulation
 
-from clients.app import build_client_app, fef_round2, load_shard_for
-from clients.ckks import SECRET_CONTEXT_ENV, KeyPaths, generate_keys
-from clients.fedevalfair import BLOCKS, bootstrap_seed, client_statistics, holder_predictions
+from clients.app import build_client_app, fef_round1, fef_round2, load_shard_for
+from clients.ckks import (
+    SECRET_CONTEXT_ENV,
+    KeyPaths,
+    encrypt_vector,
+    generate_keys,
+    load_secret_context,
+    to_array,
+)
+from clients.fedevalfair import (
+    BLOCKS,
+    ROUND1_SIZE,
+    UNABLE_REPLY,
+    bootstrap_seed,
+    client_statistics,
+    holder_predictions,
+)
 from clients.task import build_model
 from mechanisms.fairtest import fedevalfair
 from server.api import _environment, run_simulation_job
@@ -235,3 +251,87 @@ def test_adult_k10_config_tests_all_ten_holders(
     for test in outcome["tests"]:
         report = test["report"]
         assert report["k"] == 10 and report["homogeneity"]["dof"] == 9, test
+
+
+FOREIGN_SECRET_ENV = "FEDPARITY_TEST_FOREIGN_SECRET"
+
+
+def bad_ciphertext_in_round1(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Holder 1 replaces its round-1 ciphertext (a fault): under a foreign key when
+    $FEDPARITY_TEST_FOREIGN_SECRET names one, else out-of-range values under the right key."""
+    reply = fef_round1(msg, context, config)
+    if int(context.node_config["partition-id"]) != 1:
+        return reply
+    foreign = os.environ.get(FOREIGN_SECRET_ENV)
+    if foreign:
+        payload = encrypt_vector(load_secret_context(foreign), np.ones(ROUND1_SIZE))
+    else:
+        secret = load_secret_context(os.environ[SECRET_CONTEXT_ENV])
+        payload = encrypt_vector(secret, np.full(ROUND1_SIZE, 1e15))
+    record = ArrayRecord({"ciphertext": Array(to_array(payload))})
+    return Message(content=RecordDict({"fef": record}), reply_to=msg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["foreign-key", "out-of-range"])
+def test_bad_round1_ciphertext_withholds_the_result_without_blaming_honest_nodes(
+    keys: KeyPaths, tmp_path: Path, fault: str
+) -> None:
+    """A ciphertext the server cannot check (another key, or values far out of range) is
+    found by the nodes when they decrypt the round-1 sum: the run completes, the result is
+    withheld with a clear error, and no honest node is listed as rejected."""
+    overrides = {
+        "task": "fedevalfair",
+        "fef-public-context": str(keys.public),
+        "users-per-node": 600,
+        "num-server-rounds": 0,
+        "output-dir": str(tmp_path / "run"),
+    }
+    environment = {SECRET_CONTEXT_ENV: str(keys.secret)}
+    if fault == "foreign-key":
+        environment[FOREIGN_SECRET_ENV] = str(generate_keys(tmp_path / "foreign").secret)
+    with _environment(environment):
+        run_simulation(
+            server_app=build_server_app(overrides),
+            client_app=build_client_app(
+                overrides, handlers={"query.fef_round1": bad_ciphertext_in_round1}
+            ),
+            num_supernodes=4,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    outcome = results["fedevalfair"]
+    assert "report that the round-1 sum is corrupt" in outcome["error"]
+    assert "cannot tell which node" in outcome["error"]
+    assert outcome["tests"] == []
+    assert outcome["rejected_replies"] == []  # nobody is blamed
+    assert len(outcome["round_participants"][0]) == 4  # the server could not tell
+    reports = outcome["corrupt_sum_reports"]
+    assert len(reports) == 4 and {r["round"] for r in reports} == {2}
+    # No decrypted value leaves a node: the report is a fixed sentence.
+    assert all(re.fullmatch(r"[^\d]*\d+[^\d]*", r["reason"]) for r in reports), reports
+
+
+@pytest.mark.slow
+def test_nodes_that_cannot_take_part_send_no_counts(keys: KeyPaths, tmp_path: Path) -> None:
+    """Every holder is below fef-min-cell: each says it cannot take part in a fixed
+    sentence (no cell counts), and the run ends with a clear error instead of a test."""
+    overrides = {
+        "task": "fedevalfair",
+        "fef-public-context": str(keys.public),
+        "users-per-node": 300,
+        "num-server-rounds": 0,
+        "fef-min-cell": 100_000,
+        "output-dir": str(tmp_path / "run"),
+    }
+    results = run_simulation_job(
+        overrides, num_supernodes=3, environment={SECRET_CONTEXT_ENV: str(keys.secret)}
+    )
+    outcome = results["fedevalfair"]
+    assert outcome["error"] == "round 1: 0 valid ciphertext(s), need 2"
+    assert outcome["tests"] == [] and outcome["rejected_replies"] == []
+    unable = outcome["unable_to_take_part"]
+    assert len(unable) == 3
+    for item in unable:
+        assert UNABLE_REPLY in item["reason"]
+        assert not re.search(r"\d", item["reason"].replace(UNABLE_REPLY, "")), item
