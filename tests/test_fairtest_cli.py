@@ -238,3 +238,28 @@ def test_missing_and_empty_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_input_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert_usage_error(["fairtest"], capsys, "--input")
+
+
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    [
+        (["--coeff-mod-bit-sizes", "60,60,60,60"], ("240 bits exceeds 218",)),
+        (["--poly-modulus-degree", "4096"], ("exceeds 109",)),
+        (["--poly-modulus-degree", "5000"], ("5000",)),
+        (["--coeff-mod-bit-sizes", "60,x"], ("--coeff-mod-bit-sizes", "integers")),
+    ],
+)
+def test_keys_refuses_parameters_below_128_bit_security(
+    tmp_path: Path, options: list[str], needles: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedparity keys` with CKKS parameters outside the HomomorphicEncryption.org 128-bit
+    table exits 2 with a one-line message, and writes no key file."""
+    out = tmp_path / "keys"
+    capsys.readouterr()
+    code, text = run(["keys", "--out", str(out), *options])
+    err = capsys.readouterr().err
+    assert code == 2 and text == ""
+    assert err.startswith("fedparity keys: error:") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert not out.exists() or not any(out.iterdir())
