@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -54,7 +53,7 @@ from clients.fedevalfair import (
 from clients.fpfl_node import (
     minimum_survivors,
     node_contribution,
-    node_noise_multiplier,
+    node_noise_share_std,
     node_shard,
     round_rng,
 )
@@ -395,19 +394,22 @@ def fpfl_round(msg: Message, context: Context, config: RunConfig) -> Message:
     round_number = int(settings["round"])  # type: ignore[arg-type]
     population_size = int(settings["population-size"])  # type: ignore[arg-type]
     num_nodes = int(settings["num-nodes"])  # type: ignore[arg-type]
+    peers = {int(node) for node in settings["peer-ids"]}  # type: ignore[union-attr]
+    if len(peers) != num_nodes or int(context.node_id) not in peers:
+        # The noise share shrinks with num-nodes: never take it from the server unchecked.
+        raise ValueError(
+            f"fpfl: the round says num-nodes = {num_nodes} but lists {len(peers)} distinct "
+            f"peer(s){'' if int(context.node_id) in peers else ' without this node'}; "
+            "refusing to scale the noise share"
+        )
     shard = node_shard(config, partition_id, num_partitions)
-    sigma = node_noise_multiplier(config, population_size)
-    share = 0.0
-    if sigma and config.fpfl_noise == "distributed":
-        survivors = minimum_survivors(num_nodes, config.fpfl_dropout_tolerance)
-        share = config.fpfl_clipping_bound * sigma / math.sqrt(survivors)
     rng = round_rng(config.fpfl_client_seed, partition_id, round_number)
     total = node_contribution(
         config,
         shard,
         weights,
         sample_rate=min(1.0, config.fpfl_cohort_size / population_size),
-        noise_share_std=share,
+        noise_share_std=node_noise_share_std(config, population_size, num_nodes),
         rng=rng,
     )
     if config.fpfl_secure_sum == "none":

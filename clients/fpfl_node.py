@@ -13,7 +13,8 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
   itself from the run's public parameters (:func:`node_noise_multiplier`, Opacus); it never
   takes a noise level from the server. With ``n`` nodes in the round and at most a fraction
   ``rho`` (``fpfl-dropout-tolerance``) allowed to drop, each node adds
-  ``N(0, C^2 sigma^2 / n_min)``, ``n_min = ceil((1 - rho) n)``: any ``n_min`` or more
+  ``N(0, C^2 sigma^2 / n_min)``, ``n_min = ceil((1 - rho) n)`` (:func:`noise_share_std`,
+  :func:`node_noise_share_std`; the server reports the same value): any ``n_min`` or more
   surviving shares sum to at least the ``N(0, C^2 sigma^2)`` of Algorithm 1 (with all nodes
   present the variance is over-provisioned by ``n / n_min``). Fewer survivors than ``n_min``
   and the nodes refuse to unmask the sum (:mod:`strategies.secure_sum`), so an
@@ -49,7 +50,9 @@ __all__ = [
     "minimum_survivors",
     "node_contribution",
     "node_noise_multiplier",
+    "node_noise_share_std",
     "node_shard",
+    "noise_share_std",
     "population",
     "round_rng",
 ]
@@ -125,6 +128,44 @@ def minimum_survivors(num_nodes: int, dropout_tolerance: float) -> int:
     return max(1, math.ceil((1.0 - dropout_tolerance) * num_nodes - 1e-9))
 
 
+def noise_share_std(clipping_bound: float, noise_multiplier: float, min_contributors: int) -> float:
+    """Std of one node's Gaussian noise share (distributed noise):
+    ``C sigma / sqrt(n_min)``.
+
+    Algorithm 1 of paper 004 adds ``N(0, C^2 sigma^2 I)`` to the cohort's sum. Independent
+    Gaussian shares add their variances, so any ``k >= n_min`` shares of variance
+    ``C^2 sigma^2 / n_min`` sum to ``N(0, k C^2 sigma^2 / n_min)``, at least the noise of
+    Algorithm 1 (exactly it for ``k = n_min``; over-provisioned by ``k / n_min`` otherwise).
+    Source: the noise of Algorithm 1 (SPEC 3) and the additivity of independent Gaussian
+    variances; the secure sum (:mod:`strategies.secure_sum`) refuses to open a sum of fewer
+    than ``n_min`` shares.
+
+    Parameters
+    ----------
+    clipping_bound : float
+        ``C`` (> 0), the per-user L2 bound.
+    noise_multiplier : float
+        ``sigma`` (>= 0), from the accountant.
+    min_contributors : int
+        ``n_min`` (>= 1), the fewest shares a readable sum can hold
+        (:func:`minimum_survivors`).
+
+    Examples
+    --------
+    >>> noise_share_std(2.0, 1.5, 4)
+    1.5
+    """
+    if not math.isfinite(clipping_bound) or clipping_bound <= 0:
+        raise ValueError(f"clipping_bound must be a finite number > 0, got {clipping_bound!r}")
+    if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+    if isinstance(min_contributors, bool) or not isinstance(min_contributors, int):
+        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
+    if min_contributors < 1:
+        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
+    return clipping_bound * noise_multiplier / math.sqrt(min_contributors)
+
+
 @functools.lru_cache(maxsize=16)
 def _calibrated_sigma(
     epsilon: float, delta: float, cohort_size: int, population_size: int, steps: int, acct: str
@@ -153,6 +194,17 @@ def node_noise_multiplier(config: RunConfig, population_size: int) -> float:
         config.fpfl_rounds,
         config.fpfl_accountant,
     )
+
+
+def node_noise_share_std(config: RunConfig, population_size: int, num_nodes: int) -> float:
+    """The std this node's noise share has in a round with ``num_nodes`` member nodes:
+    :func:`noise_share_std` of (``C``, the node's own ``sigma``, ``n_min``) with distributed
+    noise, 0 with central noise or without noise (FL, FL + Clip, FFL, FFL + Clip)."""
+    sigma = node_noise_multiplier(config, population_size)
+    if not sigma or config.fpfl_noise != "distributed":
+        return 0.0
+    survivors = minimum_survivors(num_nodes, config.fpfl_dropout_tolerance)
+    return noise_share_std(config.fpfl_clipping_bound, sigma, survivors)
 
 
 def node_contribution(

@@ -65,9 +65,10 @@ def run_simulation_job(
     if num_supernodes < 1:
         raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")
     overrides = dict(run_config)
+    RunConfig.from_mapping(overrides)  # fail before any work (e.g. a resume without output-dir)
     if not overrides.get("output-dir"):
         overrides["output-dir"] = tempfile.mkdtemp(prefix="fedparity-")
-    config = RunConfig.from_mapping(overrides)  # fail before any work
+    config = RunConfig.from_mapping(overrides)
     output_dir = Path(config.output_dir).expanduser().resolve()
     with _environment(environment or {}):
         run_simulation(

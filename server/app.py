@@ -3,7 +3,10 @@
 * ``task = "ldp-audit"`` (default): :func:`server.ldp_job.run_ldp_audit` -- FedAvg training,
   then LDP audits of the performance gap (SPEC 1);
 * ``task = "fedevalfair"``: :func:`server.fedevalfair_job.run_fedevalfair` -- FedAvg training,
-  then the two-stage fairness test over CKKS-encrypted statistics (SPEC 2).
+  then the two-stage fairness test over CKKS-encrypted statistics (SPEC 2);
+* ``task = "fpfl"``: :func:`server.fpfl_job.run_fpfl` -- FedSGD training under a fairness
+  constraint (MMDM) with clipped per-user statistics, Gaussian noise and secure sums
+  (paper 004, SPEC 3).
 """
 
 from __future__ import annotations

@@ -167,6 +167,11 @@ def _check_fpfl(config: RunConfig) -> None:
         raise ConfigError(f'dataset = "{config.dataset}" is for task = "fpfl" only')
     if config.task != "fpfl":
         return
+    if config.fpfl_resume and not config.output_dir.strip():
+        raise ConfigError(
+            "fpfl-resume = true needs output-dir: the checkpoint and the privacy ledger of the "
+            "run to resume are read from it (an empty output-dir means a new folder per run)"
+        )
     images = config.dataset == "digits"
     if images != (config.fpfl_architecture == "cnn"):
         raise ConfigError(

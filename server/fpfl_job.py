@@ -10,13 +10,26 @@ selector (best cohort accuracy among the models fair on cohort statistics; Secti
 applies :func:`mechanisms.mmdm.mmdm_update` or :func:`mechanisms.mmdm.sgd_update`.
 
 Privacy: ``sigma`` is calibrated with Opacus for (``fpfl-epsilon``, ``fpfl-delta``,
-``q = m / K``, ``T``) and the epsilon actually spent after the rounds run is recomputed
-(:mod:`strategies.dp_accounting`); every round sent counts, including a lost one.
+``q = m / K``, ``T``) and the epsilon actually spent is recomputed
+(:mod:`strategies.dp_accounting`) over **every round ever released** for this run; every
+round sent counts, including a lost one.
+
+Release ledger (``output-dir/privacy-ledger.json``): before round ``t`` is sent to the nodes
+(so before its noisy sum can exist, let alone be read or used) the total number of rounds
+released so far, this one included, is written to the ledger durably (write, ``fsync``,
+atomic replace, ``fsync`` of the folder). A crash after the last checkpoint therefore cannot
+hide rounds already released: with checkpoints every 5 rounds and a crash in round 7, the
+ledger says 7, the resumed run restarts from the round-5 checkpoint and re-runs rounds 6
+and 7 with fresh cohorts and noise, and the epsilon reported is the accountant's for
+``7 + (T - 5)`` releases (``privacy.rounds_released_total``), more than for ``T``. A crash
+between the ledger write and the send over-counts by one round (the safe side).
 
 Checkpoints (``output-dir/checkpoint.npz``, every ``fpfl-checkpoint-every`` rounds and at the
 end) hold the weights, multipliers, round, selected model and history; with
-``fpfl-resume = true`` a run continues from the checkpoint in ``output-dir`` and the spent
-privacy continues from the rounds already released: stopping and resuming costs nothing extra.
+``fpfl-resume = true`` a run continues from the checkpoint in ``output-dir`` and from the
+ledger's count: a clean stop at a checkpoint (``fpfl-stop-after``) and a resume cost
+nothing extra, a crash costs the rounds re-run. A run without ``fpfl-resume`` starts a new
+ledger (and a new model).
 
 The held-out test evaluation (accuracy; FNR, EO, DemP and PP gaps) is done by the simulation
 harness, which loads the same population as the nodes (``ground-truth = true``); the paper
@@ -28,8 +41,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +70,7 @@ from mechanisms.mmdm import (
     evaluate_constraints,
     fairness_gaps,
     mmdm_update,
+    privatize_sum,
     sgd_update,
 )
 from server.config import ConfigError, RunConfig
@@ -67,10 +82,14 @@ from strategies.fpfl import FPFLProtocol
 
 __all__ = [
     "PAPER_TABLE2",
+    "RELEASE_LEDGER",
+    "ReleaseLedger",
     "cohort_sample_rate",
     "load_checkpoint",
+    "read_release_ledger",
     "run_fpfl",
     "save_checkpoint",
+    "write_release_ledger",
 ]
 
 #: Paper 004, Table 2 (Adult, shallow network): (accuracy, FNR gap) by (algorithm, m).
@@ -86,6 +105,7 @@ PAPER_TABLE2: dict[tuple[str, int], tuple[float, float]] = {
 }
 CHECKPOINT_ARRAYS = "checkpoint.npz"
 CHECKPOINT_STATE = "checkpoint.json"
+RELEASE_LEDGER = "privacy-ledger.json"
 #: Run-config keys that do not change what a run computes (a resumed run may differ in them).
 _RESUME_NEUTRAL = {
     "fpfl_resume",
@@ -141,6 +161,116 @@ def load_checkpoint(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     with np.load(folder / CHECKPOINT_ARRAYS) as data:
         meta["arrays"] = {name: data[name].copy() for name in data.files}
     return meta
+
+
+# --------------------------------------------------------------------------------------------
+# Release ledger: rounds ever released, durable before each release
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReleaseLedger:
+    """What the accountant needs about the rounds released so far (one ``(sigma, q)`` history).
+
+    Attributes
+    ----------
+    rounds_released : int
+        Rounds sent to the nodes so far, over the interrupted and resumed runs of one training.
+    noise_multiplier : float
+        ``sigma`` (0 without noise).
+    sample_rate : float
+        ``q = m / K``.
+    delta : float
+    """
+
+    rounds_released: int
+    noise_multiplier: float
+    sample_rate: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        value = self.rounds_released
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"rounds_released must be an integer >= 0, got {value!r}")
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that it survives a crash: scratch file, ``fsync``, atomic
+    ``os.replace``, then ``fsync`` of the folder (POSIX) so the rename itself is on disk."""
+    scratch = path.with_name(path.name + ".tmp")
+    with scratch.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(scratch, path)
+    if hasattr(os, "O_DIRECTORY"):
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+def write_release_ledger(folder: Path, config: RunConfig, ledger: ReleaseLedger) -> None:
+    """Durably record ``ledger`` in ``folder/privacy-ledger.json`` (call it *before* the
+    release it counts)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = {**asdict(ledger), "config": _fingerprint(config)}
+    _write_durably(folder / RELEASE_LEDGER, json.dumps(payload, allow_nan=False))
+
+
+def read_release_ledger(folder: Path, config: RunConfig) -> ReleaseLedger | None:
+    """The ledger in ``folder`` (None if there is none); ValueError if it is unreadable or was
+    written by a run with a different configuration (never silently restarted from 0)."""
+    path = folder / RELEASE_LEDGER
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        ledger = ReleaseLedger(
+            rounds_released=int(payload["rounds_released"]),
+            noise_multiplier=float(payload["noise_multiplier"]),
+            sample_rate=float(payload["sample_rate"]),
+            delta=float(payload["delta"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"fpfl-resume: the privacy ledger {path} is unreadable ({error!r}); the rounds it "
+            "counted cannot be recovered, so this run cannot report its epsilon"
+        ) from error
+    if payload.get("config") != json.loads(json.dumps(_fingerprint(config))):
+        raise ValueError(
+            f"fpfl-resume: the privacy ledger in {folder} was written with different settings; "
+            "use another output-dir or the same run config"
+        )
+    return ledger
+
+
+def _resumed_releases(
+    folder: Path, config: RunConfig, current: ReleaseLedger, checkpoint_round: int
+) -> int:
+    """Rounds released before this (resumed) run: ``max(ledger, checkpoint round)``.
+
+    The checkpoint round is a lower bound for a checkpoint written before the ledger existed.
+    The ledger must describe the same ``(sigma, q, delta)`` as this run, since the accountant
+    composes one ``(sigma, q)`` history (same population ``K``).
+    """
+    ledger = read_release_ledger(folder, config)
+    if ledger is None:
+        return checkpoint_round
+    same = (
+        math.isclose(ledger.noise_multiplier, current.noise_multiplier, rel_tol=1e-12)
+        and math.isclose(ledger.sample_rate, current.sample_rate, rel_tol=1e-12)
+        and math.isclose(ledger.delta, current.delta, rel_tol=1e-12)
+    )
+    if not same:
+        raise ValueError(
+            f"fpfl-resume: the privacy ledger in {folder} was written with sigma = "
+            f"{ledger.noise_multiplier:g}, q = {ledger.sample_rate:g}, delta = {ledger.delta:g}, "
+            f"this run has sigma = {current.noise_multiplier:g}, q = {current.sample_rate:g}, "
+            f"delta = {current.delta:g} (a different population?): cannot account both together"
+        )
+    return max(ledger.rounds_released, checkpoint_round)
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,6 +429,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     selector = ModelSelector(require_fair=config.fpfl_uses_mmdm)
     history: list[dict[str, Any]] = []
     first_round = 1
+    ledger = ReleaseLedger(0, noise_multiplier=sigma, sample_rate=rate, delta=delta)
     if config.fpfl_resume:
         state = load_checkpoint(output_dir, config)
         if state is not None:
@@ -313,6 +444,18 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                     _metrics_from_json(state["best_metrics"]),
                 )
             log(logging.INFO, "resuming from round %d (%s)", first_round, output_dir)
+        released = _resumed_releases(output_dir, config, ledger, first_round - 1)
+        ledger = ReleaseLedger(released, noise_multiplier=sigma, sample_rate=rate, delta=delta)
+        if released > first_round - 1:
+            log(
+                logging.WARNING,
+                "the privacy ledger counts %d released round(s), the checkpoint holds %d: the "
+                "%d round(s) released after the last checkpoint are discarded but stay counted "
+                "in epsilon, and the rounds run again count as new releases",
+                released,
+                first_round - 1,
+                released - (first_round - 1),
+            )
     last_round = config.fpfl_rounds
     if config.fpfl_stop_after:
         last_round = min(last_round, first_round - 1 + config.fpfl_stop_after)
@@ -332,6 +475,9 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
 
     for round_number in range(first_round, last_round + 1):
         tick = time.perf_counter()
+        # Durable *before* the round is sent: a crash from here on cannot un-count it.
+        ledger = replace(ledger, rounds_released=ledger.rounds_released + 1)
+        write_release_ledger(output_dir, config, ledger)
         outcome = protocol.run_round(round_number, weights)
         entry: dict[str, Any] = {
             "round": round_number,
@@ -346,7 +492,12 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             total = outcome.total
             if sigma and config.fpfl_noise == "central":
                 rng = round_rng(config.fpfl_client_seed, 0, round_number, central=True)
-                total = total + rng.normal(0.0, config.fpfl_clipping_bound * sigma, total.shape)
+                total = privatize_sum(
+                    total,
+                    clipping_bound=config.fpfl_clipping_bound,
+                    noise_multiplier=sigma,
+                    rng=rng,
+                ).values
             stats = layout.split(total)
             metrics = cohort_metrics(stats, config.fpfl_alpha, min_count=mmdm.min_count)
             selector.consider(round_number, weights, metrics)
@@ -369,7 +520,8 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 }
             )
         entry["multipliers"] = [float(m) for m in multipliers]
-        spent_so_far = spent_after(round_number)
+        entry["rounds_released_total"] = ledger.rounds_released
+        spent_so_far = spent_after(ledger.rounds_released)
         entry["epsilon_spent"] = None if spent_so_far is None else spent_so_far.epsilon
         entry["seconds"] = time.perf_counter() - tick
         round_seconds.append(entry["seconds"])
@@ -380,7 +532,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     if last_round < first_round:
         log(logging.INFO, "nothing to do: the checkpoint is already at round %d", first_round - 1)
     rounds_done = max(first_round - 1, last_round)
-    spent = spent_after(rounds_done)
+    spent = spent_after(ledger.rounds_released)
     best = selector.best
     selected_weights = best.weights if best is not None else weights
     evaluation: dict[str, Any] = {}
@@ -409,7 +561,14 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             "accountant": config.fpfl_accountant if sigma else None,
             "sampling": "Poisson, q = m / K, drawn on the nodes",
             "sample_rate": rate,
-            "rounds_released": rounds_done,
+            # epsilon is the accountant's for rounds_released_total (the ledger): every round
+            # ever sent, including the rounds an interrupted run released after its last
+            # checkpoint (rounds_discarded_by_crashes: not in the model, still spent).
+            "rounds_released_total": ledger.rounds_released,
+            "rounds_released": ledger.rounds_released,  # same; kept for existing readers
+            "rounds_trained": rounds_done,
+            "rounds_discarded_by_crashes": ledger.rounds_released - rounds_done,
+            "release_ledger": str(output_dir / RELEASE_LEDGER),
             "rounds_planned": config.fpfl_rounds,
             "target_epsilon": config.fpfl_epsilon if sigma else None,
             "calibrated_epsilon_at_T": None
@@ -419,7 +578,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             "noise_share_std": protocol.noise_share_std(),
             "secure_sum": config.fpfl_secure_sum,
             "client_seed": config.fpfl_client_seed,
-            "caveats": _privacy_caveats(config, sigma),
+            "caveats": _privacy_caveats(config, sigma, ledger.rounds_released - rounds_done),
         },
         "selected_round": None if best is None else best.round,
         "selected_fair_on_cohort": None if best is None else best.metrics.fair,
@@ -493,8 +652,14 @@ def _metrics_from_json(values: dict[str, Any]) -> Any:
     )
 
 
-def _privacy_caveats(config: RunConfig, sigma: float) -> list[str]:
+def _privacy_caveats(config: RunConfig, sigma: float, discarded: int = 0) -> list[str]:
     notes: list[str] = []
+    if sigma and discarded > 0:
+        notes.append(
+            f"{discarded} round(s) were released by an interrupted run after its last "
+            "checkpoint and discarded on resuming: they still count in epsilon, which can "
+            "therefore exceed the epsilon calibrated for fpfl-rounds"
+        )
     if not sigma:
         notes.append(f"{config.fpfl_algorithm}: no noise, no differential privacy (baseline)")
     if config.fpfl_client_seed is not None:
@@ -541,7 +706,8 @@ def _summary(payload: dict[str, Any]) -> str:
     if payload["private"]:
         lines.append(
             f"privacy: epsilon = {payload['epsilon']:.4f} spent after "
-            f"{payload['privacy']['rounds_released']} round(s), delta = {payload['delta']:.3g}, "
+            f"{payload['privacy']['rounds_released_total']} released round(s), "
+            f"delta = {payload['delta']:.3g}, "
             f"noise multiplier = {payload['noise_multiplier']:.4f} "
             f"({payload['privacy']['accountant']}, {payload['privacy']['noise']} noise)"
         )

@@ -162,13 +162,14 @@ class FPFLProtocol:
     # -- fixed point -----------------------------------------------------------------------
 
     def noise_share_std(self) -> float:
-        """Std of one node's noise share (distributed noise), as the nodes compute it."""
-        from clients.fpfl_node import minimum_survivors  # the nodes' own rule
+        """Std of one node's noise share (distributed noise), by the nodes' own rule
+        (:func:`clients.fpfl_node.noise_share_std`: ``C sigma / sqrt(n_min)``)."""
+        from clients.fpfl_node import minimum_survivors, noise_share_std
 
         if self.config.fpfl_noise != "distributed" or self.noise_multiplier == 0:
             return 0.0
         survivors = minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
-        return self.config.fpfl_clipping_bound * self.noise_multiplier / np.sqrt(survivors)
+        return noise_share_std(self.config.fpfl_clipping_bound, self.noise_multiplier, survivors)
 
     def codec_range(self) -> float:
         """Bound on every coordinate of a node's message: ``users * C + 12 share stds``."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from clients.fpfl_data import check_groups_present, synthetic_fpfl_users
 from clients.fpfl_node import minimum_survivors
+from server.api import run_simulation_job
+from server.app import run_job
 from server.config import ConfigError, RunConfig
 from server.fpfl_job import cohort_sample_rate
 
@@ -95,3 +99,21 @@ def test_minimum_survivors_rejects_bad_input() -> None:
         minimum_survivors(4, 1.0)
     with pytest.raises(ValueError, match="num_nodes"):
         minimum_survivors(0, 0.2)
+
+
+def test_resume_without_output_dir_is_refused_before_any_work(tmp_path: Path) -> None:
+    """fpfl-resume reads the checkpoint and the privacy ledger from output-dir; with an empty
+    one (a new folder per run) there is nothing to resume: ConfigError before any work (the
+    grid is never touched)."""
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match="fpfl-resume = true needs output-dir"):
+            RunConfig.from_mapping({"task": "fpfl", "fpfl-resume": True, "output-dir": empty})
+    with pytest.raises(ConfigError, match="fpfl-resume = true needs output-dir"):
+        run_job(None, {"task": "fpfl", "fpfl-resume": "true"})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="fpfl-resume = true needs output-dir"):
+        run_simulation_job({"task": "fpfl", "fpfl-resume": True}, num_supernodes=2)
+    config = RunConfig.from_mapping(
+        {"task": "fpfl", "fpfl-resume": True, "output-dir": str(tmp_path)}
+    )
+    assert config.fpfl_resume and config.output_dir == str(tmp_path)
+    assert not RunConfig.from_mapping({"task": "fpfl"}).fpfl_resume  # default: no resume

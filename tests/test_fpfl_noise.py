@@ -1,0 +1,230 @@
+"""The noise the Flower client path adds (distributed noise, paper 004 Algorithm 1).
+
+Each node adds ``N(0, (C sigma)^2 / n_min)`` (:func:`clients.fpfl_node.noise_share_std`), so the
+sum of ``n_min`` shares is ``N(0, (C sigma)^2)``, the noise of Algorithm 1. Checked three ways:
+the formula's value, the empirical std of sums of shares drawn by the node's own code, and
+``clients.app.fpfl_round`` (the handler Flower calls) adding exactly those draws.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from clients.app import fpfl_round
+from clients.fpfl_data import synthetic_fpfl_users
+from clients.fpfl_node import (
+    minimum_survivors,
+    node_contribution,
+    node_noise_multiplier,
+    node_noise_share_std,
+    node_shard,
+    noise_share_std,
+    round_rng,
+)
+from clients.fpfl_task import build_model_for, get_flat_parameters
+from server.config import RunConfig
+from strategies.dp_accounting import calibrate_noise
+from strategies.fpfl import FPFL_KEY, FPFLProtocol
+
+#: pfl with distributed noise; 4 nodes and dropout tolerance 0.25 give n_min = 3.
+PRIVATE = {
+    "task": "fpfl",
+    "dataset": "synthetic",
+    "users-per-node": 50,
+    "fpfl-algorithm": "pfl",
+    "fpfl-cohort-size": 40,
+    "fpfl-rounds": 20,
+    "fpfl-dropout-tolerance": 0.25,
+    "fpfl-secure-sum": "none",
+    "fpfl-client-seed": 11,
+}
+NUM_NODES = 4
+POPULATION = NUM_NODES * 50
+
+
+@pytest.fixture(autouse=True)
+def task_identity() -> Iterator[None]:
+    """Flower's reply messages need a task identity (set by the runtime in a real run)."""
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+def test_noise_share_std_formula() -> None:
+    """C sigma / sqrt(n_min), by hand."""
+    assert noise_share_std(2.0, 1.5, 4) == 1.5
+    assert noise_share_std(2.0, 1.7, 3) == pytest.approx(3.4 / math.sqrt(3), rel=1e-15)
+    assert noise_share_std(1.3, 2.1191, 1) == pytest.approx(1.3 * 2.1191, rel=1e-15)
+    assert noise_share_std(2.0, 0.0, 5) == 0.0
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="clipping_bound"):
+            noise_share_std(bad, 1.0, 2)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        noise_share_std(1.0, -0.1, 2)
+    with pytest.raises(ValueError, match="min_contributors"):
+        noise_share_std(1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="min_contributors"):
+        noise_share_std(1.0, 1.0, 2.0)  # type: ignore[arg-type]
+
+
+def test_node_rule_uses_the_nodes_own_sigma_and_n_min() -> None:
+    """The node's share: C sigma / sqrt(n_min) with sigma recomputed with Opacus (independent
+    computation here); 0 with central noise and for the algorithms without noise. The server
+    reports (and sizes its fixed-point range with) the same value."""
+    config = RunConfig.from_mapping(PRIVATE)
+    sigma = calibrate_noise(
+        epsilon=2.0, delta=1 / POPULATION, cohort_size=40, population_size=POPULATION, steps=20
+    ).noise_multiplier
+    expected = 2.0 * sigma / math.sqrt(3)  # C = 2 (default), n_min = ceil(0.75 * 4) = 3
+    assert node_noise_share_std(config, POPULATION, NUM_NODES) == pytest.approx(expected, 1e-15)
+    assert node_noise_share_std(config, POPULATION, 5) == pytest.approx(2.0 * sigma / 2.0, 1e-15)
+    central = RunConfig.from_mapping({**PRIVATE, "fpfl-noise": "central"})
+    assert node_noise_share_std(central, POPULATION, NUM_NODES) == 0.0
+    clip_only = RunConfig.from_mapping({**PRIVATE, "fpfl-algorithm": "fl-clip"})
+    assert node_noise_share_std(clip_only, POPULATION, NUM_NODES) == 0.0
+    protocol = FPFLProtocol(
+        None,  # type: ignore[arg-type]  # no message is sent
+        config,
+        node_ids=list(range(1, NUM_NODES + 1)),
+        vector_size=10,
+        population_size=POPULATION,
+        max_node_users=50,
+        noise_multiplier=sigma,
+    )
+    assert protocol.noise_share_std() == node_noise_share_std(config, POPULATION, NUM_NODES)
+
+
+def test_sum_of_n_min_shares_has_std_c_sigma() -> None:
+    """Shares drawn by the node's code (node_contribution with an empty cohort, std from
+    node_noise_share_std, seeded round_rng streams): the sum over n_min = 3 nodes, over
+    R rounds x d coordinates (N draws), has variance (C sigma)^2.
+
+    Tolerance from the chi-square law of the sample variance: (N - 1) s^2 / v ~ chi2(N - 1),
+    so s^2 / v has mean 1 and standard error sqrt(2 / (N - 1)); we allow 5 standard errors
+    (a false alarm with probability ~6e-7). The mean is 0 within 5 standard errors
+    sqrt(v / N).
+    """
+    config = RunConfig.from_mapping(PRIVATE)
+    survivors = minimum_survivors(NUM_NODES, config.fpfl_dropout_tolerance)
+    assert survivors == 3
+    share = node_noise_share_std(config, POPULATION, NUM_NODES)
+    target = config.fpfl_clipping_bound * node_noise_multiplier(config, POPULATION)
+    shard = synthetic_fpfl_users(1, seed=0)
+    weights = get_flat_parameters(
+        build_model_for("shallow", shard.features.shape[1:], num_classes=2, seed=0)
+    )
+    sums, firsts = [], []
+    for round_number in range(250):
+        shares = [
+            node_contribution(
+                config,
+                shard,
+                weights,
+                sample_rate=1e-12,  # empty cohort: the message is the noise share alone
+                noise_share_std=share,
+                rng=round_rng(5, node, round_number),
+            )
+            for node in range(survivors)
+        ]
+        sums.append(np.sum(shares, axis=0))
+        firsts.append(shares[0])
+    draws = np.concatenate(sums)
+    n = draws.size
+    assert n > 20_000
+    ratio = draws.var(ddof=1) / target**2
+    assert abs(ratio - 1.0) <= 5 * math.sqrt(2 / (n - 1)), ratio
+    assert abs(draws.mean()) <= 5 * target / math.sqrt(n)
+    # One share alone carries 1 / n_min of that variance (same tolerance).
+    single = np.concatenate(firsts)
+    ratio = single.var(ddof=1) / (target**2 / survivors)
+    assert abs(ratio - 1.0) <= 5 * math.sqrt(2 / (single.size - 1)), ratio
+
+
+def _round_message(
+    config: RunConfig,
+    weights: np.ndarray,
+    round_number: int,
+    num_nodes: int = NUM_NODES,
+    peer_ids: tuple[int, ...] = (9, 10, 11, 12),
+) -> Message:
+    settings = ConfigRecord(
+        {
+            "round": round_number,
+            "population-size": POPULATION,
+            "num-nodes": num_nodes,
+            "peer-ids": list(peer_ids),
+        }
+    )
+    content = RecordDict({FPFL_KEY: ArrayRecord({"weights": Array(weights)}), "config": settings})
+    return Message(content=content, dst_node_id=9, message_type="query.fpfl_round")
+
+
+def _context(run_config: dict[str, object], partition: int) -> Context:
+    return Context(
+        run_id=1,
+        node_id=9,
+        node_config={"partition-id": partition, "num-partitions": NUM_NODES},
+        state=RecordDict(),
+        run_config=dict(run_config),  # type: ignore[arg-type]
+    )
+
+
+def test_fpfl_round_adds_the_share_of_noise_share_std() -> None:
+    """The handler Flower calls: with the same seeded cohort, pfl's reply minus fl-clip's
+    reply (both clip with C, only pfl adds noise) is exactly the draw
+    ``N(0, noise_share_std(C, sigma, n_min)^2)`` from the node's stream, after its cohort
+    draw."""
+    partition, round_number = 2, 3
+    replies = {}
+    for algorithm in ("fl-clip", "pfl"):
+        run_config = {**PRIVATE, "fpfl-algorithm": algorithm}
+        config = RunConfig.from_mapping(run_config)
+        shard = node_shard(config, partition, NUM_NODES)
+        weights = get_flat_parameters(
+            build_model_for("shallow", shard.features.shape[1:], num_classes=2, seed=config.seed)
+        )
+        reply = fpfl_round(
+            _round_message(config, weights, round_number), _context(run_config, partition), config
+        )
+        replies[algorithm] = reply.content.array_records[FPFL_KEY]["sum"].numpy()
+    config = RunConfig.from_mapping(PRIVATE)
+    shard = node_shard(config, partition, NUM_NODES)
+    rng = round_rng(config.fpfl_client_seed, partition, round_number)
+    cohort = rng.random(shard.num_users) < config.fpfl_cohort_size / POPULATION
+    assert cohort.any()  # the statistic part is not trivially zero
+    sigma = node_noise_multiplier(config, POPULATION)
+    std = noise_share_std(config.fpfl_clipping_bound, sigma, 3)
+    expected_noise = rng.normal(0.0, std, size=replies["pfl"].shape)
+    np.testing.assert_allclose(replies["pfl"] - replies["fl-clip"], expected_noise, atol=1e-9)
+    assert std == pytest.approx(config.fpfl_clipping_bound * sigma / math.sqrt(3), rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("num_nodes", "peer_ids", "needle"),
+    [
+        (40, (9, 10, 11, 12), "num-nodes = 40 but lists 4 distinct peer(s)"),
+        (4, (9, 9, 10, 11), "lists 3 distinct peer(s)"),
+        (4, (10, 11, 12, 13), "without this node"),
+    ],
+)
+def test_fpfl_round_refuses_a_num_nodes_that_disagrees_with_the_peers(
+    num_nodes: int, peer_ids: tuple[int, ...], needle: str
+) -> None:
+    """A server that inflates num-nodes would shrink every node's noise share: the node
+    checks it against the round's peer list (which the masks must cancel over) and refuses."""
+    config = RunConfig.from_mapping(PRIVATE)
+    shard = node_shard(config, 0, NUM_NODES)
+    weights = get_flat_parameters(
+        build_model_for("shallow", shard.features.shape[1:], num_classes=2, seed=config.seed)
+    )
+    message = _round_message(config, weights, 1, num_nodes=num_nodes, peer_ids=peer_ids)
+    with pytest.raises(ValueError, match="refusing to scale the noise share") as error:
+        fpfl_round(message, _context(PRIVATE, 0), config)
+    assert needle in str(error.value)

@@ -1,0 +1,137 @@
+"""The privacy ledger: rounds released after the last checkpoint still count after a crash.
+
+``server.fpfl_job`` writes the number of rounds released so far to
+``output-dir/privacy-ledger.json`` durably *before* each round is sent; a resumed run adds
+its rounds to that count, so epsilon covers every round ever released (real Flower
+simulations, real Opacus accountant; the crash itself is injected by a test double, the only
+one here).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.api import run_simulation_job
+from server.config import RunConfig
+from server.fpfl_job import (
+    RELEASE_LEDGER,
+    ReleaseLedger,
+    _resumed_releases,
+    load_checkpoint,
+    read_release_ledger,
+    write_release_ledger,
+)
+from strategies.dp_accounting import privacy_spent
+from strategies.fpfl import FPFLProtocol
+
+SMALL = {
+    "task": "fpfl",
+    "dataset": "synthetic",
+    "users-per-node": 200,
+    "fpfl-cohort-size": 150,
+    "fpfl-client-seed": 7,
+    "reply-timeout": 300.0,  # generous: the crash must be the injected one, not a slow node
+}
+CONFIG = RunConfig.from_mapping({**SMALL, "fpfl-algorithm": "fpfl"})
+
+
+def test_ledger_round_trip_is_atomic_and_checked(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(7, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600)
+    assert read_release_ledger(tmp_path, CONFIG) is None
+    write_release_ledger(tmp_path, CONFIG, ledger)
+    assert read_release_ledger(tmp_path, CONFIG) == ledger
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RELEASE_LEDGER]  # no scratch left
+    # Settings neutral to resuming (checkpoint period, stop-after) read the same ledger ...
+    neutral = RunConfig.from_mapping({**SMALL, "fpfl-checkpoint-every": 3, "fpfl-stop-after": 2})
+    assert read_release_ledger(tmp_path, neutral) == ledger
+    # ... other settings, or a damaged file, are refused (never silently restarted from 0).
+    other = RunConfig.from_mapping({**SMALL, "fpfl-alpha": 0.05})
+    with pytest.raises(ValueError, match="fpfl-resume: the privacy ledger .* different settings"):
+        read_release_ledger(tmp_path, other)
+    (tmp_path / RELEASE_LEDGER).write_text('{"rounds_released": ')
+    with pytest.raises(ValueError, match="unreadable"):
+        read_release_ledger(tmp_path, CONFIG)
+    with pytest.raises(ValueError, match="rounds_released"):
+        ReleaseLedger(-1, noise_multiplier=1.0, sample_rate=0.5, delta=0.1)
+
+
+def test_resume_counts_max_of_ledger_and_checkpoint(tmp_path: Path) -> None:
+    current = ReleaseLedger(0, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600)
+    assert _resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 5  # no ledger
+    write_release_ledger(tmp_path, CONFIG, ReleaseLedger(7, 1.2, 0.25, 1 / 600))
+    assert _resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 7
+    assert _resumed_releases(tmp_path, CONFIG, current, checkpoint_round=0) == 7  # no checkpoint
+    other_population = ReleaseLedger(0, noise_multiplier=1.3, sample_rate=0.2, delta=1 / 750)
+    with pytest.raises(ValueError, match="cannot account both together"):
+        _resumed_releases(tmp_path, CONFIG, other_population, checkpoint_round=5)
+
+
+@pytest.mark.slow
+def test_crash_after_the_last_checkpoint_counts_the_released_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints every 5 rounds, T = 8; the server crashes in round 7 after the nodes
+    released that round's noisy sum. The ledger says 7 rounds were released; resuming from
+    the round-5 checkpoint re-runs rounds 6 and 7 and runs 8, so 7 + 3 = 10 rounds have been
+    released and the reported epsilon is Opacus' for 10 rounds: more than the epsilon of an
+    uninterrupted 8-round run."""
+    overrides = {
+        **SMALL,
+        "fpfl-algorithm": "fpfl",
+        "fpfl-rounds": 8,
+        "fpfl-checkpoint-every": 5,
+        "output-dir": str(tmp_path),
+    }
+    config = RunConfig.from_mapping(overrides)
+    original = FPFLProtocol.run_round
+    seen: list[tuple[int, int]] = []  # (round, ledger count when the round is sent)
+    crash_in: set[int] = {7}
+
+    def run_round(self: FPFLProtocol, round_number: int, weights: np.ndarray):  # noqa: ANN202
+        ledger = read_release_ledger(tmp_path, config)
+        seen.append((round_number, -1 if ledger is None else ledger.rounds_released))
+        outcome = original(self, round_number, weights)
+        if round_number in crash_in:
+            crash_in.discard(round_number)
+            raise RuntimeError(f"injected crash in round {round_number}, after the release")
+        return outcome
+
+    monkeypatch.setattr(FPFLProtocol, "run_round", run_round)  # fault injection only
+    with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the crash surfaces as
+        run_simulation_job(overrides, num_supernodes=3)
+    assert not crash_in, f"the run failed before the injected crash (rounds sent: {seen})"
+    assert seen == [(t, t) for t in range(1, 8)]  # counted before each round was sent
+    assert not (tmp_path / "results.json").exists()
+    state = load_checkpoint(tmp_path, config)
+    assert state is not None and state["round"] == 5
+    crashed = read_release_ledger(tmp_path, config)
+    assert crashed is not None and crashed.rounds_released == 7
+
+    seen.clear()
+    resumed = run_simulation_job({**overrides, "fpfl-resume": True}, num_supernodes=3)
+    assert seen == [(6, 8), (7, 9), (8, 10)]
+    assert [entry["round"] for entry in resumed["history"]] == list(range(1, 9))
+    privacy = resumed["privacy"]
+    assert privacy["rounds_released_total"] == 10
+    assert privacy["rounds_trained"] == 8
+    assert privacy["rounds_discarded_by_crashes"] == 2
+    assert any("interrupted run" in note for note in privacy["caveats"])
+    ledger = json.loads((tmp_path / RELEASE_LEDGER).read_text())
+    assert ledger["rounds_released"] == 10
+
+    sigma = resumed["noise_multiplier"]
+    assert sigma > 0 and resumed["delta"] == pytest.approx(1 / 600)
+
+    def accountant(steps: int) -> float:
+        return privacy_spent(
+            noise_multiplier=sigma, sample_rate=150 / 600, steps=steps, delta=1 / 600
+        ).epsilon
+
+    assert resumed["epsilon"] == pytest.approx(accountant(7 + 3))
+    assert resumed["history"][-1]["epsilon_spent"] == pytest.approx(resumed["epsilon"])
+    uninterrupted = accountant(8)  # what an uninterrupted 8-round run reports
+    assert resumed["epsilon"] > uninterrupted
