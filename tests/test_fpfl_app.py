@@ -301,3 +301,38 @@ def test_central_noise_by_a_trusted_aggregator(tmp_path: Path) -> None:
     assert not np.allclose(
         checkpoint_weights(tmp_path, RunConfig.from_mapping(overrides)), noiseless
     )
+
+
+@pytest.mark.slow
+def test_unfair_digits_config_trains_with_three_groups(tmp_path: Path) -> None:
+    """configs/fpfl-digits.toml (the unfair-FEMNIST stand-in: CNN, accuracy parity, three
+    writer groups) for a few rounds through Flower: every round is released, the multipliers
+    are one per group, and the test-set report has accuracy parity over three groups."""
+    import tomllib
+
+    with (REPO / "configs" / "fpfl-digits.toml").open("rb") as handle:
+        run_config = tomllib.load(handle)
+    rounds = 3
+    results = run_simulation_job(
+        {
+            **run_config,
+            "fpfl-rounds": rounds,
+            "fpfl-client-seed": 0,
+            "reply-timeout": 300.0,
+            "output-dir": str(tmp_path / "digits"),
+        },
+        num_supernodes=3,
+    )
+    assert results["algorithm"] == "ffl" and results["private"] is False
+    assert results["epsilon"] is None and results["noise_multiplier"] is None
+    history = results["history"]
+    assert [entry["round"] for entry in history] == list(range(1, rounds + 1))
+    assert all("lost" not in entry and entry["replied"] == 3 for entry in history), history
+    assert all(len(entry["multipliers"]) == 3 for entry in history)
+    selected = results["evaluation"]["selected"]
+    assert len(selected["group_accuracy"]) == 3
+    assert 0.0 <= results["accuracy"] <= 1.0
+    gap = max(abs(results["accuracy"] - acc) for acc in selected["group_accuracy"])
+    assert results["accuracy_gap"] == pytest.approx(gap, abs=1e-12)
+    assert results["fnr_gap"] is None  # FNR is a binary-label metric
+    assert (tmp_path / "digits" / "training.png").read_bytes()[:4] == b"\x89PNG"
