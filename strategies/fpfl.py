@@ -228,6 +228,18 @@ class FPFLProtocol:
             outcome.reason = "no node replied"
             return outcome
         if not self.masking:
+            if self.noise_share_std() > 0:
+                from clients.fpfl_node import minimum_survivors
+
+                needed = minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
+                if len(received) < needed:
+                    # Fewer shares than n_min: the total has less noise than the accountant
+                    # assumes. Lost, exactly as when too few survivors unmask a masked sum.
+                    outcome.reason = (
+                        f"only {len(received)} of {len(self.members)} node(s) replied, fewer "
+                        f"than n_min = {needed}: their sum carries less noise than accounted"
+                    )
+                    return outcome
             outcome.total = np.sum([received[node] for node in outcome.replied], axis=0)
             return outcome
         return self._unmask(round_number, received, outcome)

@@ -336,3 +336,28 @@ def test_unfair_digits_config_trains_with_three_groups(tmp_path: Path) -> None:
     assert results["accuracy_gap"] == pytest.approx(gap, abs=1e-12)
     assert results["fnr_gap"] is None  # FNR is a binary-label metric
     assert (tmp_path / "digits" / "training.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_unmasked_sums_below_n_min_are_not_released(tmp_path: Path) -> None:
+    """fpfl-secure-sum = "none" with distributed noise: a round with fewer than n_min nodes
+    (here 2 of 4, n_min = 3) would carry less noise than the accountant assumes, so it is
+    lost like a masked round whose survivors refuse to unmask; 3 of 4 is enough."""
+    overrides = {
+        **SMALL,
+        "fpfl-algorithm": "pfl",
+        "fpfl-secure-sum": "none",
+        "fpfl-rounds": 3,
+        "fpfl-dropout-tolerance": 0.25,
+        "output-dir": str(tmp_path),
+    }
+    run_simulation(
+        server_app=build_server_app(overrides),
+        client_app=build_client_app(overrides, handlers={"query.fpfl_round": crash_in_rounds}),
+        num_supernodes=4,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    history = json.loads((tmp_path / "results.json").read_text())["history"]
+    assert [entry["replied"] for entry in history] == [4, 3, 2]
+    assert "lost" not in history[0] and "lost" not in history[1]
+    assert "fewer than n_min = 3" in history[2]["lost"], history[2]
