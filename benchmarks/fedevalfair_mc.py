@@ -1,6 +1,7 @@
 """Monte Carlo of FedEvalFair, both modes: type-I error and power (paper 003, Figures 2-3).
 
     python benchmarks/fedevalfair_mc.py [--iterations 1000] [--quick] [--seed 2024] [--json]
+        [--min-cell 5] [--output PATH.md | --no-write]
 
 Every iteration draws fresh client test sets, bootstraps each client with
 :func:`mechanisms.bootstrap_disparity` (B = 100), summarises it in mode ``"paper"`` (mean and
@@ -23,8 +24,18 @@ resamples), and runs both stages at the 5% level (SPEC 2.1).
     features (race included): its disparity on each client's pool is the truth; rejections are
     power.
 
+Every simulated client applies the app's ``fef-min-cell`` rule (``--min-cell``, default 5 as
+in the app; 0 = no rule): it leaves a metric out when the smallest (group, prediction) cell
+among the rows the metric averages over (all rows for dp, Y = 1 for eo) has fewer than
+``--min-cell`` rows (``BootstrapDisparity.cell_counts``, as in
+``clients.fedevalfair.client_statistics``). The remaining clients are tested; an iteration
+in which fewer than 2 clients report the metric is "unavailable", and the rates are over
+the available iterations (the tables give the unavailable fraction). The random stream does
+not depend on ``--min-cell``: with the same seed every client's test set is the same.
+
 A rate over R iterations has binomial SE sqrt(p (1 - p) / R) (0.0069 at p = 0.05, R = 1000).
-Writes benchmarks/results/fedevalfair_mc.md (and .json) and prints the Markdown.
+Writes benchmarks/results/fedevalfair_mc.md (and .json; ``--output PATH.md`` writes PATH.md
+and PATH.json instead, ``--no-write`` writes nothing) and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from mechanisms import (
+    BootstrapDisparity,
     ClientSummary,
     InsufficientGroupData,
     bootstrap_disparity,
@@ -60,15 +72,28 @@ Sampler = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray, np.
 
 @dataclass
 class Rates:
-    """Rejection rates at ALPHA of one cell, per mode: stage 1, stage 2, TOST (calibrated)."""
+    """Rejection rates at ALPHA of one cell, per mode: stage 1, stage 2, TOST (calibrated).
+
+    The rates are over the ``iterations - untested`` iterations in which at least 2 clients
+    reported the metric (NaN if there were none).
+    """
 
     stage1: dict[str, float]
     stage2: dict[str, float]
     tost: float
     iterations: int
     dropped_clients: int
+    excluded_clients: int
     untested: int
     smallest_cell: float
+
+
+def below_min_cell(result: BootstrapDisparity, min_cell: int) -> bool:
+    """The data holders' ``fef-min-cell`` rule (clients/fedevalfair.py:client_statistics): a
+    metric is not reported when its smallest (group, prediction) cell among the rows it
+    averages over, :attr:`BootstrapDisparity.cell_counts`, has fewer than ``min_cell`` rows.
+    ``min_cell = 0`` never excludes."""
+    return min(result.cell_counts) < min_cell
 
 
 def run_cell(
@@ -79,12 +104,22 @@ def run_cell(
     iterations: int,
     resamples: int,
     rng: np.random.Generator,
+    min_cell: int = 0,
 ) -> Rates:
-    """``iterations`` draws of every client's test set -> both modes' p-values -> rates."""
+    """``iterations`` draws of every client's test set -> both modes' p-values -> rates.
+
+    As in the app, a client leaves the metric out when its bootstrap fails (no member of a
+    group, S^2 = 0: counted in ``dropped_clients``) or it fails the ``fef-min-cell`` rule
+    (:func:`below_min_cell`, checked before the summaries as in
+    ``clients.fedevalfair.client_statistics``: counted in ``excluded_clients``). The rest
+    are tested; an iteration with fewer than 2 of them is untested (unavailable). The
+    bootstrap is run for every client whatever ``min_cell`` is, so the random stream, and
+    every client's test set, does not depend on ``min_cell``.
+    """
     k = len(samplers)
     means = {mode: np.full((iterations, k), np.nan) for mode in MODES}
     variances = {mode: np.full((iterations, k), np.nan) for mode in MODES}
-    dropped = 0
+    dropped = excluded = 0
     smallest = np.full((iterations, k), np.nan)
     for iteration in range(iterations):
         for client, (sampler, size) in enumerate(zip(samplers, sizes, strict=True)):
@@ -93,6 +128,10 @@ def run_cell(
                 result = bootstrap_disparity(
                     predictions, labels, groups, metric=metric, num_resamples=resamples, rng=rng
                 )
+                if below_min_cell(result, min_cell):  # the app's fef-min-cell rule
+                    smallest[iteration, client] = min(result.cell_counts)
+                    excluded += 1
+                    continue
                 summaries = {mode: result.summary(mode) for mode in MODES}  # type: ignore[arg-type]
             except InsufficientGroupData:  # the client cannot take part this time
                 dropped += 1
@@ -141,13 +180,18 @@ def run_cell(
                 bool(report.certified_fair),
             )
             tested[iteration] = True
-    count = max(int(tested.sum()), 1)
+    count = int(tested.sum())
+
+    def rate(values: np.ndarray) -> float:
+        return float(values.sum() / count) if count else float("nan")
+
     return Rates(
-        stage1={mode: float(rejected[mode][tested, 0].sum() / count) for mode in MODES},
-        stage2={mode: float(rejected[mode][tested, 1].sum() / count) for mode in MODES},
-        tost=float(rejected["calibrated"][tested, 2].sum() / count),
+        stage1={mode: rate(rejected[mode][tested, 0]) for mode in MODES},
+        stage2={mode: rate(rejected[mode][tested, 1]) for mode in MODES},
+        tost=rate(rejected["calibrated"][tested, 2]),
         iterations=iterations,
         dropped_clients=dropped,
+        excluded_clients=excluded,
         untested=int((~tested).sum()),
         smallest_cell=float(np.nanmean(np.nanmin(smallest, axis=1))),
     )
@@ -186,6 +230,7 @@ def synthetic_part(
                 iterations=args.iterations,
                 resamples=args.resamples,
                 rng=rng,
+                min_cell=args.min_cell,
             )
             rows.append(
                 {
@@ -195,7 +240,7 @@ def synthetic_part(
                     "client_deltas": [float(d) for d in client_deltas],
                     "k": k,
                     "n": size,
-                    **_rates_dict(rates),
+                    **_rates_dict(rates, k, args.min_cell),
                     "seconds": time.perf_counter() - started,
                 }
             )
@@ -302,6 +347,7 @@ def adult_part(sizes: list[int], args: argparse.Namespace) -> list[dict]:
                         iterations=args.iterations,
                         resamples=args.resamples,
                         rng=rng,
+                        min_cell=args.min_cell,
                     )
                     rows.append(
                         {
@@ -315,7 +361,7 @@ def adult_part(sizes: list[int], args: argparse.Namespace) -> list[dict]:
                             "pool_sizes": [int(p.labels.size) for p in pools],
                             "positive_rate": positive_rate,
                             "true_disparities": truth,
-                            **_rates_dict(rates),
+                            **_rates_dict(rates, k, args.min_cell),
                             "seconds": time.perf_counter() - started,
                         }
                     )
@@ -326,18 +372,33 @@ def adult_part(sizes: list[int], args: argparse.Namespace) -> list[dict]:
 # --- output -----------------------------------------------------------------------------------
 
 
-def _rates_dict(rates: Rates) -> dict:
+def _rate(value: float) -> float | None:
+    """A rate for the JSON rows: None when no iteration was available (NaN)."""
+    return None if np.isnan(value) else value
+
+
+def _rates_dict(rates: Rates, k: int, min_cell: int) -> dict:
     return {
-        "paper_stage1": rates.stage1["paper"],
-        "paper_stage2": rates.stage2["paper"],
-        "calibrated_stage1": rates.stage1["calibrated"],
-        "calibrated_stage2": rates.stage2["calibrated"],
-        "calibrated_tost": rates.tost,
+        "min_cell": min_cell,
+        "paper_stage1": _rate(rates.stage1["paper"]),
+        "paper_stage2": _rate(rates.stage2["paper"]),
+        "calibrated_stage1": _rate(rates.stage1["calibrated"]),
+        "calibrated_stage2": _rate(rates.stage2["calibrated"]),
+        "calibrated_tost": _rate(rates.tost),
         "iterations": rates.iterations,
+        "tested_iterations": rates.iterations - rates.untested,
         "dropped_clients": rates.dropped_clients,
+        "excluded_clients": rates.excluded_clients,
+        "excluded_share": rates.excluded_clients / (rates.iterations * k),
         "untested_iterations": rates.untested,
+        "unavailable": rates.untested / rates.iterations,
         "mean_smallest_cell": rates.smallest_cell,
     }
+
+
+def _fmt(value: float | None) -> str:
+    """A rate in a table: 3 decimals, or n/a when no iteration was available."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _progress(row: dict) -> None:
@@ -347,9 +408,10 @@ def _progress(row: dict) -> None:
         else f"{row['split']} {row['model']} {row['metric']}"
     )
     print(
-        f"[{row['part']}] {label} n={row['n']}: paper {row['paper_stage1']:.3f}/"
-        f"{row['paper_stage2']:.3f}  calibrated {row['calibrated_stage1']:.3f}/"
-        f"{row['calibrated_stage2']:.3f}  TOST {row['calibrated_tost']:.3f}  "
+        f"[{row['part']}] {label} n={row['n']}: paper {_fmt(row['paper_stage1'])}/"
+        f"{_fmt(row['paper_stage2'])}  calibrated {_fmt(row['calibrated_stage1'])}/"
+        f"{_fmt(row['calibrated_stage2'])}  TOST {_fmt(row['calibrated_tost'])}  "
+        f"unavailable {row['unavailable']:.3f}  excluded {row['excluded_share']:.3f}  "
         f"({row['seconds']:.1f} s)",
         file=sys.stderr,
         flush=True,
@@ -373,18 +435,37 @@ def markdown(
 ) -> str:
     synthetic = [r for r in rows if r["part"] == "synthetic"]
     r = args.iterations
+    if args.min_cell > 0:
+        rule = (
+            f"Every client applies the app's `fef-min-cell` = {args.min_cell} rule: it leaves "
+            "the metric out when the smallest (group, prediction) cell among the rows the "
+            f"metric averages over has fewer than {args.min_cell} rows. **Rates are over the "
+            "available iterations** (at least 2 clients report the metric); unavailable = "
+            "fraction of the iterations with fewer than 2 (no test), n/a = no available "
+            "iteration; excluded = fraction of the client test sets left out by the rule."
+        )
+    else:
+        rule = (
+            "No `fef-min-cell` rule (`--min-cell 0`): every client whose bootstrap succeeds "
+            "reports. Rates are over the available iterations (at least 2 clients report); "
+            "unavailable = fraction of the iterations with fewer than 2."
+        )
     lines = [
         f"# FedEvalFair Monte Carlo: {r} iterations per cell, B = {args.resamples}, "
-        f"alpha = {ALPHA}, seed {args.seed} ({elapsed:.0f} s)",
+        f"alpha = {ALPHA}, seed {args.seed}, fef-min-cell {args.min_cell} ({elapsed:.0f} s)",
         "",
-        f"Rejection rates at the 5% level (binomial SE at 0.05: {np.sqrt(0.0475 / r):.4f}). "
+        f"Rejection rates at the 5% level (binomial SE at 0.05 over {r} iterations: "
+        f"{np.sqrt(0.0475 / r):.4f}; larger over fewer available iterations). "
         "paper = the paper's statistics (|disparity|, w = B / S^2, T1); calibrated = the "
         "default mode (signed plug-in, w = 1 / S^2, Cochran's Q). Generated by "
-        "`benchmarks/fedevalfair_mc.py`. smallest cell = the smallest (group, prediction) "
-        "count among the rows a client's metric averages over, minimum over clients, mean over "
-        "iterations. With a handful of rows in a cell, S^2 (a plug-in variance) is correlated "
-        "with the plug-in disparity and the calibrated weights 1 / S^2 favour extreme clients: "
-        "the calibrated mode is near 0.05 only once the smallest cell is large.",
+        f"`benchmarks/fedevalfair_mc.py --min-cell {args.min_cell}`. smallest cell = the "
+        "smallest (group, prediction) count among the rows a client's metric averages over, "
+        "minimum over clients (before the rule), mean over iterations. With a handful of rows "
+        "in a cell, S^2 (a plug-in variance) is correlated with the plug-in disparity and the "
+        "calibrated weights 1 / S^2 favour extreme clients: the calibrated mode is near 0.05 "
+        "only once the smallest cell is large.",
+        "",
+        rule,
         "",
     ]
     if synthetic:
@@ -395,15 +476,16 @@ def markdown(
             "### Type-I error: delta_i = 0 for every client (both H0 true)",
             "",
             "| n per client | paper stage 1 | paper stage 2 | calibrated stage 1 "
-            "| calibrated stage 2 | smallest cell |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| calibrated stage 2 | smallest cell | excluded | unavailable |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for n in sizes:
             row = _pick(synthetic, scenario="common", delta=0.0, n=n)
             lines.append(
-                f"| {n} | {row['paper_stage1']:.3f} | {row['paper_stage2']:.3f} "
-                f"| {row['calibrated_stage1']:.3f} | {row['calibrated_stage2']:.3f} "
-                f"| {row['mean_smallest_cell']:.1f} |"
+                f"| {n} | {_fmt(row['paper_stage1'])} | {_fmt(row['paper_stage2'])} "
+                f"| {_fmt(row['calibrated_stage1'])} | {_fmt(row['calibrated_stage2'])} "
+                f"| {row['mean_smallest_cell']:.1f} | {row['excluded_share']:.3f} "
+                f"| {row['unavailable']:.3f} |"
             )
         nonzero = [d for d in deltas if d > 0]
         lines += [
@@ -419,7 +501,7 @@ def markdown(
         ]
         for n in sizes:
             cells = [
-                f"{_pick(synthetic, scenario='common', delta=d, n=n)[f'{mode}_stage1']:.3f}"
+                _fmt(_pick(synthetic, scenario="common", delta=d, n=n)[f"{mode}_stage1"])
                 for mode in MODES
                 for d in nonzero
             ]
@@ -437,7 +519,7 @@ def markdown(
         ]
         for n in sizes:
             cells = [
-                f"{_pick(synthetic, scenario='common', delta=d, n=n)[f'{mode}_stage2']:.3f}"
+                _fmt(_pick(synthetic, scenario="common", delta=d, n=n)[f"{mode}_stage2"])
                 for mode in MODES
                 for d in nonzero
             ]
@@ -455,7 +537,7 @@ def markdown(
         ]
         for n in sizes:
             cells = [
-                f"{_pick(synthetic, scenario='spread', delta=d, n=n)[f'{mode}_stage1']:.3f}"
+                _fmt(_pick(synthetic, scenario="spread", delta=d, n=n)[f"{mode}_stage1"])
                 for mode in MODES
                 for d in spreads
             ]
@@ -470,9 +552,26 @@ def markdown(
         ]
         for n in sizes:
             cells = [
-                f"{_pick(synthetic, scenario='common', delta=d, n=n)['calibrated_tost']:.3f}"
+                _fmt(_pick(synthetic, scenario="common", delta=d, n=n)["calibrated_tost"])
                 for d in deltas
             ]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        scenarios = [("common", d) for d in deltas] + [("spread", d) for d in spreads]
+        lines += [
+            "",
+            "### Unavailable fraction (fewer than 2 clients report dp) and, in brackets, the "
+            "fraction of client test sets excluded by the rule, every synthetic cell",
+            "",
+            "| n per client | "
+            + " | ".join(
+                f"delta={d:g}" if kind == "common" else f"on [0, {d:g}]" for kind, d in scenarios
+            )
+            + " |",
+            "|---:|" + "---:|" * len(scenarios),
+        ]
+        for n in sizes:
+            picked = [_pick(synthetic, scenario=kind, delta=d, n=n) for kind, d in scenarios]
+            cells = [f"{row['unavailable']:.3f} ({row['excluded_share']:.3f})" for row in picked]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
     adult = [r for r in rows if r["part"] == "adult"]
     if adult:
@@ -486,8 +585,8 @@ def markdown(
             "",
             "| split (k) | model | metric | n per client (actual) | true disparities "
             "| paper stage 1 | paper stage 2 | calibrated stage 1 | calibrated stage 2 "
-            "| smallest cell | dropped clients |",
-            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+            "| smallest cell | dropped clients | excluded | unavailable |",
+            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in adult:
             actual = sorted(set(row["client_sizes"]))
@@ -503,9 +602,10 @@ def markdown(
             )
             lines.append(
                 f"| {row['split']} ({row['k']}) | {row['model']} | {row['metric']} | {shown} "
-                f"| {truth_text} | {row['paper_stage1']:.3f} | {row['paper_stage2']:.3f} "
-                f"| {row['calibrated_stage1']:.3f} | {row['calibrated_stage2']:.3f} "
-                f"| {row['mean_smallest_cell']:.1f} | {row['dropped_clients']} |"
+                f"| {truth_text} | {_fmt(row['paper_stage1'])} | {_fmt(row['paper_stage2'])} "
+                f"| {_fmt(row['calibrated_stage1'])} | {_fmt(row['calibrated_stage2'])} "
+                f"| {row['mean_smallest_cell']:.1f} | {row['dropped_clients']} "
+                f"| {row['excluded_share']:.3f} | {row['unavailable']:.3f} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -519,9 +619,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--adult-dir", default=str(DEFAULT_ADULT))
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--min-cell",
+        type=int,
+        default=5,
+        help="the app's fef-min-cell rule: a client reports a metric only if every (group, "
+        "prediction) cell it averages over has at least this many rows (5; 0 = no rule)",
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument(
+        "--output",
+        help="write the Markdown to this path and the JSON rows next to it (suffix .json) "
+        "instead of benchmarks/results/",
+    )
+    output.add_argument("--no-write", action="store_true", help="print only; write no file")
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.resamples < 2 or args.clients < 2:
         parser.error("--iterations >= 1, --resamples >= 2 and --clients >= 2 are required")
+    if args.min_cell < 0:
+        parser.error("--min-cell must be >= 0")
+    if args.output is not None and Path(args.output).suffix == ".json":
+        parser.error("--output names the Markdown file; the JSON goes next to it")
     if args.quick:
         args.iterations = min(args.iterations, 100)
         sizes, adult_sizes = [100, 1000], [100, 1000]
@@ -534,10 +652,15 @@ def main(argv: list[str] | None = None) -> int:
     rows += adult_part(adult_sizes, args)
     elapsed = time.perf_counter() - started
     text = markdown(rows, sizes, adult_sizes, deltas, spreads, args, elapsed)
-    RESULTS.mkdir(exist_ok=True)
-    stem = "fedevalfair_mc_quick" if args.quick else "fedevalfair_mc"
-    (RESULTS / f"{stem}.md").write_text(text)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if not args.no_write:
+        if args.output is not None:
+            markdown_path = Path(args.output)
+        else:
+            stem = "fedevalfair_mc_quick" if args.quick else "fedevalfair_mc"
+            markdown_path = RESULTS / f"{stem}.md"
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(text)
+        markdown_path.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
     print(json.dumps(rows) if args.json else text)
     return 0
 

@@ -693,3 +693,87 @@ def test_stage_statistics_bad_input() -> None:
         stage_statistics(np.zeros(3), 1.0, 10, mode="both")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tolerance"):
         stage_statistics(np.zeros(3), 1.0, 10, tolerance=-1.0)
+
+
+def _load_mc_harness():
+    """benchmarks/fedevalfair_mc.py, by path (an installed package is also named benchmarks)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedevalfair_mc.py"
+    spec = importlib.util.spec_from_file_location("fedevalfair_mc_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mc_harness_applies_the_apps_min_cell_rule() -> None:
+    """The Monte Carlo harness leaves a client's metric out exactly when the data holders'
+    ``clients.fedevalfair.client_statistics`` does (``fef-min-cell``); an iteration with fewer
+    than 2 reporting clients is unavailable; the draws do not depend on the rule."""
+    from clients.data import UserShard
+    from clients.fedevalfair import BLOCKS, client_statistics
+
+    mc = _load_mc_harness()
+    rng = np.random.default_rng(7)
+    outcomes = {True: 0, False: 0}
+    for _ in range(40):
+        n = int(rng.integers(20, 80))
+        groups = (rng.random(n) < 0.3).astype(np.int64)
+        labels = (rng.random(n) < 0.5).astype(np.int64)
+        predictions = (rng.random(n) < 0.3).astype(np.int64)
+        shard = UserShard(
+            features=np.zeros((n, 1), dtype=np.float32),
+            labels=labels,
+            user_index=np.arange(n, dtype=np.int64),
+            user_groups=groups,
+            user_ids=np.arange(n, dtype=np.int64),
+        )
+        for min_cell in (0, 3, 6, 10):
+            try:
+                statistics = client_statistics(
+                    shard,
+                    predictions,
+                    num_resamples=20,
+                    rng=np.random.default_rng(0),
+                    min_cell_count=min_cell,
+                )
+                summaries = dict(zip(BLOCKS, statistics.summaries, strict=True))
+                app = {m: summaries[(m, "calibrated")] is not None for m in ("dp", "eo")}
+            except InsufficientGroupData:
+                app = {"dp": False, "eo": False}
+            for metric in ("dp", "eo"):
+                try:
+                    boot = bootstrap_disparity(
+                        predictions,
+                        labels,
+                        groups,
+                        metric=metric,
+                        num_resamples=20,
+                        rng=np.random.default_rng(0),
+                    )
+                    harness = not mc.below_min_cell(boot, min_cell)
+                    if harness:
+                        boot.summary("calibrated")
+                except InsufficientGroupData:
+                    harness = False
+                assert harness == app[metric], (n, min_cell, metric)
+                outcomes[harness] += 1
+    assert min(outcomes.values()) > 20, outcomes  # both outcomes exercised
+
+    samplers = [mc.synthetic_sampler(0.0)] * 3
+    options = {"metric": "dp", "iterations": 20, "resamples": 20}
+
+    def cell(**extra: int):
+        return mc.run_cell(samplers, [40] * 3, rng=np.random.default_rng(1), **options, **extra)
+
+    default, no_rule = cell(), cell(min_cell=0)
+    ruled, nobody = cell(min_cell=5), cell(min_cell=10**6)
+    assert default == no_rule and no_rule.excluded_clients == 0
+    assert 0 < ruled.excluded_clients < 60 and ruled.smallest_cell == no_rule.smallest_cell
+    assert ruled.untested >= no_rule.untested
+    assert nobody.excluded_clients == 60 and nobody.untested == 20
+    assert math.isnan(nobody.stage1["calibrated"]) and math.isnan(nobody.tost)
