@@ -42,9 +42,7 @@ from clients.fedevalfair import (
     ROUND2_SIZE,
     UNABLE_REPLY,
     ClientStatistics,
-    bootstrap_seed,
-    client_statistics,
-    holder_predictions,
+    holder_statistics,
     open_sum,
     release_vector,
     round1_vector,
@@ -296,15 +294,15 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     secret = _node_secret_context(context)
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
-    rng = np.random.default_rng(bootstrap_seed(config.seed, partition_id))
     model = _model_for(shard, msg.content["arrays"], config.seed)
-    predictions = holder_predictions(model, shard, config.fef_variant, rng)
     try:
-        statistics = client_statistics(
+        statistics = holder_statistics(
             shard,
-            predictions,
+            model,
+            seed=config.seed,
+            partition_id=partition_id,
+            variant=config.fef_variant,
             num_resamples=config.fef_resamples,
-            rng=rng,
             min_cell_count=config.fef_min_cell,
         )
     except InsufficientGroupData as error:

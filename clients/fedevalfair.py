@@ -186,6 +186,31 @@ def client_statistics(
     return ClientStatistics(tuple(summaries), tuple(reasons), tuple(bootstraps))
 
 
+def holder_statistics(
+    shard: UserShard,
+    model: torch.nn.Module,
+    *,
+    seed: int,
+    partition_id: int,
+    variant: str,
+    num_resamples: int,
+    min_cell_count: int,
+) -> ClientStatistics:
+    """A holder's round-1 statistics from the global model: predictions (``variant``) and
+    the bootstrap, both from the holder's seeded stream (:func:`bootstrap_seed`). The
+    ClientApp and the simulation harness both call this, so they agree by construction.
+    Raises InsufficientGroupData as :func:`client_statistics`."""
+    rng = np.random.default_rng(bootstrap_seed(seed, partition_id))
+    predictions = holder_predictions(model, shard, variant, rng)
+    return client_statistics(
+        shard,
+        predictions,
+        num_resamples=num_resamples,
+        rng=rng,
+        min_cell_count=min_cell_count,
+    )
+
+
 def round1_vector(statistics: ClientStatistics) -> np.ndarray:
     """What a client encrypts in round 1: [contribution, 1]."""
     return append_count_slot(statistics.contribution)

@@ -107,23 +107,23 @@ def fedevalfair_truth(
 ) -> FedEvalFairTruth:
     """Recompute every holder's bootstrap exactly as its ClientApp does (same seeds) and run
     :func:`mechanisms.fairtest.fedevalfair` in plaintext."""
-    from clients.fedevalfair import BLOCKS, bootstrap_seed, client_statistics, holder_predictions
+    from clients.fedevalfair import BLOCKS, holder_statistics
     from mechanisms.fairtest import InsufficientGroupData, fedevalfair
 
     per_block: dict[tuple[str, str], list] = {block: [] for block in BLOCKS}
     resamples: dict[str, list[tuple[int, np.ndarray]]] = {"dp": [], "eo": []}
     for partition_id, num_partitions in sorted(partitions):
         shard = load_shard_for(config, partition_id, num_partitions, "test")
-        rng = np.random.default_rng(bootstrap_seed(config.seed, partition_id))
         model = build_model(shard.num_features, seed=config.seed)
         set_arrays(model, list(arrays.to_numpy_ndarrays()))
-        predictions = holder_predictions(model, shard, config.fef_variant, rng)
         try:
-            statistics = client_statistics(
+            statistics = holder_statistics(
                 shard,
-                predictions,
+                model,
+                seed=config.seed,
+                partition_id=partition_id,
+                variant=config.fef_variant,
                 num_resamples=config.fef_resamples,
-                rng=rng,
                 min_cell_count=config.fef_min_cell,
             )
         except InsufficientGroupData:

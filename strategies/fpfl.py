@@ -161,15 +161,23 @@ class FPFLProtocol:
 
     # -- fixed point -----------------------------------------------------------------------
 
+    def min_survivors(self) -> int:
+        """n_min: the fewest member nodes whose noise shares add up to the accounted noise
+        (:func:`clients.fpfl_node.minimum_survivors`, the nodes' own rule)."""
+        from clients.fpfl_node import minimum_survivors
+
+        return minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
+
     def noise_share_std(self) -> float:
         """Std of one node's noise share (distributed noise), by the nodes' own rule
         (:func:`clients.fpfl_node.noise_share_std`: ``C sigma / sqrt(n_min)``)."""
-        from clients.fpfl_node import minimum_survivors, noise_share_std
+        from clients.fpfl_node import noise_share_std
 
         if self.config.fpfl_noise != "distributed" or self.noise_multiplier == 0:
             return 0.0
-        survivors = minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
-        return noise_share_std(self.config.fpfl_clipping_bound, self.noise_multiplier, survivors)
+        return noise_share_std(
+            self.config.fpfl_clipping_bound, self.noise_multiplier, self.min_survivors()
+        )
 
     def codec_range(self) -> float:
         """Bound on every coordinate of a node's message: ``users * C + 12 share stds``."""
@@ -229,9 +237,7 @@ class FPFLProtocol:
             return outcome
         if not self.masking:
             if self.noise_share_std() > 0:
-                from clients.fpfl_node import minimum_survivors
-
-                needed = minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
+                needed = self.min_survivors()
                 if len(received) < needed:
                     # Fewer shares than n_min: the total has less noise than the accountant
                     # assumes. Lost, exactly as when too few survivors unmask a masked sum.

@@ -1,11 +1,14 @@
-"""Shared fixtures: where the real UCI Adult data lives (never copied into the repo)."""
+"""Shared fixtures: where the real UCI Adult data lives (never copied into the repo), and a
+Flower task identity for tests that build reply Messages outside a running app."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flwr.supercore.task_identity import TaskIdentity
 
 from clients.data import ADULT_DIR_ENV
 
@@ -25,3 +28,13 @@ def adult_path() -> Path:
     if not ((path / "adult.data").is_file() and (path / "adult.test").is_file()):
         pytest.skip(f"UCI Adult files not found in {path} (set {ADULT_DIR_ENV} to their folder)")
     return path
+
+
+@pytest.fixture
+def task_identity() -> Iterator[None]:
+    """Flower's Messages need a run/task identity, which the runtime sets in a real run;
+    modules that build replies directly opt in with ``pytest.mark.usefixtures``."""
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved

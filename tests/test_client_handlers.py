@@ -7,13 +7,11 @@ their budget would be exceeded.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import describe, ldp_audit, load_shard, train_handler
 from clients.task import build_model, get_arrays
@@ -24,12 +22,7 @@ from strategies.ldp_audit import AUDIT_MESSAGE_TYPE, LdpGapAudit
 RUN_CONFIG = {"users-per-node": 40, "epsilons": "1", "user-budget": 2.5}
 
 
-@pytest.fixture(autouse=True)
-def task_identity() -> Iterator[None]:
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def config_of(context: Context) -> RunConfig:

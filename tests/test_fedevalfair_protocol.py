@@ -8,13 +8,11 @@ p-values as the plaintext computation (1e-6); bad ciphertexts are rejected, not 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import fef_round1, fef_round2, fef_round3, load_shard_for
 from clients.ckks import (
@@ -40,12 +38,7 @@ NUM_HOLDERS = 3
 RUN_CONFIG = {"task": "fedevalfair", "users-per-node": 1500, "fef-resamples": 60}
 
 
-@pytest.fixture(autouse=True)
-def task_identity() -> Iterator[None]:
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,10 @@ the formula's value, the empirical std of sums of shares drawn by the node's own
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.app import fpfl_round
 from clients.fpfl_data import synthetic_fpfl_users
@@ -48,13 +46,7 @@ NUM_NODES = 4
 POPULATION = NUM_NODES * 50
 
 
-@pytest.fixture(autouse=True)
-def task_identity() -> Iterator[None]:
-    """Flower's reply messages need a task identity (set by the runtime in a real run)."""
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def test_noise_share_std_formula() -> None:

@@ -8,12 +8,10 @@ the faults are the point of the test.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from mechanisms import LaplaceMechanism, RandomizedResponseMechanism, ReportSummary
 from strategies.ldp_audit import (
@@ -27,14 +25,7 @@ from strategies.ldp_audit import (
 )
 from strategies.robust_fedavg import RobustFedAvg
 
-
-@pytest.fixture(autouse=True)
-def task_identity() -> Iterator[None]:
-    """Messages need a run/task identity, which a running ServerApp process has."""
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _instruction(node_id: int) -> Message:
