@@ -1,12 +1,13 @@
 """Monte Carlo of FedEvalFair, both modes: type-I error and power (paper 003, Figures 2-3).
 
     python benchmarks/fedevalfair_mc.py [--iterations 1000] [--quick] [--seed 2024] [--json]
-        [--min-cell 5] [--output PATH.md | --no-write]
+        [--min-cell 5] [--no-margins] [--output PATH.md | --no-write]
 
 Every iteration draws fresh client test sets, bootstraps each client with
 :func:`mechanisms.bootstrap_disparity` (B = 100), summarises it in mode ``"paper"`` (mean and
 S^2 of |disparities|, n = B) and ``"calibrated"`` (signed plug-in, S^2 of the signed
-resamples), and runs both stages at the 5% level (SPEC 2.1).
+resamples, the margins; ``--no-margins`` drops them, i.e. weights 1 / S^2), and runs both
+stages at the 5% level (SPEC 2.1).
 
 (a) Synthetic, paper style: k = 5 clients of n rows each, A ~ Bernoulli(0.3) (minority),
     Yhat | A=0 ~ Bernoulli(0.3 + delta_i/2), Yhat | A=1 ~ Bernoulli(0.3 - delta_i/2), so the
@@ -25,9 +26,10 @@ resamples), and runs both stages at the 5% level (SPEC 2.1).
     power.
 
 Every simulated client applies the app's ``fef-min-cell`` rule (``--min-cell``, default 5 as
-in the app; 0 = no rule): it leaves a metric out when the smallest (group, prediction) cell
-among the rows the metric averages over (all rows for dp, Y = 1 for eo) has fewer than
-``--min-cell`` rows (``BootstrapDisparity.cell_counts``, as in
+in the app; 0 = no rule): it leaves a metric out when the smallest margin (group size, or
+count of rows predicted positive or negative) among the rows the metric averages over (all
+rows for dp, Y = 1 for eo) has fewer than ``--min-cell`` rows
+(``BootstrapDisparity.smallest_margin``, as in
 ``clients.fedevalfair.client_statistics``). The remaining clients are tested; an iteration
 in which fewer than 2 clients report the metric is "unavailable", and the rates are over
 the available iterations (the tables give the unavailable fraction). The random stream does
@@ -90,10 +92,10 @@ class Rates:
 
 def below_min_cell(result: BootstrapDisparity, min_cell: int) -> bool:
     """The data holders' ``fef-min-cell`` rule (clients/fedevalfair.py:client_statistics): a
-    metric is not reported when its smallest (group, prediction) cell among the rows it
-    averages over, :attr:`BootstrapDisparity.cell_counts`, has fewer than ``min_cell`` rows.
-    ``min_cell = 0`` never excludes."""
-    return min(result.cell_counts) < min_cell
+    metric is not reported when its smallest margin among the rows it averages over (group
+    sizes, predicted positives and negatives: :attr:`BootstrapDisparity.smallest_margin`) has
+    fewer than ``min_cell`` rows. ``min_cell = 0`` never excludes."""
+    return result.smallest_margin < min_cell
 
 
 def run_cell(
@@ -105,6 +107,7 @@ def run_cell(
     resamples: int,
     rng: np.random.Generator,
     min_cell: int = 0,
+    margins: bool = True,
 ) -> Rates:
     """``iterations`` draws of every client's test set -> both modes' p-values -> rates.
 
@@ -114,11 +117,13 @@ def run_cell(
     ``clients.fedevalfair.client_statistics``: counted in ``excluded_clients``). The rest
     are tested; an iteration with fewer than 2 of them is untested (unavailable). The
     bootstrap is run for every client whatever ``min_cell`` is, so the random stream, and
-    every client's test set, does not depend on ``min_cell``.
+    every client's test set, does not depend on ``min_cell``. ``margins=False`` runs the
+    calibrated mode without the margins (weights 1 / S^2, SPEC 2.1's form) on the same draws.
     """
     k = len(samplers)
     means = {mode: np.full((iterations, k), np.nan) for mode in MODES}
     variances = {mode: np.full((iterations, k), np.nan) for mode in MODES}
+    holder_margins = np.full((iterations, k, 3), np.nan)
     dropped = excluded = 0
     smallest = np.full((iterations, k), np.nan)
     for iteration in range(iterations):
@@ -137,6 +142,8 @@ def run_cell(
                 dropped += 1
                 continue
             smallest[iteration, client] = min(result.cell_counts)
+            if margins:
+                holder_margins[iteration, client] = result.margins
             for mode, summary in summaries.items():
                 means[mode][iteration, client] = summary.mean
                 variances[mode][iteration, client] = summary.variance
@@ -149,6 +156,7 @@ def run_cell(
                 means[mode][complete],
                 variances[mode][complete],
                 resamples,
+                margins=holder_margins[complete] if margins and mode == "calibrated" else None,
                 mode=mode,  # type: ignore[arg-type]
                 tolerance=TOLERANCE,
             )
@@ -166,10 +174,11 @@ def run_cell(
             if present.sum() < 2:
                 continue
             summaries = [
-                ClientSummary(m, v, resamples)
-                for m, v in zip(
+                ClientSummary(m, v, resamples, None if np.isnan(c[0]) else tuple(int(x) for x in c))
+                for m, v, c in zip(
                     means[mode][iteration, present],
                     variances[mode][iteration, present],
+                    holder_margins[iteration, present],
                     strict=True,
                 )
             ]
@@ -231,6 +240,7 @@ def synthetic_part(
                 resamples=args.resamples,
                 rng=rng,
                 min_cell=args.min_cell,
+                margins=not args.no_margins,
             )
             rows.append(
                 {
@@ -348,6 +358,7 @@ def adult_part(sizes: list[int], args: argparse.Namespace) -> list[dict]:
                         resamples=args.resamples,
                         rng=rng,
                         min_cell=args.min_cell,
+                        margins=not args.no_margins,
                     )
                     rows.append(
                         {
@@ -438,8 +449,9 @@ def markdown(
     if args.min_cell > 0:
         rule = (
             f"Every client applies the app's `fef-min-cell` = {args.min_cell} rule: it leaves "
-            "the metric out when the smallest (group, prediction) cell among the rows the "
-            f"metric averages over has fewer than {args.min_cell} rows. **Rates are over the "
+            "the metric out when the smallest margin (group size, predicted positives or "
+            "negatives) among the rows the metric averages over has fewer than "
+            f"{args.min_cell} rows. **Rates are over the "
             "available iterations** (at least 2 clients report the metric); unavailable = "
             "fraction of the iterations with fewer than 2 (no test), n/a = no available "
             "iteration; excluded = fraction of the client test sets left out by the rule."
@@ -457,13 +469,19 @@ def markdown(
         f"Rejection rates at the 5% level (binomial SE at 0.05 over {r} iterations: "
         f"{np.sqrt(0.0475 / r):.4f}; larger over fewer available iterations). "
         "paper = the paper's statistics (|disparity|, w = B / S^2, T1); calibrated = the "
-        "default mode (signed plug-in, w = 1 / S^2, Cochran's Q). Generated by "
-        f"`benchmarks/fedevalfair_mc.py --min-cell {args.min_cell}`. smallest cell = the "
+        + (
+            "calibrated mode WITHOUT margins (`--no-margins`: w = 1 / S^2, Cochran's Q with "
+            "the same weights, SPEC 2.1's form; liberal where a cell is small). "
+            if args.no_margins
+            else "default mode (signed plug-in, w = 1 / V_i(0) from the holder's margins, "
+            "sandwich stderr, Cochran's Q with 1 / V_i(mu_hat): mechanisms/fairtest.py). "
+        )
+        + "Generated by "
+        f"`benchmarks/fedevalfair_mc.py --min-cell {args.min_cell}"
+        + (" --no-margins" if args.no_margins else "")
+        + "`. smallest cell = the "
         "smallest (group, prediction) count among the rows a client's metric averages over, "
-        "minimum over clients (before the rule), mean over iterations. With a handful of rows "
-        "in a cell, S^2 (a plug-in variance) is correlated with the plug-in disparity and the "
-        "calibrated weights 1 / S^2 favour extreme clients: the calibrated mode is near 0.05 "
-        "only once the smallest cell is large.",
+        "minimum over clients, mean over iterations.",
         "",
         rule,
         "",
@@ -623,8 +641,14 @@ def main(argv: list[str] | None = None) -> int:
         "--min-cell",
         type=int,
         default=5,
-        help="the app's fef-min-cell rule: a client reports a metric only if every (group, "
-        "prediction) cell it averages over has at least this many rows (5; 0 = no rule)",
+        help="the app's fef-min-cell rule: a client reports a metric only if both groups and "
+        "both predictions among the rows it averages over have at least this many rows (5; "
+        "0 = no rule)",
+    )
+    parser.add_argument(
+        "--no-margins",
+        action="store_true",
+        help="calibrated mode with weights 1 / S^2 (SPEC 2.1's form) instead of the margins",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument(

@@ -312,7 +312,14 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
         {"summaries": Array(statistics.to_array())}
     )
-    return _ciphertext_reply(msg, encrypt_vector(secret, round1_vector(statistics)))
+    return _ciphertext_reply(
+        msg, encrypt_vector(secret, round1_vector(statistics, **_fef_null_values(config)))
+    )
+
+
+def _fef_null_values(config: RunConfig) -> dict[str, float | None]:
+    """The run's fef-mu0 and fef-tolerance: the standard errors at them go into round 1."""
+    return {"mu0": config.fef_mu0, "tolerance": config.fef_tolerance}
 
 
 def fef_round2(msg: Message, context: Context, config: RunConfig) -> Message:
@@ -328,7 +335,8 @@ def fef_round2(msg: Message, context: Context, config: RunConfig) -> Message:
     statistics = ClientStatistics.from_array(
         context.state.array_records[FEF_STATE_KEY]["summaries"].numpy()
     )
-    return _ciphertext_reply(msg, encrypt_vector(secret, round2_vector(statistics, round1_sum)))
+    vector = round2_vector(statistics, round1_sum, **_fef_null_values(config))
+    return _ciphertext_reply(msg, encrypt_vector(secret, vector))
 
 
 def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:

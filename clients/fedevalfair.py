@@ -5,22 +5,25 @@ One protocol run tests both disparities (dp, eo) in both modes (calibrated, pape
 sends at most one ciphertext per round.
 
 * Round 1 -- :func:`round1_vector`: per block the contribution
-  ``[w_i, w_i Ybar_i, w_i Ybar_i^2, 1]`` of :func:`mechanisms.fairtest.client_contribution`
+  ``[w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, 1]`` of
+  :func:`mechanisms.fairtest.client_contribution`
   (zeros for a block the client cannot compute, e.g. eo without positives in a group), plus
   one message-count slot.
-* Round 2 -- :func:`round2_vector`: decrypt the round-1 sum, compute the block's stage-1 term
-  (:func:`mechanisms.fairtest.stage1_term`), and send ``[terms, contribution again, 1]``: the
-  fresh contribution sums let the key holders correct for clients that dropped in between.
+* Round 2 -- :func:`round2_vector`: decrypt the round-1 sum, compute the block's stage-1
+  parts (:func:`mechanisms.fairtest.stage1_term`, 3 numbers), and send
+  ``[parts, contribution again, 1]``: the fresh contribution sums give the estimate over the
+  clients that are still there.
 * Round 3 -- :func:`release_vector` (key holders only): decrypt both sums and release, per
-  block, ``[stage-1 total, sum w, sum w Ybar, sum w Ybar^2, k]`` over the round-2 clients.
-  These five numbers are in one-to-one correspondence with (T, W*, mu_hat, its standard
-  error, k): the server learns the test statistics and nothing per client.
+  block, ``[stage-1 statistic, sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, k]`` over the
+  round-2 clients. These numbers determine (T, W*, mu_hat, its standard error, k) plus
+  sum w and sum w Ybar^2: the server learns the test statistics and nothing per client.
 
-Dropouts between rounds 1 and 2: for a calibrated block the key holder corrects Cochran's Q
-exactly, sum_R2 w (y - c)^2 = Q_R2 + W_R2 (mu_R2 - c)^2 with c the round-1 mean; the paper's
-T1 has 1 / (1 - omega_i) factors that cannot be corrected, so a paper block is released as
-NaN (unavailable) and reported so. The round-1 sum itself is never released (with the
-round-2 sum it would reveal the dropped client's contribution).
+Dropouts between rounds 1 and 2: a calibrated block's Cochran's Q,
+sum u (y - c)^2 - (sum u (y - c))^2 / sum u, is exact over whichever clients sent round 2
+(c, the round-1 mean, is only a centre); the paper's T1 has 1 / (1 - omega_i) factors that
+refer to the round-1 clients, so a paper block is released as NaN (unavailable) and reported
+so. The round-1 sum itself is never released (with the round-2 sum it would reveal the
+dropped client's contribution).
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ from clients.ckks import (
 from clients.data import UserShard
 from mechanisms.fairtest import (
     ROUND1_FIELDS,
+    STAGE1_FIELDS,
     BootstrapDisparity,
     ClientSummary,
     InsufficientGroupData,
     bootstrap_disparity,
     client_contribution,
+    stage1_statistic,
     stage1_term,
 )
 
@@ -57,11 +62,12 @@ BLOCKS: tuple[tuple[str, str], ...] = (
     ("eo", "calibrated"),
     ("eo", "paper"),
 )
-BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, sum w Ybar^2, count]
+BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, count]
+STAGE1_WIDTH = len(STAGE1_FIELDS)
 CONTRIBUTION_SIZE = len(BLOCKS) * BLOCK_WIDTH
 ROUND1_SIZE = CONTRIBUTION_SIZE + 1
-ROUND2_SIZE = len(BLOCKS) + CONTRIBUTION_SIZE + 1
-RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 total, sum w, sum w Ybar, sum w Ybar^2, k]
+ROUND2_SIZE = len(BLOCKS) * STAGE1_WIDTH + CONTRIBUTION_SIZE + 1
+RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 statistic, the block's contribution sums]
 RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
 #: Largest magnitude a decrypted sum may have (a sum under a foreign key decrypts to ~1e30).
 MAX_MAGNITUDE = 1e12
@@ -72,7 +78,7 @@ CORRUPT_SUM_MARKER = "encrypted sum is corrupt"
 #: detailed reason, with cell counts, stays in the node's own log).
 UNABLE_REPLY = (
     f"{UNABLE_MARKER}: no metric can be bootstrapped on this node's test set "
-    "(a group is missing or a (group, prediction) cell is below fef-min-cell)"
+    "(a group or a prediction is missing, or one is below fef-min-cell rows)"
 )
 
 
@@ -92,30 +98,38 @@ class ClientStatistics:
     #: The dp and eo bootstraps (None where impossible); kept on the node, never sent.
     bootstraps: tuple[BootstrapDisparity | None, ...] = ()
 
-    @property
-    def contribution(self) -> np.ndarray:
-        """The round-1 contribution (zeros for the blocks without a summary)."""
+    def contribution(self, *, mu0: float, tolerance: float | None) -> np.ndarray:
+        """The round-1 contribution for the run's ``fef-mu0`` and ``fef-tolerance`` (zeros
+        for the blocks without a summary)."""
         parts = [
-            np.zeros(BLOCK_WIDTH) if summary is None else client_contribution(summary, mode)
+            np.zeros(BLOCK_WIDTH)
+            if summary is None
+            else client_contribution(summary, mode, mu0=mu0, tolerance=tolerance)  # type: ignore[arg-type]
             for summary, (_, mode) in zip(self.summaries, BLOCKS, strict=True)
         ]
         return np.concatenate(parts)
 
     def to_array(self) -> np.ndarray:
-        """(blocks x 3) [mean, variance, n], NaN rows for missing blocks (node state)."""
+        """(blocks x 6) [mean, variance, n, margins], NaN rows for missing blocks and NaN
+        margins where a summary has none (node state)."""
         rows = [
-            [math.nan] * 3 if s is None else [s.mean, s.variance, float(s.n)]
+            [math.nan] * 6
+            if s is None
+            else [s.mean, s.variance, float(s.n), *(s.margins or (math.nan,) * 3)]
             for s in self.summaries
         ]
         return np.asarray(rows, dtype=np.float64)
 
     @classmethod
     def from_array(cls, array: np.ndarray) -> ClientStatistics:
-        summaries = tuple(
-            None if not np.isfinite(row).all() else ClientSummary(row[0], row[1], int(row[2]))
-            for row in np.asarray(array, dtype=np.float64)
-        )
-        return cls(summaries, ())
+        summaries = []
+        for row in np.asarray(array, dtype=np.float64):
+            if not np.isfinite(row[:3]).all():
+                summaries.append(None)
+                continue
+            margins = None if not np.isfinite(row[3:]).all() else tuple(int(v) for v in row[3:])
+            summaries.append(ClientSummary(row[0], row[1], int(row[2]), margins))  # type: ignore[arg-type]
+        return cls(tuple(summaries), ())
 
 
 def bootstrap_seed(seed: int, partition_id: int) -> np.random.SeedSequence:
@@ -150,9 +164,13 @@ def client_statistics(
 ) -> ClientStatistics:
     """Bootstrap dp and eo on the holder's test set; summaries for both modes.
 
-    A metric whose smallest (group, prediction) cell has fewer than ``min_cell_count`` rows is
-    not reported by this client: there the bootstrap variance is correlated with the plug-in
-    disparity and the calibrated test over-rejects (benchmarks/results/fedevalfair_mc.md).
+    A metric whose smallest margin (:attr:`BootstrapDisparity.smallest_margin`: the two group
+    sizes and the numbers of rows predicted positive and negative, among the rows it averages
+    over) has fewer than ``min_cell_count`` rows is not reported by this client: the normal
+    approximation needs some rows of each. The rule looks at the margins only, never at the
+    joint (group, prediction) cells: the calibrated test conditions on the margins, and a rule
+    on the joint cells would select holders by their disparity and bias the test (README,
+    "fef-min-cell").
     Raises InsufficientGroupData when no block can be computed (the client cannot take part).
     """
     groups = shard.user_groups[shard.user_index]
@@ -170,10 +188,10 @@ def client_statistics(
                 num_resamples=num_resamples,
                 rng=rng,
             )
-            if min(boot.cell_counts) < min_cell_count:
+            if boot.smallest_margin < min_cell_count:
                 raise InsufficientGroupData(
-                    f"smallest (group, prediction) cell has {min(boot.cell_counts)} row(s), "
-                    f"fewer than fef-min-cell = {min_cell_count}"
+                    f"smallest margin (group size or prediction count) has "
+                    f"{boot.smallest_margin} row(s), fewer than fef-min-cell = {min_cell_count}"
                 )
             pair = [boot.summary("calibrated"), boot.summary("paper")]
         except InsufficientGroupData as error:
@@ -211,9 +229,11 @@ def holder_statistics(
     )
 
 
-def round1_vector(statistics: ClientStatistics) -> np.ndarray:
+def round1_vector(
+    statistics: ClientStatistics, *, mu0: float, tolerance: float | None
+) -> np.ndarray:
     """What a client encrypts in round 1: [contribution, 1]."""
-    return append_count_slot(statistics.contribution)
+    return append_count_slot(statistics.contribution(mu0=mu0, tolerance=tolerance))
 
 
 def open_sum(context: ts.Context, payload: bytes, size: int, count: int) -> np.ndarray:
@@ -240,34 +260,46 @@ def _blocks(vector: np.ndarray) -> list[np.ndarray]:
     return [vector[i * BLOCK_WIDTH : (i + 1) * BLOCK_WIDTH] for i in range(len(BLOCKS))]
 
 
-def round2_vector(statistics: ClientStatistics, round1_sum: np.ndarray) -> np.ndarray:
-    """Round 2: [stage-1 terms (one per block), contribution, 1] given the decrypted S1."""
-    terms = []
+def round2_vector(
+    statistics: ClientStatistics,
+    round1_sum: np.ndarray,
+    *,
+    mu0: float,
+    tolerance: float | None,
+) -> np.ndarray:
+    """Round 2: [stage-1 parts (3 per block), contribution, 1] given the decrypted S1."""
+    parts = []
     for summary, totals, (_, mode) in zip(
         statistics.summaries, _blocks(round1_sum), BLOCKS, strict=True
     ):
-        usable = summary is not None and totals[3] >= 1.5 and totals[0] > 0
-        terms.append(stage1_term(summary, totals, mode) if usable else 0.0)  # type: ignore[arg-type]
-    return append_count_slot(np.concatenate([terms, statistics.contribution]))
+        usable = summary is not None and totals[-1] >= 1.5 and totals[0] > 0 and totals[3] > 0
+        parts.append(
+            stage1_term(summary, totals, mode)  # type: ignore[arg-type]
+            if usable
+            else np.zeros(STAGE1_WIDTH)
+        )
+    fresh = statistics.contribution(mu0=mu0, tolerance=tolerance)
+    return append_count_slot(np.concatenate([*parts, fresh]))
 
 
 def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray:
-    """Round 3 (key holder): per block [stage-1 total, round-2 sums of the contribution].
+    """Round 3 (key holder): per block [stage-1 statistic, round-2 sums of the contribution].
 
     ``round1_sum`` / ``round2_sum`` are the decrypted sums without their count slots.
     """
-    terms = round2_sum[: len(BLOCKS)]
-    fresh = _blocks(round2_sum[len(BLOCKS) :])
+    split = len(BLOCKS) * STAGE1_WIDTH
+    parts = [round2_sum[i * STAGE1_WIDTH : (i + 1) * STAGE1_WIDTH] for i in range(len(BLOCKS))]
+    fresh = _blocks(round2_sum[split:])
     reference = _blocks(round1_sum)
     released = []
     for index, (_, mode) in enumerate(BLOCKS):
-        total, now, before = float(terms[index]), fresh[index], reference[index]
-        changed = abs(now[3] - before[3]) > 0.5
-        if changed and now[0] > 0 and before[0] > 0:
-            if mode == "calibrated":
-                centre, mean, weight = before[1] / before[0], now[1] / now[0], now[0]
-                total -= weight * (mean - centre) ** 2
-            else:
-                total = math.nan  # T1's 1/(1 - omega_i) factors refer to the round-1 clients
+        now, before = fresh[index], reference[index]
+        changed = abs(now[-1] - before[-1]) > 0.5
+        if mode == "paper" and changed:
+            total = math.nan  # T1's 1/(1 - omega_i) factors refer to the round-1 clients
+        elif now[0] > 0:
+            total = stage1_statistic(parts[index], mode)  # type: ignore[arg-type]
+        else:
+            total = 0.0  # nobody reported this block
         released.append(np.concatenate([[total], now]))
     return np.concatenate(released)

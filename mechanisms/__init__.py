@@ -15,9 +15,10 @@ FedEvalFair two-stage fairness test (paper 003, SPEC 2):
 * :func:`bootstrap_disparity`: a client's B bootstrap disparities (dp / eo) and its
   :class:`ClientSummary` in mode "paper" or "calibrated";
 * :func:`fedevalfair`: stage 1 (T1 or Cochran's Q), stage 2 (W*) and TOST in a
-  :class:`FairnessReport`; :func:`client_contribution`, :func:`stage1_term` and
-  :func:`report_from_sums` are the same computation as sums over clients (encrypted protocol);
-  :func:`stage_statistics` vectorises it for simulations.
+  :class:`FairnessReport`; :func:`client_contribution`, :func:`stage1_term`,
+  :func:`stage1_statistic` and :func:`report_from_sums` are the same computation as sums over
+  clients (encrypted protocol); :func:`stage_statistics` vectorises it for simulations;
+  :func:`disparity_variance` gives the calibrated weights from a holder's margins.
 
 FPFL: fairness-constrained training with user-level DP (paper 004, SPEC 3):
 
@@ -55,10 +56,12 @@ from mechanisms.fairtest import (
     bootstrap_disparity,
     client_contribution,
     common_disparity_test,
+    disparity_variance,
     equivalence_test,
     fedevalfair,
     homogeneity_test,
     report_from_sums,
+    stage1_statistic,
     stage1_term,
     stage_statistics,
 )
@@ -132,6 +135,7 @@ __all__ = [
     "build_mechanism",
     "client_contribution",
     "common_disparity_test",
+    "disparity_variance",
     "equivalence_test",
     "estimate_gap",
     "fedevalfair",
@@ -145,6 +149,7 @@ __all__ = [
     "optimal_split",
     "randomized_response_epsilon",
     "report_from_sums",
+    "stage1_statistic",
     "stage1_term",
     "stage_statistics",
     "summarize_stream",

@@ -17,24 +17,46 @@ and reports a :class:`ClientSummary` (mean, variance, n). Two modes (SPEC 2.1):
     T1 = sum w_i (Ybar_i - mu_hat)^2 / (1 - omega_i), referred to chi2(k - 1), which it does
     not follow (the terms share mu_hat).
 ``"calibrated"`` (default)
-    The signed plug-in disparity mu_hat_i on the full test set, the bootstrap variance S_i^2
-    of the signed resamples as Var(mu_hat_i), weights w_i = 1 / S_i^2 (n_i is not used), and
-    Cochran's Q = sum w_i (Ybar_i - mu_hat)^2 for stage 1, exactly chi2(k - 1) for normal
-    estimates with known variances. Asymptotic: S_i^2 is a plug-in (Wald-type) variance that
-    is correlated with the plug-in disparity when a (group, prediction) cell holds a handful
-    of rows; the weights 1 / S_i^2 then favour extreme clients and both stages are liberal,
-    more so as k grows (benchmarks/results/fedevalfair_mc.md; see
-    :attr:`BootstrapDisparity.cell_counts`).
+    The signed plug-in disparity mu_hat_i on the full test set and the bootstrap variance
+    S_i^2 of the signed resamples as Var(mu_hat_i). Weights (SPEC 2.1 says 1 / S_i^2; see
+    below why not): w_i = 1 / V_i(0), where V_i(mu) = :func:`disparity_variance` is the
+    variance of the holder's plug-in disparity given its *margins* (the two group sizes and
+    the number of rows predicted positive among the rows the metric averages over) when
+    its disparity is mu. V_i(0) is exact: given the margins, under fairness within the
+    holder (Yhat independent of A) the count of group 0's positives is hypergeometric, so
+    mu_hat_i has mean 0 and variance V_i(0) whatever the cell sizes. The estimate is
+    mu_hat = sum w_i Ybar_i / sum w_i with the sandwich standard error
+    sqrt(sum w_i^2 S_i^2) / sum w_i (reported, and used for the confidence interval). The
+    tests use the standard error the estimate has under their null: stage 2 is
+    W* = (mu_hat - mu0) / se(mu0), se(mu) = sqrt(sum w_i^2 V_i(mu)) / sum w_i (at mu0 = 0,
+    1 / sqrt(sum w): a stratified two-proportion score test, exact in its first two moments),
+    and TOST uses se(+tolerance) and se(-tolerance). Stage 1 is
+    Cochran's Q = sum u_i (Ybar_i - mu_u)^2 with u_i = 1 / V_i(c), c the round-1 mu_hat
+    (the variance each holder's disparity has if all share the disparity c), referred to
+    chi2(k - 1).
 
-In both modes mu_hat = sum w_i Ybar_i / sum w_i (Graybill-Deal, Eq. 6) with standard error
-1 / sqrt(sum w_i); stage 2 (Algorithm 2) is W* = sqrt(sum w_i) (mu_hat - mu0) ~ N(0, 1), two
-sided; the equivalence test (TOST, SPEC 2.1) certifies |mu| < tolerance.
+    Why not 1 / S_i^2: S_i^2 is a plug-in variance that is correlated with the plug-in
+    disparity when a (group, prediction) cell holds a handful of rows (a group with few
+    predicted positives has both a low rate and a low S^2), so 1 / S_i^2 favours extreme
+    holders and both stages are liberal: type-I error 0.51 (stage 2) for 10 Adult holders
+    of 100 rows. V_i depends on the margins only, which are independent of the disparity's
+    sign under the null. A summary without margins (``ClientSummary.margins = None``, e.g.
+    a CSV with mean and variance only) falls back to V_i = S_i^2, i.e. SPEC 2.1's form
+    (w_i = 1 / S_i^2, every standard error 1 / sqrt(sum w), Cochran's Q with the same
+    weights). benchmarks/fedevalfair_mc.py measures both (``--no-margins``).
+
+In both modes mu_hat = sum w_i Ybar_i / sum w_i (Graybill-Deal, Eq. 6); in mode "paper"
+its standard error is 1 / sqrt(sum w_i) and stage 2 (Algorithm 2) W* = sqrt(sum w_i)
+(mu_hat - mu0) ~ N(0, 1), two sided; the equivalence test (TOST, SPEC 2.1) certifies
+|mu| < tolerance with the same standard error.
 
 The server only adds (Algorithms 1-2, SPEC 2): in round 1 every client adds
-:func:`client_contribution` = [w_i, w_i Ybar_i, w_i Ybar_i^2, 1]; in round 2, given the
-decrypted round-1 totals, it adds :func:`stage1_term`; :func:`report_from_sums` turns the two
-totals into the :class:`FairnessReport`. :func:`fedevalfair` is that computation in one
-process, and :func:`stage_statistics` the same kernels over arrays (Monte Carlo).
+:func:`client_contribution` = [w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, and w_i^2 V_i at
+mu0, +tolerance and -tolerance, 1] (:data:`ROUND1_FIELDS`); in round 2, given the
+decrypted round-1 totals, it adds :func:`stage1_term` (:data:`STAGE1_FIELDS`);
+:func:`stage1_statistic` and :func:`report_from_sums` turn the two totals into the
+:class:`FairnessReport`. :func:`fedevalfair` is that computation in one process, and
+:func:`stage_statistics` the same kernels over arrays (Monte Carlo).
 """
 
 from __future__ import annotations
@@ -69,7 +91,19 @@ ROUND1_FIELDS: tuple[str, ...] = (
     "sum_weights",
     "sum_weighted_means",
     "sum_weighted_squared_means",
+    "sum_squared_weights_times_variances",
+    "sum_squared_weights_times_null_variances",
+    "sum_squared_weights_times_variances_at_plus_tolerance",
+    "sum_squared_weights_times_variances_at_minus_tolerance",
     "num_clients",
+)
+#: Names of the round-2 vector's entries (what :func:`stage1_term` returns): Cochran's Q is
+#: sum u (Ybar - c)^2 - (sum u (Ybar - c))^2 / sum u, exact over whichever clients add them.
+#: Mode "paper" sends [T1 term, 0, 0].
+STAGE1_FIELDS: tuple[str, ...] = (
+    "sum_weighted_squared_deviations",
+    "sum_stage1_weights",
+    "sum_weighted_deviations",
 )
 #: Elements of one bootstrap index chunk (B x n is drawn in chunks of this many; ~32 MB).
 _CHUNK_ELEMENTS = 1 << 22
@@ -86,9 +120,70 @@ class InsufficientGroupData(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
+def _check_margins(margins: object) -> tuple[int, int, int]:
+    """(group-0 rows, group-1 rows, rows predicted positive): each group >= 1 row and the
+    positives strictly between 0 and the total (else the disparity cannot vary)."""
+    if not isinstance(margins, tuple | list | np.ndarray) or len(margins) != 3:
+        raise ValueError(
+            f"margins must be (group0_rows, group1_rows, predicted_positive_rows), got {margins!r}"
+        )
+    group0, group1, positives = (
+        check_int_at_least(name, value, 0)
+        for name, value in zip(
+            ("margins group0_rows", "margins group1_rows", "margins predicted_positive_rows"),
+            margins,
+            strict=True,
+        )
+    )
+    if group0 < 1 or group1 < 1:
+        raise ValueError(f"margins: each group needs >= 1 row, got {group0} and {group1}")
+    if not 0 < positives < group0 + group1:
+        raise ValueError(
+            f"margins predicted_positive_rows must be in (0, {group0 + group1}) (both "
+            f"predictions present), got {positives}"
+        )
+    return group0, group1, positives
+
+
+def disparity_variance(margins: tuple[int, int, int], disparity: float = 0.0) -> float:
+    """Variance of a holder's plug-in disparity given its margins, at disparity ``disparity``.
+
+    ``margins`` = (n0, n1, x): the rows of group 0 and group 1 the metric averages over, and
+    how many of those are predicted positive; N = n0 + n1, p = x / N. The group rates that
+    keep p and have difference mu are r0 = p + n1 mu / N and r1 = p - n0 mu / N, and
+
+        V(mu) = N / (N - 1) * (r0 (1 - r0) / n0 + r1 (1 - r1) / n1).
+
+    At mu = 0 this is p (1 - p) (1 / n0 + 1 / n1) N / (N - 1), the exact variance of
+    x0 / n0 - (x - x0) / n1 when x0 is hypergeometric (Yhat independent of A given the
+    margins): no approximation, whatever the cell sizes. A rate outside
+    [1 / (2 n), 1 - 1 / (2 n)] (a mu that this holder's margins cannot produce) is clipped to
+    that range, half a row from the boundary, widened to contain p (so mu = 0 is never
+    clipped and V > 0). Used for the calibrated weights (module docstring).
+    """
+    checked = _check_margins(margins)
+    disparity = check_finite("disparity", disparity)
+    return float(_disparity_variances(np.asarray(checked, dtype=np.float64), disparity))
+
+
+def _disparity_variances(margins: np.ndarray, disparity: np.ndarray | float) -> np.ndarray:
+    """:func:`disparity_variance` over arrays: ``margins`` (..., 3), ``disparity`` broadcasts
+    to (...)."""
+    group0, group1, positives = margins[..., 0], margins[..., 1], margins[..., 2]
+    total = group0 + group1
+    rate = positives / total
+
+    def clip(value: np.ndarray, size: np.ndarray) -> np.ndarray:
+        return np.clip(value, np.minimum(0.5 / size, rate), np.maximum(1.0 - 0.5 / size, rate))
+
+    rate0 = clip(rate + group1 * disparity / total, group0)
+    rate1 = clip(rate - group0 * disparity / total, group1)
+    return total / (total - 1) * (rate0 * (1.0 - rate0) / group0 + rate1 * (1.0 - rate1) / group1)
+
+
 @dataclass(frozen=True)
 class ClientSummary:
-    """A client's bootstrap summary (paper Section 3.1: Ybar_i, S_i^2, n_i).
+    """A client's bootstrap summary (paper Section 3.1: Ybar_i, S_i^2, n_i) and its margins.
 
     Attributes
     ----------
@@ -101,17 +196,26 @@ class ClientSummary:
         Var(mean)).
     n : int
         n_i >= 2: the number of bootstrap resamples B (the paper's n_i; its weights are
-        n_i / S_i^2). Not used by the calibrated weights 1 / S_i^2.
+        n_i / S_i^2). Not used by the calibrated mode.
+    margins : (int, int, int) or None
+        Calibrated mode: (group-0 rows, group-1 rows, rows predicted positive) among the
+        rows the metric averages over (all rows for dp, Y = 1 for eo); the calibrated
+        weights come from :func:`disparity_variance` of these. None: weights 1 / S_i^2
+        (SPEC 2.1's form, liberal with small cells; module docstring). Not used by the
+        paper mode.
     """
 
     mean: float
     variance: float
     n: int
+    margins: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mean", check_finite("mean", self.mean))
         object.__setattr__(self, "variance", check_positive_finite("variance", self.variance))
         object.__setattr__(self, "n", check_int_at_least("n", self.n, 2))
+        if self.margins is not None:
+            object.__setattr__(self, "margins", _check_margins(self.margins))
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,8 +240,7 @@ class BootstrapDisparity:
     cell_counts : tuple of int
         Counts of (A=0, Yhat=0), (A=0, Yhat=1), (A=1, Yhat=0), (A=1, Yhat=1) among the rows the
         metric averages over. With a handful of rows in a cell, S^2 is strongly correlated
-        with the plug-in disparity and the calibrated weights 1 / S^2 favour extreme
-        estimates (see benchmarks/fedevalfair_mc.py): check ``min(cell_counts)``.
+        with the plug-in disparity (why the calibrated weights use :attr:`margins`).
     """
 
     metric: Metric
@@ -147,6 +250,19 @@ class BootstrapDisparity:
     group_sizes: tuple[int, int]
     num_samples: int
     cell_counts: tuple[int, int, int, int]
+
+    @property
+    def margins(self) -> tuple[int, int, int]:
+        """(group-0 rows, group-1 rows, rows predicted positive) among the metric's rows."""
+        counts = self.cell_counts
+        return self.group_sizes[0], self.group_sizes[1], counts[1] + counts[3]
+
+    @property
+    def smallest_margin(self) -> int:
+        """min(group-0 rows, group-1 rows, rows predicted positive, rows predicted negative)
+        among the metric's rows: what the app's ``fef-min-cell`` rule compares."""
+        group0, group1, positives = self.margins
+        return min(group0, group1, positives, group0 + group1 - positives)
 
     @property
     def num_resamples(self) -> int:
@@ -167,7 +283,7 @@ class BootstrapDisparity:
         """What the client reports in ``mode`` (SPEC 2.1).
 
         ``"paper"``: mean and S^2 of |Y_ij|, n = B. ``"calibrated"``: the signed plug-in
-        disparity, S^2 of the signed Y_ij, n = B (unused by the weights).
+        disparity, S^2 of the signed Y_ij, n = B (unused) and the :attr:`margins`.
 
         Raises
         ------
@@ -176,12 +292,14 @@ class BootstrapDisparity:
             same class for everyone): no variance can be estimated from this test set.
         """
         mode = check_choice("mode", mode, MODES)
+        margins: tuple[int, int, int] | None = None
         if mode == "paper":
             values = np.abs(self.resamples)
             mean = float(np.mean(values))
         else:
             values = self.resamples
             mean = self.plugin
+            margins = self.margins
         variance = float(np.var(values, ddof=1))
         if not variance > 0.0:
             raise InsufficientGroupData(
@@ -189,7 +307,7 @@ class BootstrapDisparity:
                 "their variance is 0: this test set cannot estimate the disparity's "
                 "uncertainty and the client cannot take part"
             )
-        return ClientSummary(mean=mean, variance=variance, n=self.num_resamples)
+        return ClientSummary(mean=mean, variance=variance, n=self.num_resamples, margins=margins)
 
 
 def _cell_codes(
@@ -326,29 +444,90 @@ def bootstrap_disparity(
 # --------------------------------------------------------------------------------------------
 
 
-def _weights(variances: np.ndarray, sizes: np.ndarray, mode: Mode) -> np.ndarray:
-    """w_i = n_i / S_i^2 (paper, Eq. 6) or 1 / S_i^2 (calibrated)."""
-    weights = sizes / variances if mode == "paper" else 1.0 / variances
+def _weights(
+    variances: np.ndarray, sizes: np.ndarray, margins: np.ndarray | None, mode: Mode
+) -> tuple[np.ndarray, np.ndarray]:
+    """Round-1 weights w_i and Var_i (the variance the standard error uses).
+
+    Paper: w = n / S^2, Var = S^2 / n (Eq. 6). Calibrated: w = 1 / V_i(0) from the margins
+    (:func:`disparity_variance`; rows of ``margins`` with NaN fall back to 1 / S^2), Var = S^2.
+    """
+    if mode == "paper":
+        weights, variance_of_mean = sizes / variances, variances / sizes
+    else:
+        weights, variance_of_mean = 1.0 / variances, variances
+        if margins is not None:
+            known = ~np.isnan(margins[..., 0])
+            safe = np.where(known[..., None], margins, 1.0)
+            weights = np.where(known, 1.0 / _disparity_variances(safe, 0.0), weights)
     if not np.all(np.isfinite(weights)):
         raise ValueError("variance is too small: a weight n / variance or 1 / variance overflows")
-    return weights
+    return weights, variance_of_mean
+
+
+def _variances_at(
+    variances: np.ndarray,
+    sizes: np.ndarray,
+    margins: np.ndarray | None,
+    mode: Mode,
+    disparity: float,
+) -> np.ndarray:
+    """Var_i if the common disparity were ``disparity``: V_i(disparity) from the margins
+    (calibrated), else the Var_i of :func:`_weights` (S^2, or S^2 / n in mode paper)."""
+    _, variance_of_mean = _weights(variances, sizes, None, mode)
+    if mode == "paper" or margins is None:
+        return variance_of_mean
+    known = ~np.isnan(margins[..., 0])
+    safe = np.where(known[..., None], margins, 1.0)
+    return np.where(known, _disparity_variances(safe, disparity), variance_of_mean)
 
 
 def _round1_vectors(
-    means: np.ndarray, variances: np.ndarray, sizes: np.ndarray, mode: Mode
+    means: np.ndarray,
+    variances: np.ndarray,
+    sizes: np.ndarray,
+    margins: np.ndarray | None,
+    mode: Mode,
+    mu0: float,
+    tolerance: float | None,
 ) -> np.ndarray:
-    """[w_i, w_i Ybar_i, w_i Ybar_i^2, 1] along a new last axis."""
-    weights = _weights(variances, sizes, mode)
-    return np.stack([weights, weights * means, weights * means**2, np.ones_like(weights)], -1)
+    """[w, w Ybar, w Ybar^2, w^2 Var, w^2 V(mu0), w^2 V(tol), w^2 V(-tol), 1] on a new last axis."""
+    weights, variance_of_mean = _weights(variances, sizes, margins, mode)
+    tol = 0.0 if tolerance is None else tolerance
+    null = [
+        weights**2 * _variances_at(variances, sizes, margins, mode, value)
+        for value in (mu0, tol, -tol)
+    ]
+    return np.stack(
+        [
+            weights,
+            weights * means,
+            weights * means**2,
+            weights**2 * variance_of_mean,
+            *null,
+            np.ones_like(weights),
+        ],
+        -1,
+    )
 
 
-def _stage1_terms(
-    means: np.ndarray, variances: np.ndarray, sizes: np.ndarray, totals: np.ndarray, mode: Mode
+def _stage1_vectors(
+    means: np.ndarray,
+    variances: np.ndarray,
+    sizes: np.ndarray,
+    margins: np.ndarray | None,
+    totals: np.ndarray,
+    mode: Mode,
 ) -> np.ndarray:
-    """w_i (Ybar_i - mu_hat)^2, divided by 1 - omega_i = (sum w - w_i) / sum w in mode paper."""
-    weights = _weights(variances, sizes, mode)
+    """Round-2 vectors (:data:`STAGE1_FIELDS`) along a new last axis.
+
+    Calibrated: [u (Ybar - c)^2, u, u (Ybar - c)] with c = the round-1 mu_hat and
+    u = 1 / V_i(c) (margins) or 1 / S^2 (no margins). Paper: [w (Ybar - c)^2 / (1 - omega), 0, 0].
+    """
+    weights, _ = _weights(variances, sizes, margins, mode)
     sum_weights = totals[..., 0]
-    terms = weights * (means - totals[..., 1] / sum_weights) ** 2
+    centre = totals[..., 1] / sum_weights
+    deviations = means - centre
     if mode == "paper":
         others = sum_weights - weights
         if np.any(others <= 0.0):
@@ -356,8 +535,22 @@ def _stage1_terms(
                 "round1_totals[0] (the sum of weights) must exceed the client's own weight "
                 "(1 - omega_i > 0)"
             )
-        terms = terms * (sum_weights / others)
-    return terms
+        terms = weights * deviations**2 * (sum_weights / others)
+        return np.stack([terms, np.zeros_like(terms), np.zeros_like(terms)], -1)
+    stage1_weights = 1.0 / variances
+    if margins is not None:
+        known = ~np.isnan(margins[..., 0])
+        safe = np.where(known[..., None], margins, 1.0)
+        stage1_weights = np.where(known, 1.0 / _disparity_variances(safe, centre), stage1_weights)
+    return np.stack(
+        [stage1_weights * deviations**2, stage1_weights, stage1_weights * deviations], -1
+    )
+
+
+def _stage1_from_sums(stage1_totals: np.ndarray) -> np.ndarray:
+    """Cochran's Q = S0 - S2^2 / S1 from the summed calibrated round-2 vectors."""
+    squares, weights, deviations = (stage1_totals[..., i] for i in range(3))
+    return squares - deviations**2 / weights
 
 
 @dataclass(frozen=True)
@@ -386,15 +579,19 @@ def _from_sums(
     mu0: float,
     tolerance: float | None,
 ) -> StageStatistics:
-    """Graybill-Deal estimate, stage 1 p-value (chi2, k - 1), W* and its two-sided p-value."""
+    """Estimate, stderr sqrt(sum w^2 Var) / sum w, stage 1 p-value (chi2, k - 1), W* and TOST
+    with the standard errors at their null values, sqrt(sum w^2 V(value)) / sum w."""
     sum_weights = totals[..., 0]
     estimate = totals[..., 1] / sum_weights
-    stderr = 1.0 / np.sqrt(sum_weights)
-    common = np.sqrt(sum_weights) * (estimate - mu0)
+    stderr = np.sqrt(totals[..., 3]) / sum_weights
+    common = (estimate - mu0) / (np.sqrt(totals[..., 4]) / sum_weights)
     equivalence_statistic = equivalence_pvalue = None
     if tolerance is not None:
-        # TOST: max(P(Z > (mu_hat + tol)/se), P(Z < (mu_hat - tol)/se)) = sf((tol - |mu_hat|)/se).
-        equivalence_statistic = (tolerance - np.abs(estimate)) / stderr
+        # TOST: max(P(Z > (mu_hat + tol)/se-), P(Z < (mu_hat - tol)/se+)) = sf(min of the two
+        # standardised distances), each at its boundary's standard error.
+        upper = (tolerance - estimate) / (np.sqrt(totals[..., 5]) / sum_weights)
+        lower = (estimate + tolerance) / (np.sqrt(totals[..., 6]) / sum_weights)
+        equivalence_statistic = np.minimum(upper, lower)
         if tolerance > 0.0:
             equivalence_pvalue = stats.norm.sf(equivalence_statistic)
         else:  # H0 |mu| >= 0 holds for every mu: never rejected.
@@ -419,18 +616,35 @@ def _from_sums(
 # --------------------------------------------------------------------------------------------
 
 
-def client_contribution(summary: ClientSummary, mode: Mode = "calibrated") -> np.ndarray:
+def _summary_arrays(summary: ClientSummary) -> tuple[np.ndarray, ...]:
+    margins = None if summary.margins is None else np.asarray(summary.margins, dtype=np.float64)
+    return (
+        np.float64(summary.mean),
+        np.float64(summary.variance),
+        np.float64(summary.n),
+        margins,  # type: ignore[return-value]
+    )
+
+
+def client_contribution(
+    summary: ClientSummary,
+    mode: Mode = "calibrated",
+    *,
+    mu0: float = 0.0,
+    tolerance: float | None = None,
+) -> np.ndarray:
     """Round 1 (Algorithms 1-2, step 3-4): the vector a client encrypts and the server adds.
 
-    Returns ``[w_i, w_i Ybar_i, w_i Ybar_i^2, 1.0]`` (:data:`ROUND1_FIELDS`), w_i = n_i / S_i^2
-    in mode "paper" and 1 / S_i^2 in mode "calibrated". The totals give sum w, mu_hat and k,
-    and (calibrated) Cochran's Q = sum w Ybar^2 - (sum w Ybar)^2 / sum w.
+    Returns (:data:`ROUND1_FIELDS`) ``[w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i,
+    w_i^2 V_i(mu0), w_i^2 V_i(tol), w_i^2 V_i(-tol), 1.0]``: mode "paper" w_i = n_i / S_i^2
+    and Var_i = V_i = S_i^2 / n_i; mode "calibrated" w_i = 1 / V_i(0), V_i =
+    :func:`disparity_variance` of the margins, Var_i = S_i^2 (without margins V_i = S_i^2
+    and w_i = 1 / S_i^2). ``mu0`` and ``tolerance`` must be the values the report will use
+    (tolerance None: 0). The totals give sum w, mu_hat, its standard errors and k.
     """
-    mode = check_choice("mode", mode, MODES)
+    mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
     _check_summary(summary, "summary")
-    return _round1_vectors(
-        np.float64(summary.mean), np.float64(summary.variance), np.float64(summary.n), mode
-    )
+    return _round1_vectors(*_summary_arrays(summary), mode, mu0, tolerance)
 
 
 def _check_totals(round1_totals: np.ndarray) -> np.ndarray:
@@ -440,35 +654,52 @@ def _check_totals(round1_totals: np.ndarray) -> np.ndarray:
             f"round1_totals must have {len(ROUND1_FIELDS)} entries {ROUND1_FIELDS}, "
             f"got shape {totals.shape}"
         )
-    if not np.all(np.isfinite(totals)) or not totals[0] > 0.0:
+    if not np.all(np.isfinite(totals)) or not totals[0] > 0.0 or not np.all(totals[3:7] > 0.0):
         raise ValueError(
-            "round1_totals must be finite with a sum of weights (entry 0) > 0, "
-            f"got {totals.tolist()}"
+            "round1_totals must be finite with a sum of weights (entry 0) > 0 and variance "
+            f"sums (entries 3-6) > 0, got {totals.tolist()}"
         )
     return totals
 
 
 def stage1_term(
     summary: ClientSummary, round1_totals: np.ndarray, mode: Mode = "calibrated"
-) -> float:
-    """Round 2 (Algorithm 1, steps 7-9): the client's term of the stage-1 statistic.
+) -> np.ndarray:
+    """Round 2 (Algorithm 1, steps 7-9): the client's part of the stage-1 statistic.
 
-    Given the decrypted round-1 totals (sum w, sum w Ybar, ...): mode "paper" returns
-    w_i (Ybar_i - mu_hat)^2 / (1 - omega_i) with omega_i = w_i / sum w (Eq. 10); mode
-    "calibrated" returns w_i (Ybar_i - mu_hat)^2 (Cochran's Q).
+    Given the decrypted round-1 totals (c = sum w Ybar / sum w): mode "calibrated" returns
+    [u_i (Ybar_i - c)^2, u_i, u_i (Ybar_i - c)] (:data:`STAGE1_FIELDS`) with u_i = 1 / V_i(c)
+    (:func:`disparity_variance`; 1 / S_i^2 without margins), whose sum gives Cochran's Q
+    (:func:`stage1_statistic`); mode "paper" returns [w_i (Ybar_i - c)^2 / (1 - omega_i), 0, 0]
+    with omega_i = w_i / sum w (Eq. 10).
     """
     mode = check_choice("mode", mode, MODES)
     _check_summary(summary, "summary")
     totals = _check_totals(round1_totals)
-    return float(
-        _stage1_terms(
-            np.float64(summary.mean),
-            np.float64(summary.variance),
-            np.float64(summary.n),
-            totals,
-            mode,
+    return _stage1_vectors(*_summary_arrays(summary), totals, mode)
+
+
+def stage1_statistic(stage1_totals: np.ndarray, mode: Mode = "calibrated") -> float:
+    """Stage 1's statistic from the sum of :func:`stage1_term` over the clients.
+
+    Calibrated: Q = sum u (Ybar - c)^2 - (sum u (Ybar - c))^2 / sum u = sum u (Ybar - mu_u)^2,
+    exact for whichever clients added their terms (c is only a centre). Paper: T1, the
+    first entry (the other two are zeros, or encryption noise around 0, and are ignored).
+    Slightly negative values (CKKS noise on a sum of squares) are returned as they are;
+    :func:`report_from_sums` reads them as 0.
+    """
+    mode = check_choice("mode", mode, MODES)
+    totals = np.asarray(stage1_totals, dtype=np.float64)
+    if totals.shape != (len(STAGE1_FIELDS),) or not np.all(np.isfinite(totals)):
+        raise ValueError(
+            f"stage1_totals must be {len(STAGE1_FIELDS)} finite numbers {STAGE1_FIELDS}, "
+            f"got {totals.tolist()}"
         )
-    )
+    if mode == "paper":
+        return float(totals[0])
+    if not totals[1] > 0.0:
+        raise ValueError(f"stage1_totals[1] (a sum of weights) must be > 0, got {totals[1]!r}")
+    return float(_stage1_from_sums(totals))
 
 
 def _check_options(
@@ -495,28 +726,31 @@ def report_from_sums(
 
     Parameters
     ----------
-    round1_totals : array of 4
-        The sum over clients of :func:`client_contribution`.
+    round1_totals : array of 8
+        The sum over clients of :func:`client_contribution`, computed with this ``mu0`` and
+        ``tolerance``.
     stage1_total : float or None
-        The sum over clients of :func:`stage1_term`. Mode "calibrated" accepts None: then
-        Q = sum w Ybar^2 - (sum w Ybar)^2 / sum w from round 1 alone (one round less, but it
-        subtracts two large numbers: prefer round 2 when the clients' means are close and
-        large).
+        Stage 1's statistic, :func:`stage1_statistic` of the summed :func:`stage1_term`.
+        Mode "calibrated" accepts None: then Q = sum w Ybar^2 - (sum w Ybar)^2 / sum w
+        from round 1 alone, with the round-1 weights w = 1 / V_i(0) instead of 1 / V_i(c)
+        (one round less; it subtracts two large numbers and, where the common disparity is
+        far from 0, is conservative).
     num_clients : int
         k >= 2 clients that contributed (must match ``round1_totals[3]``).
 
     Notes
     -----
     A ``stage1_total`` slightly below 0 (encryption noise on a sum of non-negative terms)
-    is read as 0; anything below -1e-6 (1 + sum w Ybar^2) is an error.
+    is read as 0; anything below -1e-6 (1 + sum w Ybar^2) is an error. The standard error
+    is sqrt(round1_totals[3]) / round1_totals[0].
     """
     alpha = check_open_unit("alpha", alpha)
     mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
     num_clients = check_int_at_least("num_clients", num_clients, 2)
     totals = _check_totals(round1_totals)
-    if abs(totals[3] - num_clients) > 0.5:
+    if abs(totals[-1] - num_clients) > 0.5:
         raise ValueError(
-            f"round1_totals[3] (the number of contributions, {totals[3]:g}) must equal "
+            f"round1_totals[-1] (the number of contributions, {totals[-1]:g}) must equal "
             f"num_clients ({num_clients})"
         )
     if stage1_total is None:
@@ -559,7 +793,8 @@ class TestResult:
         k - 1 for the chi-square statistic of stage 1; None for the normal ones.
     pvalue : float
     estimate, stderr : float
-        The Graybill-Deal common disparity mu_hat and 1 / sqrt(sum w).
+        The Graybill-Deal common disparity mu_hat and its standard error
+        sqrt(sum w_i^2 Var_i) / sum w_i (= 1 / sqrt(sum w) in mode "paper").
     method : str
     mode : {"paper", "calibrated"}
     k : int
@@ -605,21 +840,24 @@ _METHODS = {
         "w_i = n_i / S_i^2, referred to chi2(k - 1) (not its distribution: SPEC 2.1)"
     ),
     ("homogeneity", "calibrated"): (
-        "Cochran's Q = sum w_i (Ybar_i - mu_hat)^2, w_i = 1 / S_i^2, chi2(k - 1)"
+        "Cochran's Q = sum u_i (Ybar_i - mu_u)^2, u_i = 1 / V_i(mu_hat) from the holder's "
+        "margins (1 / S_i^2 without margins), chi2(k - 1)"
     ),
     ("common", "paper"): (
         "FedEvalFair stage 2 (paper Algorithm 2): W* = sqrt(sum w_i) (mu_hat - mu0), "
         "w_i = n_i / S_i^2 of |disparities|, two-sided N(0, 1)"
     ),
     ("common", "calibrated"): (
-        "Stage 2: W* = (mu_hat - mu0) / stderr, Graybill-Deal mu_hat of signed plug-in "
-        "disparities, w_i = 1 / S_i^2, two-sided N(0, 1)"
+        "Stage 2: W* = (mu_hat - mu0) / se(mu0), mu_hat = sum w_i Ybar_i / sum w_i of signed "
+        "plug-in disparities, w_i = 1 / V_i(0) from the holder's margins, se(mu0) = "
+        "sqrt(sum w_i^2 V_i(mu0)) / sum w_i (without margins V_i = S_i^2), two-sided N(0, 1)"
     ),
     ("equivalence", "paper"): (
         "TOST equivalence, H0: |mu| >= tolerance, on the paper-mode mu_hat and stderr, N(0, 1)"
     ),
     ("equivalence", "calibrated"): (
-        "TOST equivalence, H0: |mu| >= tolerance vs H1: |mu| < tolerance, N(0, 1)"
+        "TOST equivalence, H0: |mu| >= tolerance vs H1: |mu| < tolerance, N(0, 1) with "
+        "se(+tolerance) and se(-tolerance)"
     ),
 }
 
@@ -663,12 +901,13 @@ class FairnessReport:
 
     @property
     def stderr(self) -> float:
-        """1 / sqrt(sum w)."""
+        """sqrt(sum w^2 Var) / sum w (paper: 1 / sqrt(sum w))."""
         return self.common_disparity.stderr
 
     def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
-        """Normal interval for the common disparity (at level 1 - alpha it excludes mu0
-        exactly when stage 2 rejects)."""
+        """Normal interval mu_hat +/- z stderr for the common disparity. At level 1 - alpha
+        it excludes mu0 exactly when stage 2 rejects if every summary lacks margins (or in
+        mode "paper"); with margins stage 2 uses se(mu0) instead of the sandwich stderr."""
         return self.common_disparity.confidence_interval(level)
 
     def to_dict(self) -> dict[str, Any]:
@@ -767,8 +1006,9 @@ def fedevalfair(
     """Run FedEvalFair's two stages (and TOST if ``tolerance`` is given) on client summaries.
 
     Exactly the protocol's arithmetic: the round-1 vectors (:func:`client_contribution`) are
-    added, each client's :func:`stage1_term` is computed from the totals and added, and
-    :func:`report_from_sums` gives the report.
+    added, each client's :func:`stage1_term` is computed from the totals and added,
+    :func:`stage1_statistic` gives stage 1's statistic and :func:`report_from_sums` the
+    report.
 
     Parameters
     ----------
@@ -787,11 +1027,14 @@ def fedevalfair(
     alpha = check_open_unit("alpha", alpha)
     mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
     checked = _check_summaries(summaries)
-    totals = np.sum([client_contribution(s, mode) for s in checked], axis=0)
-    stage1_total = math.fsum(stage1_term(s, totals, mode) for s in checked)
+    totals = np.sum(
+        [client_contribution(s, mode, mu0=mu0, tolerance=tolerance) for s in checked], axis=0
+    )
+    terms = np.array([stage1_term(s, totals, mode) for s in checked])
+    stage1_totals = np.array([math.fsum(column) for column in terms.T])
     return report_from_sums(
         totals,
-        stage1_total,
+        stage1_statistic(stage1_totals, mode),
         mode=mode,
         alpha=alpha,
         mu0=mu0,
@@ -819,7 +1062,7 @@ def equivalence_test(
 ) -> TestResult:
     """TOST (SPEC 2.1), H0: |mu| >= tolerance vs H1: |mu| < tolerance.
 
-    p = max(P(Z > (mu_hat + tol)/se), P(Z < (mu_hat - tol)/se)) = P(Z > (tol - |mu_hat|)/se);
+    p = max(P(Z > (mu_hat + tol)/se(-tol)), P(Z < (mu_hat - tol)/se(+tol))) (module docstring);
     tolerance 0 gives p = 1 (the null covers every mu).
     """
     report = fedevalfair(summaries, mode=mode, tolerance=tolerance)
@@ -832,6 +1075,7 @@ def stage_statistics(
     variances: np.ndarray,
     sizes: np.ndarray,
     *,
+    margins: np.ndarray | None = None,
     mode: Mode = "calibrated",
     mu0: float = 0.0,
     tolerance: float | None = None,
@@ -839,7 +1083,8 @@ def stage_statistics(
     """Vectorised :func:`fedevalfair` for simulations: clients on the last axis.
 
     ``means``, ``variances`` and ``sizes`` broadcast to shape (..., k); every statistic of
-    the result has shape (...). Same kernels as the protocol helpers.
+    the result has shape (...). ``margins`` (calibrated mode), shape (..., k, 3), holds each
+    client's :attr:`ClientSummary.margins`. Same kernels as the protocol helpers.
     """
     mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
     means, variances, sizes = np.broadcast_arrays(
@@ -855,8 +1100,25 @@ def stage_statistics(
         raise ValueError("variances must be finite numbers > 0")
     if not np.all(np.isfinite(sizes)) or np.any(sizes < 2) or np.any(sizes != np.round(sizes)):
         raise ValueError("sizes must be integers >= 2")
-    totals = _round1_vectors(means, variances, sizes, mode).sum(axis=-2)
-    stage1 = _stage1_terms(means, variances, sizes, totals[..., None, :], mode).sum(axis=-1)
+    if margins is not None:
+        margins = np.broadcast_to(np.asarray(margins, dtype=np.float64), (*means.shape, 3))
+        group0, group1, positives = margins[..., 0], margins[..., 1], margins[..., 2]
+        if (
+            np.any(margins != np.round(margins))
+            or np.any(group0 < 1)
+            or np.any(group1 < 1)
+            or np.any(positives <= 0)
+            or np.any(positives >= group0 + group1)
+        ):
+            raise ValueError(
+                "margins must be integer (group0_rows >= 1, group1_rows >= 1, "
+                "predicted_positive_rows strictly between 0 and their sum) on the last axis"
+            )
+        if mode == "paper":
+            margins = None
+    totals = _round1_vectors(means, variances, sizes, margins, mode, mu0, tolerance).sum(axis=-2)
+    parts = _stage1_vectors(means, variances, sizes, margins, totals[..., None, :], mode).sum(-2)
+    stage1 = parts[..., 0] if mode == "paper" else np.maximum(_stage1_from_sums(parts), 0.0)
     return _from_sums(
         totals, stage1, mode=mode, k=int(means.shape[-1]), mu0=mu0, tolerance=tolerance
     )
@@ -866,6 +1128,7 @@ __all__ = [
     "METRICS",
     "MODES",
     "ROUND1_FIELDS",
+    "STAGE1_FIELDS",
     "BootstrapDisparity",
     "ClientSummary",
     "FairnessReport",
@@ -874,11 +1137,13 @@ __all__ = [
     "TestResult",
     "bootstrap_disparity",
     "client_contribution",
+    "disparity_variance",
     "common_disparity_test",
     "equivalence_test",
     "fedevalfair",
     "homogeneity_test",
     "report_from_sums",
+    "stage1_statistic",
     "stage1_term",
     "stage_statistics",
 ]

@@ -411,10 +411,13 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
 # --- fairtest -----------------------------------------------------------------------------
 
 FAIRTEST_COLUMNS = ("mean", "variance", "n")
+#: Optional columns: a holder's margins (ClientSummary.margins), all three or none.
+MARGIN_COLUMNS = ("group0_rows", "group1_rows", "predicted_positive_rows")
 
 
 def _read_client_summaries(path: Path) -> list[ClientSummary]:
-    """One ClientSummary per CSV row (columns mean, variance, n; others ignored)."""
+    """One ClientSummary per CSV row (columns mean, variance, n and, optionally, the margins
+    group0_rows, group1_rows, predicted_positive_rows; others ignored)."""
     if not path.is_file():
         raise UsageError(f"--input: no such file: {path}")
     with path.open("r", encoding="utf-8-sig", newline="") as handle:  # tolerate a BOM
@@ -425,7 +428,14 @@ def _read_client_summaries(path: Path) -> list[ClientSummary]:
     missing = [column for column in FAIRTEST_COLUMNS if column not in names]
     if missing:
         raise UsageError(f"--input: column {missing[0]!r} not in {path.name}'s header {names}")
-    index = {column: names.index(column) for column in FAIRTEST_COLUMNS}
+    present = [column for column in MARGIN_COLUMNS if column in names]
+    if present and len(present) < len(MARGIN_COLUMNS):
+        absent = [column for column in MARGIN_COLUMNS if column not in names]
+        raise UsageError(
+            f"--input: the margin columns go together: {present} given without {absent}"
+        )
+    columns = FAIRTEST_COLUMNS + tuple(present)
+    index = {column: names.index(column) for column in columns}
     summaries = []
     for line, row in enumerate(rows[1:], start=2):
         if not any(field.strip() for field in row):
@@ -441,8 +451,11 @@ def _read_client_summaries(path: Path) -> list[ClientSummary]:
                 raise UsageError(
                     f"--input: row {line}: column {column!r} is not a number: {text!r}"
                 ) from None
+        margins = tuple(values[c] for c in MARGIN_COLUMNS) if present else None
         try:
-            summaries.append(ClientSummary(values["mean"], values["variance"], values["n"]))
+            summaries.append(
+                ClientSummary(values["mean"], values["variance"], values["n"], margins)  # type: ignore[arg-type]
+            )
         except ValueError as error:
             raise UsageError(f"--input: row {line}: {error}") from None
     if len(summaries) < 2:

@@ -312,7 +312,7 @@ class FedEvalFairProtocol:
         for index, (metric, mode) in enumerate(BLOCKS):
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
             stage1, totals = block[0], block[1:]
-            clients = int(round(totals[3]))
+            clients = int(round(totals[-1]))
             if clients < 2:
                 reason = f"only {clients} node(s) could compute {metric}"
                 results.append(BlockResult(metric, mode, None, reason))

@@ -37,13 +37,16 @@ from mechanisms import (
     bootstrap_disparity,
     client_contribution,
     common_disparity_test,
+    disparity_variance,
     equivalence_test,
     fedevalfair,
     homogeneity_test,
     report_from_sums,
+    stage1_statistic,
     stage1_term,
     stage_statistics,
 )
+from mechanisms.fairtest import ROUND1_FIELDS, STAGE1_FIELDS
 
 # --- independent reference formulas -----------------------------------------------------------
 
@@ -456,6 +459,107 @@ def test_paper_mode_rejects_a_fair_population() -> None:
     assert rates[0] > 0.5, rates
 
 
+# --- the calibrated weights: exact null moments, and type-I error with small cells --------------
+
+
+@pytest.mark.parametrize("margins", [(3, 2, 1), (7, 3, 4), (40, 6, 9), (12, 30, 25), (90, 11, 2)])
+def test_null_variance_is_exact_and_the_disparity_has_mean_zero(margins: tuple) -> None:
+    """Given the margins and Yhat independent of A, group 0's positives are hypergeometric:
+    enumerate them. E[disparity] = 0 and Var = disparity_variance(margins, 0) exactly."""
+    n0, n1, x = margins
+    counts = np.arange(max(0, x - n1), min(n0, x) + 1)
+    probabilities = stats.hypergeom(n0 + n1, x, n0).pmf(counts)
+    assert probabilities.sum() == pytest.approx(1.0, abs=1e-12)
+    disparities = counts / n0 - (x - counts) / n1
+    mean = float(np.sum(probabilities * disparities))
+    variance = float(np.sum(probabilities * (disparities - mean) ** 2))
+    assert mean == pytest.approx(0.0, abs=1e-12)
+    assert disparity_variance(margins, 0.0) == pytest.approx(variance, rel=1e-12)
+
+
+def test_disparity_variance_at_a_common_disparity() -> None:
+    """V(mu): the binomial variance of the rates that keep the margins' positive rate and
+    differ by mu (times N / (N - 1)); clipped half a row inside [0, 1]."""
+    n0, n1, x = 60, 40, 30
+    for mu in (-0.2, 0.0, 0.1, 0.3):
+        r0, r1 = 0.3 + 0.4 * mu, 0.3 - 0.6 * mu
+        expected = 100 / 99 * (r0 * (1 - r0) / n0 + r1 * (1 - r1) / n1)
+        assert disparity_variance((n0, n1, x), mu) == pytest.approx(expected, rel=1e-12)
+    clipped = 100 / 99 * ((1 / 120) * (1 - 1 / 120) / n0 + (1 / 80) * (1 - 1 / 80) / n1)
+    # mu = -1 asks for r0 = -0.1 and r1 = 0.9: r0 is clipped to 1 / (2 n0).
+    r1 = 0.9
+    assert disparity_variance((n0, n1, x), -1.0) == pytest.approx(
+        100 / 99 * ((1 / 120) * (1 - 1 / 120) / n0 + r1 * (1 - r1) / n1), rel=1e-12
+    )
+    assert disparity_variance((n0, n1, x), -1.0) > clipped > 0
+    with pytest.raises(ValueError, match="predicted_positive_rows"):
+        disparity_variance((5, 5, 0))
+    with pytest.raises(ValueError, match="group"):
+        disparity_variance((0, 5, 2))
+    with pytest.raises(ValueError, match="disparity"):
+        disparity_variance((5, 5, 2), math.nan)
+
+
+SMALL_CELL_ITERATIONS = 2000
+
+
+def small_cell_rejections(
+    k: int, n: int, minority: float, rates: tuple[float, float]
+) -> dict[str, np.ndarray]:
+    """Stage 1 / stage 2 rejections at 5% of the calibrated mode with and without margins.
+
+    k holders of n rows, A ~ Bernoulli(minority), Yhat | A = a ~ Bernoulli(rates[a]), B = 100;
+    a holder whose bootstrap cannot run (a group or a prediction missing) is left out, as in
+    the app."""
+    rng = np.random.default_rng([k, n, 7])
+    means = np.full((SMALL_CELL_ITERATIONS, k), np.nan)
+    variances = np.full_like(means, np.nan)
+    margins = np.full((SMALL_CELL_ITERATIONS, k, 3), np.nan)
+    for iteration in range(SMALL_CELL_ITERATIONS):
+        for holder in range(k):
+            groups = (rng.random(n) < minority).astype(np.int8)
+            predictions = (rng.random(n) < np.where(groups == 0, *rates)).astype(np.int8)
+            try:
+                result = bootstrap_disparity(predictions, None, groups, num_resamples=100, rng=rng)
+                summary = result.summary()
+            except InsufficientGroupData:
+                continue
+            means[iteration, holder], variances[iteration, holder] = summary.mean, summary.variance
+            margins[iteration, holder] = summary.margins
+    complete = ~np.isnan(means).any(axis=1)
+    assert complete.mean() > 0.8  # nearly every iteration has all holders
+    out = {}
+    for name, extra in (("margins", {"margins": margins[complete]}), ("no margins", {})):
+        batch = stage_statistics(means[complete], variances[complete], 100, **extra)
+        out[name] = np.array(
+            [np.mean(batch.homogeneity_pvalue < 0.05), np.mean(batch.common_pvalue < 0.05)]
+        )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "minority", "rates", "h0_stage2"),
+    [
+        (10, 100, 0.14, (0.19, 0.19), True),  # Adult-like: ~3 minority rows predicted positive
+        (5, 50, 0.3, (0.3, 0.3), True),  # the paper's smallest synthetic cell
+        (5, 50, 0.3, (0.35, 0.25), False),  # common disparity 0.1: stage 1's H0 only
+    ],
+)
+def test_calibrated_mode_holds_type_one_error_with_small_cells(
+    k: int, n: int, minority: float, rates: tuple[float, float], h0_stage2: bool
+) -> None:
+    """Issue criterion: type-I error in [0.03, 0.07] at 1000 iterations; here 2000 (binomial
+    SE 0.005 at 0.05, so the band is 4 SE wide on each side). Without margins (weights
+    1 / S^2, SPEC 2.1's form) the same draws over-reject where cells are tiny."""
+    rejections = small_cell_rejections(k, n, minority, rates)
+    calibrated = rejections["margins"]
+    assert 0.03 <= calibrated[0] <= 0.07, rejections  # stage 1: H0 mu_1 = ... = mu_k holds
+    if h0_stage2:
+        assert 0.03 <= calibrated[1] <= 0.07, rejections
+    if k == 10:  # the flaw the margins fix (measured ~0.25 / ~0.5)
+        assert rejections["no margins"][0] > 0.12 and rejections["no margins"][1] > 0.2, rejections
+
+
 # --- equivalence (TOST) ------------------------------------------------------------------------
 
 
@@ -530,27 +634,122 @@ def test_tost_certifies_a_small_disparity_with_enough_data() -> None:
 # --- the protocol's sums give the same report --------------------------------------------------
 
 
+def with_margins(rng: np.random.Generator, summaries: list[ClientSummary]) -> list[ClientSummary]:
+    """The same summaries with random margins (group sizes and predicted positives)."""
+    out = []
+    for s in summaries:
+        group0, group1 = (int(v) for v in rng.integers(3, 400, size=2))
+        positives = int(rng.integers(1, group0 + group1))
+        out.append(ClientSummary(s.mean, s.variance, s.n, (group0, group1, positives)))
+    return out
+
+
+def reference_calibrated_with_margins(
+    summaries: list[ClientSummary], mu0: float = 0.0
+) -> dict[str, float]:
+    """The calibrated mode with margins, written out (module docstring of fairtest)."""
+
+    def variance(margins: tuple[int, int, int], mu: float) -> float:
+        n0, n1, x = margins
+        total, rate = n0 + n1, x / (n0 + n1)
+        r0 = min(max(rate + n1 * mu / total, min(0.5 / n0, rate)), max(1 - 0.5 / n0, rate))
+        r1 = min(max(rate - n0 * mu / total, min(0.5 / n1, rate)), max(1 - 0.5 / n1, rate))
+        return total / (total - 1) * (r0 * (1 - r0) / n0 + r1 * (1 - r1) / n1)
+
+    means = np.array([s.mean for s in summaries])
+    s2 = np.array([s.variance for s in summaries])
+    w = np.array([1 / variance(s.margins, 0.0) for s in summaries])  # type: ignore[arg-type]
+    mu_hat = float(np.sum(w * means) / np.sum(w))
+    stderr = float(np.sqrt(np.sum(w**2 * s2)) / np.sum(w))
+    u = np.array([1 / variance(s.margins, mu_hat) for s in summaries])  # type: ignore[arg-type]
+    mu_u = float(np.sum(u * means) / np.sum(u))
+    q = float(np.sum(u * (means - mu_u) ** 2))
+
+    def se_at(mu: float) -> float:  # the standard error if the common disparity were mu
+        v = np.array([variance(s.margins, mu) for s in summaries])  # type: ignore[arg-type]
+        return float(np.sqrt(np.sum(w**2 * v)) / np.sum(w))
+
+    z = (mu_hat - mu0) / se_at(mu0)
+    tolerance = 0.05
+    tost_p = max(
+        stats.norm.cdf((mu_hat - tolerance) / se_at(tolerance)),
+        stats.norm.sf((mu_hat + tolerance) / se_at(-tolerance)),
+    )
+    return {
+        "tost_p": float(tost_p),
+        "estimate": mu_hat,
+        "stderr": stderr,
+        "stage1": q,
+        "p1": float(stats.chi2.sf(q, means.size - 1)),
+        "stage2": z,
+        "p2": float(2 * stats.norm.sf(abs(z))),
+    }
+
+
+@pytest.mark.parametrize("k", [2, 3, 7])
+def test_calibrated_stages_with_margins_match_the_written_formulas(k: int) -> None:
+    rng = np.random.default_rng(100 + k)
+    summaries = with_margins(rng, random_summaries(rng, k, "calibrated"))
+    for mu0 in (0.0, 0.03):
+        ref = reference_calibrated_with_margins(summaries, mu0)
+        report = fedevalfair(summaries, mu0=mu0)
+        assert report.estimate == pytest.approx(ref["estimate"], rel=1e-12)
+        assert report.stderr == pytest.approx(ref["stderr"], rel=1e-12)
+        assert report.homogeneity.statistic == pytest.approx(ref["stage1"], rel=1e-9)
+        assert report.homogeneity.pvalue == pytest.approx(ref["p1"], rel=1e-9)
+        assert report.common_disparity.statistic == pytest.approx(ref["stage2"], rel=1e-12)
+        assert report.common_disparity.pvalue == pytest.approx(ref["p2"], rel=1e-12)
+        tost = fedevalfair(summaries, mu0=mu0, tolerance=0.05).equivalence
+        assert tost is not None and tost.pvalue == pytest.approx(ref["tost_p"], rel=1e-9)
+    # The paper mode ignores the margins.
+    plain = [ClientSummary(s.mean, s.variance, s.n) for s in summaries]
+    assert fedevalfair(summaries, mode="paper") == fedevalfair(plain, mode="paper")
+
+
+@pytest.mark.parametrize("margins", [False, True])
 @pytest.mark.parametrize("mode", ["paper", "calibrated"])
-def test_report_from_sums_equals_fedevalfair(mode: str) -> None:
+def test_report_from_sums_equals_fedevalfair(mode: str, margins: bool) -> None:
     rng = np.random.default_rng(31)
     summaries = random_summaries(rng, 6, mode)
+    if margins:
+        summaries = with_margins(rng, summaries)
     options = dict(alpha=0.1, mu0=0.02, tolerance=0.08)
     direct = fedevalfair(summaries, mode=mode, **options)  # type: ignore[arg-type]
     # What the server would do: add the round-1 vectors (in another order), then the terms.
-    totals = np.zeros(4)
+    totals = np.zeros(len(ROUND1_FIELDS))
     for summary in reversed(summaries):
-        totals = totals + client_contribution(summary, mode)  # type: ignore[arg-type]
-    stage1 = sum(stage1_term(s, totals, mode) for s in summaries)  # type: ignore[arg-type]
+        totals = totals + client_contribution(summary, mode, mu0=0.02, tolerance=0.08)  # type: ignore[arg-type]
+    parts = sum(stage1_term(s, totals, mode) for s in summaries)  # type: ignore[arg-type]
+    assert parts.shape == (len(STAGE1_FIELDS),)
+    stage1 = stage1_statistic(parts, mode)  # type: ignore[arg-type]
     via_sums = report_from_sums(totals, stage1, mode=mode, num_clients=6, **options)  # type: ignore[arg-type]
     for name in ("homogeneity", "common_disparity", "equivalence"):
         a, b = getattr(direct, name), getattr(via_sums, name)
         for field in ("statistic", "pvalue", "estimate", "stderr"):
             assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-12, abs=1e-300)
     assert direct.to_dict().keys() == via_sums.to_dict().keys()
-    # The round-1 vector is [w, w Ybar, w Ybar^2, 1].
+    # The round-1 vector is [w, w Ybar, w Ybar^2, w^2 Var, 1].
     s = summaries[0]
-    w = s.n / s.variance if mode == "paper" else 1 / s.variance
-    np.testing.assert_allclose(client_contribution(s, mode), [w, w * s.mean, w * s.mean**2, 1])  # type: ignore[arg-type]
+    if mode == "paper":
+        w, var = s.n / s.variance, s.variance / s.n
+    elif margins:
+        n0, n1, x = s.margins  # type: ignore[misc]
+        rate = x / (n0 + n1)
+        w = 1 / (rate * (1 - rate) * (1 / n0 + 1 / n1) * (n0 + n1) / (n0 + n1 - 1))
+        var = s.variance
+    else:
+        w, var = 1 / s.variance, s.variance
+    vector = client_contribution(s, mode)  # type: ignore[arg-type]
+    np.testing.assert_allclose(vector[:4], [w, w * s.mean, w * s.mean**2, w**2 * var])
+    assert vector[-1] == 1.0 and vector.shape == (len(ROUND1_FIELDS),)
+    # Entries 4-6: w^2 V at mu0, +tolerance, -tolerance (V = Var without margins).
+    if mode == "paper" or not margins:
+        np.testing.assert_allclose(vector[4:7], [w**2 * var] * 3)
+    else:
+        np.testing.assert_allclose(
+            client_contribution(s, mode, mu0=0.02, tolerance=0.08)[4:7],  # type: ignore[arg-type]
+            [w**2 * disparity_variance(s.margins, value) for value in (0.02, 0.08, -0.08)],  # type: ignore[arg-type]
+        )
 
 
 def test_one_round_cochran_q_and_batch_agree() -> None:
@@ -564,9 +763,16 @@ def test_one_round_cochran_q_and_batch_agree() -> None:
     )
     with pytest.raises(ValueError, match="stage1_total is required"):
         report_from_sums(totals, None, mode="paper", num_clients=5)
-    for mode in ("paper", "calibrated"):
-        batch = stage_statistics(*arrays(summaries), mode=mode, tolerance=0.1)  # type: ignore[arg-type]
-        report = fedevalfair(summaries, mode=mode, tolerance=0.1)  # type: ignore[arg-type]
+    marked = with_margins(rng, summaries)
+    margins = np.array([s.margins for s in marked])
+    for mode, chosen, extra in (
+        ("paper", summaries, {}),
+        ("calibrated", summaries, {}),
+        ("calibrated", marked, {"margins": margins}),
+        ("paper", marked, {"margins": margins}),
+    ):
+        batch = stage_statistics(*arrays(chosen), mode=mode, tolerance=0.1, **extra)  # type: ignore[arg-type]
+        report = fedevalfair(chosen, mode=mode, tolerance=0.1)  # type: ignore[arg-type]
         assert float(batch.homogeneity_statistic) == pytest.approx(
             report.homogeneity.statistic, rel=1e-12
         )
@@ -587,7 +793,15 @@ def test_report_from_sums_checks_its_inputs() -> None:
     with pytest.raises(ValueError, match="round1_totals"):
         report_from_sums(totals[:3], 1.0, num_clients=3)
     with pytest.raises(ValueError, match="round1_totals"):
-        report_from_sums(np.array([0.0, 1.0, 1.0, 3.0]), 1.0, num_clients=3)
+        report_from_sums(np.array([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0]), 1.0, num_clients=3)
+    with pytest.raises(ValueError, match="stage1_totals"):
+        stage1_statistic(np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="stage1_totals"):
+        stage1_statistic(np.array([1.0, -2.0, 0.0]))
+    with pytest.raises(ValueError, match="mode"):
+        stage1_statistic(np.array([1.0, 2.0, 0.0]), "both")  # type: ignore[arg-type]
+    # Paper: T1 is the first entry; encryption noise in the other two is ignored.
+    assert stage1_statistic(np.array([3.0, -1e-10, 1e-9]), "paper") == 3.0
     with pytest.raises(ValueError, match="stage1_total"):
         report_from_sums(totals, -5.0, num_clients=3)
     with pytest.raises(ValueError, match="stage1_total"):
@@ -648,6 +862,11 @@ def test_fedevalfair_bad_input(kwargs: dict, needle: str) -> None:
         ((math.nan, 0.1, 10), "mean"),
         ((0.1, 0.1, 1), "n"),
         ((0.1, 0.1, 2.5), "n"),
+        ((0.1, 0.1, 10, (5, 5)), "margins"),
+        ((0.1, 0.1, 10, (0, 5, 2)), "group"),
+        ((0.1, 0.1, 10, (5, 5, 10)), "predicted_positive_rows"),
+        ((0.1, 0.1, 10, (5, 5, 0)), "predicted_positive_rows"),
+        ((0.1, 0.1, 10, (5.5, 5, 2)), "group0_rows"),
     ],
 )
 def test_client_summary_bad_input(fields: tuple, needle: str) -> None:

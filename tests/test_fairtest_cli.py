@@ -214,6 +214,16 @@ def test_bad_options(
         ([], None, ("--input", "at least 2 clients")),
         ([("a", 0.1, 0.1)], "client,mean,variance", ("--input", "'n'")),
         ([("a", 0.1, 0.1, 100), ("b", 0.1)], None, ("--input", "row 3", "fields")),
+        (
+            [("a", 0.1, 0.1, 100, 50, 20), ("b", 0.1, 0.1, 100, 40, 30)],
+            "client,mean,variance,n,group0_rows,group1_rows",
+            ("--input", "margin columns", "predicted_positive_rows"),
+        ),
+        (
+            [("a", 0.1, 0.1, 100, 50, 20, 70), ("b", 0.1, 0.1, 100, 40, 30, 9)],
+            "client,mean,variance,n,group0_rows,group1_rows,predicted_positive_rows",
+            ("--input", "row 2", "predicted_positive_rows"),
+        ),
     ],
 )
 def test_bad_csv(
@@ -225,6 +235,27 @@ def test_bad_csv(
 ) -> None:
     path = write_csv(tmp_path / "bad.csv", rows, header or "client,mean,variance,n")
     assert_usage_error(["fairtest", "--input", str(path)], capsys, *needles)
+
+
+def test_margin_columns_give_the_calibrated_weights(tmp_path: Path) -> None:
+    """With group0_rows, group1_rows, predicted_positive_rows the CSV's summaries carry their
+    margins (ClientSummary.margins): the command reports what the library does with them,
+    which differs from the report without margins."""
+    margins = [(80, 20, 30), (150, 50, 61), (90, 110, 40), (60, 90, 75)]
+    rows = [(*row, *m) for row, m in zip(ROWS, margins, strict=True)]
+    header = "client,mean,variance,n,group0_rows,group1_rows,predicted_positive_rows"
+    path = write_csv(tmp_path / "margins.csv", rows, header)
+    payload = run_json(["fairtest", "--input", str(path), "--json"])
+    expected = fedevalfair(
+        [ClientSummary(m, v, n, mg) for (_, m, v, n), mg in zip(ROWS, margins, strict=True)]
+    )
+    assert payload["estimate"] == pytest.approx(expected.estimate, rel=1e-12)
+    assert payload["stderr"] == pytest.approx(expected.stderr, rel=1e-12)
+    assert payload["homogeneity"]["pvalue"] == pytest.approx(expected.homogeneity.pvalue, rel=1e-9)
+    assert payload["common_disparity"]["pvalue"] == pytest.approx(
+        expected.common_disparity.pvalue, rel=1e-12
+    )
+    assert payload["estimate"] != pytest.approx(fedevalfair(summaries()).estimate, rel=1e-3)
 
 
 def test_missing_and_empty_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

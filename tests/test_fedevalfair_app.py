@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.simulation import run_simulation
+from scipy import stats
 
 from clients.app import build_client_app, fef_round1, fef_round2, load_shard_for
 from clients.ckks import (
@@ -32,7 +33,7 @@ from clients.fedevalfair import (
     holder_predictions,
 )
 from clients.task import build_model
-from mechanisms.fairtest import fedevalfair
+from mechanisms.fairtest import client_contribution, fedevalfair, stage1_statistic, stage1_term
 from server.api import _environment, run_simulation_job
 from server.app import build_server_app
 from server.config import RunConfig
@@ -87,18 +88,19 @@ def test_python_api_runs_the_encrypted_test(keys: KeyPaths, tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_nodes_apply_fef_min_cell(keys: KeyPaths, tmp_path: Path) -> None:
-    """Holders whose smallest (A, Yhat) cell is below ``fef-min-cell`` leave that metric out
-    on the node itself, so the encrypted test has the harness's k and p-values.
+    """Holders whose smallest margin (group size, predicted positives or negatives, among the
+    metric's rows) is below ``fef-min-cell`` leave that metric out on the node itself, so the
+    encrypted test has the harness's k and p-values.
 
-    With 300 users per holder and the initial model, the 4 synthetic holders' smallest eo cells
-    hold 15, 13, 26 and 23 rows and their smallest dp cells 33, 31, 47 and 42 (seed 0), so
-    ``fef-min-cell = 20`` leaves eo to holders 2 and 3 and dp to all four."""
+    With 300 users per holder and the initial model, the 4 synthetic holders' smallest eo
+    margins are 34, 38, 60 and 49 rows and their smallest dp margins 71, 81, 104 and 97 (seed
+    0), so ``fef-min-cell = 45`` leaves eo to holders 2 and 3 and dp to all four."""
     overrides = {
         "task": "fedevalfair",
         "fef-public-context": str(keys.public),
         "users-per-node": 300,
         "num-server-rounds": 0,
-        "fef-min-cell": 20,
+        "fef-min-cell": 45,
         "output-dir": str(tmp_path / "run"),
     }
     config = RunConfig.from_mapping(overrides)
@@ -112,9 +114,9 @@ def test_nodes_apply_fef_min_cell(keys: KeyPaths, tmp_path: Path) -> None:
         statistics = client_statistics(
             shard, predictions, num_resamples=config.fef_resamples, rng=rng, min_cell_count=0
         )
-        smallest_cells.append([min(boot.cell_counts) for boot in statistics.bootstraps])
+        smallest_cells.append([boot.smallest_margin for boot in statistics.bootstraps])
     expected_k = {
-        metric: sum(cells[index] >= 20 for cells in smallest_cells)
+        metric: sum(cells[index] >= 45 for cells in smallest_cells)
         for index, metric in enumerate(("dp", "eo"))
     }
     assert expected_k == {"dp": 4, "eo": 2}, smallest_cells  # the premise of this test
@@ -168,8 +170,8 @@ def test_holders_lost_between_rounds(keys: KeyPaths, tmp_path: Path) -> None:
     assert any("simulated crash" in r["reason"] for r in outcome["rejected_replies"])
 
     config = RunConfig.from_mapping(overrides)
-    survivors = {block: [] for block in BLOCKS}
-    for partition in (0, 3, 4):
+    holders = {block: {} for block in BLOCKS}
+    for partition in range(5):
         shard = load_shard_for(config, partition, 5, "test")
         rng = np.random.default_rng(bootstrap_seed(config.seed, partition))
         model = build_model(shard.num_features, seed=config.seed)
@@ -178,20 +180,27 @@ def test_holders_lost_between_rounds(keys: KeyPaths, tmp_path: Path) -> None:
             shard, predictions, num_resamples=config.fef_resamples, rng=rng, min_cell_count=5
         )
         for block, summary in zip(BLOCKS, statistics.summaries, strict=True):
-            survivors[block].append(summary)
+            holders[block][partition] = summary
     for test in outcome["tests"]:
         if test["mode"] == "paper":
             assert test["report"] is None and "T1 cannot be corrected" in test["unavailable"]
             continue
-        expected = fedevalfair(survivors[(test["metric"], "calibrated")], mode="calibrated")
+        summaries = holders[(test["metric"], "calibrated")]
+        survivors = [summaries[p] for p in (0, 3, 4)]
+        expected = fedevalfair(survivors, mode="calibrated")
+        # Stage 1's weights u_i = 1 / V_i(c) use c, the round-1 estimate over all 5 holders;
+        # Cochran's Q is then summed over the 3 that sent round 2.
+        round1 = np.sum([client_contribution(s) for s in summaries.values()], axis=0)
+        parts = np.sum([stage1_term(s, round1) for s in survivors], axis=0)
+        q = stage1_statistic(parts)
         report = test["report"]
         assert report["k"] == 3
-        assert report["homogeneity"]["pvalue"] == pytest.approx(
-            expected.homogeneity.pvalue, abs=1e-6
-        )
+        assert report["homogeneity"]["statistic"] == pytest.approx(q, rel=1e-6, abs=1e-9)
+        assert report["homogeneity"]["pvalue"] == pytest.approx(stats.chi2.sf(q, 2), abs=1e-6)
         assert report["common_disparity"]["pvalue"] == pytest.approx(
             expected.common_disparity.pvalue, abs=1e-6
         )
+        assert report["estimate"] == pytest.approx(expected.estimate, rel=1e-6)
 
 
 @pytest.mark.slow

@@ -28,7 +28,14 @@ from clients.ckks import (
     load_secret_context,
     to_array,
 )
-from clients.fedevalfair import BLOCKS, bootstrap_seed, client_statistics, holder_predictions
+from clients.fedevalfair import (
+    BLOCKS,
+    ROUND1_SIZE,
+    ROUND2_SIZE,
+    bootstrap_seed,
+    client_statistics,
+    holder_predictions,
+)
 from clients.task import build_model, get_arrays, set_arrays
 from mechanisms.fairtest import fedevalfair
 from server.config import RunConfig
@@ -121,7 +128,9 @@ def test_three_rounds_match_the_plaintext_test(keys: KeyPaths) -> None:
         assert not content.metric_records and not content.config_records
         assert list(content.array_records[FEF_KEY]) == ["ciphertext"]
         assert content.array_records[FEF_KEY]["ciphertext"].numpy().dtype == np.uint8
-    sum1, round1, rejected, unable, uploaded = protocol.collect_ciphertexts(1, nodes, replies, 17)
+    sum1, round1, rejected, unable, uploaded = protocol.collect_ciphertexts(
+        1, nodes, replies, ROUND1_SIZE
+    )
     assert round1 == nodes and not rejected and not unable
     # The server cannot read what it added: decrypting needs the secret key.
     with pytest.raises(Exception):  # noqa: B017 - tenseal raises its own error types
@@ -135,7 +144,7 @@ def test_three_rounds_match_the_plaintext_test(keys: KeyPaths) -> None:
     for reply in replies:
         assert list(reply.content.array_records[FEF_KEY]) == ["ciphertext"]
         assert not reply.content.metric_records
-    sum2, round2, rejected, _, _ = protocol.collect_ciphertexts(2, round1, replies, 21)
+    sum2, round2, rejected, _, _ = protocol.collect_ciphertexts(2, round1, replies, ROUND2_SIZE)
     assert round2 == nodes and not rejected
 
     # Round 3: two key holders release the same aggregates.
@@ -173,7 +182,7 @@ def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(keys: KeyPaths, tmp_pa
     )
     other_keys = generate_keys(tmp_path / "other", None)
     foreign_parameters = CkksParameters(16384, (60, 40, 40, 60), 40)
-    foreign = encrypt_vector(foreign_parameters.make_context(), np.ones(17))
+    foreign = encrypt_vector(foreign_parameters.make_context(), np.ones(ROUND1_SIZE))
     wrong_parameters = Message(
         content=RecordDict({FEF_KEY: ArrayRecord({"ciphertext": _array(foreign)})}),
         reply_to=request(201, 0, RecordDict({})),
@@ -194,11 +203,11 @@ def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(keys: KeyPaths, tmp_pa
     )
     nodes = [c.node_id for c in contexts] + [200, 201, 202]
     total, accepted, rejected, _, _ = protocol.collect_ciphertexts(
-        1, nodes, [*good, garbage, wrong_parameters, wrong_length], 17
+        1, nodes, [*good, garbage, wrong_parameters, wrong_length], ROUND1_SIZE
     )
     assert accepted == [c.node_id for c in contexts]
     assert sorted(item.node_id for item in rejected) == [200, 201, 202]
-    decrypted = decrypt_vector(load_secret_context(keys.secret), total, expected_size=17)
+    decrypted = decrypt_vector(load_secret_context(keys.secret), total, expected_size=ROUND1_SIZE)
     assert decrypted[-1] == pytest.approx(3.0, abs=1e-4)  # count slot: the three good ones
 
 
