@@ -35,7 +35,7 @@ for a good model, so they add less to the norm that is clipped.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +48,7 @@ from mechanisms._validation import (
 )
 
 __all__ = [
+    "CONSTRAINT_ACTIVATIONS",
     "AggregateStatistics",
     "CohortMetrics",
     "ConstraintEvaluation",
@@ -60,13 +61,17 @@ __all__ = [
     "StatisticsLayout",
     "cohort_metrics",
     "evaluate_constraints",
+    "exponential_average",
     "fairness_gaps",
     "mmdm_update",
     "privatize_sum",
     "sgd_update",
+    "with_constraint_terms",
 ]
 
 FloatArray = NDArray[np.float64]
+#: What decides the active constraints and their size: see :func:`evaluate_constraints`.
+CONSTRAINT_ACTIVATIONS = ("surrogate", "counts")
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,6 +241,16 @@ class MMDMConfig:
         Smallest usable denominator (> 0). A group whose (possibly noisy) ``n'_a`` is below it
         has no defined rate: its constraint is inactive for that update. Noisy ``n`` and
         ``n'`` are clamped to at least ``min_count``.
+    activation : ``"surrogate"`` | ``"counts"``
+        What decides ``h``, ``g`` and the sign of ``grad g`` (:func:`evaluate_constraints`):
+        the surrogate rates ``F_a / n'_a`` (the paper's Eq. 11) or the hard rates
+        ``e_a / n'_a`` from the error counts (proxy-Lagrangian); the gradient direction is
+        the surrogate's in both cases.
+    error_surrogate : bool
+        The surrogate measures errors (FNR parity: ``1 - psi`` over the positives), so it
+        grows with ``e_a``; False for accuracy parity (``psi^T onehot(y)`` measures correct
+        predictions), where the hard error-rate difference has the opposite sign. Used only
+        with ``activation = "counts"``.
     """
 
     alpha: float = 0.02
@@ -243,6 +258,8 @@ class MMDMConfig:
     multiplier_learning_rate: float = 0.01
     damping: float = 2.0
     min_count: float = 1.0
+    activation: str = "surrogate"
+    error_surrogate: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", check_nonnegative_finite("alpha", self.alpha))
@@ -256,6 +273,11 @@ class MMDMConfig:
         )
         object.__setattr__(self, "damping", check_nonnegative_finite("damping", self.damping))
         object.__setattr__(self, "min_count", check_positive_finite("min_count", self.min_count))
+        if self.activation not in CONSTRAINT_ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {', '.join(CONSTRAINT_ACTIVATIONS)}; "
+                f"got {self.activation!r}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,16 +327,33 @@ class ConstraintEvaluation:
 
 
 def evaluate_constraints(
-    stats: AggregateStatistics, alpha: float, *, min_count: float = 1.0
+    stats: AggregateStatistics,
+    alpha: float,
+    *,
+    min_count: float = 1.0,
+    activation: str = "surrogate",
+    error_surrogate: bool = True,
 ) -> ConstraintEvaluation:
     """``h``, ``g`` and ``grad g`` from aggregated statistics (Eq. 9 and 11).
 
     ``F = sum_a F_a``, ``grad F = sum_a grad F_a`` and ``n' = sum_a n'_a`` (Section 3.2);
     ``n'`` and ``n'_a`` do not depend on ``w``, so the gradient of the difference is exactly
     ``grad F / n' - grad F_a / n'_a``.
+
+    ``activation = "counts"`` (proxy-Lagrangian, Cotter et al. 2019): the rates, differences,
+    ``h``, ``g`` and the sign of ``grad g`` come from the hard rates ``e_a / n'_a`` of the
+    released error counts (the constraint the model is judged by), with their sign flipped
+    when ``error_surrogate`` is False; the direction ``grad F / n' - grad F_a / n'_a`` is
+    still the surrogate's, the only differentiable one. With the smooth surrogate the hard
+    FNR gap can stay well above ``alpha`` while the surrogate gap is below it, and then the
+    paper's constraint is inactive.
     """
     alpha = check_nonnegative_finite("alpha", alpha)
     min_count = check_positive_finite("min_count", min_count)
+    if activation not in CONSTRAINT_ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {', '.join(CONSTRAINT_ACTIVATIONS)}; got {activation!r}"
+        )
     counts = stats.constraint_counts
     defined = counts >= min_count
     total_count = float(counts.sum())
@@ -331,10 +370,16 @@ def evaluate_constraints(
             defined=np.zeros(num_groups, dtype=bool),
             gradients=np.zeros((num_groups, num_params)),
         )
-    overall_rate = float(stats.surrogate_sums.sum()) / total_count
     overall_grad = stats.surrogate_grads.sum(axis=0) / total_count
     safe_counts = np.where(defined, counts, 1.0)
-    group_rates = np.where(defined, stats.surrogate_sums / safe_counts, math.nan)
+    if activation == "counts":
+        # Hard rates in the surrogate's orientation (errors, or correct = 1 - errors).
+        sign = 1.0 if error_surrogate else -1.0
+        overall_rate = sign * float(stats.group_errors.sum()) / total_count
+        group_rates = np.where(defined, sign * stats.group_errors / safe_counts, math.nan)
+    else:
+        overall_rate = float(stats.surrogate_sums.sum()) / total_count
+        group_rates = np.where(defined, stats.surrogate_sums / safe_counts, math.nan)
     differences = np.where(defined, overall_rate - np.nan_to_num(group_rates), 0.0)
     violations = np.where(defined, np.abs(differences) - alpha, -alpha)
     active = defined & (violations >= 0.0)
@@ -350,6 +395,64 @@ def evaluate_constraints(
         active=active,
         defined=defined,
         gradients=gradients,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Smoothing over rounds (post-processing of the released sums)
+# --------------------------------------------------------------------------------------------
+
+
+def exponential_average(
+    previous: NDArray[np.floating] | None, current: NDArray[np.floating], smoothing: float
+) -> FloatArray:
+    """``smoothing * previous + (1 - smoothing) * current``; ``current`` when ``previous`` is None.
+
+    Applied by the server to the released (noisy) sums of consecutive rounds. Late in training
+    consecutive rounds evaluate nearly the same model on independent cohorts, so the average
+    keeps the signal and divides the variance of the noise (and of the cohort sampling) by
+    about ``(1 + smoothing) / (1 - smoothing)`` (19 at 0.9), at the price of a lag of about
+    ``smoothing / (1 - smoothing)`` rounds. It reads only released sums, so it is
+    post-processing: the privacy guarantee is unchanged.
+
+    Parameters
+    ----------
+    previous : array or None
+        The running average after the previous round (None before the first round).
+    current : array
+        This round's released sum, same shape.
+    smoothing : float
+        ``beta`` in ``[0, 1)``; 0 returns ``current``.
+    """
+    smoothing = check_nonnegative_finite("smoothing", smoothing)
+    if smoothing >= 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+    array = np.asarray(current, dtype=np.float64)
+    if previous is None or smoothing == 0.0:
+        return array.copy()
+    before = np.asarray(previous, dtype=np.float64)
+    if before.shape != array.shape:
+        raise ValueError(f"previous has shape {before.shape}, current {array.shape}")
+    return smoothing * before + (1.0 - smoothing) * array
+
+
+def with_constraint_terms(
+    current: AggregateStatistics, smoothed: AggregateStatistics
+) -> AggregateStatistics:
+    """``current`` with the constraint blocks (``F_a``, ``grad F_a``, ``n'_a``) of ``smoothed``.
+
+    The MMDM update then takes ``grad L / n`` from this round's sum and ``h``, ``g`` and
+    ``grad g`` (:func:`evaluate_constraints`) from the smoothed sums, whose group rates are
+    far less noisy: at ``m = 1000`` the smaller group's ``n'_a`` is a few dozen clipped
+    samples against a noise sd of ``C sigma``.
+    """
+    if current.layout != smoothed.layout:
+        raise ValueError("current and smoothed statistics must have the same layout")
+    return replace(
+        current,
+        surrogate_sums=smoothed.surrogate_sums.copy(),
+        surrogate_grads=smoothed.surrogate_grads.copy(),
+        constraint_counts=smoothed.constraint_counts.copy(),
     )
 
 
@@ -407,7 +510,13 @@ def mmdm_update(
     layout = stats.layout
     weights = _check_vector("weights", weights, layout.num_params)
     multipliers = _check_vector("multipliers", multipliers, layout.num_groups)
-    constraints = evaluate_constraints(stats, config.alpha, min_count=config.min_count)
+    constraints = evaluate_constraints(
+        stats,
+        config.alpha,
+        min_count=config.min_count,
+        activation=config.activation,
+        error_surrogate=config.error_surrogate,
+    )
     new_multipliers = multipliers + config.multiplier_learning_rate * constraints.values
     loss_gradient = stats.loss_grad / max(stats.num_samples, config.min_count)
     coefficients = new_multipliers + config.damping * constraints.values

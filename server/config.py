@@ -18,6 +18,7 @@ from typing import Any
 from clients.data import DATASETS
 from clients.task import METRIC_NAMES
 from mechanisms.accounting import BUDGET_TOLERANCE
+from mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl")
 #: The six algorithms of paper 004, Table 2: (MMDM?, clip?, noise?).
@@ -33,6 +34,7 @@ FPFL_ARCHITECTURES = ("shallow", "deep", "cnn")
 #: Data sets of the FPFL job only (unfair digits: 3 writer groups, 10 classes, images).
 FPFL_ONLY_DATASETS = ("digits",)
 FPFL_CONSTRAINTS = ("fnr", "accuracy")
+FPFL_MODEL_SELECTIONS = ("best", "last")
 FPFL_ACCOUNTANTS = ("rdp", "prv")
 FPFL_NOISE = ("distributed", "central")
 FPFL_SECURE_SUM = ("masking", "none")
@@ -131,6 +133,17 @@ def _fpfl_values(get: Mapping[str, Any], default: RunConfig) -> dict[str, Any]:
         "fpfl_learning_rate": positive("fpfl-learning-rate"),
         "fpfl_multiplier_learning_rate": positive("fpfl-multiplier-learning-rate"),
         "fpfl_damping": nonnegative("fpfl-damping"),
+        "fpfl_statistics_smoothing": _as_float(
+            "fpfl-statistics-smoothing",
+            get.get("fpfl_statistics_smoothing", default.fpfl_statistics_smoothing),
+            low=0.0,
+            high=1.0,
+            open_low=False,
+        ),
+        "fpfl_constraint_activation": choice(
+            "fpfl-constraint-activation", FPFL_CONSTRAINT_ACTIVATIONS
+        ),
+        "fpfl_model_selection": choice("fpfl-model-selection", FPFL_MODEL_SELECTIONS),
         "fpfl_cohort_size": integer("fpfl-cohort-size", 1),
         "fpfl_rounds": integer("fpfl-rounds", 1),
         "fpfl_clipping_bound": positive("fpfl-clipping-bound"),
@@ -237,6 +250,9 @@ class RunConfig:
     fpfl_learning_rate: float = 0.1
     fpfl_multiplier_learning_rate: float = 0.01
     fpfl_damping: float = 2.0
+    fpfl_statistics_smoothing: float = 0.0
+    fpfl_constraint_activation: str = "surrogate"
+    fpfl_model_selection: str = "best"
     fpfl_cohort_size: int = 1000
     fpfl_rounds: int = 250
     fpfl_clipping_bound: float = 2.0

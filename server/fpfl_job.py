@@ -68,10 +68,12 @@ from mechanisms.mmdm import (
     StatisticsLayout,
     cohort_metrics,
     evaluate_constraints,
+    exponential_average,
     fairness_gaps,
     mmdm_update,
     privatize_sum,
     sgd_update,
+    with_constraint_terms,
 )
 from server.config import ConfigError, RunConfig
 from server.harness import HARNESS_LABEL
@@ -423,10 +425,14 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         learning_rate=config.fpfl_learning_rate,
         multiplier_learning_rate=config.fpfl_multiplier_learning_rate,
         damping=config.fpfl_damping,
+        activation=config.fpfl_constraint_activation,
+        error_surrogate=config.fpfl_constraint == "fnr",
     )
     weights = get_flat_parameters(model)
     multipliers = np.zeros(layout.num_groups)
     selector = ModelSelector(require_fair=config.fpfl_uses_mmdm)
+    smoothing = config.fpfl_statistics_smoothing
+    smoothed_total: np.ndarray | None = None  # EMA of the released sums (smoothing > 0)
     history: list[dict[str, Any]] = []
     first_round = 1
     ledger = ReleaseLedger(0, noise_multiplier=sigma, sample_rate=rate, delta=delta)
@@ -436,6 +442,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             weights = state["arrays"]["weights"]
             multipliers = state["arrays"]["multipliers"]
             history = state["history"]
+            smoothed_total = state["arrays"].get("smoothed_total")
             first_round = int(state["round"]) + 1
             if "best_weights" in state["arrays"]:
                 selector.consider(
@@ -499,11 +506,22 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                     rng=rng,
                 ).values
             stats = layout.split(total)
-            metrics = cohort_metrics(stats, config.fpfl_alpha, min_count=mmdm.min_count)
+            raw_metrics = cohort_metrics(stats, config.fpfl_alpha, min_count=mmdm.min_count)
+            # Selection and the constraint terms read the smoothed sums (smoothing > 0) or
+            # this round's sum; the loss gradient always comes from this round's sum.
+            smoothed = stats
+            if smoothing:
+                smoothed_total = exponential_average(smoothed_total, total, smoothing)
+                smoothed = layout.split(smoothed_total)
+            metrics = cohort_metrics(smoothed, config.fpfl_alpha, min_count=mmdm.min_count)
             selector.consider(round_number, weights, metrics)
-            constraints = evaluate_constraints(stats, config.fpfl_alpha, min_count=mmdm.min_count)
+            constraints = evaluate_constraints(  # the surrogate gap, for the progress display
+                smoothed, config.fpfl_alpha, min_count=mmdm.min_count
+            )
             if config.fpfl_uses_mmdm:
-                update = mmdm_update(weights, multipliers, stats, mmdm)
+                update = mmdm_update(
+                    weights, multipliers, with_constraint_terms(stats, smoothed), mmdm
+                )
                 weights, multipliers = update.weights, update.multipliers
             else:
                 weights = sgd_update(
@@ -512,13 +530,16 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             entry.update(
                 {
                     "cohort_loss": _finite(stats.loss_sum / max(stats.num_samples, mmdm.min_count)),
-                    "cohort_accuracy": _finite(metrics.accuracy),
-                    "cohort_gap": _finite(metrics.gap),
-                    "group_error_rates": [_finite(r) for r in metrics.group_error_rates],
+                    "cohort_accuracy": _finite(raw_metrics.accuracy),
+                    "cohort_gap": _finite(raw_metrics.gap),
+                    "group_error_rates": [_finite(r) for r in raw_metrics.group_error_rates],
                     "surrogate_gap": _finite(constraints.max_gap),
                     "cohort_size_noisy": _finite(stats.num_samples),
                 }
             )
+            if smoothing:
+                entry["smoothed_cohort_accuracy"] = _finite(metrics.accuracy)
+                entry["smoothed_cohort_gap"] = _finite(metrics.gap)
         entry["multipliers"] = [float(m) for m in multipliers]
         entry["rounds_released_total"] = ledger.rounds_released
         spent_so_far = spent_after(ledger.rounds_released)
@@ -528,13 +549,30 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         history.append(entry)
         log(logging.INFO, "%s", _progress_line(entry))
         if round_number % config.fpfl_checkpoint_every == 0 or round_number == last_round:
-            _checkpoint(output_dir, config, round_number, weights, multipliers, selector, history)
+            _checkpoint(
+                output_dir,
+                config,
+                round_number,
+                weights,
+                multipliers,
+                selector,
+                history,
+                smoothed_total,
+            )
     if last_round < first_round:
         log(logging.INFO, "nothing to do: the checkpoint is already at round %d", first_round - 1)
     rounds_done = max(first_round - 1, last_round)
     spent = spent_after(ledger.rounds_released)
     best = selector.best
-    selected_weights = best.weights if best is not None else weights
+    if config.fpfl_model_selection == "last":
+        # The weights after the last update (evaluation.final): never sent, so no cohort
+        # statistics describe them; selected_round = the last round trained.
+        best = None
+        selected_weights = weights
+        selected_round: int | None = rounds_done
+    else:
+        selected_weights = best.weights if best is not None else weights
+        selected_round = None if best is None else best.round
     evaluation: dict[str, Any] = {}
     if test is not None:
         for name, vector in (("selected", selected_weights), ("final", weights)):
@@ -580,7 +618,8 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             "client_seed": config.fpfl_client_seed,
             "caveats": _privacy_caveats(config, sigma, ledger.rounds_released - rounds_done),
         },
-        "selected_round": None if best is None else best.round,
+        "selected_round": selected_round,
+        "model_selection": config.fpfl_model_selection,
         "selected_fair_on_cohort": None if best is None else best.metrics.fair,
         "evaluation": {
             "source": f"held-out test set ({HARNESS_LABEL})",
@@ -619,8 +658,11 @@ def _checkpoint(
     multipliers: np.ndarray,
     selector: ModelSelector,
     history: list[dict[str, Any]],
+    smoothed_total: np.ndarray | None = None,
 ) -> None:
     arrays = {"weights": weights, "multipliers": multipliers}
+    if smoothed_total is not None:
+        arrays["smoothed_total"] = smoothed_total
     state: dict[str, Any] = {"round": round_number, "history": history}
     if selector.best is not None:
         arrays["best_weights"] = selector.best.weights

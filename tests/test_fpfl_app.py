@@ -136,8 +136,26 @@ def _initial_model():  # noqa: ANN202
 
 
 @pytest.mark.slow
-def test_resume_after_stop_gives_the_uninterrupted_model(tmp_path: Path) -> None:
-    base = {**SMALL, "fpfl-algorithm": "fpfl", "fpfl-rounds": 6, "fpfl-checkpoint-every": 1}
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},  # the paper's algorithm
+        {  # configs/adult-fpfl.toml's: the smoothed sums must survive the checkpoint
+            "fpfl-statistics-smoothing": 0.9,
+            "fpfl-constraint-activation": "counts",
+            "fpfl-model-selection": "last",
+        },
+    ],
+    ids=["paper", "smoothed-counts-last"],
+)
+def test_resume_after_stop_gives_the_uninterrupted_model(tmp_path: Path, variant: dict) -> None:
+    base = {
+        **SMALL,
+        "fpfl-algorithm": "fpfl",
+        "fpfl-rounds": 6,
+        "fpfl-checkpoint-every": 1,
+        **variant,
+    }
     whole = run_simulation_job({**base, "output-dir": str(tmp_path / "whole")}, num_supernodes=3)
     stopped = run_simulation_job(
         {**base, "fpfl-stop-after": 3, "output-dir": str(tmp_path / "parts")}, num_supernodes=3
@@ -155,6 +173,10 @@ def test_resume_after_stop_gives_the_uninterrupted_model(tmp_path: Path) -> None
         checkpoint_weights(tmp_path / "whole", config),
     )
     assert resumed["selected_round"] == whole["selected_round"]
+    assert resumed["evaluation"] == whole["evaluation"]
+    if variant:
+        assert whole["selected_round"] == 6 and whole["model_selection"] == "last"
+        assert "smoothed_cohort_gap" in whole["history"][-1]
     # A checkpoint from other settings is refused, naming the setting.
     with pytest.raises(Exception, match="fpfl-resume"):
         run_simulation_job(

@@ -36,6 +36,10 @@ from server.fpfl_job import cohort_sample_rate
         ("fpfl-noise", "local", "fpfl-noise must be one of distributed, central"),
         ("fpfl-dropout-tolerance", 1.0, "fpfl-dropout-tolerance must be in [0, 1)"),
         ("fpfl-client-seed", -1, "fpfl-client-seed must be an integer >= 0"),
+        ("fpfl-statistics-smoothing", 1.0, "fpfl-statistics-smoothing must be in [0, 1)"),
+        ("fpfl-statistics-smoothing", -0.1, "fpfl-statistics-smoothing must be in [0, 1)"),
+        ("fpfl-constraint-activation", "hard", "fpfl-constraint-activation must be one of"),
+        ("fpfl-model-selection", "first", "fpfl-model-selection must be one of best, last"),
     ],
 )
 def test_bad_fpfl_values_are_named(key: str, value: object, message: str) -> None:
