@@ -117,6 +117,11 @@ def _fpfl_values(get: Mapping[str, Any], default: RunConfig) -> dict[str, Any]:
         value = get.get(name, getattr(default, name))
         return _as_float(key, value, low=0.0, high=math.inf, open_low=False)
 
+    def fraction(key: str) -> float:  # in [0, 1)
+        name = key.replace("-", "_")
+        value = get.get(name, getattr(default, name))
+        return _as_float(key, value, low=0.0, high=1.0, open_low=False)
+
     def choice(key: str, allowed: tuple[str, ...]) -> str:
         name = key.replace("-", "_")
         return _as_choice(key, get.get(name, getattr(default, name)), allowed)
@@ -133,13 +138,7 @@ def _fpfl_values(get: Mapping[str, Any], default: RunConfig) -> dict[str, Any]:
         "fpfl_learning_rate": positive("fpfl-learning-rate"),
         "fpfl_multiplier_learning_rate": positive("fpfl-multiplier-learning-rate"),
         "fpfl_damping": nonnegative("fpfl-damping"),
-        "fpfl_statistics_smoothing": _as_float(
-            "fpfl-statistics-smoothing",
-            get.get("fpfl_statistics_smoothing", default.fpfl_statistics_smoothing),
-            low=0.0,
-            high=1.0,
-            open_low=False,
-        ),
+        "fpfl_statistics_smoothing": fraction("fpfl-statistics-smoothing"),
         "fpfl_constraint_activation": choice(
             "fpfl-constraint-activation", FPFL_CONSTRAINT_ACTIVATIONS
         ),
@@ -155,13 +154,7 @@ def _fpfl_values(get: Mapping[str, Any], default: RunConfig) -> dict[str, Any]:
         ),
         "fpfl_accountant": choice("fpfl-accountant", FPFL_ACCOUNTANTS),
         "fpfl_noise": choice("fpfl-noise", FPFL_NOISE),
-        "fpfl_dropout_tolerance": _as_float(
-            "fpfl-dropout-tolerance",
-            get.get("fpfl_dropout_tolerance", default.fpfl_dropout_tolerance),
-            low=0.0,
-            high=1.0,
-            open_low=False,
-        ),
+        "fpfl_dropout_tolerance": fraction("fpfl-dropout-tolerance"),
         "fpfl_secure_sum": choice("fpfl-secure-sum", FPFL_SECURE_SUM),
         "fpfl_client_seed": _as_optional(
             "fpfl-client-seed",
