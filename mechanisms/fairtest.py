@@ -444,42 +444,39 @@ def bootstrap_disparity(
 # --------------------------------------------------------------------------------------------
 
 
+def _variances_at(
+    variances: np.ndarray,
+    sizes: np.ndarray,
+    margins: np.ndarray | None,
+    mode: Mode,
+    disparity: np.ndarray | float,
+) -> np.ndarray:
+    """Var_i if the common disparity were ``disparity``: V_i(disparity) from the margins
+    (calibrated; rows of ``margins`` with NaN fall back), else S^2 (S^2 / n in mode paper)."""
+    variance_of_mean = variances / sizes if mode == "paper" else variances
+    if mode == "paper" or margins is None:
+        return variance_of_mean
+    known = ~np.isnan(margins[..., 0])
+    safe = np.where(known[..., None], margins, 1.0)
+    return np.where(known, _disparity_variances(safe, disparity), variance_of_mean)
+
+
 def _weights(
     variances: np.ndarray, sizes: np.ndarray, margins: np.ndarray | None, mode: Mode
 ) -> tuple[np.ndarray, np.ndarray]:
     """Round-1 weights w_i and Var_i (the variance the standard error uses).
 
     Paper: w = n / S^2, Var = S^2 / n (Eq. 6). Calibrated: w = 1 / V_i(0) from the margins
-    (:func:`disparity_variance`; rows of ``margins`` with NaN fall back to 1 / S^2), Var = S^2.
+    (:func:`disparity_variance`; 1 / S^2 without them), Var = S^2.
     """
     if mode == "paper":
         weights, variance_of_mean = sizes / variances, variances / sizes
     else:
-        weights, variance_of_mean = 1.0 / variances, variances
-        if margins is not None:
-            known = ~np.isnan(margins[..., 0])
-            safe = np.where(known[..., None], margins, 1.0)
-            weights = np.where(known, 1.0 / _disparity_variances(safe, 0.0), weights)
+        weights = 1.0 / _variances_at(variances, sizes, margins, mode, 0.0)
+        variance_of_mean = variances
     if not np.all(np.isfinite(weights)):
         raise ValueError("variance is too small: a weight n / variance or 1 / variance overflows")
     return weights, variance_of_mean
-
-
-def _variances_at(
-    variances: np.ndarray,
-    sizes: np.ndarray,
-    margins: np.ndarray | None,
-    mode: Mode,
-    disparity: float,
-) -> np.ndarray:
-    """Var_i if the common disparity were ``disparity``: V_i(disparity) from the margins
-    (calibrated), else the Var_i of :func:`_weights` (S^2, or S^2 / n in mode paper)."""
-    _, variance_of_mean = _weights(variances, sizes, None, mode)
-    if mode == "paper" or margins is None:
-        return variance_of_mean
-    known = ~np.isnan(margins[..., 0])
-    safe = np.where(known[..., None], margins, 1.0)
-    return np.where(known, _disparity_variances(safe, disparity), variance_of_mean)
 
 
 def _round1_vectors(
@@ -537,11 +534,7 @@ def _stage1_vectors(
             )
         terms = weights * deviations**2 * (sum_weights / others)
         return np.stack([terms, np.zeros_like(terms), np.zeros_like(terms)], -1)
-    stage1_weights = 1.0 / variances
-    if margins is not None:
-        known = ~np.isnan(margins[..., 0])
-        safe = np.where(known[..., None], margins, 1.0)
-        stage1_weights = np.where(known, 1.0 / _disparity_variances(safe, centre), stage1_weights)
+    stage1_weights = 1.0 / _variances_at(variances, sizes, margins, mode, centre)
     return np.stack(
         [stage1_weights * deviations**2, stage1_weights, stage1_weights * deviations], -1
     )
