@@ -4,7 +4,7 @@
 
 Runs the named configs configs/fef-adult-doctorate.toml (unfair: the trained model),
 configs/fef-adult-doctorate-fair.toml (fair by construction) and configs/fef-adult-k10.toml
-with :func:`server.api.run_simulation_job` (Flower simulation, real CKKS ciphertexts; a
+with :func:`fedparity.server.api.run_simulation_job` (Flower simulation, real CKKS ciphertexts; a
 fresh key pair in a temporary folder) and tabulates, per run, metric and mode, both stages'
 p-values and the common disparity. Writes benchmarks/results/fedevalfair_adult.md (+ .json).
 """
@@ -18,8 +18,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from clients.ckks import SECRET_CONTEXT_ENV, generate_keys
-from server.api import run_simulation_job
+from fedparity.mechanisms.ckks import SECRET_CONTEXT_ENV, generate_keys
+from fedparity.server.api import run_simulation_job
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"

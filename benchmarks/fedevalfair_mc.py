@@ -4,7 +4,8 @@
         [--min-cell 5] [--no-margins] [--output PATH.md | --no-write]
 
 Every iteration draws fresh client test sets, bootstraps each client with
-:func:`mechanisms.bootstrap_disparity` (B = 100), summarises it in mode ``"paper"`` (mean and
+:func:`fedparity.mechanisms.bootstrap_disparity` (B = 100), summarises it in mode ``"paper"`` (mean
+and
 S^2 of |disparities|, n = B) and ``"calibrated"`` (signed plug-in, S^2 of the signed
 resamples, the margins; ``--no-margins`` drops them, i.e. weights 1 / S^2), and runs both
 stages at the 5% level (SPEC 2.1).
@@ -52,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mechanisms import (
+from fedparity.mechanisms import (
     BootstrapDisparity,
     ClientSummary,
     InsufficientGroupData,
@@ -298,7 +299,7 @@ class Pool:
 
 
 def adult_pools(data_dir: Path, scheme: str, k: int) -> tuple[list[Pool], float]:
-    from clients.data import adult_features, adult_holder, load_adult
+    from fedparity.clients.data import adult_features, adult_holder, load_adult
 
     adult = load_adult(data_dir)
     x_train, y_train, x_test, _, _, _ = adult_features(adult)

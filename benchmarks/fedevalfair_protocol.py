@@ -4,8 +4,8 @@
     python benchmarks/fedevalfair_protocol.py --clients 100 --json
 
 No Flower: every simulated client runs in this process one after the other with real
-TenSEAL ciphertexts (:func:`clients.ckks.run_protocol_locally`); the plaintext rows run the
-same protocol with float64 vectors (:func:`clients.ckks.run_protocol_plaintext`). Flower's
+TenSEAL ciphertexts (:func:`ckks_simulator.run_protocol_locally`); the plaintext rows run the
+same protocol with float64 vectors (:func:`ckks_simulator.run_protocol_plaintext`). Flower's
 own overhead is measured elsewhere.
 
 Payload (SPEC 2.1): client i contributes [w_i, w_i y_i, w_i y_i^2] with w_i = 1/S_i^2 in
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,12 +33,17 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from clients.ckks import (
+from fedparity.mechanisms.ckks import (
     CkksParameters,
-    ProtocolTrace,
     generate_keys,
     load_public_context,
     load_secret_context,
+)
+
+# The in-process protocol simulator lives with the tests (it is not part of the library).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ckks_simulator import (  # noqa: E402
+    ProtocolTrace,
     run_protocol_locally,
     run_protocol_plaintext,
 )

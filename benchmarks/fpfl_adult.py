@@ -6,7 +6,8 @@
 
 ``--table``: each of the six named configs configs/adult-{fl,fl-clip,pfl,ffl,ffl-clip,fpfl}.toml
 (as they are, ``--rounds`` overrides T for a quick check) runs once per seed through
-:func:`server.api.run_simulation_job` with 10 simulated nodes. Run-config ``seed`` (data split,
+:func:`fedparity.server.api.run_simulation_job` with 10 simulated nodes. Run-config ``seed`` (data
+split,
 initial model) and ``fpfl-client-seed`` (cohort sampling and noise) are both set to the seed,
 so every run is reproducible -- and therefore NOT private in a deployment. The table gives mean
 +- sample std over seeds next to the paper's Table 2 (m = 1000 exists only for PFL and FPFL; the
@@ -45,8 +46,8 @@ from typing import Any
 
 import tomli_w
 
-from server.api import run_simulation_job
-from server.fpfl_job import PAPER_TABLE2
+from fedparity.server.api import run_simulation_job
+from fedparity.server.fpfl_job import PAPER_TABLE2
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.data import ADULT_DIR_ENV, load_adult
-from clients.fpfl_data import FPFLShard, adult_fpfl_users, digits_leaf, unfair_shard
-from clients.fpfl_task import (
+from fedparity.clients.data import ADULT_DIR_ENV, load_adult
+from fedparity.clients.fpfl_data import FPFLShard, adult_fpfl_users, digits_leaf, unfair_shard
+from fedparity.clients.fpfl_task import (
     build_cnn,
     build_fpfl_model,
     num_parameters,

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mechanisms import estimate_gap, summarize_stream
-from mechanisms.calibration import optimal_split
+from fedparity.mechanisms import estimate_gap, summarize_stream
+from fedparity.mechanisms.calibration import optimal_split
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPSILONS = (0.01, 0.1, 1.0, 10.0)

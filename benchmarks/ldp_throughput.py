@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mechanisms import estimate_gap, mechanism_for_budget, summarize_stream
-from mechanisms.reports import ReportSummary
+from fedparity.mechanisms import estimate_gap, mechanism_for_budget, summarize_stream
+from fedparity.mechanisms.reports import ReportSummary
 
 GENERATION_CHUNK = 1 << 20
 RESULTS = Path(__file__).resolve().parent / "results"

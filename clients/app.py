@@ -1,4 +1,5 @@
-"""fedparity ClientApp: thin Flower handlers around :mod:`clients.task` and :mod:`mechanisms`.
+"""fedparity ClientApp: thin Flower handlers around :mod:`fedparity.clients.task` and
+:mod:`mechanisms`.
 
 A node hosts a shard of users (``users-per-node``; 1 on a real device), selected by the node
 config ``partition-id`` / ``num-partitions``. Handlers:
@@ -28,19 +29,34 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
-from clients.ckks import (
+from ..mechanisms.ckks import (
     encrypt_vector,
     from_array,
     load_secret_context,
     secret_context_path,
     to_array,
 )
-from clients.data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
-from clients.fedevalfair import (
+from ..mechanisms.fairtest import InsufficientGroupData
+from ..mechanisms.protocol import (
+    FEF_KEY,
+    FPFL_KEY,
+    METRICS_KEY,
     RELEASE_SIZE,
     ROUND1_SIZE,
     ROUND2_SIZE,
     UNABLE_REPLY,
+)
+from ..mechanisms.secure_sum import (
+    FixedPointCodec,
+    MaskingKeyPair,
+    mask_vector,
+    minimum_survivors,
+    pair_secrets,
+    reveal_round_seeds,
+)
+from .config import RunConfig
+from .data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
+from .fedevalfair import (
     ClientStatistics,
     holder_statistics,
     open_sum,
@@ -48,29 +64,9 @@ from clients.fedevalfair import (
     round1_vector,
     round2_vector,
 )
-from clients.fpfl_node import (
-    minimum_survivors,
-    node_contribution,
-    node_noise_share_std,
-    node_shard,
-    round_rng,
-)
-from clients.task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
-from mechanisms import ShardLedger, build_mechanism, metric_to_value
-from mechanisms.accounting import BUDGET_TOLERANCE
-from mechanisms.fairtest import InsufficientGroupData
-from server.config import RunConfig
-from strategies.fpfl import FPFL_KEY
-from strategies.ldp_audit import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
-from strategies.secure_sum import (
-    FixedPointCodec,
-    MaskingKeyPair,
-    mask_vector,
-    pair_secrets,
-    reveal_round_seeds,
-)
-
-LEDGER_STATE_KEY = "ldp-ledger"
+from .fpfl_node import node_contribution, node_noise_share_std, node_shard, round_rng
+from .ldp import LEDGER_DIR_NODE_KEY, LocalUsers, ldp_audit_handler
+from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -86,7 +82,7 @@ def _partition(context: Context) -> tuple[int, int]:
 
 def load_shard(context: Context, config: RunConfig, split: str) -> UserShard:
     """This node's users (``split`` = "train" or "test"); for FedEvalFair the node is a data
-    holder and every row is its own user (:func:`clients.data.adult_holder`)."""
+    holder and every row is its own user (:func:`fedparity.clients.data.adult_holder`)."""
     partition_id, num_partitions = _partition(context)
     return load_shard_for(config, partition_id, num_partitions, split)
 
@@ -192,85 +188,39 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     return Message(content=reply, reply_to=msg)
 
 
-def _ledger(context: Context, config: RunConfig, num_users: int) -> tuple[ShardLedger, Path | None]:
-    """The shard's privacy ledger: a file under node config ``ledger-dir`` if set (survives
-    runs), else the node's run state (survives messages within a run)."""
-    ledger_dir = context.node_config.get("ledger-dir")
-    if ledger_dir:
-        partition_id, _ = _partition(context)
-        path = Path(str(ledger_dir)) / f"ledger-partition-{partition_id}.npz"
-        return ShardLedger.load_or_create(path, config.user_budget, num_users), path
-    if LEDGER_STATE_KEY in context.state.array_records:
-        spent = context.state.array_records[LEDGER_STATE_KEY]["spent"].numpy()
-        if spent.shape == (num_users,):
-            return ShardLedger(config.user_budget, num_users, spent.astype(np.float64)), None
-    return ShardLedger(config.user_budget, num_users), None
+def _ledger_path(context: Context) -> Path | None:
+    """The shard's ledger file under node config ``ledger-dir`` (survives runs), one per
+    partition; None: the node's run state (survives messages within a run)."""
+    ledger_dir = context.node_config.get(LEDGER_DIR_NODE_KEY)
+    if not ledger_dir:
+        return None
+    partition_id, _ = _partition(context)
+    return Path(str(ledger_dir)) / f"ledger-partition-{partition_id}.npz"
 
 
 def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Evaluate, perturb every user's (group, metric) and reply with perturbed pairs only."""
-    audit = msg.content["config"]
-    num_groups = int(audit["num-groups"])
-    if num_groups != config.num_groups:
-        raise ValueError(f"audit asks for {num_groups} groups, this node has {config.num_groups}")
-    mechanism = build_mechanism(
-        str(audit["mechanism"]),  # type: ignore[arg-type]
-        float(audit["epsilon-group"]),
-        float(audit["epsilon-value"]),
-        num_groups,
+    """The library's audit handler (:func:`~fedparity.clients.ldp.ldp_audit_handler`) on the
+    node's shard: evaluate the received model per user and reply with perturbed pairs only."""
+
+    def shard_users(arrays: ArrayRecord, metric: str, node: Context) -> LocalUsers:
+        shard = load_shard(node, config, "test")
+        if not shard.num_users:
+            return LocalUsers(np.zeros(0, dtype=np.int64), np.zeros(0))
+        model = _model_for(shard, arrays, config.seed)
+        return LocalUsers(shard.user_groups, metric_values(evaluate_users(model, shard), metric))
+
+    handler = ldp_audit_handler(
+        shard_users,
+        user_budget=config.user_budget,
+        num_groups=config.num_groups,
+        ledger_path=_ledger_path,
     )
-    budget = float(audit["budget"])
-    if mechanism.epsilon > budget + BUDGET_TOLERANCE:
-        raise ValueError(
-            f"refusing: the requested mechanism's true epsilon {mechanism.epsilon:.6g} exceeds "
-            f"the audit budget {budget:g}"
-        )
-    shard = load_shard(context, config, "test")
-    groups = np.zeros(0, dtype=np.int64)
-    values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
-    refused = undefined = 0
-    if shard.num_users:
-        model = _model_for(shard, msg.content["arrays"], config.seed)
-        metric = metric_values(evaluate_users(model, shard), str(audit["metric"]))
-        defined = np.isfinite(metric)
-        undefined = int((~defined).sum())
-        ledger, path = _ledger(context, config, shard.num_users)
-        answering = ledger.spend(mechanism.epsilon, defined)
-        refused = int((defined & ~answering).sum())
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            ledger.save(path)
-        else:
-            context.state.array_records[LEDGER_STATE_KEY] = ArrayRecord(
-                {"spent": Array(ledger.spent)}
-            )
-        rng = np.random.default_rng()  # OS entropy: never a server-known seed
-        reports = mechanism.perturb(
-            shard.user_groups[answering], metric_to_value(metric[answering]), rng
-        )
-        groups, values = reports.groups, reports.values
-    if refused:
-        log(logging.INFO, "ldp_audit: %d user(s) refused (privacy budget)", refused)
-    content = RecordDict(
-        {
-            REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),
-            METRICS_KEY: MetricRecord(
-                {
-                    "num-reports": int(groups.size),
-                    "num-refused": refused,
-                    "num-undefined": undefined,
-                    "epsilon-charged": float(mechanism.epsilon),
-                }
-            ),
-        }
-    )
-    return Message(content=content, reply_to=msg)
+    return handler(msg, context)
 
 
 # --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
 
 FEF_STATE_KEY = "fef-statistics"
-FEF_KEY = "fef"
 
 
 @functools.lru_cache(maxsize=4)
@@ -475,7 +425,7 @@ def build_client_app(
     """The ClientApp: every handler gets the run config parsed (and validated) once.
 
     ``overrides`` are merged over ``context.run_config`` (Flower forbids changing it on a
-    node): :mod:`server.api` uses them to run a job from Python. ``handlers`` replaces
+    node): :mod:`fedparity.server.api` uses them to run a job from Python. ``handlers`` replaces
     entries of :data:`HANDLERS` (tests inject faults this way).
     """
     client_app = ClientApp()

@@ -6,11 +6,11 @@ sends at most one ciphertext per round.
 
 * Round 1 -- :func:`round1_vector`: per block the contribution
   ``[w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, 1]`` of
-  :func:`mechanisms.fairtest.client_contribution`
+  :func:`fedparity.mechanisms.fairtest.client_contribution`
   (zeros for a block the client cannot compute, e.g. eo without positives in a group), plus
   one message-count slot.
 * Round 2 -- :func:`round2_vector`: decrypt the round-1 sum, compute the block's stage-1
-  parts (:func:`mechanisms.fairtest.stage1_term`, 3 numbers), and send
+  parts (:func:`fedparity.mechanisms.fairtest.stage1_term`, 3 numbers), and send
   ``[parts, contribution again, 1]``: the fresh contribution sums give the estimate over the
   clients that are still there.
 * Round 3 -- :func:`release_vector` (key holders only): decrypt both sums and release, per
@@ -35,17 +35,14 @@ import numpy as np
 import tenseal as ts
 import torch
 
-from clients.ckks import (
+from ..mechanisms.ckks import (
     KeyMaterialError,
     append_count_slot,
     check_count_slot,
     check_magnitude,
     decrypt_vector,
 )
-from clients.data import UserShard
-from mechanisms.fairtest import (
-    ROUND1_FIELDS,
-    STAGE1_FIELDS,
+from ..mechanisms.fairtest import (
     BootstrapDisparity,
     ClientSummary,
     InsufficientGroupData,
@@ -54,32 +51,16 @@ from mechanisms.fairtest import (
     stage1_statistic,
     stage1_term,
 )
-
-#: (metric, mode) of each block, in message order.
-BLOCKS: tuple[tuple[str, str], ...] = (
-    ("dp", "calibrated"),
-    ("dp", "paper"),
-    ("eo", "calibrated"),
-    ("eo", "paper"),
+from ..mechanisms.protocol import (
+    BLOCK_WIDTH,
+    BLOCKS,
+    CORRUPT_SUM_MARKER,
+    STAGE1_WIDTH,
 )
-BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, count]
-STAGE1_WIDTH = len(STAGE1_FIELDS)
-CONTRIBUTION_SIZE = len(BLOCKS) * BLOCK_WIDTH
-ROUND1_SIZE = CONTRIBUTION_SIZE + 1
-ROUND2_SIZE = len(BLOCKS) * STAGE1_WIDTH + CONTRIBUTION_SIZE + 1
-RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 statistic, the block's contribution sums]
-RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
+from .data import UserShard
+
 #: Largest magnitude a decrypted sum may have (a sum under a foreign key decrypts to ~1e30).
 MAX_MAGNITUDE = 1e12
-#: Error-reply markers the server sorts replies by (strategies.fedevalfair).
-UNABLE_MARKER = "cannot take part"
-CORRUPT_SUM_MARKER = "encrypted sum is corrupt"
-#: What a node that cannot take part tells the server: a fixed sentence, no counts (its
-#: detailed reason, with cell counts, stays in the node's own log).
-UNABLE_REPLY = (
-    f"{UNABLE_MARKER}: no metric can be bootstrapped on this node's test set "
-    "(a group or a prediction is missing, or one is below fef-min-cell rows)"
-)
 
 
 class CorruptSumError(ValueError):

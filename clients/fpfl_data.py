@@ -1,6 +1,7 @@
 """User populations for FPFL (paper 004, SPEC 3): federated Adult and unfair FEMNIST / digits.
 
-Unlike the LDP audit's :class:`~clients.data.UserShard` (one group per user, binary labels),
+Unlike the LDP audit's :class:`~fedparity.clients.data.UserShard` (one group per user, binary
+labels),
 FPFL needs a group *per sample* and multi-class labels, so its populations are
 :class:`FPFLShard` objects. A Flower node hosts a shard of users (many in simulation, one on a
 device); :meth:`FPFLShard.select_users` cuts out a cohort and :meth:`FPFLShard.partition` a
@@ -8,7 +9,7 @@ node's share.
 
 * :func:`synthetic_fpfl_users`: an embedded synthetic population (no download).
 * :func:`adult_fpfl_users`: Adult rows dealt to users with Poisson(2) samples each (users
-  without a sample dropped), group = sex, features of :func:`clients.data.adult_features`.
+  without a sample dropped), group = sex, features of :func:`fedparity.clients.data.adult_features`.
 * :func:`load_leaf`: the LEAF json format of FEMNIST; :func:`unfair_writer_groups` and
   :func:`unfair_images`: the "unfair FEMNIST" transform (black pen 45%, blue pen 45%, white
   chalk on a blackboard 10%); :func:`unfair_shard` puts them together.
@@ -29,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import ndimage
 
-from clients.data import AdultData, adult_features, load_adult
+from .data import AdultData, adult_features, load_adult
 
 __all__ = [
     "ADULT_MEAN_SAMPLES_PER_USER",
@@ -315,7 +316,8 @@ def adult_fpfl_users(
     empty users are dropped (``32561 / 2``); the accountant should use the real count. All
     randomness comes from ``numpy.random.SeedSequence(seed)``: the split is deterministic.
 
-    Features are those of :func:`clients.data.adult_features` (6 numeric columns standardised
+    Features are those of :func:`fedparity.clients.data.adult_features` (6 numeric columns
+    standardised
     with the training statistics, 7 categoricals one-hot); labels ``1`` for income ``>50K``;
     group = sex of the *sample* (0 = Male, 1 = Female), so a user may hold both groups.
     """

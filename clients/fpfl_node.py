@@ -6,8 +6,9 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
 * **Cohort (Poisson sampling).** Every user of the node joins round ``t`` independently with
   probability ``q = m / K``, drawn *on the node*: the server never learns who took part, and
   the accountant's Poisson-sampling assumption holds exactly
-  (:mod:`strategies.dp_accounting`).
-* **Statistics.** :func:`clients.fpfl_task.shard_contribution` (vectorised, clipped to ``C``),
+  (:mod:`fedparity.mechanisms.dp_accounting`).
+* **Statistics.** :func:`fedparity.clients.fpfl_task.shard_contribution` (vectorised, clipped to
+  ``C``),
   or the unclipped sum for the non-private baselines FL and FFL.
 * **Noise share (distributed noise).** The node recomputes the noise multiplier ``sigma``
   itself from the run's public parameters (:func:`node_noise_multiplier`, Opacus); it never
@@ -17,7 +18,7 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
   :func:`node_noise_share_std`; the server reports the same value): any ``n_min`` or more
   surviving shares sum to at least the ``N(0, C^2 sigma^2)`` of Algorithm 1 (with all nodes
   present the variance is over-provisioned by ``n / n_min``). Fewer survivors than ``n_min``
-  and the nodes refuse to unmask the sum (:mod:`strategies.secure_sum`), so an
+  and the nodes refuse to unmask the sum (:mod:`fedparity.mechanisms.secure_sum`), so an
   under-noised sum is never readable.
 
 Randomness (cohort and noise) comes from the operating system unless ``fpfl-client-seed`` is
@@ -34,25 +35,24 @@ import os
 import numpy as np
 from numpy.typing import NDArray
 
-from clients.data import ADULT_DIR_ENV
-from clients.fpfl_data import FPFLShard, fpfl_population
-from clients.fpfl_task import (
+from ..mechanisms.dp_accounting import calibrate_noise
+from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
+from .config import RunConfig
+from .data import ADULT_DIR_ENV
+from .fpfl_data import FPFLShard, fpfl_population
+from .fpfl_task import (
     build_model_for,
     set_flat_parameters,
     shard_contribution,
     statistics_layout,
     user_statistics,
 )
-from server.config import RunConfig
-from strategies.dp_accounting import calibrate_noise
 
 __all__ = [
-    "minimum_survivors",
     "node_contribution",
     "node_noise_multiplier",
     "node_noise_share_std",
     "node_shard",
-    "noise_share_std",
     "population",
     "round_rng",
 ]
@@ -116,54 +116,6 @@ def round_rng(
     return np.random.default_rng(
         np.random.SeedSequence(client_seed, spawn_key=(tag, stream, round_number))
     )
-
-
-def minimum_survivors(num_nodes: int, dropout_tolerance: float) -> int:
-    """``n_min = ceil((1 - rho) n)`` (at least 1): the fewest nodes whose noise shares still
-    add up to the full noise of Algorithm 1."""
-    if num_nodes < 1:
-        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
-    if not 0.0 <= dropout_tolerance < 1.0:
-        raise ValueError(f"dropout_tolerance must be in [0, 1), got {dropout_tolerance!r}")
-    return max(1, math.ceil((1.0 - dropout_tolerance) * num_nodes - 1e-9))
-
-
-def noise_share_std(clipping_bound: float, noise_multiplier: float, min_contributors: int) -> float:
-    """Std of one node's Gaussian noise share (distributed noise):
-    ``C sigma / sqrt(n_min)``.
-
-    Algorithm 1 of paper 004 adds ``N(0, C^2 sigma^2 I)`` to the cohort's sum. Independent
-    Gaussian shares add their variances, so any ``k >= n_min`` shares of variance
-    ``C^2 sigma^2 / n_min`` sum to ``N(0, k C^2 sigma^2 / n_min)``, at least the noise of
-    Algorithm 1 (exactly it for ``k = n_min``; over-provisioned by ``k / n_min`` otherwise).
-    Source: the noise of Algorithm 1 (SPEC 3) and the additivity of independent Gaussian
-    variances; the secure sum (:mod:`strategies.secure_sum`) refuses to open a sum of fewer
-    than ``n_min`` shares.
-
-    Parameters
-    ----------
-    clipping_bound : float
-        ``C`` (> 0), the per-user L2 bound.
-    noise_multiplier : float
-        ``sigma`` (>= 0), from the accountant.
-    min_contributors : int
-        ``n_min`` (>= 1), the fewest shares a readable sum can hold
-        (:func:`minimum_survivors`).
-
-    Examples
-    --------
-    >>> noise_share_std(2.0, 1.5, 4)
-    1.5
-    """
-    if not math.isfinite(clipping_bound) or clipping_bound <= 0:
-        raise ValueError(f"clipping_bound must be a finite number > 0, got {clipping_bound!r}")
-    if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
-        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
-    if isinstance(min_contributors, bool) or not isinstance(min_contributors, int):
-        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
-    if min_contributors < 1:
-        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
-    return clipping_bound * noise_multiplier / math.sqrt(min_contributors)
 
 
 @functools.lru_cache(maxsize=16)

@@ -2,13 +2,13 @@
 
 What a client computes per round (Algorithm 1, ``UserStatistics``; SPEC 3): for every user
 ``k`` of its cohort, the vector of Eq. (17) plus the model-selection counts, in the layout of
-:class:`mechanisms.mmdm.StatisticsLayout`::
+:class:`fedparity.mechanisms.mmdm.StatisticsLayout`::
 
     [ grad L(d^k) | F(d'^k_a) | grad F(d'^k_a) | n'^k_a | n^k | errors^k | e^k_a | L(d^k) ]
 
 clipped to L2 norm ``C``. :func:`shard_contribution` returns the sum over the cohort users
 a node hosts; the strategy sums the nodes' contributions (secure aggregation), adds
-``N(0, C^2 sigma^2)`` noise and applies :func:`mechanisms.mmdm.mmdm_update`.
+``N(0, C^2 sigma^2)`` noise and applies :func:`fedparity.mechanisms.mmdm.mmdm_update`.
 
 Models (Section 4.1-4.2): :func:`build_fpfl_model` (``"shallow"``: one hidden layer of 10 ReLU
 units; ``"deep"``: 16-8-8 ReLU) and :func:`build_cnn` (32/64 filters + FC 100), all ending in
@@ -46,8 +46,8 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from clients.fpfl_data import FPFLShard
-from mechanisms.mmdm import StatisticsLayout
+from ..mechanisms.mmdm import StatisticsLayout
+from .fpfl_data import FPFLShard
 
 __all__ = [
     "ARCHITECTURES",
@@ -405,7 +405,7 @@ def user_statistics(
     Returns
     -------
     torch.Tensor, float64, shape (num_users, layout.size)
-        One row per user in :class:`mechanisms.mmdm.StatisticsLayout` order (gradients are
+        One row per user in :class:`fedparity.mechanisms.mmdm.StatisticsLayout` order (gradients are
         computed in the model's dtype). A user without samples gets a zero row.
     """
     body, activation = _prepare(model, shard, constraint)

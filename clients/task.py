@@ -2,7 +2,7 @@
 
 The model maps a feature vector to one logit. :func:`evaluate_users` turns a trained model into
 per-user metrics (accuracy, TPR, FPR, FNR), vectorised over the users of a
-:class:`~clients.data.UserShard`; :func:`group_gap_truth` gives the exact (non-private)
+:class:`~fedparity.clients.data.UserShard`; :func:`group_gap_truth` gives the exact (non-private)
 per-group means and gap used as ground truth by the simulation harness.
 """
 
@@ -19,7 +19,8 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from clients.data import UserShard
+from ..mechanisms.metrics import METRIC_NAMES, user_rates
+from .data import UserShard
 
 __all__ = [
     "METRIC_NAMES",
@@ -33,7 +34,6 @@ __all__ = [
     "train",
 ]
 
-METRIC_NAMES: tuple[str, ...] = ("accuracy", "tpr", "fpr", "fnr")
 
 
 def build_model(num_features: int, hidden: int = 0, *, seed: int = 0) -> nn.Module:
@@ -135,7 +135,7 @@ def train(
 
 @dataclass(frozen=True)
 class UserMetrics:
-    """Per-user evaluation of a model on a :class:`~clients.data.UserShard`.
+    """Per-user evaluation of a model on a :class:`~fedparity.clients.data.UserShard`.
 
     The per-user arrays are aligned with the shard's local users. Rates are float64 and NaN
     where undefined: ``accuracy`` for users without samples, ``tpr``/``fnr`` for users without
@@ -179,37 +179,19 @@ def evaluate_users(model: nn.Module, shard: UserShard, threshold: float = 0.5) -
         )
         predictions = (torch.sigmoid(logits) >= threshold).numpy()
 
-    labels = shard.labels.astype(bool)
-    user_index = shard.user_index
-
-    def count(mask: NDArray[np.bool_] | None) -> NDArray[np.int64]:
-        return np.bincount(user_index, weights=mask, minlength=num_users).astype(np.int64)
-
-    num_samples = count(None)
-    num_positives = count(labels)
-    num_negatives = num_samples - num_positives
-    num_correct = count(predictions == labels)
-    true_positives = count(predictions & labels)
-    false_positives = count(predictions & ~labels)
-    false_negatives = num_positives - true_positives
-    num_correct_total = int(num_correct.sum())
+    rates = user_rates(shard.user_index, shard.labels, predictions, num_users)
+    num_correct_total = int((predictions == shard.labels.astype(bool)).sum())
     return UserMetrics(
-        accuracy=_ratio(num_correct, num_samples),
-        tpr=_ratio(true_positives, num_positives),
-        fpr=_ratio(false_positives, num_negatives),
-        fnr=_ratio(false_negatives, num_positives),
-        num_samples=num_samples,
-        num_positives=num_positives,
-        num_negatives=num_negatives,
+        accuracy=rates.accuracy,
+        tpr=rates.tpr,
+        fpr=rates.fpr,
+        fnr=rates.fnr,
+        num_samples=rates.num_samples,
+        num_positives=rates.num_positives,
+        num_negatives=rates.num_negatives,
         loss=loss,
         overall_accuracy=(num_correct_total / shard.num_samples if shard.num_samples else math.nan),
     )
-
-
-def _ratio(numerator: NDArray[np.int64], denominator: NDArray[np.int64]) -> NDArray[np.float64]:
-    out = np.full(numerator.shape, np.nan, dtype=np.float64)
-    np.divide(numerator, denominator, out=out, where=denominator > 0)
-    return out
 
 
 def metric_values(metrics: UserMetrics, name: str) -> NDArray[np.float64]:

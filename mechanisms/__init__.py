@@ -7,7 +7,8 @@ LDP gap measurement (paper 000/001, SPEC 1):
 * :func:`mechanism_for_budget` / :func:`optimal_split`: the (eps1, eps2) split within a budget;
 * :func:`estimate_gap`: unbiased group means, gaps, standard errors, intervals and bounds;
 * :func:`summarize_stream`: mechanism + summary over chunks, in bounded memory;
-* :mod:`mechanisms.planner`: minimum budget for an error target, error at a budget, Table 1;
+* :mod:`fedparity.mechanisms.planner`: minimum budget for an error target, error at a budget, Table
+  1;
 * :class:`PrivacyLedger` / :class:`ShardLedger`: per-user budgets over repeated audits.
 
 FedEvalFair two-stage fairness test (paper 003, SPEC 2):
@@ -29,8 +30,8 @@ FPFL: fairness-constrained training with user-level DP (paper 004, SPEC 3):
 * :func:`fairness_gaps`: accuracy and FNR / EO / DemP / PP gaps of hard predictions.
 """
 
-from mechanisms.accounting import PrivacyBudgetExceeded, PrivacyLedger, ShardLedger
-from mechanisms.calibration import (
+from .accounting import PrivacyBudgetExceeded, PrivacyLedger, ShardLedger
+from .calibration import (
     BudgetSplit,
     best_split,
     build_mechanism,
@@ -38,7 +39,7 @@ from mechanisms.calibration import (
     optimal_split,
     true_epsilon,
 )
-from mechanisms.estimators import (
+from .estimators import (
     ConfidenceInterval,
     EstimationError,
     GapEstimate,
@@ -46,7 +47,7 @@ from mechanisms.estimators import (
     metric_to_value,
     value_to_metric,
 )
-from mechanisms.fairtest import (
+from .fairtest import (
     BootstrapDisparity,
     ClientSummary,
     FairnessReport,
@@ -65,8 +66,8 @@ from mechanisms.fairtest import (
     stage1_term,
     stage_statistics,
 )
-from mechanisms.laplace import LaplaceMechanism, UnboundedPrivacyLossError, laplace_epsilon
-from mechanisms.mmdm import (
+from .laplace import LaplaceMechanism, UnboundedPrivacyLossError, laplace_epsilon
+from .mmdm import (
     AggregateStatistics,
     CohortMetrics,
     ConstraintEvaluation,
@@ -84,15 +85,15 @@ from mechanisms.mmdm import (
     privatize_sum,
     sgd_update,
 )
-from mechanisms.randomized_response import (
+from .randomized_response import (
     RandomizedResponseMechanism,
     grr_frequency_estimate,
     grr_keep_probability,
     grr_perturb,
     randomized_response_epsilon,
 )
-from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
-from mechanisms.streaming import summarize_stream
+from .reports import PerturbedReports, ReportMoments, ReportSummary
+from .streaming import summarize_stream
 
 __all__ = [
     "AggregateStatistics",

@@ -25,19 +25,11 @@ from typing import Literal
 import numpy as np
 from scipy import optimize
 
-from mechanisms._validation import (
-    check_choice,
-    check_epsilon,
-    check_group_fractions,
-    check_num_groups,
-)
-from mechanisms.estimators import estimator_covariance, worst_case_square_sums
-from mechanisms.laplace import LaplaceMechanism, laplace_epsilon
-from mechanisms.randomized_response import (
-    RandomizedResponseMechanism,
-    randomized_response_epsilon,
-)
-from mechanisms.reports import ReportMoments
+from ._validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
+from .estimators import estimator_covariance, worst_case_square_sums
+from .laplace import LaplaceMechanism, laplace_epsilon
+from .randomized_response import RandomizedResponseMechanism, randomized_response_epsilon
+from .reports import ReportMoments
 
 MechanismName = Literal["R", "L"]
 MechanismChoice = Literal["R", "L", "best"]

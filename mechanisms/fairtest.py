@@ -69,7 +69,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
-from mechanisms._validation import (
+from ._validation import (
     check_binary_array,
     check_choice,
     check_finite,
@@ -79,7 +79,7 @@ from mechanisms._validation import (
     check_open_unit,
     check_positive_finite,
 )
-from mechanisms.estimators import ConfidenceInterval, normal_quantile
+from .estimators import ConfidenceInterval, normal_quantile
 
 Mode = Literal["paper", "calibrated"]
 Metric = Literal["dp", "eo"]

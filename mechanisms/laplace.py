@@ -17,14 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms._validation import (
-    check_clients,
-    check_epsilon,
-    check_generator,
-    check_num_groups,
-)
-from mechanisms.randomized_response import _flip_to_other_group, grr_keep_probability
-from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
+from ._validation import check_clients, check_epsilon, check_generator, check_num_groups
+from .randomized_response import _flip_to_other_group, grr_keep_probability
+from .reports import PerturbedReports, ReportMoments, ReportSummary
 
 #: The only noise-scale ratio for which M_L is LDP (SPEC 1.1).
 LDP_NOISE_RATIO = 2.0

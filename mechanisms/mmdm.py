@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms._validation import (
+from ._validation import (
     check_generator,
     check_int_at_least,
     check_nonnegative_finite,

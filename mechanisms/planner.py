@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from mechanisms._validation import (
+from ._validation import (
     check_choice,
     check_epsilon,
     check_int_at_least,
@@ -27,7 +27,7 @@ from mechanisms._validation import (
     check_open_unit,
     check_positive_finite,
 )
-from mechanisms.calibration import (
+from .calibration import (
     MECHANISMS,
     BudgetSplit,
     MechanismChoice,
@@ -36,10 +36,10 @@ from mechanisms.calibration import (
     gap_variance_factor,
     optimal_split,
 )
-from mechanisms.estimators import normal_quantile
-from mechanisms.laplace import laplace_report_moments
-from mechanisms.randomized_response import RandomizedResponseMechanism
-from mechanisms.reports import ReportMoments
+from .estimators import normal_quantile
+from .laplace import laplace_report_moments
+from .randomized_response import RandomizedResponseMechanism
+from .reports import ReportMoments
 
 BoundName = Literal["chebyshev", "normal"]
 Scale = Literal["metric", "value"]

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mechanisms._validation import (
+from ._validation import (
     check_clients,
     check_epsilon,
     check_generator,
     check_groups_array,
     check_num_groups,
 )
-from mechanisms.reports import PerturbedReports, ReportMoments, ReportSummary
+from .reports import PerturbedReports, ReportMoments, ReportSummary
 
 
 def grr_keep_probability(epsilon: float, num_groups: int) -> float:
@@ -120,7 +120,8 @@ class RandomizedResponseMechanism:
     num_groups : int
         d >= 2.
 
-    Use :func:`mechanisms.calibration.mechanism_for_budget` to build one for a total budget;
+    Use :func:`fedparity.mechanisms.calibration.mechanism_for_budget` to build one for a total
+    budget;
     :attr:`epsilon` is the true guarantee (SPEC 1.1), computed, not assumed.
     """
 

@@ -2,7 +2,7 @@
 
 Clients arrive in chunks (from a file, a generator, a database cursor); each chunk is
 validated, cut into cache-sized blocks, perturbed and summarised at once; only the additive
-:class:`~mechanisms.reports.ReportSummary` is kept, so memory stays bounded whatever the
+:class:`~fedparity.mechanisms.reports.ReportSummary` is kept, so memory stays bounded whatever the
 number of clients (10^8 and beyond). The output distribution is the mechanism's; the
 sequence of random draws differs from one whole-array call (blocks interleave draws).
 """
@@ -13,9 +13,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mechanisms._validation import check_clients, check_generator, check_int_at_least
-from mechanisms.calibration import GapMechanismType
-from mechanisms.reports import ReportSummary
+from ._validation import check_clients, check_generator, check_int_at_least
+from .calibration import GapMechanismType
+from .reports import ReportSummary
 
 #: Clients per block: 2^16 keeps the block's float64 temporaries (512 KiB) in cache.
 DEFAULT_BLOCK_SIZE = 1 << 16

@@ -1,6 +1,6 @@
 """Run a fedparity job from Python on Flower's simulation engine.
 
-    from server.api import run_simulation_job
+    from fedparity.server.api import run_simulation_job
     results = run_simulation_job({"task": "fedevalfair", ...}, num_supernodes=4)
 
 The same ServerApp and ClientApp as ``flwr run .``; the run config given here is merged over
@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from clients.app import build_client_app
-from server.app import build_server_app
-from server.config import RunConfig
+from ..clients.app import build_client_app
+from ..clients.config import RunConfig
+from .app import build_server_app
 
 
 @contextmanager
@@ -51,7 +51,7 @@ def run_simulation_job(
     ----------
     run_config : mapping
         Run-config keys (kebab-case, as in pyproject.toml); unknown keys or bad values raise
-        :class:`server.config.ConfigError` before the simulation starts. Without
+        :class:`fedparity.clients.config.ConfigError` before the simulation starts. Without
         ``output-dir`` the results go to a temporary folder (returned under ``output_dir``).
     num_supernodes : int
         Simulated nodes (partition-id 0..n-1).

@@ -1,10 +1,12 @@
 """fedparity ServerApp: one entry point, one job per ``task`` in the run config.
 
-* ``task = "ldp-audit"`` (default): :func:`server.ldp_job.run_ldp_audit` -- FedAvg training,
+* ``task = "ldp-audit"`` (default): :func:`fedparity.server.ldp_job.run_ldp_audit` -- FedAvg
+  training,
   then LDP audits of the performance gap (SPEC 1);
-* ``task = "fedevalfair"``: :func:`server.fedevalfair_job.run_fedevalfair` -- FedAvg training,
+* ``task = "fedevalfair"``: :func:`fedparity.server.fedevalfair_job.run_fedevalfair` -- FedAvg
+  training,
   then the two-stage fairness test over CKKS-encrypted statistics (SPEC 2);
-* ``task = "fpfl"``: :func:`server.fpfl_job.run_fpfl` -- FedSGD training under a fairness
+* ``task = "fpfl"``: :func:`fedparity.server.fpfl_job.run_fpfl` -- FedSGD training under a fairness
   constraint (MMDM) with clipped per-user statistics, Gaussian noise and secure sums
   (paper 004, SPEC 3).
 """
@@ -17,10 +19,10 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from server.config import RunConfig
-from server.fedevalfair_job import run_fedevalfair
-from server.fpfl_job import run_fpfl
-from server.ldp_job import run_ldp_audit
+from ..clients.config import RunConfig
+from .fedevalfair_job import run_fedevalfair
+from .fpfl_job import run_fpfl
+from .ldp_job import run_ldp_audit
 
 JOBS = {"ldp-audit": run_ldp_audit, "fedevalfair": run_fedevalfair, "fpfl": run_fpfl}
 

@@ -3,16 +3,17 @@
 The same sufficient statistics and updates as FPFL, without users, clipping or noise: each
 iteration draws a mini-batch of rows (the paper: ``n_batch = 400``, 1,000 iterations; or the
 full training set), computes the pooled statistics of Eq. (16) with
-:func:`clients.fpfl_task.pooled_statistics` and applies :func:`mechanisms.mmdm.mmdm_update`
+:func:`fedparity.clients.fpfl_task.pooled_statistics` and applies
+:func:`fedparity.mechanisms.mmdm.mmdm_update`
 (MMDM, FNR parity, ``alpha = 0.02``, ``eta = 0.1``, ``gamma = 0.01``, ``c = 2``) or plain SGD
-(:func:`mechanisms.mmdm.sgd_update`). The final model is evaluated on ``adult.test``
-(accuracy and the FNR / EO / DemP / PP gaps of :func:`mechanisms.mmdm.fairness_gaps`).
+(:func:`fedparity.mechanisms.mmdm.sgd_update`). The final model is evaluated on ``adult.test``
+(accuracy and the FNR / EO / DemP / PP gaps of :func:`fedparity.mechanisms.mmdm.fairness_gaps`).
 
 The same trainer runs the unfair-digits stand-in for unfair FEMNIST (Section 4.2; scikit-learn's
 8x8 digits, 3 writer groups, accuracy parity, the convolutional network):
-``python -m server.central --dataset digits``.
+``python -m fedparity.server.central --dataset digits``.
 
-Run ``python -m server.central --data-dir /path/to/adult`` (``--help`` for the options).
+Run ``python -m fedparity.server.central --data-dir /path/to/adult`` (``--help`` for the options).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from clients.data import ADULT_DIR_ENV, adult_features, load_adult
-from clients.fpfl_data import FPFLShard, check_groups_present, digits_leaf, unfair_shard
-from clients.fpfl_task import (
+from ..clients.data import ADULT_DIR_ENV, adult_features, load_adult
+from ..clients.fpfl_data import FPFLShard, check_groups_present, digits_leaf, unfair_shard
+from ..clients.fpfl_task import (
     ARCHITECTURES,
     CONSTRAINTS,
     build_model_for,
@@ -45,8 +46,8 @@ from clients.fpfl_task import (
     set_flat_parameters,
     statistics_layout,
 )
-from mechanisms._validation import check_choice, check_int_at_least
-from mechanisms.mmdm import (
+from ..mechanisms._validation import check_choice, check_int_at_least
+from ..mechanisms.mmdm import (
     FairnessGaps,
     MMDMConfig,
     evaluate_constraints,
@@ -380,9 +381,9 @@ def _json_safe(value: object) -> object:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m server.central`` (defaults per ``--dataset``)."""
+    """The command line of ``python -m fedparity.server.central`` (defaults per ``--dataset``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m server.central",
+        prog="python -m fedparity.server.central",
         description="Central MMDM vs SGD: UCI Adult (paper 004, Table 1) or unfair digits.",
     )
     parser.add_argument("--dataset", choices=DATASETS, default="adult")

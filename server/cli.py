@@ -30,7 +30,7 @@ from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
-from mechanisms import (
+from ..mechanisms import (
     EstimationError,
     GapEstimate,
     UnboundedPrivacyLossError,
@@ -39,15 +39,10 @@ from mechanisms import (
     summarize_stream,
     true_epsilon,
 )
-from mechanisms.calibration import best_split
-from mechanisms.fairtest import ClientSummary, FairnessReport, fedevalfair
-from mechanisms.laplace import LDP_NOISE_RATIO, check_noise_ratio
-from mechanisms.planner import (
-    error_bound,
-    format_table1,
-    minimum_epsilon,
-    table1,
-)
+from ..mechanisms.calibration import best_split
+from ..mechanisms.fairtest import ClientSummary, FairnessReport, fedevalfair
+from ..mechanisms.laplace import LDP_NOISE_RATIO, check_noise_ratio
+from ..mechanisms.planner import error_bound, format_table1, minimum_epsilon, table1
 
 #: Rows parsed per chunk by ``measure`` (bounded memory for files of any length).
 DEFAULT_CHUNK_ROWS = 1 << 18
@@ -578,7 +573,7 @@ def run_federations(args: argparse.Namespace, out: TextIO) -> int:
 def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     """Write a CKKS key pair for FedEvalFair: the secret context for the key holders (the
     clients; give each node its path out of band) and the public one for the server."""
-    from clients.ckks import DEFAULT_KEY_DIR, CkksParameters, generate_keys  # tenseal: lazily
+    from ..mechanisms.ckks import DEFAULT_KEY_DIR, CkksParameters, generate_keys
 
     degree = _int_at_least("--poly-modulus-degree", args.poly_modulus_degree, 1024)
     try:

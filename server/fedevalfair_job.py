@@ -3,7 +3,7 @@
 Nodes are data holders (synthetic, or UCI Adult split by doctorate or Dirichlet label skew;
 protected attribute: race). The global model (or its fair-by-construction variant) is
 evaluated on every holder's private test set; the two-stage test runs over CKKS ciphertexts
-(:class:`~strategies.fedevalfair.FedEvalFairProtocol`) for demographic parity and equal
+(:class:`~fedparity.strategies.fedevalfair.FedEvalFairProtocol`) for demographic parity and equal
 opportunity in both modes. The table shows, per test: stage statistics, degrees of freedom,
 p-values, decisions at alpha, the Graybill-Deal common disparity with its standard error,
 the number of holders and the mode. results.json and a plot of the holders' bootstrap
@@ -21,23 +21,18 @@ from pathlib import Path
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from clients.ckks import (
+from ..clients.config import RunConfig
+from ..mechanisms.ckks import (
     DEFAULT_KEY_DIR,
     PUBLIC_CONTEXT_FILE,
     context_has_secret_key,
     load_public_context,
 )
-from clients.fedevalfair import BLOCKS
-from server.config import RunConfig
-from server.harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
-from server.orchestration import (
-    connect_nodes,
-    resolve_output_dir,
-    train_global_model,
-    training_report,
-)
-from server.report import write_json
-from strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
+from ..mechanisms.protocol import BLOCKS
+from ..strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
+from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
+from .orchestration import connect_nodes, resolve_output_dir, train_global_model, training_report
+from .report import write_json
 
 
 def fedevalfair_table(outcome: FedEvalFairOutcome, primary_mode: str) -> str:

@@ -4,14 +4,16 @@ One run trains with one of the six algorithms of the paper's Table 2 (``fpfl-alg
 ``fl`` (FederatedSGD), ``fl-clip``, ``pfl`` (clip + Gaussian noise), ``ffl`` (MMDM),
 ``ffl-clip`` and ``fpfl`` (MMDM + clip + noise). Every round (FedSGD structure: one update,
 no local epochs) the nodes return the secure sum of their cohort users' statistic vectors
-(:class:`strategies.fpfl.FPFLProtocol`); the server splits it
-(:class:`mechanisms.mmdm.StatisticsLayout`), offers the model that produced it to the model
+(:class:`fedparity.strategies.fpfl.FPFLProtocol`); the server splits it
+(:class:`fedparity.mechanisms.mmdm.StatisticsLayout`), offers the model that produced it to the
+model
 selector (best cohort accuracy among the models fair on cohort statistics; Section 4.1) and
-applies :func:`mechanisms.mmdm.mmdm_update` or :func:`mechanisms.mmdm.sgd_update`.
+applies :func:`fedparity.mechanisms.mmdm.mmdm_update` or
+:func:`fedparity.mechanisms.mmdm.sgd_update`.
 
 Privacy: ``sigma`` is calibrated with Opacus for (``fpfl-epsilon``, ``fpfl-delta``,
 ``q = m / K``, ``T``) and the epsilon actually spent is recomputed
-(:mod:`strategies.dp_accounting`) over **every round ever released** for this run; every
+(:mod:`fedparity.mechanisms.dp_accounting`) over **every round ever released** for this run; every
 round sent counts, including a lost one.
 
 Release ledger (``output-dir/privacy-ledger.json``): before round ``t`` is sent to the nodes
@@ -51,9 +53,10 @@ import numpy as np
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from clients.fpfl_data import check_groups_present
-from clients.fpfl_node import population, round_rng
-from clients.fpfl_task import (
+from ..clients.config import ConfigError, RunConfig
+from ..clients.fpfl_data import check_groups_present
+from ..clients.fpfl_node import population, round_rng
+from ..clients.fpfl_task import (
     build_model_for,
     constraint_mask,
     get_flat_parameters,
@@ -61,7 +64,8 @@ from clients.fpfl_task import (
     set_flat_parameters,
     statistics_layout,
 )
-from mechanisms.mmdm import (
+from ..mechanisms.dp_accounting import PrivacySpent, calibrate_noise, privacy_spent, sample_rate
+from ..mechanisms.mmdm import (
     FairnessGaps,
     MMDMConfig,
     ModelSelector,
@@ -75,12 +79,10 @@ from mechanisms.mmdm import (
     sgd_update,
     with_constraint_terms,
 )
-from server.config import ConfigError, RunConfig
-from server.harness import HARNESS_LABEL
-from server.orchestration import connect_nodes, resolve_output_dir
-from server.report import write_json
-from strategies.dp_accounting import PrivacySpent, calibrate_noise, privacy_spent, sample_rate
-from strategies.fpfl import FPFLProtocol
+from ..strategies.fpfl import FPFLProtocol
+from .harness import HARNESS_LABEL
+from .orchestration import connect_nodes, resolve_output_dir
+from .report import write_json
 
 __all__ = [
     "PAPER_TABLE2",
@@ -396,12 +398,16 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     active = [node for node in node_ids if node in nodes.users_by_node]
     protocol = FPFLProtocol(
         grid,
-        config,
         node_ids=active,
         vector_size=layout.size,
         population_size=population_size,
         max_node_users=max(nodes.users_by_node.values()),
         noise_multiplier=sigma,
+        clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
+        masking=config.fpfl_secure_sum == "masking",
+        distributed_noise=config.fpfl_noise == "distributed",
+        dropout_tolerance=config.fpfl_dropout_tolerance,
+        reply_timeout=config.reply_timeout,
     )
     protocol.setup()
     log(
@@ -683,7 +689,7 @@ def _metrics_to_json(metrics: Any) -> dict[str, Any]:
 
 
 def _metrics_from_json(values: dict[str, Any]) -> Any:
-    from mechanisms.mmdm import CohortMetrics
+    from ..mechanisms.mmdm import CohortMetrics
 
     return CohortMetrics(
         accuracy=float(values["accuracy"]),

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord
 
-from clients.app import load_shard_for
-from clients.task import build_model, evaluate_users, group_gap_truth, metric_values, set_arrays
-from server.config import RunConfig
+from ..clients.app import load_shard_for
+from ..clients.config import RunConfig
+from ..clients.task import build_model, evaluate_users, group_gap_truth, metric_values, set_arrays
 
 HARNESS_LABEL = "simulation harness only: computed from raw data, not private"
 
@@ -80,7 +80,8 @@ def ground_truth(
 class FedEvalFairTruth:
     """The plaintext FedEvalFair computation on the same data (simulation harness only).
 
-    ``reports`` maps (metric, mode) to the plaintext :class:`~mechanisms.fairtest.FairnessReport`
+    ``reports`` maps (metric, mode) to the plaintext
+    :class:`~fedparity.mechanisms.fairtest.FairnessReport`
     (None if fewer than 2 holders could compute the metric); ``resamples`` maps metric to
     each holder's bootstrap disparities (for the distribution plot, paper Figures 4/5).
     """
@@ -106,9 +107,10 @@ def fedevalfair_truth(
     config: RunConfig, arrays: ArrayRecord, partitions: Sequence[tuple[int, int]]
 ) -> FedEvalFairTruth:
     """Recompute every holder's bootstrap exactly as its ClientApp does (same seeds) and run
-    :func:`mechanisms.fairtest.fedevalfair` in plaintext."""
-    from clients.fedevalfair import BLOCKS, holder_statistics
-    from mechanisms.fairtest import InsufficientGroupData, fedevalfair
+    :func:`fedparity.mechanisms.fairtest.fedevalfair` in plaintext."""
+    from ..clients.fedevalfair import holder_statistics
+    from ..mechanisms.fairtest import InsufficientGroupData, fedevalfair
+    from ..mechanisms.protocol import BLOCKS
 
     per_block: dict[tuple[str, str], list] = {block: [] for block in BLOCKS}
     resamples: dict[str, list[tuple[int, np.ndarray]]] = {"dp": [], "eo": []}

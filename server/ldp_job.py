@@ -16,17 +16,12 @@ from pathlib import Path
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from mechanisms import mechanism_for_budget
-from server.config import RunConfig
-from server.harness import GroundTruth, ground_truth
-from server.orchestration import (
-    connect_nodes,
-    resolve_output_dir,
-    train_global_model,
-    training_report,
-)
-from server.report import audit_table, plot_audits, write_json
-from strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from ..clients.config import RunConfig
+from ..mechanisms import mechanism_for_budget
+from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from .harness import GroundTruth, ground_truth
+from .orchestration import connect_nodes, resolve_output_dir, train_global_model, training_report
+from .report import audit_table, plot_audits, write_json
 
 
 def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:

@@ -3,7 +3,7 @@
 Every job (LDP audit, FedEvalFair, FPFL) starts the same way: wait until enough nodes are
 connected, ask each for its (public) shard shape with a ``query.describe`` message, build the
 model, and, for the jobs that need a trained global model, run FedAvg
-(:class:`~strategies.robust_fedavg.RobustFedAvg`).
+(:class:`~fedparity.strategies.robust_fedavg.RobustFedAvg`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from clients.task import build_model, get_arrays
-from server.config import RunConfig
-from strategies.ldp_audit import METRICS_KEY
-from strategies.robust_fedavg import RobustFedAvg
+from ..clients.config import RunConfig
+from ..clients.task import build_model, get_arrays
+from ..mechanisms.protocol import METRICS_KEY
+from ..strategies.robust_fedavg import RobustFedAvg
 
 DESCRIBE_MESSAGE_TYPE = "query.describe"
 DEFAULT_RUNS_DIR = Path.home() / ".fedparity" / "runs"

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from server.harness import GroundTruth
-from strategies.ldp_audit import AuditOutcome
+from ..strategies.ldp_audit import AuditOutcome
+from .harness import GroundTruth
 
 
 def _clean(value: Any) -> Any:

@@ -33,27 +33,27 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from clients.ckks import (
+from ..mechanisms.ckks import (
     NoValidCiphertextError,
     add_ciphertexts,
     context_has_secret_key,
     from_array,
     to_array,
 )
-from clients.fedevalfair import (
+from ..mechanisms.fairtest import FairnessReport, report_from_sums
+from ..mechanisms.protocol import (
     BLOCKS,
     CORRUPT_SUM_MARKER,
+    FEF_KEY,
+    FEF_ROUND_MESSAGE_TYPES,
     RELEASE_SIZE,
     RELEASE_WIDTH,
     ROUND1_SIZE,
     ROUND2_SIZE,
     UNABLE_MARKER,
 )
-from mechanisms.fairtest import FairnessReport, report_from_sums
-from strategies.ldp_audit import RejectedReply, short_reason
+from ._replies import RejectedReply, short_reason
 
-FEF_KEY = "fef"
-ROUND_MESSAGE_TYPES = ("query.fef_round1", "query.fef_round2", "query.fef_round3")
 #: Relative tolerance within which the key holders' releases must agree.
 AGREEMENT_TOLERANCE = 1e-6
 
@@ -153,7 +153,7 @@ class FedEvalFairProtocol:
         if context_has_secret_key(public_context):
             raise ValueError(
                 "public_context holds a secret key: the server must only have the public "
-                "context (load it with clients.ckks.load_public_context)"
+                "context (load it with mechanisms.ckks.load_public_context)"
             )
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
@@ -178,7 +178,7 @@ class FedEvalFairProtocol:
             Message(
                 content=content,
                 dst_node_id=node,
-                message_type=ROUND_MESSAGE_TYPES[round_index],
+                message_type=FEF_ROUND_MESSAGE_TYPES[round_index],
             )
             for node in node_ids
         ]
@@ -341,7 +341,7 @@ class FedEvalFairProtocol:
         corrupt_all: list[tuple[int, RejectedReply]] = []
         uploaded_all: list[dict[int, int]] = []
         #: Per round, the most ciphertexts accepted from one node (each accepted payload was
-        #: checked to hold exactly one CKKS ciphertext by clients.ckks.add_ciphertexts).
+        #: checked to hold exactly one CKKS ciphertext by mechanisms.ckks.add_ciphertexts).
         ciphertexts_all: list[int] = []
 
         def corrupt_error(

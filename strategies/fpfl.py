@@ -3,7 +3,7 @@
 Round ``t`` (``query.fpfl_round``): the server sends the current weights to every member node;
 each node samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic
 vectors, adds its noise share and replies with that sum **masked** (pairwise masks,
-:mod:`strategies.secure_sum`), so the server reads only the sum over all nodes. Nodes that
+:mod:`fedparity.mechanisms.secure_sum`), so the server reads only the sum over all nodes. Nodes that
 did not reply are handled by one extra exchange (``query.fpfl_reveal``): the survivors reveal
 that round's mask seeds with the dropped nodes, provided enough of them survive for the noise
 to be complete; otherwise the round is lost (the weights do not move, the round still counts
@@ -12,9 +12,9 @@ as spent privacy).
 Setup (``query.fpfl_setup``, once per run): the nodes' masking public keys; the member list
 is fixed from then on.
 
-The released sum is split with :class:`mechanisms.mmdm.StatisticsLayout`; the updates,
-model selection and accounting are done by the caller (:mod:`server.fpfl_job`) with
-:mod:`mechanisms.mmdm` and :mod:`strategies.dp_accounting`.
+The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`; the updates,
+model selection and accounting are done by the caller (:mod:`fedparity.server.fpfl_job`) with
+:mod:`fedparity.mechanisms.mmdm` and :mod:`fedparity.mechanisms.dp_accounting`.
 
 ``fpfl-secure-sum = "none"`` sends the nodes' (noisy) sums in the clear: for debugging and
 for measuring the cost of masking; with distributed noise each node's sum then carries only
@@ -35,25 +35,24 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from server.config import RunConfig
-from strategies.secure_sum import (
+from ..mechanisms.protocol import (
+    FPFL_KEY,
+    FPFL_REVEAL_MESSAGE_TYPE,
+    FPFL_ROUND_MESSAGE_TYPE,
+    FPFL_SETUP_MESSAGE_TYPE,
+)
+from ..mechanisms.secure_sum import (
     FixedPointCodec,
+    minimum_survivors,
+    noise_share_std,
     unmask_sum,
 )
 
 __all__ = [
-    "FPFL_KEY",
-    "REVEAL_MESSAGE_TYPE",
-    "ROUND_MESSAGE_TYPE",
-    "SETUP_MESSAGE_TYPE",
     "FPFLProtocol",
     "RoundOutcome",
 ]
 
-FPFL_KEY = "fpfl"
-SETUP_MESSAGE_TYPE = "query.fpfl_setup"
-ROUND_MESSAGE_TYPE = "query.fpfl_round"
-REVEAL_MESSAGE_TYPE = "query.fpfl_reveal"
 #: Gaussian noise shares are clamped by the codec beyond this many standard deviations
 #: (probability < 2e-32 per coordinate): the fixed-point range must be finite.
 NOISE_RANGE_STDS = 12.0
@@ -83,7 +82,6 @@ class FPFLProtocol:
     Parameters
     ----------
     grid : flwr.serverapp.Grid
-    config : RunConfig
     node_ids : list[int]
         Nodes that described their data.
     vector_size : int
@@ -94,21 +92,42 @@ class FPFLProtocol:
         Users on the largest node (bounds a node's sum for the fixed-point codec).
     noise_multiplier : float
         ``sigma`` (0 without noise).
+    clipping_bound : float or None
+        ``C``, the per-user L2 bound; None for the unclipped baselines (FL, FFL).
+    masking : bool
+        Pairwise-masked secure sum (``fpfl-secure-sum = "masking"``); False sends the nodes'
+        sums in the clear.
+    distributed_noise : bool
+        The nodes add the noise in shares (``fpfl-noise = "distributed"``); False: the
+        caller adds central noise to the recovered sum.
+    dropout_tolerance : float
+        ``rho`` in [0, 1): the fraction of nodes that may drop while the noise shares still
+        add up to the accounted noise.
+    reply_timeout : float
+        Seconds to wait for the nodes' replies to one message.
     """
 
     def __init__(
         self,
         grid: Grid,
-        config: RunConfig,
         *,
         node_ids: list[int],
         vector_size: int,
         population_size: int,
         max_node_users: int,
         noise_multiplier: float,
+        clipping_bound: float | None,
+        masking: bool,
+        distributed_noise: bool,
+        dropout_tolerance: float,
+        reply_timeout: float,
     ) -> None:
         self.grid = grid
-        self.config = config
+        self.clipping_bound = clipping_bound
+        self._masking = masking
+        self.distributed_noise = distributed_noise
+        self.dropout_tolerance = dropout_tolerance
+        self.reply_timeout = reply_timeout
         self.members = sorted(node_ids)
         self.vector_size = vector_size
         self.population_size = population_size
@@ -123,7 +142,7 @@ class FPFLProtocol:
     @property
     def masking(self) -> bool:
         """Pairwise masking on (``fpfl-secure-sum = "masking"``)."""
-        return self.config.fpfl_secure_sum == "masking"
+        return self._masking
 
     def setup(self) -> None:
         """Collect the nodes' masking public keys; nodes that fail leave the run."""
@@ -133,12 +152,12 @@ class FPFLProtocol:
             Message(
                 content=RecordDict({FPFL_KEY: ConfigRecord({"run-salt": self.run_salt})}),
                 dst_node_id=node,
-                message_type=SETUP_MESSAGE_TYPE,
+                message_type=FPFL_SETUP_MESSAGE_TYPE,
             )
             for node in self.members
         ]
         keys: dict[int, bytes] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.config.reply_timeout):
+        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 self.setup_failed.append((node, reply.error.reason))
@@ -163,25 +182,21 @@ class FPFLProtocol:
 
     def min_survivors(self) -> int:
         """n_min: the fewest member nodes whose noise shares add up to the accounted noise
-        (:func:`clients.fpfl_node.minimum_survivors`, the nodes' own rule)."""
-        from clients.fpfl_node import minimum_survivors
-
-        return minimum_survivors(len(self.members), self.config.fpfl_dropout_tolerance)
+        (:func:`~fedparity.mechanisms.secure_sum.minimum_survivors`, the nodes' own rule)."""
+        return minimum_survivors(len(self.members), self.dropout_tolerance)
 
     def noise_share_std(self) -> float:
         """Std of one node's noise share (distributed noise), by the nodes' own rule
-        (:func:`clients.fpfl_node.noise_share_std`: ``C sigma / sqrt(n_min)``)."""
-        from clients.fpfl_node import noise_share_std
-
-        if self.config.fpfl_noise != "distributed" or self.noise_multiplier == 0:
+        (:func:`~fedparity.mechanisms.secure_sum.noise_share_std`: ``C sigma / sqrt(n_min)``)."""
+        if not self.distributed_noise or self.noise_multiplier == 0:
             return 0.0
-        return noise_share_std(
-            self.config.fpfl_clipping_bound, self.noise_multiplier, self.min_survivors()
-        )
+        if self.clipping_bound is None:
+            raise ValueError("distributed noise needs a clipping bound (clipping_bound is None)")
+        return noise_share_std(self.clipping_bound, self.noise_multiplier, self.min_survivors())
 
     def codec_range(self) -> float:
         """Bound on every coordinate of a node's message: ``users * C + 12 share stds``."""
-        per_user = self.config.fpfl_clipping_bound if self.config.fpfl_clips else UNCLIPPED_RANGE
+        per_user = UNCLIPPED_RANGE if self.clipping_bound is None else self.clipping_bound
         return self.max_node_users * per_user + NOISE_RANGE_STDS * self.noise_share_std() + 1.0
 
     def codec(self) -> FixedPointCodec:
@@ -212,13 +227,13 @@ class FPFLProtocol:
             Message(
                 content=RecordDict({FPFL_KEY: arrays, "config": settings}),
                 dst_node_id=node,
-                message_type=ROUND_MESSAGE_TYPE,
+                message_type=FPFL_ROUND_MESSAGE_TYPE,
             )
             for node in self.members
         ]
         outcome = RoundOutcome(round=round_number, total=None)
         received: dict[int, NDArray] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.config.reply_timeout):
+        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if node not in self.members or node in received:
                 continue
@@ -310,14 +325,14 @@ class FPFLProtocol:
             Message(
                 content=RecordDict({FPFL_KEY: settings}),
                 dst_node_id=node,
-                message_type=REVEAL_MESSAGE_TYPE,
+                message_type=FPFL_REVEAL_MESSAGE_TYPE,
             )
             for node in survivors
         ]
         revealed: dict[tuple[int, int], bytes] = {}
         failures: list[tuple[int, str]] = []
         answered: set[int] = set()
-        for reply in self.grid.send_and_receive(messages, timeout=self.config.reply_timeout):
+        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 failures.append((node, f"reveal refused or failed: {reply.error.reason}"))

@@ -5,7 +5,8 @@ parameters (M_R or M_L, eps1, eps2, d, the metric) in a ``query.ldp_audit`` mess
 node evaluates the model for each of its users, perturbs each user's (group, metric) pair
 on the node and replies with the perturbed pairs only. The strategy validates every reply,
 counts rejected and missing ones, merges the accepted reports into a
-:class:`~mechanisms.reports.ReportSummary` and calls :func:`~mechanisms.estimators.estimate_gap`.
+:class:`~fedparity.mechanisms.reports.ReportSummary` and calls
+:func:`~fedparity.mechanisms.estimators.estimate_gap`.
 
 It is not a :class:`flwr.serverapp.strategy.Strategy` subclass: an audit is not a training
 round (no arrays are aggregated, and every audit spends privacy budget, so it must not run
@@ -16,7 +17,6 @@ in every round of ``Strategy.start``). It follows the same shape: ``configure_au
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,39 +25,25 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
-from mechanisms.accounting import BUDGET_TOLERANCE
-from mechanisms.calibration import GapMechanismType
-from mechanisms.laplace import LaplaceMechanism
-
-#: Message type of an audit; the ClientApp handles it with ``@app.query("ldp_audit")``.
-AUDIT_MESSAGE_TYPE = "query.ldp_audit"
-#: Record keys of an audit reply.
-REPORTS_KEY = "reports"
-GROUPS_KEY = "groups"
-VALUES_KEY = "values"
-METRICS_KEY = "metrics"
-
+from ..mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
+from ..mechanisms.accounting import BUDGET_TOLERANCE
+from ..mechanisms.calibration import GapMechanismType
+from ..mechanisms.laplace import LaplaceMechanism
+from ..mechanisms.protocol import (
+    AUDIT_MESSAGE_TYPE,
+    GROUPS_KEY,
+    METRICS_KEY,
+    REPORTS_KEY,
+    USER_COUNT_KEYS,
+    VALUES_KEY,
+)
+from ._replies import RejectedReply, short_reason
 
 #: M_L plausibility bound, in Laplace scales b = 2 / eps2 (mechanisms/laplace.py). A report
 #: is v' = v + Lap(b) with v in [-1, 1] (kept group) or v' = 0 + Lap(b) (flipped group), so
 #: |v'| > 1 + 50 b needs |Lap(b)| > 50 b, which happens with probability e^-50 (~2e-22) per
 #: legitimate report.
 LAPLACE_TAIL_SCALES = 50.0
-#: Per-user counts a reply carries: every user of the node is exactly one of these.
-USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
-
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-MAX_REASON_LENGTH = 240
-
-
-def short_reason(text: str) -> str:
-    """A client's error text for logs and results: no colour codes, one line, the end kept
-    (where Python puts the exception message of a long remote traceback)."""
-    flat = " ".join(_ANSI_ESCAPE.sub("", str(text)).split())
-    if len(flat) <= MAX_REASON_LENGTH:
-        return flat
-    return "..." + flat[-MAX_REASON_LENGTH:]
 
 
 def laplace_report_bound(mechanism: LaplaceMechanism) -> float:
@@ -78,14 +64,6 @@ def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
     if not number.is_integer() or number < 0:  # NaN and infinity are not integers
         raise ValueError(f"{key} must be a whole number >= 0, got {number:g}")
     return int(value)
-
-
-@dataclass(frozen=True)
-class RejectedReply:
-    """A reply that was not used, and why."""
-
-    node_id: int
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -159,7 +137,7 @@ class LdpGapAudit:
         Label recorded in the users' ledgers.
     users_by_node : mapping of int to int, optional
         Users each node said it hosts (``num-users`` of its ``query.describe`` reply,
-        :class:`server.orchestration.NodeDescriptions`). A reply accounting for more users
+        :class:`fedparity.server.orchestration.NodeDescriptions`). A reply accounting for more users
         (num-reports + num-refused + num-undefined) is rejected; nodes not in the mapping,
         or no mapping, are not bounded.
     """

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from clients.data import adult_features, load_adult
-from clients.fpfl_data import FPFLShard, synthetic_fpfl_users
-from server.central import CentralConfig, adult_rows, main, torch_threads, train_central
+from fedparity.clients.data import adult_features, load_adult
+from fedparity.clients.fpfl_data import FPFLShard, synthetic_fpfl_users
+from fedparity.server.central import CentralConfig, adult_rows, main, torch_threads, train_central
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.cli import main
+from fedparity.server.cli import main
 
 FEDPARITY = Path(sys.executable).with_name("fedparity")
 

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from clients.app import describe, ldp_audit, load_shard, train_handler
-from clients.task import build_model, get_arrays
-from mechanisms import RandomizedResponseMechanism, randomized_response_epsilon
-from server.config import RunConfig
-from strategies.ldp_audit import AUDIT_MESSAGE_TYPE, LdpGapAudit
+from fedparity.clients.app import describe, ldp_audit, load_shard, train_handler
+from fedparity.clients.config import RunConfig
+from fedparity.clients.task import build_model, get_arrays
+from fedparity.mechanisms import RandomizedResponseMechanism, randomized_response_epsilon
+from fedparity.mechanisms.protocol import AUDIT_MESSAGE_TYPE
+from fedparity.strategies.ldp_audit import LdpGapAudit
 
 RUN_CONFIG = {"users-per-node": 40, "epsilons": "1", "user-budget": 2.5}
 

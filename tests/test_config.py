@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import ConfigError, RunConfig
+from fedparity.clients.config import ConfigError, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def test_federations_command_writes_connections_flower_reads(
 
     from flwr.cli.flower_config import read_superlink_connection
 
-    from server.cli import main
+    from fedparity.server.cli import main
 
     home = tmp_path / "flwr-home"
     home.mkdir()

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.data import (
+from fedparity.clients.data import (
     ADULT_CATEGORICAL,
     ADULT_DIR_ENV,
     ADULT_NUMERIC,
@@ -418,7 +418,7 @@ def test_adult_download_only_when_absent_and_asked(adult_path: Path, tmp_path: P
 
 def test_adult_doctorate_holders_partition_the_rows(adult_path: Path) -> None:
     """Paper 003's split: holder 0 = Doctorate rows, holder 1 = the rest; group = non-White."""
-    from clients.data import adult_holder
+    from fedparity.clients.data import adult_holder
 
     adult = load_adult(adult_path)
     education = adult.test.columns["education"]
@@ -435,7 +435,7 @@ def test_adult_doctorate_holders_partition_the_rows(adult_path: Path) -> None:
 
 
 def test_adult_dirichlet_holders_are_disjoint_complete_and_skewed(adult_path: Path) -> None:
-    from clients.data import adult_holder
+    from fedparity.clients.data import adult_holder
 
     shards = [adult_holder(adult_path, i, 10, "train", seed=3) for i in range(10)]
     assert sum(s.num_samples for s in shards) == 32_561
@@ -448,7 +448,7 @@ def test_adult_dirichlet_holders_are_disjoint_complete_and_skewed(adult_path: Pa
 
 
 def test_synthetic_holder_rows_carry_their_users_group() -> None:
-    from clients.data import synthetic_holder
+    from fedparity.clients.data import synthetic_holder
 
     holder = synthetic_holder(1, 3, "test", rows_per_holder=800)
     shard = synthetic_partition(1, 3, 50, split="test")

@@ -1,4 +1,4 @@
-"""strategies/dp_accounting.py: noise calibration and epsilon spent, against Opacus.
+"""mechanisms/dp_accounting.py: noise calibration and epsilon spent, against Opacus.
 
 Reference values: SPEC 3 (Opacus noise multipliers for epsilon = 2, delta = 1/K, K = 16280,
 Poisson sampling): m = 200, T = 1000: RDP 1.0645, PRV 1.0010; m = 1000, T = 250: RDP 2.1191,
@@ -12,7 +12,7 @@ from opacus.accountants import PRVAccountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
-from strategies.dp_accounting import (
+from fedparity.mechanisms.dp_accounting import (
     EPSILON_TOLERANCE,
     calibrate_noise,
     privacy_spent,

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import (
+from fedparity.mechanisms import (
     EstimationError,
     LaplaceMechanism,
     RandomizedResponseMechanism,
@@ -38,7 +38,7 @@ from mechanisms import (
     grr_frequency_estimate,
     mechanism_for_budget,
 )
-from mechanisms.estimators import estimator_covariance
+from fedparity.mechanisms.estimators import estimator_covariance
 
 REPS = 1200
 CONFIDENCES = (0.95, 0.99)

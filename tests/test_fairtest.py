@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from mechanisms import (
+from fedparity.mechanisms import (
     ClientSummary,
     FairnessReport,
     InsufficientGroupData,
@@ -46,7 +46,7 @@ from mechanisms import (
     stage1_term,
     stage_statistics,
 )
-from mechanisms.fairtest import ROUND1_FIELDS, STAGE1_FIELDS
+from fedparity.mechanisms.fairtest import ROUND1_FIELDS, STAGE1_FIELDS
 
 # --- independent reference formulas -----------------------------------------------------------
 
@@ -933,8 +933,9 @@ def test_mc_harness_applies_the_apps_min_cell_rule() -> None:
     """The Monte Carlo harness leaves a client's metric out exactly when the data holders'
     ``clients.fedevalfair.client_statistics`` does (``fef-min-cell``); an iteration with fewer
     than 2 reporting clients is unavailable; the draws do not depend on the rule."""
-    from clients.data import UserShard
-    from clients.fedevalfair import BLOCKS, client_statistics
+    from fedparity.clients.data import UserShard
+    from fedparity.clients.fedevalfair import client_statistics
+    from fedparity.mechanisms.protocol import BLOCKS
 
     mc = _load_mc_harness()
     rng = np.random.default_rng(7)

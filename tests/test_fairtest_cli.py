@@ -1,6 +1,7 @@
 """``fedparity fairtest``: FedEvalFair from a CSV of per-client summaries (server/cli.py).
 
-The printed and JSON values are checked against the library (:func:`mechanisms.fedevalfair`)
+The printed and JSON values are checked against the library
+(:func:`fedparity.mechanisms.fedevalfair`)
 and, for the headline numbers, against the formulas written out here (Graybill-Deal estimate,
 Cochran's Q with scipy's chi2, W* with scipy's normal).
 """
@@ -17,8 +18,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import ClientSummary, fedevalfair
-from server.cli import main
+from fedparity.mechanisms import ClientSummary, fedevalfair
+from fedparity.server.cli import main
 
 ROWS = [  # client, mean, variance, n (an extra column that the command ignores)
     ("north", 0.012, 4.0e-4, 100),

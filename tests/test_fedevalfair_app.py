@@ -15,8 +15,11 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.simulation import run_simulation
 from scipy import stats
 
-from clients.app import build_client_app, fef_round1, fef_round2, load_shard_for
-from clients.ckks import (
+from fedparity.clients.app import build_client_app, fef_round1, fef_round2, load_shard_for
+from fedparity.clients.config import RunConfig
+from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, holder_predictions
+from fedparity.clients.task import build_model
+from fedparity.mechanisms.ckks import (
     SECRET_CONTEXT_ENV,
     KeyPaths,
     encrypt_vector,
@@ -24,19 +27,15 @@ from clients.ckks import (
     load_secret_context,
     to_array,
 )
-from clients.fedevalfair import (
-    BLOCKS,
-    ROUND1_SIZE,
-    UNABLE_REPLY,
-    bootstrap_seed,
-    client_statistics,
-    holder_predictions,
+from fedparity.mechanisms.fairtest import (
+    client_contribution,
+    fedevalfair,
+    stage1_statistic,
+    stage1_term,
 )
-from clients.task import build_model
-from mechanisms.fairtest import client_contribution, fedevalfair, stage1_statistic, stage1_term
-from server.api import _environment, run_simulation_job
-from server.app import build_server_app
-from server.config import RunConfig
+from fedparity.mechanisms.protocol import BLOCKS, ROUND1_SIZE, UNABLE_REPLY
+from fedparity.server.api import _environment, run_simulation_job
+from fedparity.server.app import build_server_app
 
 try:
     from tests.flower_processes import local_simulation

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from clients.app import fef_round1, fef_round2, fef_round3, load_shard_for
-from clients.ckks import (
+from fedparity.clients.app import fef_round1, fef_round2, fef_round3, load_shard_for
+from fedparity.clients.config import RunConfig
+from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, holder_predictions
+from fedparity.clients.task import build_model, get_arrays, set_arrays
+from fedparity.mechanisms.ckks import (
     NODE_CONFIG_KEY,
     CkksParameters,
     KeyPaths,
@@ -28,18 +31,15 @@ from clients.ckks import (
     load_secret_context,
     to_array,
 )
-from clients.fedevalfair import (
+from fedparity.mechanisms.fairtest import fedevalfair
+from fedparity.mechanisms.protocol import (
     BLOCKS,
+    FEF_KEY,
+    FEF_ROUND_MESSAGE_TYPES,
     ROUND1_SIZE,
     ROUND2_SIZE,
-    bootstrap_seed,
-    client_statistics,
-    holder_predictions,
 )
-from clients.task import build_model, get_arrays, set_arrays
-from mechanisms.fairtest import fedevalfair
-from server.config import RunConfig
-from strategies.fedevalfair import FEF_KEY, ROUND_MESSAGE_TYPES, FedEvalFairProtocol
+from fedparity.strategies.fedevalfair import FedEvalFairProtocol
 
 NUM_HOLDERS = 3
 RUN_CONFIG = {"task": "fedevalfair", "users-per-node": 1500, "fef-resamples": 60}
@@ -69,7 +69,7 @@ def holder_context(partition_id: int, keys: KeyPaths) -> Context:
 
 def request(node_id: int, round_index: int, content: RecordDict) -> Message:
     return Message(
-        content=content, dst_node_id=node_id, message_type=ROUND_MESSAGE_TYPES[round_index]
+        content=content, dst_node_id=node_id, message_type=FEF_ROUND_MESSAGE_TYPES[round_index]
     )
 
 

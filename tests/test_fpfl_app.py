@@ -1,8 +1,8 @@
 """FPFL as a Flower job (real Flower simulations, real masking, real Opacus accountant).
 
 The expected models are recomputed here from the same population, the same seeded cohorts
-(:func:`clients.fpfl_node.round_rng`) and the central statistics
-(:func:`clients.fpfl_task.user_statistics`), independently of the server's recovery path.
+(:func:`fedparity.clients.fpfl_node.round_rng`) and the central statistics
+(:func:`fedparity.clients.fpfl_task.user_statistics`), independently of the server's recovery path.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import pytest
 from flwr.app import Context, Message
 from flwr.simulation import run_simulation
 
-from clients.app import build_client_app, fpfl_round
-from clients.fpfl_node import node_shard, round_rng
-from clients.fpfl_task import (
+from fedparity.clients.app import build_client_app, fpfl_round
+from fedparity.clients.config import RunConfig
+from fedparity.clients.fpfl_node import node_shard, round_rng
+from fedparity.clients.fpfl_task import (
     build_model_for,
     clip_statistics,
     get_flat_parameters,
@@ -26,12 +27,11 @@ from clients.fpfl_task import (
     statistics_layout,
     user_statistics,
 )
-from mechanisms.mmdm import sgd_update
-from server.api import run_simulation_job
-from server.app import build_server_app
-from server.config import RunConfig
-from server.fpfl_job import load_checkpoint
-from strategies.dp_accounting import privacy_spent
+from fedparity.mechanisms.dp_accounting import privacy_spent
+from fedparity.mechanisms.mmdm import sgd_update
+from fedparity.server.api import run_simulation_job
+from fedparity.server.app import build_server_app
+from fedparity.server.fpfl_job import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {

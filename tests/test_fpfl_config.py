@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.fpfl_data import check_groups_present, synthetic_fpfl_users
-from clients.fpfl_node import minimum_survivors
-from server.api import run_simulation_job
-from server.app import run_job
-from server.config import ConfigError, RunConfig
-from server.fpfl_job import cohort_sample_rate
+from fedparity.clients.config import ConfigError, RunConfig
+from fedparity.clients.fpfl_data import check_groups_present, synthetic_fpfl_users
+from fedparity.mechanisms.secure_sum import minimum_survivors
+from fedparity.server.api import run_simulation_job
+from fedparity.server.app import run_job
+from fedparity.server.fpfl_job import cohort_sample_rate
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.data import adult_features, load_adult
-from clients.fpfl_data import (
+from fedparity.clients.data import adult_features, load_adult
+from fedparity.clients.fpfl_data import (
     FPFLShard,
     adult_fpfl_users,
     check_groups_present,

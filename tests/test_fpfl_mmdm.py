@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mechanisms.mmdm import (
+from fedparity.mechanisms.mmdm import (
     AggregateStatistics,
     MMDMConfig,
     evaluate_constraints,

@@ -8,21 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from clients.fpfl_data import synthetic_fpfl_users
-from clients.fpfl_node import (
-    minimum_survivors,
-    node_contribution,
-    node_noise_multiplier,
-    round_rng,
-)
-from clients.fpfl_task import (
+from fedparity.clients.config import RunConfig
+from fedparity.clients.fpfl_data import synthetic_fpfl_users
+from fedparity.clients.fpfl_node import node_contribution, node_noise_multiplier, round_rng
+from fedparity.clients.fpfl_task import (
     build_model_for,
     get_flat_parameters,
     statistics_layout,
     user_statistics,
 )
-from server.config import RunConfig
-from strategies.dp_accounting import calibrate_noise
+from fedparity.mechanisms.dp_accounting import calibrate_noise
+from fedparity.mechanisms.secure_sum import minimum_survivors
 
 CONFIG = RunConfig.from_mapping({"task": "fpfl", "fpfl-algorithm": "fl"})
 

@@ -1,6 +1,7 @@
 """The noise the Flower client path adds (distributed noise, paper 004 Algorithm 1).
 
-Each node adds ``N(0, (C sigma)^2 / n_min)`` (:func:`clients.fpfl_node.noise_share_std`), so the
+Each node adds ``N(0, (C sigma)^2 / n_min)``
+(:func:`fedparity.mechanisms.secure_sum.noise_share_std`), so the
 sum of ``n_min`` shares is ``N(0, (C sigma)^2)``, the noise of Algorithm 1. Checked three ways:
 the formula's value, the empirical std of sums of shares drawn by the node's own code, and
 ``clients.app.fpfl_round`` (the handler Flower calls) adding exactly those draws.
@@ -14,21 +15,21 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from clients.app import fpfl_round
-from clients.fpfl_data import synthetic_fpfl_users
-from clients.fpfl_node import (
-    minimum_survivors,
+from fedparity.clients.app import fpfl_round
+from fedparity.clients.config import RunConfig
+from fedparity.clients.fpfl_data import synthetic_fpfl_users
+from fedparity.clients.fpfl_node import (
     node_contribution,
     node_noise_multiplier,
     node_noise_share_std,
     node_shard,
-    noise_share_std,
     round_rng,
 )
-from clients.fpfl_task import build_model_for, get_flat_parameters
-from server.config import RunConfig
-from strategies.dp_accounting import calibrate_noise
-from strategies.fpfl import FPFL_KEY, FPFLProtocol
+from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters
+from fedparity.mechanisms.dp_accounting import calibrate_noise
+from fedparity.mechanisms.protocol import FPFL_KEY
+from fedparity.mechanisms.secure_sum import minimum_survivors, noise_share_std
+from fedparity.strategies.fpfl import FPFLProtocol
 
 #: pfl with distributed noise; 4 nodes and dropout tolerance 0.25 give n_min = 3.
 PRIVATE = {
@@ -83,12 +84,16 @@ def test_node_rule_uses_the_nodes_own_sigma_and_n_min() -> None:
     assert node_noise_share_std(clip_only, POPULATION, NUM_NODES) == 0.0
     protocol = FPFLProtocol(
         None,  # type: ignore[arg-type]  # no message is sent
-        config,
         node_ids=list(range(1, NUM_NODES + 1)),
         vector_size=10,
         population_size=POPULATION,
         max_node_users=50,
         noise_multiplier=sigma,
+        clipping_bound=config.fpfl_clipping_bound,
+        masking=True,
+        distributed_noise=True,
+        dropout_tolerance=config.fpfl_dropout_tolerance,
+        reply_timeout=config.reply_timeout,
     )
     assert protocol.noise_share_std() == node_noise_share_std(config, POPULATION, NUM_NODES)
 

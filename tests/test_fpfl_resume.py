@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.api import run_simulation_job
-from server.config import RunConfig
-from server.fpfl_job import (
+from fedparity.clients.config import RunConfig
+from fedparity.mechanisms.dp_accounting import privacy_spent
+from fedparity.server.api import run_simulation_job
+from fedparity.server.fpfl_job import (
     RELEASE_LEDGER,
     ReleaseLedger,
     _resumed_releases,
@@ -25,8 +26,7 @@ from server.fpfl_job import (
     read_release_ledger,
     write_release_ledger,
 )
-from strategies.dp_accounting import privacy_spent
-from strategies.fpfl import FPFLProtocol
+from fedparity.strategies.fpfl import FPFLProtocol
 
 SMALL = {
     "task": "fpfl",

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from clients.fpfl_data import FPFLShard, synthetic_fpfl_users
-from clients.fpfl_task import (
+from fedparity.clients.fpfl_data import FPFLShard, synthetic_fpfl_users
+from fedparity.clients.fpfl_task import (
     build_cnn,
     build_fpfl_model,
     build_mlp,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechanisms import (
+from fedparity.mechanisms import (
     LaplaceMechanism,
     PrivacyBudgetExceeded,
     PrivacyLedger,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.fpfl_data import FPFLShard, synthetic_fpfl_users
-from clients.fpfl_task import (
+from fedparity.clients.fpfl_data import FPFLShard, synthetic_fpfl_users
+from fedparity.clients.fpfl_task import (
     build_fpfl_model,
     constraint_mask,
     get_flat_parameters,
@@ -21,7 +21,7 @@ from clients.fpfl_task import (
     statistics_layout,
     user_statistics,
 )
-from mechanisms.mmdm import (
+from fedparity.mechanisms.mmdm import (
     AggregateStatistics,
     CohortMetrics,
     MMDMConfig,

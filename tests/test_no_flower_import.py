@@ -1,4 +1,7 @@
-"""mechanisms/ is pure numpy/scipy (SPEC 4): no Flower, torch or TenSEAL import."""
+"""fedparity.mechanisms is pure numpy/scipy: importing it loads no Flower, torch or TenSEAL.
+
+Two modules use heavy libraries in their functions only (``dp_accounting``: Opacus;
+``ckks``: TenSEAL) and import them there, so importing the package stays light."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mechanisms
+import fedparity.mechanisms as mechanisms
 
 HEAVY = ("flwr", "torch", "tenseal")
 PACKAGE_DIR = Path(mechanisms.__file__).resolve().parent
@@ -16,8 +19,10 @@ FLOWER_IMPORT = re.compile(r"^\s*(import\s+flwr\b|from\s+flwr\b)", re.MULTILINE)
 
 PROBE = """
 import importlib, json, pkgutil, sys
-import mechanisms
-names = sorted(m.name for m in pkgutil.walk_packages(mechanisms.__path__, "mechanisms."))
+import fedparity.mechanisms as mechanisms
+names = sorted(
+    m.name for m in pkgutil.walk_packages(mechanisms.__path__, "fedparity.mechanisms.")
+)
 for name in names:
     importlib.import_module(name)
 heavy = sorted(k for k in sys.modules if k.split(".")[0] in {heavy!r})
@@ -35,7 +40,9 @@ def test_importing_every_mechanisms_module_leaves_heavy_packages_out() -> None:
     )
     report = json.loads(result.stdout.strip().splitlines()[-1])
     expected = {
-        f"mechanisms.{path.stem}" for path in PACKAGE_DIR.glob("*.py") if path.stem != "__init__"
+        f"fedparity.mechanisms.{path.stem}"
+        for path in PACKAGE_DIR.glob("*.py")
+        if path.stem != "__init__"
     }
     assert expected <= set(report["modules"])  # every module was really imported
     assert report["heavy"] == []

@@ -15,12 +15,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from mechanisms.planner import (
-    error_bound,
-    minimum_epsilon,
-    paper_table1_cell,
-    table1,
-)
+from fedparity.mechanisms.planner import error_bound, minimum_epsilon, paper_table1_cell, table1
 
 CLIENTS = (10**5, 10**6, 10**7, 10**8, 10**9)
 ALPHAS = (0.1, 0.01, 0.001)

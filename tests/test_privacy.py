@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms import (
+from fedparity.mechanisms import (
     LaplaceMechanism,
     RandomizedResponseMechanism,
     UnboundedPrivacyLossError,
@@ -23,7 +23,7 @@ from mechanisms import (
     randomized_response_epsilon,
     true_epsilon,
 )
-from mechanisms.calibration import gap_variance_factor
+from fedparity.mechanisms.calibration import gap_variance_factor
 
 GROUPS = (2, 3, 5)
 SPLITS = ((0.1, 2.0), (1.0, 1.0), (2.0, 0.5), (3.0, 3.0), (0.01, 0.01), (5.0, 0.2))

@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from mechanisms import LaplaceMechanism, RandomizedResponseMechanism, ReportSummary
-from strategies.ldp_audit import (
+from fedparity.mechanisms import LaplaceMechanism, RandomizedResponseMechanism, ReportSummary
+from fedparity.mechanisms.protocol import (
     AUDIT_MESSAGE_TYPE,
     GROUPS_KEY,
     METRICS_KEY,
     REPORTS_KEY,
     VALUES_KEY,
-    LdpGapAudit,
-    laplace_report_bound,
 )
-from strategies.robust_fedavg import RobustFedAvg
+from fedparity.strategies.ldp_audit import LdpGapAudit, laplace_report_bound
+from fedparity.strategies.robust_fedavg import RobustFedAvg
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

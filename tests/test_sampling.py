@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import (
+from fedparity.mechanisms import (
     LaplaceMechanism,
     RandomizedResponseMechanism,
     ReportSummary,

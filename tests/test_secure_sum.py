@@ -1,4 +1,4 @@
-"""strategies/secure_sum.py: pairwise-masking secure sum, with real X25519/HKDF/ChaCha20.
+"""mechanisms/secure_sum.py: pairwise-masking secure sum, with real X25519/HKDF/ChaCha20.
 
 Keys come from seeded private bytes, so every test is deterministic. Bounds: a sum of ``n``
 encodings decodes to the exact real sum within ``n * 0.5 * step`` (round half to even, and
@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from strategies.secure_sum import (
+from fedparity.mechanisms.secure_sum import (
     KEY_BYTES,
     MAX_MASKING_NODES,
     FixedPointCodec,
@@ -459,7 +459,7 @@ def test_id_tables_and_masked_vectors_survive_flower_arrays() -> None:
 
 def test_module_imports_no_flower() -> None:
     probe = (
-        "import json, sys; import strategies.secure_sum; "
+        "import json, sys; import fedparity.mechanisms.secure_sum; "
         "print(json.dumps(sorted(k for k in sys.modules if k.split('.')[0] == 'flwr')))"
     )
     result = subprocess.run(

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from clients.data import ADULT_DIR_ENV, UserShard, adult_partition, concat_shards
-from clients.data import synthetic_partition as synthetic
-from clients.task import (
+from fedparity.clients.data import ADULT_DIR_ENV, UserShard, adult_partition, concat_shards
+from fedparity.clients.data import synthetic_partition as synthetic
+from fedparity.clients.task import (
     METRIC_NAMES,
     UserMetrics,
     build_model,

@@ -12,8 +12,8 @@ import time
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from clients import app as real
-from server.config import RunConfig
+from fedparity.clients import app as real
+from fedparity.clients.config import RunConfig
 
 
 def faulty_audit(msg: Message, context: Context, config: RunConfig) -> Message:

@@ -92,7 +92,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from mechanisms._validation import check_int_at_least, check_positive_finite
+from ._validation import check_int_at_least, check_positive_finite
 
 __all__ = [
     "KEY_BYTES",
@@ -573,3 +573,54 @@ def decode_id_table(array: np.ndarray) -> dict[int, bytes]:
     if len(table) != array.shape[0]:
         raise ValueError("array must hold distinct node ids")
     return table
+
+
+# -- distributed noise ------------------------------------------------------------------
+
+
+def minimum_survivors(num_nodes: int, dropout_tolerance: float) -> int:
+    """``n_min = ceil((1 - rho) n)`` (at least 1): the fewest nodes whose noise shares still
+    add up to the full noise of Algorithm 1."""
+    if num_nodes < 1:
+        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+    if not 0.0 <= dropout_tolerance < 1.0:
+        raise ValueError(f"dropout_tolerance must be in [0, 1), got {dropout_tolerance!r}")
+    return max(1, math.ceil((1.0 - dropout_tolerance) * num_nodes - 1e-9))
+
+
+def noise_share_std(clipping_bound: float, noise_multiplier: float, min_contributors: int) -> float:
+    """Std of one node's Gaussian noise share (distributed noise):
+    ``C sigma / sqrt(n_min)``.
+
+    Algorithm 1 of paper 004 adds ``N(0, C^2 sigma^2 I)`` to the cohort's sum. Independent
+    Gaussian shares add their variances, so any ``k >= n_min`` shares of variance
+    ``C^2 sigma^2 / n_min`` sum to ``N(0, k C^2 sigma^2 / n_min)``, at least the noise of
+    Algorithm 1 (exactly it for ``k = n_min``; over-provisioned by ``k / n_min`` otherwise).
+    Source: the noise of Algorithm 1 (SPEC 3) and the additivity of independent Gaussian
+    variances; the secure sum (this module) refuses to open a sum of fewer
+    than ``n_min`` shares.
+
+    Parameters
+    ----------
+    clipping_bound : float
+        ``C`` (> 0), the per-user L2 bound.
+    noise_multiplier : float
+        ``sigma`` (>= 0), from the accountant.
+    min_contributors : int
+        ``n_min`` (>= 1), the fewest shares a readable sum can hold
+        (:func:`minimum_survivors`).
+
+    Examples
+    --------
+    >>> noise_share_std(2.0, 1.5, 4)
+    1.5
+    """
+    if not math.isfinite(clipping_bound) or clipping_bound <= 0:
+        raise ValueError(f"clipping_bound must be a finite number > 0, got {clipping_bound!r}")
+    if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+    if isinstance(min_contributors, bool) or not isinstance(min_contributors, int):
+        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
+    if min_contributors < 1:
+        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
+    return clipping_bound * noise_multiplier / math.sqrt(min_contributors)

@@ -32,10 +32,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from opacus.accountants import PRVAccountant, RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
-
-from mechanisms._validation import (
+from ._validation import (
     check_choice,
     check_epsilon,
     check_int_at_least,
@@ -172,6 +169,9 @@ def privacy_spent(
     steps = check_int_at_least("steps", steps, 0)
     if steps == 0:
         return PrivacySpent(0.0, delta, 0, noise_multiplier, rate, accountant)
+    # Opacus (and with it torch) is imported only here, so the module imports without them.
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
     history = [(noise_multiplier, rate, steps)]
     if accountant == "prv":
         prv = PRVAccountant()
@@ -226,6 +226,8 @@ def calibrate_noise(
     delta, rate, accountant = _check_common(delta, rate, accountant)
     steps = check_int_at_least("steps", steps, 1)
     epsilon_tolerance = check_positive_finite("epsilon_tolerance", epsilon_tolerance)
+    from opacus.accountants.utils import get_noise_multiplier  # lazily, as in privacy_spent
+
     with warnings.catch_warnings():
         # Opacus warns about the RDP order grid while bisecting through huge sigmas; the
         # final sigma's order is reported in ``achieved.order_at_edge``.

@@ -15,10 +15,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from clients.data import DATASETS
-from clients.task import METRIC_NAMES
-from mechanisms.accounting import BUDGET_TOLERANCE
-from mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
+from ..mechanisms.accounting import BUDGET_TOLERANCE
+from ..mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
+from .data import DATASETS
+from .task import METRIC_NAMES
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl")
 #: The six algorithms of paper 004, Table 2: (MMDM?, clip?, noise?).

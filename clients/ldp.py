@@ -1,0 +1,223 @@
+"""The LDP gap audit on a node, as a handler for your own Flower ``ClientApp``.
+
+The server's :class:`~fedparity.strategies.ldp_audit.LdpGapAudit` sends the model and the
+audit's public parameters (``query.ldp_audit``); the node evaluates the model per local user
+with *your* function, perturbs every user's (group, metric) pair with the requested mechanism
+and replies with the perturbed pairs only (Juarez and Korolova, "You Can't Hide Behind Your
+Headset: User Profiling in Augmented and Virtual Reality", 2023: mechanisms M_R and M_L).
+
+Register it on your app::
+
+    from fedparity.clients import LocalUsers, ldp_audit_handler
+
+    def my_users(arrays, metric, context):
+        model = load_my_model(arrays)  # your model, your data
+        return LocalUsers.from_rows(groups=..., labels=..., predictions=..., metric=metric)
+
+    app.query("ldp_audit")(ldp_audit_handler(my_users, user_budget=10.0, num_groups=2))
+
+Privacy on the node: the mechanism is rebuilt from its public parameters and its *true*
+epsilon is recomputed here; users whose ledger cannot afford it refuse. The perturbation
+randomness comes from the operating system, never from a seed the server could know.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common import log
+from numpy.typing import ArrayLike, NDArray
+
+from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
+from ..mechanisms.accounting import BUDGET_TOLERANCE
+from ..mechanisms.metrics import user_rates
+from ..mechanisms.protocol import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
+
+__all__ = ["LEDGER_STATE_KEY", "LedgerPathFn", "LocalUsers", "LocalUsersFn", "ldp_audit_handler"]
+
+#: Node run-state record of the ledger when no ledger file is configured.
+LEDGER_STATE_KEY = "ldp-ledger"
+#: Node config key of the folder of a persistent ledger (set by whoever starts the SuperNode).
+LEDGER_DIR_NODE_KEY = "ledger-dir"
+
+
+@dataclass(frozen=True)
+class LocalUsers:
+    """The node's users for one audit: each user's protected group and metric value.
+
+    ``metrics`` are in [0, 1], NaN where the metric is undefined for the user (e.g. TPR
+    without positives).
+    """
+
+    groups: NDArray[np.int64]
+    metrics: NDArray[np.float64]
+
+    def __post_init__(self) -> None:
+        groups = np.asarray(self.groups)
+        metrics = np.asarray(self.metrics, dtype=np.float64)
+        if groups.ndim != 1 or (groups.size and not np.issubdtype(groups.dtype, np.integer)):
+            raise ValueError("groups must be a 1-d integer array (one group per user)")
+        if metrics.shape != groups.shape:
+            raise ValueError(
+                f"metrics must have one value per user ({groups.shape}), got {metrics.shape}"
+            )
+        finite = metrics[np.isfinite(metrics)]
+        if np.isinf(metrics).any() or ((finite < 0) | (finite > 1)).any():
+            raise ValueError("metrics must be in [0, 1] (NaN where undefined)")
+        object.__setattr__(self, "groups", groups.astype(np.int64))
+        object.__setattr__(self, "metrics", metrics)
+
+    @property
+    def num_users(self) -> int:
+        return int(self.groups.size)
+
+    @classmethod
+    def from_rows(
+        cls,
+        *,
+        groups: ArrayLike,
+        labels: ArrayLike,
+        predictions: ArrayLike,
+        metric: str,
+        user_ids: ArrayLike | None = None,
+    ) -> LocalUsers:
+        """Users from prediction rows: each row's protected group, label, prediction and (on a
+        node with several users) user id. Without ``user_ids`` every row is the one user's
+        (a device with one user). A user's rows must share one group."""
+        row_groups = np.asarray(groups)
+        ids = np.zeros(row_groups.shape, dtype=np.int64) if user_ids is None else user_ids
+        unique, index = np.unique(np.asarray(ids), return_inverse=True)
+        index = index.reshape(-1)
+        if row_groups.shape != index.shape:
+            raise ValueError(f"groups must have one value per row ({index.shape})")
+        if row_groups.size == 0:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros(0))
+        user_groups = np.zeros(unique.size, dtype=row_groups.dtype)
+        user_groups[index] = row_groups
+        if (user_groups[index] != row_groups).any():
+            raise ValueError("a user's rows must all have the same protected group")
+        rates = user_rates(index, labels, predictions, int(unique.size))
+        return cls(user_groups.astype(np.int64), rates.metric(metric))
+
+
+#: ``local_users(arrays, metric, context)``: the node's users evaluated on the received model.
+LocalUsersFn = Callable[[ArrayRecord, str, Context], LocalUsers]
+#: ``ledger_path(context)``: where this node keeps its persistent ledger (None: run state).
+LedgerPathFn = Callable[[Context], "Path | None"]
+
+
+def default_ledger_path(context: Context) -> Path | None:
+    """``<ledger-dir>/ldp-ledger.npz`` when the node config names a ``ledger-dir``."""
+    folder = context.node_config.get(LEDGER_DIR_NODE_KEY)
+    return Path(os.fspath(str(folder))) / "ldp-ledger.npz" if folder else None
+
+
+def _ledger(context: Context, path: Path | None, budget: float, num_users: int) -> ShardLedger:
+    if path is not None:
+        return ShardLedger.load_or_create(path, budget, num_users)
+    if LEDGER_STATE_KEY in context.state.array_records:
+        spent = context.state.array_records[LEDGER_STATE_KEY]["spent"].numpy()
+        if spent.shape == (num_users,):
+            return ShardLedger(budget, num_users, spent.astype(np.float64))
+    return ShardLedger(budget, num_users)
+
+
+def ldp_audit_handler(
+    local_users: LocalUsersFn,
+    *,
+    user_budget: float,
+    num_groups: int,
+    ledger_path: LedgerPathFn = default_ledger_path,
+) -> Callable[[Message, Context], Message]:
+    """A ``query.ldp_audit`` handler around your evaluation function.
+
+    Parameters
+    ----------
+    local_users : callable
+        ``local_users(arrays, metric, context) -> LocalUsers``: for the received model
+        (``arrays``, the audit's ArrayRecord) each local user's group and value of ``metric``
+        (``"accuracy"``, ``"tpr"``, ``"fpr"`` or ``"fnr"``).
+    user_budget : float
+        Each user's lifetime LDP budget (epsilon, basic composition) on this node.
+    num_groups : int
+        Protected groups on this node; an audit for another number is refused.
+    ledger_path : callable, optional
+        Where the node's ledger persists across runs (default: ``ledger.npz`` under the node
+        config's ``ledger-dir``; without one, the ledger lasts one run).
+    """
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 2:
+        raise ValueError(f"num_groups must be an integer >= 2, got {num_groups!r}")
+    if not (isinstance(user_budget, (int, float)) and 0 < float(user_budget) < float("inf")):
+        raise ValueError(f"user_budget must be a finite number > 0, got {user_budget!r}")
+    budget_per_user = float(user_budget)
+
+    def handle(msg: Message, context: Context) -> Message:
+        audit = msg.content["config"]
+        requested_groups = int(audit["num-groups"])
+        if requested_groups != num_groups:
+            raise ValueError(
+                f"audit asks for {requested_groups} groups, this node has {num_groups}"
+            )
+        mechanism = build_mechanism(
+            str(audit["mechanism"]),  # type: ignore[arg-type]
+            float(audit["epsilon-group"]),
+            float(audit["epsilon-value"]),
+            num_groups,
+        )
+        budget = float(audit["budget"])
+        if mechanism.epsilon > budget + BUDGET_TOLERANCE:
+            raise ValueError(
+                f"refusing: the requested mechanism's true epsilon {mechanism.epsilon:.6g} "
+                f"exceeds the audit budget {budget:g}"
+            )
+        users = local_users(msg.content["arrays"], str(audit["metric"]), context)
+        if not isinstance(users, LocalUsers):
+            raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
+        if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):
+            raise ValueError(f"a user's group is outside [0, {num_groups})")
+        groups = np.zeros(0, dtype=np.int64)
+        values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
+        refused = undefined = 0
+        if users.num_users:
+            defined = np.isfinite(users.metrics)
+            undefined = int((~defined).sum())
+            path = ledger_path(context)
+            ledger = _ledger(context, path, budget_per_user, users.num_users)
+            answering = ledger.spend(mechanism.epsilon, defined)
+            refused = int((defined & ~answering).sum())
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                ledger.save(path)
+            else:
+                context.state.array_records[LEDGER_STATE_KEY] = ArrayRecord(
+                    {"spent": Array(ledger.spent)}
+                )
+            rng = np.random.default_rng()  # OS entropy: never a server-known seed
+            reports = mechanism.perturb(
+                users.groups[answering], metric_to_value(users.metrics[answering]), rng
+            )
+            groups, values = reports.groups, reports.values
+        if refused:
+            log(logging.INFO, "ldp_audit: %d user(s) refused (privacy budget)", refused)
+        content = RecordDict(
+            {
+                REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),
+                METRICS_KEY: MetricRecord(
+                    {
+                        "num-reports": int(groups.size),
+                        "num-refused": refused,
+                        "num-undefined": undefined,
+                        "epsilon-charged": float(mechanism.epsilon),
+                    }
+                ),
+            }
+        )
+        return Message(content=content, reply_to=msg)
+
+    return handle

@@ -1,0 +1,84 @@
+"""Wire names and sizes shared by the Flower handlers (``clients``) and strategies.
+
+The message types, record keys and FedEvalFair vector layouts that both ends of each
+protocol must agree on. Pure constants (no Flower import), so that a client never imports a
+server strategy and a strategy never imports a client module.
+"""
+
+from __future__ import annotations
+
+from .fairtest import ROUND1_FIELDS, STAGE1_FIELDS
+
+__all__ = [
+    "AUDIT_MESSAGE_TYPE",
+    "BLOCKS",
+    "BLOCK_WIDTH",
+    "CONTRIBUTION_SIZE",
+    "CORRUPT_SUM_MARKER",
+    "FEF_KEY",
+    "FEF_ROUND_MESSAGE_TYPES",
+    "FPFL_KEY",
+    "FPFL_REVEAL_MESSAGE_TYPE",
+    "FPFL_ROUND_MESSAGE_TYPE",
+    "FPFL_SETUP_MESSAGE_TYPE",
+    "GROUPS_KEY",
+    "METRICS_KEY",
+    "RELEASE_SIZE",
+    "RELEASE_WIDTH",
+    "REPORTS_KEY",
+    "ROUND1_SIZE",
+    "ROUND2_SIZE",
+    "STAGE1_WIDTH",
+    "UNABLE_MARKER",
+    "UNABLE_REPLY",
+    "USER_COUNT_KEYS",
+    "VALUES_KEY",
+]
+
+# -- LDP gap audit ---------------------------------------------------------------------------
+
+#: Message type of an audit; a ClientApp handles it with ``@app.query("ldp_audit")``.
+AUDIT_MESSAGE_TYPE = "query.ldp_audit"
+#: Record keys of an audit reply.
+REPORTS_KEY = "reports"
+GROUPS_KEY = "groups"
+VALUES_KEY = "values"
+METRICS_KEY = "metrics"
+#: Per-user counts a reply carries: every user of the node is exactly one of these.
+USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
+
+# -- FedEvalFair -----------------------------------------------------------------------------
+
+FEF_KEY = "fef"
+#: The three rounds, handled with ``@app.query("fef_round1")`` and so on.
+FEF_ROUND_MESSAGE_TYPES = ("query.fef_round1", "query.fef_round2", "query.fef_round3")
+#: (metric, mode) of each block, in message order.
+BLOCKS: tuple[tuple[str, str], ...] = (
+    ("dp", "calibrated"),
+    ("dp", "paper"),
+    ("eo", "calibrated"),
+    ("eo", "paper"),
+)
+BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, count]
+STAGE1_WIDTH = len(STAGE1_FIELDS)
+CONTRIBUTION_SIZE = len(BLOCKS) * BLOCK_WIDTH
+ROUND1_SIZE = CONTRIBUTION_SIZE + 1
+ROUND2_SIZE = len(BLOCKS) * STAGE1_WIDTH + CONTRIBUTION_SIZE + 1
+RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 statistic, the block's contribution sums]
+RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
+#: Error-reply markers the server sorts replies by.
+UNABLE_MARKER = "cannot take part"
+CORRUPT_SUM_MARKER = "encrypted sum is corrupt"
+#: What a node that cannot take part tells the server: a fixed sentence, no counts (its
+#: detailed reason, with cell counts, stays in the node's own log).
+UNABLE_REPLY = (
+    f"{UNABLE_MARKER}: no metric can be bootstrapped on this node's test set "
+    "(a group or a prediction is missing, or one is below fef-min-cell rows)"
+)
+
+# -- FPFL ------------------------------------------------------------------------------------
+
+FPFL_KEY = "fpfl"
+FPFL_SETUP_MESSAGE_TYPE = "query.fpfl_setup"
+FPFL_ROUND_MESSAGE_TYPE = "query.fpfl_round"
+FPFL_REVEAL_MESSAGE_TYPE = "query.fpfl_reveal"

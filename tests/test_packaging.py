@@ -1,0 +1,105 @@
+"""What ``pip install fedparity`` and the Flower app bundle contain.
+
+The distribution provides ``fedparity.{mechanisms,clients,strategies,server}`` and no
+top-level ``clients``/``server``/``strategies``/``mechanisms`` (which pip would silently
+overwrite, and which a flat Flower app's own ``server.py`` would shadow). The app bundle
+(FAB) leaves the tests and benchmarks out.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+from flwr.cli.build import build_fab_from_disk
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("mechanisms", "clients", "strategies", "server")
+
+
+@pytest.fixture(scope="module")
+def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The file names in a wheel built from a copy of the sources (the checkout stays clean)."""
+    source = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    for layer in LAYERS:
+        shutil.copytree(REPO_ROOT / layer, source / layer)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(out), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = out.glob("fedparity-*.whl")
+    return zipfile.ZipFile(wheel).namelist()
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_one_namespace_and_no_generic_top_level_package(
+    wheel_names: list[str],
+) -> None:
+    tops = {name.split("/")[0] for name in wheel_names}
+    assert tops == {"fedparity", *(n for n in tops if n.endswith(".dist-info"))}
+    assert not tops & set(LAYERS)
+    for layer in LAYERS:
+        assert f"fedparity/{layer}/__init__.py" in wheel_names
+        assert f"fedparity/{layer}/py.typed" in wheel_names
+    assert "fedparity/clients/app.py" in wheel_names
+    assert "fedparity/server/app.py" in wheel_names
+    assert not any(n.startswith(("tests/", "benchmarks/", "fedparity/tests")) for n in wheel_names)
+
+
+def test_a_flat_flower_app_with_its_own_server_module_can_import_fedparity(
+    tmp_path: Path,
+) -> None:
+    # The user's app in the flat layout of Flower's examples: its own server.py and client.py
+    # first on sys.path, as `flwr run` puts the app folder at sys.path[0]. Before the
+    # namespace, fedparity's ClientApp imported `server.config` and got the user's module
+    # ("'server' is not a package").
+    (tmp_path / "server.py").write_text("NAME = 'the user server module'\n")
+    (tmp_path / "client.py").write_text("NAME = 'the user client module'\n")
+    (tmp_path / "clients.py").write_text("NAME = 'a user module named clients'\n")
+    probe = textwrap.dedent(
+        """
+        import server, client, clients
+        import fedparity.clients.app
+        import fedparity.server.app
+        import fedparity.strategies.fpfl
+        assert server.NAME == 'the user server module'
+        assert clients.NAME == 'a user module named clients'
+        print(fedparity.server.app.__name__, fedparity.clients.app.app.__class__.__name__)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["fedparity.server.app", "ClientApp"]
+
+
+def test_the_app_bundle_leaves_out_tests_and_benchmarks() -> None:
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(REPO_ROOT))).namelist()
+    assert "clients/app.py" in names and "server/app.py" in names
+    assert any(n.startswith("configs/") for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+
+
+def test_the_app_components_and_the_cli_name_the_namespace() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    components = project["tool"]["flwr"]["app"]["components"]
+    assert components == {
+        "serverapp": "fedparity.server.app:app",
+        "clientapp": "fedparity.clients.app:app",
+    }
+    assert project["project"]["scripts"]["fedparity"] == "fedparity.server.cli:main"
