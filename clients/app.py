@@ -17,7 +17,6 @@ in the run config: a seed known to the server would let it undo the perturbation
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -30,20 +29,12 @@ from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from ..mechanisms.ckks import (
-    encrypt_vector,
-    from_array,
-    load_secret_context,
     secret_context_path,
-    to_array,
 )
 from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.protocol import (
-    FEF_KEY,
     FPFL_KEY,
     METRICS_KEY,
-    RELEASE_SIZE,
-    ROUND1_SIZE,
-    ROUND2_SIZE,
     UNABLE_REPLY,
 )
 from ..mechanisms.secure_sum import (
@@ -57,12 +48,12 @@ from ..mechanisms.secure_sum import (
 from .config import RunConfig
 from .data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
 from .fedevalfair import (
-    ClientStatistics,
     holder_statistics,
-    open_sum,
-    release_vector,
-    round1_vector,
-    round2_vector,
+)
+from .fedevalfair_handlers import (
+    fedevalfair_handlers,
+    load_secret_context_cached,
+    round1_reply,
 )
 from .fpfl_node import node_contribution, node_noise_share_std, node_shard, round_rng
 from .ldp import LEDGER_DIR_NODE_KEY, LocalUsers, ldp_audit_handler
@@ -220,28 +211,28 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
 
 # --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
 
-FEF_STATE_KEY = "fef-statistics"
-
-
-@functools.lru_cache(maxsize=4)
-def _secret_context(path: str):  # noqa: ANN202 - a tenseal.Context
-    return load_secret_context(path)
-
-
-def _node_secret_context(context: Context):  # noqa: ANN202
+def _node_secret_context_path(context: Context) -> Path:
     """The key holder's secret context, from node config ``fef-secret-context`` or
     ``$FEDPARITY_SECRET_CONTEXT`` -- never from the server."""
-    return _secret_context(str(secret_context_path(context.node_config, os.environ)))
+    return secret_context_path(context.node_config, os.environ)
 
 
-def _ciphertext_reply(msg: Message, payload: bytes) -> Message:
-    record = ArrayRecord({"ciphertext": Array(to_array(payload))})
-    return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
+def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], Message]]:
+    """Rounds 2 and 3: the library's handlers with the run's fef-mu0 and fef-tolerance."""
+    return fedevalfair_handlers(
+        None,
+        secret_context=_node_secret_context_path,
+        num_resamples=config.fef_resamples,
+        min_cell_count=config.fef_min_cell,
+        mu0=config.fef_mu0,
+        tolerance=config.fef_tolerance,
+    )
 
 
 def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Bootstrap dp/eo on the holder's test set; reply with one ciphertext."""
-    secret = _node_secret_context(context)
+    """Bootstrap dp/eo on the holder's test set (seeded, so the simulation harness recomputes
+    the same statistics); reply with one ciphertext."""
+    secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
     model = _model_for(shard, msg.content["arrays"], config.seed)
@@ -259,51 +250,19 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
         # The detailed reason holds this node's cell counts: it stays in the node's log.
         log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
         raise InsufficientGroupData(UNABLE_REPLY) from None
-    context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
-        {"summaries": Array(statistics.to_array())}
+    return round1_reply(
+        msg, context, statistics, secret, mu0=config.fef_mu0, tolerance=config.fef_tolerance
     )
-    return _ciphertext_reply(
-        msg, encrypt_vector(secret, round1_vector(statistics, **_fef_null_values(config)))
-    )
-
-
-def _fef_null_values(config: RunConfig) -> dict[str, float | None]:
-    """The run's fef-mu0 and fef-tolerance: the standard errors at them go into round 1."""
-    return {"mu0": config.fef_mu0, "tolerance": config.fef_tolerance}
 
 
 def fef_round2(msg: Message, context: Context, config: RunConfig) -> Message:
     """Decrypt the round-1 sum, add this client's stage-1 terms; one ciphertext back."""
-    secret = _node_secret_context(context)
-    record = msg.content.array_records[FEF_KEY]
-    counts = msg.content.config_records["config"]
-    round1_sum = open_sum(
-        secret, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
-    )
-    if FEF_STATE_KEY not in context.state.array_records:
-        raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
-    statistics = ClientStatistics.from_array(
-        context.state.array_records[FEF_STATE_KEY]["summaries"].numpy()
-    )
-    vector = round2_vector(statistics, round1_sum, **_fef_null_values(config))
-    return _ciphertext_reply(msg, encrypt_vector(secret, vector))
+    return _fef_handlers(config)["fef_round2"](msg, context)
 
 
 def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
     """Key holder: decrypt both sums, release the aggregate statistics (plaintext)."""
-    secret = _node_secret_context(context)
-    record = msg.content.array_records[FEF_KEY]
-    counts = msg.content.config_records["config"]
-    round1_sum = open_sum(
-        secret, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
-    )
-    round2_sum = open_sum(
-        secret, from_array(record["round2-sum"].numpy()), ROUND2_SIZE, int(counts["round2-count"])
-    )
-    released = release_vector(round1_sum, round2_sum)
-    assert released.size == RELEASE_SIZE
-    reply = ArrayRecord({"release": Array(released)})
-    return Message(content=RecordDict({FEF_KEY: reply}), reply_to=msg)
+    return _fef_handlers(config)["fef_round3"](msg, context)
 
 
 # --- FPFL (task = "fpfl"): one masked sum per round (paper 004, Algorithm 1) ---------------

@@ -143,6 +143,27 @@ def client_statistics(
     rng: np.random.Generator,
     min_cell_count: int,
 ) -> ClientStatistics:
+    """:func:`rows_statistics` of a :class:`~fedparity.clients.data.UserShard` (every row's
+    group is its user's group)."""
+    return rows_statistics(
+        shard.labels,
+        predictions,
+        shard.user_groups[shard.user_index],
+        num_resamples=num_resamples,
+        rng=rng,
+        min_cell_count=min_cell_count,
+    )
+
+
+def rows_statistics(
+    labels: np.ndarray,
+    predictions: np.ndarray,
+    groups: np.ndarray,
+    *,
+    num_resamples: int,
+    rng: np.random.Generator,
+    min_cell_count: int,
+) -> ClientStatistics:
     """Bootstrap dp and eo on the holder's test set; summaries for both modes.
 
     A metric whose smallest margin (:attr:`BootstrapDisparity.smallest_margin`: the two group
@@ -154,7 +175,6 @@ def client_statistics(
     "fef-min-cell").
     Raises InsufficientGroupData when no block can be computed (the client cannot take part).
     """
-    groups = shard.user_groups[shard.user_index]
     summaries: list[ClientSummary | None] = []
     reasons: list[str] = []
     bootstraps: list[BootstrapDisparity | None] = []
@@ -163,7 +183,7 @@ def client_statistics(
         try:
             boot = bootstrap_disparity(
                 predictions,
-                shard.labels,
+                labels,
                 groups,
                 metric=metric,
                 num_resamples=num_resamples,

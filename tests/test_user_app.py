@@ -1,0 +1,137 @@
+"""A user's own Flower app (``tests/user_app``: flat layout, its own model and data files)
+adds fedparity's LDP audit and FedEvalFair test through the public API, and runs through
+``flwr run`` on the simulation engine.
+
+The nodes' own data folder and secret key reach them through the environment their
+runtime was started with (a node-side setting), never through the run config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from fedparity.clients import LocalUsers
+from fedparity.clients.fedevalfair import rows_statistics
+from fedparity.mechanisms.ckks import generate_keys
+from fedparity.mechanisms.fairtest import fedevalfair
+from fedparity.mechanisms.protocol import BLOCKS
+
+try:
+    from tests.flower_processes import local_simulation
+except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
+    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+
+APP = Path(__file__).resolve().parent / "user_app"
+NUM_NODES = 4
+
+
+def user_task() -> ModuleType:
+    """The app's own task.py, imported from its folder (the app is not installed)."""
+    spec = importlib.util.spec_from_file_location("userapp_task", APP / "task.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_user_app_imports_only_the_public_api() -> None:
+    for name in ("client.py", "server.py"):
+        source = (APP / name).read_text(encoding="utf-8")
+        imports = [line for line in source.splitlines() if "fedparity" in line and "import" in line]
+        assert imports, name
+        for line in imports:
+            module = line.split()[1]
+            assert module.split(".")[:2] in (
+                ["fedparity", "clients"],
+                ["fedparity", "strategies"],
+                ["fedparity", "mechanisms"],
+            ), line
+            # public names only: no module-private imports and no project app internals
+            assert ".app" not in module and "._" not in module and "config" not in module, line
+
+
+@pytest.mark.slow
+def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path) -> None:
+    task = user_task()
+    data = tmp_path / "data"
+    data.mkdir()
+    task.write_population(data, NUM_NODES)
+    keys = generate_keys(tmp_path / "keys")
+    output = tmp_path / "out"
+    env = {"USERAPP_DATA_DIR": str(data), "USERAPP_SECRET_CONTEXT": str(keys.secret)}
+    with local_simulation(APP, NUM_NODES, tmp_path / "flwr-home", env=env) as simulation:
+        run = simulation.run(
+            {
+                "public-context": str(keys.public),
+                "output-dir": str(output),
+                "num-nodes": NUM_NODES,
+            },
+            timeout=600,
+        )
+    assert run.status == "finished:completed", run.output[-3000:]
+    results = json.loads((output / "results.json").read_text())
+
+    # What the test knows and the server does not: every node's rows and predictions.
+    arrays = task.trained_arrays()
+    rows = [task.load_rows(str(data), node) for node in range(NUM_NODES)]
+    predictions = [task.predict(arrays, r["features"]) for r in rows]
+
+    # LDP audit: the private estimate is within 5 standard errors of the true accuracy gap
+    # (false failure ~6e-7; the perturbation uses OS entropy and cannot be seeded).
+    means: dict[int, list[float]] = {0: [], 1: []}
+    for r, p in zip(rows, predictions, strict=True):
+        users = LocalUsers.from_rows(
+            groups=r["group"],
+            labels=r["label"],
+            predictions=p,
+            metric="accuracy",
+            user_ids=r["user"],
+        )
+        for group in (0, 1):
+            means[group].extend(users.metrics[users.groups == group])
+    true_gap = float(np.mean(means[0]) - np.mean(means[1]))
+    assert true_gap > 0.05
+    ldp = results["ldp"]
+    assert ldp["nodes_replied"] == NUM_NODES and ldp["rejected"] == 0
+    assert abs(ldp["difference"] - true_gap) < 5 * ldp["stderr"]
+
+    # FedEvalFair: the encrypted protocol's report equals the plaintext FedEvalFair of the
+    # same holders' statistics (same bootstrap seeds as the app's client.py).
+    fef = results["fedevalfair"]
+    assert fef["error"] is None
+    assert [len(set(nodes)) for nodes in fef["participants"][:2]] == [NUM_NODES, NUM_NODES]
+    assert set(fef["participants"][0]) == set(fef["participants"][1])
+    statistics = [
+        rows_statistics(
+            r["label"],
+            p,
+            r["group"],
+            num_resamples=50,
+            rng=np.random.default_rng([7, node]),
+            min_cell_count=5,
+        )
+        for node, (r, p) in enumerate(zip(rows, predictions, strict=True))
+    ]
+    by_block = {(b["metric"], b["mode"]): b for b in fef["blocks"]}
+    compared = 0
+    for index, (metric, mode) in enumerate(BLOCKS):
+        summaries = [s.summaries[index] for s in statistics if s.summaries[index] is not None]
+        report = by_block[(metric, mode)]["report"]
+        if len(summaries) < 2 or report is None:
+            continue
+        plain = fedevalfair(summaries, mode=mode).to_dict()  # type: ignore[arg-type]
+        for test in ("homogeneity", "common_disparity"):
+            assert report[test]["pvalue"] == pytest.approx(plain[test]["pvalue"], abs=1e-6)
+            assert report[test]["statistic"] == pytest.approx(
+                plain[test]["statistic"], rel=1e-6, abs=1e-9
+            )
+        compared += 1
+    assert compared >= 2  # at least the calibrated dp and eo blocks were checked
