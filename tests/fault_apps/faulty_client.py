@@ -1,4 +1,4 @@
-"""A ClientApp with faults, for tests: it wraps the real handlers of ``clients.app``.
+"""A ClientApp with faults, for tests: it wraps the real handlers of ``fedparity.clients.app``.
 
 Partition 1 crashes in the audit (an error reply), partition 2 never answers the audit in
 time (a missing reply), partition 3 sends NaN values, outside either mechanism's output domain (a
