@@ -57,6 +57,7 @@ from .fedevalfair_handlers import (
 )
 from .fpfl_node import node_contribution, node_noise_share_std, node_shard, round_rng
 from .ldp import LEDGER_DIR_NODE_KEY, LocalUsers, ldp_audit_handler
+from .own_data import DATA_FILE_NODE_KEY, DataFileError, own_shard, read_data_file
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 
 
@@ -71,11 +72,30 @@ def _partition(context: Context) -> tuple[int, int]:
         ) from None
 
 
+def own_data_file(context: Context) -> str | None:
+    """The node's own data file (node config ``data-file``), or None."""
+    value = context.node_config.get(DATA_FILE_NODE_KEY)
+    return str(value) if value else None
+
+
 def load_shard(context: Context, config: RunConfig, split: str) -> UserShard:
-    """This node's users (``split`` = "train" or "test"); for FedEvalFair the node is a data
+    """This node's users (``split`` = "train" or "test"): from the node's own data file when
+    its node config names one (:mod:`fedparity.clients.own_data`; never a fallback to
+    embedded data), else from the embedded population. For FedEvalFair the node is a data
     holder and every row is its own user (:func:`fedparity.clients.data.adult_holder`)."""
+    data_file = own_data_file(context)
+    if data_file is not None:
+        return own_shard(read_data_file(data_file), split, num_groups=config.num_groups)
     partition_id, num_partitions = _partition(context)
     return load_shard_for(config, partition_id, num_partitions, split)
+
+
+def _refuse_own_data_for_fpfl(context: Context) -> None:
+    if own_data_file(context) is not None:
+        raise DataFileError(
+            f"node config {DATA_FILE_NODE_KEY} is not supported for task fpfl yet: this node "
+            "does not take part (it never falls back to embedded data)"
+        )
 
 
 def load_shard_for(
@@ -126,6 +146,7 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     """Reply with the shard's shape (no private content: sizes and feature count)."""
     partition_id, num_partitions = _partition(context)
     if config.task == "fpfl":
+        _refuse_own_data_for_fpfl(context)
         users = node_shard(config, partition_id, num_partitions)
         sample_shape = [int(size) for size in users.features.shape[1:]]
         values = {
@@ -144,7 +165,13 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
             "num-train-samples": shard.num_samples,
         }
     metrics = MetricRecord(
-        {"partition-id": partition_id, "num-partitions": num_partitions, **values}
+        {
+            "partition-id": partition_id,
+            "num-partitions": num_partitions,
+            # 1: the node reads its own file; the simulation harness cannot know its truth.
+            "own-data": int(own_data_file(context) is not None),
+            **values,
+        }
     )
     return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=msg)
 

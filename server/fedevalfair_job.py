@@ -31,7 +31,13 @@ from ..mechanisms.ckks import (
 from ..mechanisms.protocol import BLOCKS
 from ..strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
 from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
-from .orchestration import connect_nodes, resolve_output_dir, train_global_model, training_report
+from .orchestration import (
+    connect_nodes,
+    harness_applies,
+    resolve_output_dir,
+    train_global_model,
+    training_report,
+)
 from .report import write_json
 
 
@@ -147,7 +153,11 @@ def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
         int(nodes.num_features),  # type: ignore[arg-type]
     )
     outcome = protocol.start(grid, arrays, node_ids)
-    truth = fedevalfair_truth(config, arrays, nodes.partitions) if config.ground_truth else None
+    truth = (
+        fedevalfair_truth(config, arrays, nodes.partitions)
+        if harness_applies(config, nodes)
+        else None
+    )
     difference = None if truth is None else compare_with_plaintext(outcome, truth)
     table = fedevalfair_table(outcome, config.fef_mode)
     payload = {

@@ -20,7 +20,13 @@ from ..clients.config import RunConfig
 from ..mechanisms import mechanism_for_budget
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from .harness import GroundTruth, ground_truth
-from .orchestration import connect_nodes, resolve_output_dir, train_global_model, training_report
+from .orchestration import (
+    connect_nodes,
+    harness_applies,
+    resolve_output_dir,
+    train_global_model,
+    training_report,
+)
 from .report import audit_table, plot_audits, write_json
 
 
@@ -44,7 +50,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
     )
 
     truth: GroundTruth | None = None
-    if config.ground_truth:
+    if harness_applies(config, nodes):
         truth = ground_truth(config, arrays, nodes.partitions)
         log(
             logging.INFO,

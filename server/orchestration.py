@@ -35,6 +35,8 @@ class NodeDescriptions:
         self.partitions: list[tuple[int, int]] = []
         self.failed: list[tuple[int, str]] = []
         self.users_by_node: dict[int, int] = {}
+        #: Nodes that read their own data file (the simulation harness cannot know their truth).
+        self.own_data: list[int] = []
         #: FPFL nodes also report their sample shape, classes and groups (public metadata).
         self.sample_shape: tuple[int, ...] | None = None
         self.num_classes: int | None = None
@@ -90,6 +92,8 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescr
             continue
         found.num_users += num_users
         found.users_by_node[node] = num_users
+        if int(metrics.get("own-data", 0)):  # type: ignore[union-attr]
+            found.own_data.append(node)
         found.partitions.append(partition)
     if found.num_features is None:
         raise RuntimeError(f"no node described its data: {found.failed}")
@@ -174,3 +178,19 @@ def training_report(config: RunConfig, losses: dict[int, float], strategy: Robus
             for rnd, items in strategy.rejected.items()
         },
     }
+
+
+def harness_applies(config: RunConfig, nodes: NodeDescriptions) -> bool:
+    """Whether the simulation harness may show the true values: ``ground-truth`` is on and no
+    node reads its own data file (the harness only knows the embedded populations)."""
+    if not config.ground_truth:
+        return False
+    if nodes.own_data:
+        log(
+            logging.INFO,
+            "harness skipped: node(s) %s read their own data file (ground-truth needs the "
+            "embedded populations)",
+            ", ".join(map(str, sorted(nodes.own_data))),
+        )
+        return False
+    return True
