@@ -29,7 +29,6 @@ from fedparity.mechanisms.ckks import (
     Rejection,
     RejectionKind,
     StaleReferenceError,
-    _as_values,
     add_ciphertexts,
     check_count_slot,
     check_magnitude,
@@ -39,6 +38,7 @@ from fedparity.mechanisms.ckks import (
     from_array,
     to_array,
 )
+from fedparity.mechanisms.ckks.vectors import _as_values
 
 #: ``term_fn(round1_sum, contribution) -> round-2 term`` (count slot removed from the sum).
 TermFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
