@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from ..mechanisms.accounting import BUDGET_TOLERANCE
+from ..mechanisms.calibration import MechanismChoice
+from ..mechanisms.dp_accounting import AccountantName
+from ..mechanisms.fairtest import Mode
 from ..mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
 from .data import DATASETS
+from .fpfl_task import CONSTRAINTS
 from .task import METRIC_NAMES
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl")
@@ -33,15 +37,15 @@ FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
 FPFL_ARCHITECTURES = ("shallow", "deep", "cnn")
 #: Data sets of the FPFL job only (unfair digits: 3 writer groups, 10 classes, images).
 FPFL_ONLY_DATASETS = ("digits",)
-FPFL_CONSTRAINTS = ("fnr", "accuracy")
+FPFL_CONSTRAINTS = CONSTRAINTS
 FPFL_MODEL_SELECTIONS = ("best", "last")
-FPFL_ACCOUNTANTS = ("rdp", "prv")
+FPFL_ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
 FPFL_NOISE = ("distributed", "central")
 FPFL_SECURE_SUM = ("masking", "none")
 FEF_SPLITS = ("doctorate", "dirichlet")
 FEF_VARIANTS = ("trained", "fair")
-FEF_MODES = ("calibrated", "paper")
-MECHANISM_CHOICES = ("R", "L", "best")
+FEF_MODES: tuple[str, ...] = get_args(Mode)
+MECHANISM_CHOICES: tuple[str, ...] = get_args(MechanismChoice)
 GROUP_SIZE_MODES = ("estimated", "known")
 
 
@@ -105,66 +109,60 @@ def _as_optional(key: str, value: Any, parse: Any) -> Any:
     return parse(key, value)
 
 
-def _fpfl_values(get: Mapping[str, Any], default: RunConfig) -> dict[str, Any]:
-    """The ``fpfl-*`` keys (task = "fpfl"; paper 004, SPEC 3)."""
+# -- the parsers of the key table: parser(key, raw value) -> value, ConfigError if bad --------
 
-    def positive(key: str) -> float:
-        name = key.replace("-", "_")
-        return _as_float(key, get.get(name, getattr(default, name)), low=0.0, high=math.inf)
+Parser = Callable[[str, Any], Any]
 
-    def nonnegative(key: str) -> float:
-        name = key.replace("-", "_")
-        value = get.get(name, getattr(default, name))
-        return _as_float(key, value, low=0.0, high=math.inf, open_low=False)
 
-    def fraction(key: str) -> float:  # in [0, 1)
-        name = key.replace("-", "_")
-        value = get.get(name, getattr(default, name))
-        return _as_float(key, value, low=0.0, high=1.0, open_low=False)
+def _integer(minimum: int) -> Parser:
+    return lambda key, value: _as_int(key, value, minimum)
 
-    def choice(key: str, allowed: tuple[str, ...]) -> str:
-        name = key.replace("-", "_")
-        return _as_choice(key, get.get(name, getattr(default, name)), allowed)
 
-    def integer(key: str, minimum: int) -> int:
-        name = key.replace("-", "_")
-        return _as_int(key, get.get(name, getattr(default, name)), minimum)
+def _number(low: float, high: float, *, open_low: bool = True) -> Parser:
+    return lambda key, value: _as_float(key, value, low=low, high=high, open_low=open_low)
 
-    return {
-        "fpfl_algorithm": choice("fpfl-algorithm", tuple(FPFL_ALGORITHMS)),
-        "fpfl_architecture": choice("fpfl-architecture", FPFL_ARCHITECTURES),
-        "fpfl_constraint": choice("fpfl-constraint", FPFL_CONSTRAINTS),
-        "fpfl_alpha": nonnegative("fpfl-alpha"),
-        "fpfl_learning_rate": positive("fpfl-learning-rate"),
-        "fpfl_multiplier_learning_rate": positive("fpfl-multiplier-learning-rate"),
-        "fpfl_damping": nonnegative("fpfl-damping"),
-        "fpfl_statistics_smoothing": fraction("fpfl-statistics-smoothing"),
-        "fpfl_constraint_activation": choice(
-            "fpfl-constraint-activation", FPFL_CONSTRAINT_ACTIVATIONS
-        ),
-        "fpfl_model_selection": choice("fpfl-model-selection", FPFL_MODEL_SELECTIONS),
-        "fpfl_cohort_size": integer("fpfl-cohort-size", 1),
-        "fpfl_rounds": integer("fpfl-rounds", 1),
-        "fpfl_clipping_bound": positive("fpfl-clipping-bound"),
-        "fpfl_epsilon": positive("fpfl-epsilon"),
-        "fpfl_delta": _as_optional(
-            "fpfl-delta",
-            get.get("fpfl_delta", ""),
-            lambda key, value: _as_float(key, value, low=0.0, high=1.0),
-        ),
-        "fpfl_accountant": choice("fpfl-accountant", FPFL_ACCOUNTANTS),
-        "fpfl_noise": choice("fpfl-noise", FPFL_NOISE),
-        "fpfl_dropout_tolerance": fraction("fpfl-dropout-tolerance"),
-        "fpfl_secure_sum": choice("fpfl-secure-sum", FPFL_SECURE_SUM),
-        "fpfl_client_seed": _as_optional(
-            "fpfl-client-seed",
-            get.get("fpfl_client_seed", ""),
-            lambda key, value: _as_int(key, value, 0),
-        ),
-        "fpfl_resume": _as_bool("fpfl-resume", get.get("fpfl_resume", default.fpfl_resume)),
-        "fpfl_stop_after": integer("fpfl-stop-after", 0),
-        "fpfl_checkpoint_every": integer("fpfl-checkpoint-every", 1),
-    }
+
+def _choice(allowed: tuple[str, ...]) -> Parser:
+    return lambda key, value: _as_choice(key, value, allowed)
+
+
+def _boolean(key: str, value: Any) -> bool:
+    return _as_bool(key, value)
+
+
+def _text(key: str, value: Any) -> str:
+    return str(value)
+
+
+def _epsilon_list(key: str, value: Any) -> tuple[float, ...]:
+    return _as_epsilons(key, value)
+
+
+def _optional(parse: Parser) -> Parser:
+    """``parse``, or None for "" (the key's documented "not set")."""
+    return lambda key, value: _as_optional(key, value, parse)
+
+
+def _key(default: Any, parse: Parser, help: str) -> Any:  # noqa: A002 - the table's column
+    """One row of the key table: the field's default, parser and help text."""
+    return field(default=default, metadata={"parse": parse, "help": help})
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A run-config key as documented: kebab-case name, default and help."""
+
+    name: str
+    default: Any
+    help: str
+
+
+def config_keys() -> tuple[ConfigKey, ...]:
+    """Every run-config key with its default and help, in table order."""
+    return tuple(
+        ConfigKey(item.name.replace("_", "-"), item.default, item.metadata["help"])
+        for item in fields(RunConfig)
+    )
 
 
 def _check_fpfl(config: RunConfig) -> None:
@@ -193,72 +191,95 @@ def _check_fpfl(config: RunConfig) -> None:
         )
 
 
-def _as_optional_tolerance(key: str, value: Any) -> float | None:
-    """An equivalence tolerance >= 0, or "" for none."""
-    if value == "" or value is None:
-        return None
-    return _as_float(key, value, low=0.0, high=1.0, open_low=False)
-
-
 @dataclass(frozen=True)
 class RunConfig:
-    """Validated run configuration (see pyproject.toml for every key's meaning)."""
+    """Validated run configuration: one typed, declarative table of every key.
 
-    task: str = "ldp-audit"
-    dataset: str = "synthetic"
-    data_dir: str = ""
-    download: bool = False
-    users_per_node: int = 5000
-    num_groups: int = 2
-    seed: int = 42
-    num_server_rounds: int = 3
-    local_epochs: int = 1
-    learning_rate: float = 0.1
-    metric: str = "accuracy"
-    mechanism: str = "best"
-    epsilons: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
-    confidence: float = 0.95
-    user_budget: float = 10.0
-    group_sizes: str = "estimated"
-    ground_truth: bool = True
-    output_dir: str = ""
-    reply_timeout: float = 600.0
-    min_nodes: int = 1
-    node_wait_timeout: float = 120.0
-    fef_split: str = "dirichlet"
-    fef_variant: str = "trained"
-    fef_mode: str = "calibrated"
-    fef_alpha: float = 0.05
-    fef_mu0: float = 0.0
-    fef_tolerance: float | None = None
-    fef_resamples: int = 100
-    fef_public_context: str = ""
-    fef_key_holders: int = 2
-    fef_min_cell: int = 5
-    fef_dirichlet_alpha: float = 1.0
-    fpfl_algorithm: str = "fpfl"
-    fpfl_architecture: str = "shallow"
-    fpfl_constraint: str = "fnr"
-    fpfl_alpha: float = 0.02
-    fpfl_learning_rate: float = 0.1
-    fpfl_multiplier_learning_rate: float = 0.01
-    fpfl_damping: float = 2.0
-    fpfl_statistics_smoothing: float = 0.0
-    fpfl_constraint_activation: str = "surrogate"
-    fpfl_model_selection: str = "best"
-    fpfl_cohort_size: int = 1000
-    fpfl_rounds: int = 250
-    fpfl_clipping_bound: float = 2.0
-    fpfl_epsilon: float = 2.0
-    fpfl_delta: float | None = None
-    fpfl_accountant: str = "rdp"
-    fpfl_noise: str = "distributed"
-    fpfl_dropout_tolerance: float = 0.2
-    fpfl_secure_sum: str = "masking"
-    fpfl_client_seed: int | None = None
-    fpfl_resume: bool = False
-    fpfl_stop_after: int = 0
-    fpfl_checkpoint_every: int = 10
+    Each field is one kebab-case key (``users_per_node`` is ``users-per-node``); its default,
+    its parser (type and allowed values) and its help text live on the field
+    (:func:`config_keys` lists them). ``pyproject.toml`` repeats the defaults for
+    ``flwr run``; a test checks that the two agree.
+    """
+
+    # --- the job and the population -----------------------------------------------------
+    task: str = _key("ldp-audit", _choice(TASKS), "the job")
+    dataset: str = _key(
+        "synthetic", _choice(DATASETS + FPFL_ONLY_DATASETS), "population (digits: FPFL only)"
+    )
+    data_dir: str = _key("", _text, "Adult: absolute path of the folder with adult.data/.test")
+    download: bool = _key(False, _boolean, "Adult: fetch from UCI into data-dir if absent")
+    users_per_node: int = _key(5000, _integer(1), "users simulated by one node")
+    num_groups: int = _key(2, _integer(2), "protected groups")
+    seed: int = _key(42, _integer(0), "data and training; never the privacy noise")
+    # --- training (FedAvg) ----------------------------------------------------------------
+    num_server_rounds: int = _key(3, _integer(0), "FedAvg rounds before the audits")
+    local_epochs: int = _key(1, _integer(1), "local epochs per FedAvg round")
+    learning_rate: float = _key(0.1, _number(0.0, math.inf), "FedAvg local learning rate")
+    # --- LDP audit ------------------------------------------------------------------------
+    metric: str = _key("accuracy", _choice(METRIC_NAMES), "the audited per-user metric")
+    mechanism: str = _key("best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L) or best")
+    epsilons: tuple[float, ...] = _key(
+        (0.5, 1.0, 2.0, 4.0), _epsilon_list, "one audit per value, e.g. \"0.5,1,2,4\""
+    )
+    confidence: float = _key(0.95, _number(0.0, 1.0), "confidence of the gap intervals")
+    user_budget: float = _key(10.0, _number(0.0, math.inf), "per-user LDP budget (ledger)")
+    group_sizes: str = _key(
+        "estimated", _choice(GROUP_SIZE_MODES), "estimated from the reports, or known (harness)"
+    )
+    ground_truth: bool = _key(True, _boolean, "simulation harness prints the true values")
+    output_dir: str = _key("", _text, "absolute path; default ~/.fedparity/runs/<task>-<time>")
+    # --- orchestration --------------------------------------------------------------------
+    reply_timeout: float = _key(600.0, _number(0.0, math.inf), "seconds to wait for replies")
+    min_nodes: int = _key(1, _integer(1), "wait until this many nodes are connected")
+    node_wait_timeout: float = _key(120.0, _number(0.0, math.inf), "seconds to wait for them")
+    # --- FedEvalFair ----------------------------------------------------------------------
+    fef_split: str = _key("dirichlet", _choice(FEF_SPLITS), "Adult holders: split scheme")
+    fef_variant: str = _key("trained", _choice(FEF_VARIANTS), "FedAvg model, or fair predictions")
+    fef_mode: str = _key("calibrated", _choice(FEF_MODES), "primary mode of the test")
+    fef_alpha: float = _key(0.05, _number(0.0, 1.0), "level of the tests")
+    fef_mu0: float = _key(0.0, _number(-1.0, 1.0, open_low=False), "stage 2: H0 mu = mu0")
+    fef_tolerance: float | None = _key(
+        None, _optional(_number(0.0, 1.0, open_low=False)), "TOST tolerance; \"\" = no TOST"
+    )
+    fef_resamples: int = _key(100, _integer(2), "bootstrap resamples B per holder")
+    fef_public_context: str = _key("", _text, "server's public TenSEAL context file")
+    fef_key_holders: int = _key(2, _integer(1), "holders that decrypt the final sums")
+    fef_min_cell: int = _key(5, _integer(0), "fewest rows per group and prediction")
+    fef_dirichlet_alpha: float = _key(
+        1.0, _number(0.0, math.inf), "Adult dirichlet split: concentration (smaller = skew)"
+    )
+    # --- FPFL -----------------------------------------------------------------------------
+    fpfl_algorithm: str = _key("fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm")
+    fpfl_architecture: str = _key("shallow", _choice(FPFL_ARCHITECTURES), "the model")
+    fpfl_constraint: str = _key("fnr", _choice(FPFL_CONSTRAINTS), "FNR or accuracy parity")
+    fpfl_alpha: float = _key(0.02, _number(0.0, math.inf, open_low=False), "tolerance alpha")
+    fpfl_learning_rate: float = _key(0.1, _number(0.0, math.inf), "eta")
+    fpfl_multiplier_learning_rate: float = _key(0.01, _number(0.0, math.inf), "gamma")
+    fpfl_damping: float = _key(2.0, _number(0.0, math.inf, open_low=False), "c")
+    fpfl_statistics_smoothing: float = _key(
+        0.0, _number(0.0, 1.0, open_low=False), "beta: EMA of the released sums (0 = off)"
+    )
+    fpfl_constraint_activation: str = _key(
+        "surrogate", _choice(FPFL_CONSTRAINT_ACTIVATIONS), "surrogate or counts"
+    )
+    fpfl_model_selection: str = _key("best", _choice(FPFL_MODEL_SELECTIONS), "best or last")
+    fpfl_cohort_size: int = _key(1000, _integer(1), "m: expected cohort (q = m / K)")
+    fpfl_rounds: int = _key(250, _integer(1), "T")
+    fpfl_clipping_bound: float = _key(2.0, _number(0.0, math.inf), "C, per-user L2 bound")
+    fpfl_epsilon: float = _key(2.0, _number(0.0, math.inf), "user-level epsilon after T rounds")
+    fpfl_delta: float | None = _key(None, _optional(_number(0.0, 1.0)), "\"\" = 1 / K")
+    fpfl_accountant: str = _key("rdp", _choice(FPFL_ACCOUNTANTS), "Opacus accountant")
+    fpfl_noise: str = _key("distributed", _choice(FPFL_NOISE), "noise shares or central noise")
+    fpfl_dropout_tolerance: float = _key(
+        0.2, _number(0.0, 1.0, open_low=False), "fraction of nodes that may drop"
+    )
+    fpfl_secure_sum: str = _key("masking", _choice(FPFL_SECURE_SUM), "masking or none")
+    fpfl_client_seed: int | None = _key(
+        None, _optional(_integer(0)), "\"\" = OS entropy; an integer is NOT private"
+    )
+    fpfl_resume: bool = _key(False, _boolean, "continue from output-dir's checkpoint")
+    fpfl_stop_after: int = _key(0, _integer(0), "stop after this many rounds (0 = run to T)")
+    fpfl_checkpoint_every: int = _key(10, _integer(1), "rounds between checkpoints")
 
     @property
     def fpfl_uses_mmdm(self) -> bool:
@@ -289,107 +310,11 @@ class RunConfig:
                 f"unknown run-config key(s) {', '.join(unknown)}; known keys: "
                 f"{', '.join(cls.keys())}"
             )
-        get = {key.replace("-", "_"): value for key, value in mapping.items()}
-        default = cls()
-        values: dict[str, Any] = {
-            "task": _as_choice("task", get.get("task", default.task), TASKS),
-            "dataset": _as_choice(
-                "dataset", get.get("dataset", default.dataset), DATASETS + FPFL_ONLY_DATASETS
-            ),
-            "data_dir": str(get.get("data_dir", default.data_dir)),
-            "download": _as_bool("download", get.get("download", default.download)),
-            "users_per_node": _as_int(
-                "users-per-node", get.get("users_per_node", default.users_per_node), 1
-            ),
-            "num_groups": _as_int("num-groups", get.get("num_groups", default.num_groups), 2),
-            "seed": _as_int("seed", get.get("seed", default.seed), 0),
-            "num_server_rounds": _as_int(
-                "num-server-rounds", get.get("num_server_rounds", default.num_server_rounds), 0
-            ),
-            "local_epochs": _as_int(
-                "local-epochs", get.get("local_epochs", default.local_epochs), 1
-            ),
-            "learning_rate": _as_float(
-                "learning-rate",
-                get.get("learning_rate", default.learning_rate),
-                low=0.0,
-                high=math.inf,
-            ),
-            "metric": _as_choice("metric", get.get("metric", default.metric), METRIC_NAMES),
-            "mechanism": _as_choice(
-                "mechanism", get.get("mechanism", default.mechanism), MECHANISM_CHOICES
-            ),
-            "epsilons": _as_epsilons("epsilons", get.get("epsilons", "0.5,1,2,4")),
-            "confidence": _as_float(
-                "confidence", get.get("confidence", default.confidence), low=0.0, high=1.0
-            ),
-            "user_budget": _as_float(
-                "user-budget", get.get("user_budget", default.user_budget), low=0.0, high=math.inf
-            ),
-            "group_sizes": _as_choice(
-                "group-sizes", get.get("group_sizes", default.group_sizes), GROUP_SIZE_MODES
-            ),
-            "ground_truth": _as_bool("ground-truth", get.get("ground_truth", default.ground_truth)),
-            "output_dir": str(get.get("output_dir", default.output_dir)),
-            "reply_timeout": _as_float(
-                "reply-timeout",
-                get.get("reply_timeout", default.reply_timeout),
-                low=0.0,
-                high=math.inf,
-            ),
-            "min_nodes": _as_int("min-nodes", get.get("min_nodes", default.min_nodes), 1),
-            "node_wait_timeout": _as_float(
-                "node-wait-timeout",
-                get.get("node_wait_timeout", default.node_wait_timeout),
-                low=0.0,
-                high=math.inf,
-            ),
+        values = {
+            item.name: item.metadata["parse"](item.name.replace("_", "-"), mapping[kebab])
+            for item in fields(cls)
+            if (kebab := item.name.replace("_", "-")) in mapping
         }
-        values.update(
-            {
-                "fef_split": _as_choice(
-                    "fef-split", get.get("fef_split", default.fef_split), FEF_SPLITS
-                ),
-                "fef_variant": _as_choice(
-                    "fef-variant", get.get("fef_variant", default.fef_variant), FEF_VARIANTS
-                ),
-                "fef_mode": _as_choice(
-                    "fef-mode", get.get("fef_mode", default.fef_mode), FEF_MODES
-                ),
-                "fef_alpha": _as_float(
-                    "fef-alpha", get.get("fef_alpha", default.fef_alpha), low=0.0, high=1.0
-                ),
-                "fef_mu0": _as_float(
-                    "fef-mu0",
-                    get.get("fef_mu0", default.fef_mu0),
-                    low=-1.0,
-                    high=1.0,
-                    open_low=False,
-                ),
-                "fef_tolerance": _as_optional_tolerance(
-                    "fef-tolerance", get.get("fef_tolerance", "")
-                ),
-                "fef_resamples": _as_int(
-                    "fef-resamples", get.get("fef_resamples", default.fef_resamples), 2
-                ),
-                "fef_public_context": str(
-                    get.get("fef_public_context", default.fef_public_context)
-                ),
-                "fef_min_cell": _as_int(
-                    "fef-min-cell", get.get("fef_min_cell", default.fef_min_cell), 0
-                ),
-                "fef_key_holders": _as_int(
-                    "fef-key-holders", get.get("fef_key_holders", default.fef_key_holders), 1
-                ),
-                "fef_dirichlet_alpha": _as_float(
-                    "fef-dirichlet-alpha",
-                    get.get("fef_dirichlet_alpha", default.fef_dirichlet_alpha),
-                    low=0.0,
-                    high=math.inf,
-                ),
-            }
-        )
-        values.update(_fpfl_values(get, default))
         config = cls(**values)
         if config.dataset == "adult" and config.num_groups != 2:
             raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')

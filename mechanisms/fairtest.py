@@ -81,7 +81,7 @@ from ._validation import (
 )
 from .estimators import ConfidenceInterval, normal_quantile
 
-Mode = Literal["paper", "calibrated"]
+Mode = Literal["calibrated", "paper"]
 Metric = Literal["dp", "eo"]
 MODES: tuple[Mode, ...] = ("paper", "calibrated")
 METRICS: tuple[Metric, ...] = ("dp", "eo")

@@ -150,3 +150,35 @@ def test_federations_command_writes_connections_flower_reads(
         )
         == 2
     )
+
+
+def test_the_key_table_lists_every_key_with_help_and_the_pyproject_defaults() -> None:
+    from fedparity.clients.config import config_keys
+
+    keys = config_keys()
+    defaults = pyproject_defaults()
+    assert [key.name for key in keys] == list(RunConfig.keys())
+    assert {key.name for key in keys} == set(defaults)
+    for key in keys:
+        assert key.help.strip(), key.name
+        # the pyproject value parses to the table's default ("" means None for optional keys)
+        config = RunConfig.from_mapping({key.name: defaults[key.name]})
+        parsed = getattr(config, key.name.replace("-", "_"))
+        assert parsed == key.default, key.name
+
+
+def test_vocabularies_come_from_the_modules_that_use_them() -> None:
+    from typing import get_args
+
+    from fedparity.clients import config
+    from fedparity.clients.fpfl_task import CONSTRAINTS
+    from fedparity.mechanisms.calibration import MechanismChoice
+    from fedparity.mechanisms.dp_accounting import AccountantName
+    from fedparity.mechanisms.fairtest import Mode
+    from fedparity.mechanisms.metrics import METRIC_NAMES
+
+    assert config.FEF_MODES == get_args(Mode)
+    assert config.MECHANISM_CHOICES == get_args(MechanismChoice)
+    assert config.FPFL_ACCOUNTANTS == get_args(AccountantName)
+    assert config.FPFL_CONSTRAINTS is CONSTRAINTS
+    assert config.METRIC_NAMES is METRIC_NAMES
