@@ -1,0 +1,5 @@
+"""``python -m fedparity.server.cli``."""
+
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""``fedparity fairtest``: the two-stage FedEvalFair test on per-client summaries from a CSV."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+from typing import Any, TextIO
+
+from ...mechanisms.fairtest import ClientSummary, FairnessReport, fedevalfair
+from ._common import (
+    UsageError,
+    _emit,
+    _finite,
+    _unit_open,
+)
+
+FAIRTEST_COLUMNS = ("mean", "variance", "n")
+#: Optional columns: a holder's margins (ClientSummary.margins), all three or none.
+MARGIN_COLUMNS = ("group0_rows", "group1_rows", "predicted_positive_rows")
+
+
+def _read_client_summaries(path: Path) -> list[ClientSummary]:
+    """One ClientSummary per CSV row (columns mean, variance, n and, optionally, the margins
+    group0_rows, group1_rows, predicted_positive_rows; others ignored)."""
+    if not path.is_file():
+        raise UsageError(f"--input: no such file: {path}")
+    with path.open("r", encoding="utf-8-sig", newline="") as handle:  # tolerate a BOM
+        rows = list(csv.reader(handle))
+    if not rows or not any(field.strip() for field in rows[0]):
+        raise UsageError(f"--input: {path} is empty (expected a header line: mean,variance,n)")
+    names = [name.strip() for name in rows[0]]
+    missing = [column for column in FAIRTEST_COLUMNS if column not in names]
+    if missing:
+        raise UsageError(f"--input: column {missing[0]!r} not in {path.name}'s header {names}")
+    present = [column for column in MARGIN_COLUMNS if column in names]
+    if present and len(present) < len(MARGIN_COLUMNS):
+        absent = [column for column in MARGIN_COLUMNS if column not in names]
+        raise UsageError(
+            f"--input: the margin columns go together: {present} given without {absent}"
+        )
+    columns = FAIRTEST_COLUMNS + tuple(present)
+    index = {column: names.index(column) for column in columns}
+    summaries = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(field.strip() for field in row):
+            continue  # blank line
+        if len(row) < len(names):
+            raise UsageError(f"--input: row {line} has {len(row)} fields, expected {len(names)}")
+        values = {}
+        for column, position in index.items():
+            text = row[position].strip()
+            try:
+                values[column] = float(text)
+            except ValueError:
+                raise UsageError(
+                    f"--input: row {line}: column {column!r} is not a number: {text!r}"
+                ) from None
+        margins = tuple(values[c] for c in MARGIN_COLUMNS) if present else None
+        try:
+            summaries.append(
+                ClientSummary(values["mean"], values["variance"], values["n"], margins)  # type: ignore[arg-type]
+            )
+        except ValueError as error:
+            raise UsageError(f"--input: row {line}: {error}") from None
+    if len(summaries) < 2:
+        raise UsageError(
+            f"--input: FedEvalFair needs at least 2 clients (rows), got {len(summaries)}"
+        )
+    return summaries
+
+
+def _decision(rejected: bool) -> str:
+    return "rejected" if rejected else "not rejected"
+
+
+def _format_fairtest(report: FairnessReport) -> str:
+    h, c, level = report.homogeneity, report.common_disparity, 1.0 - report.alpha
+    interval = report.confidence_interval(level)
+    stage1 = "T1 (paper Eq. 10)" if report.mode == "paper" else "Cochran's Q"
+    lines = [
+        f"FedEvalFair, mode {report.mode}: k = {report.k} clients, alpha = {report.alpha:g}",
+        f"stage 1 (H0: mu_1 = ... = mu_k): {stage1} = {h.statistic:.6g}, dof {h.dof}, "
+        f"p = {h.pvalue:.4g} -> {_decision(report.reject_homogeneity)}",
+        f"stage 2 (H0: mu = {report.mu0:g}): W* = {c.statistic:.6g}, p = {c.pvalue:.4g} -> "
+        f"{_decision(report.reject_fairness)}",
+        f"common disparity (Graybill-Deal): {report.estimate:.6g} (stderr {report.stderr:.4g}), "
+        f"{100 * level:g}% CI [{interval.low:.6g}, {interval.high:.6g}]",
+    ]
+    if report.equivalence is not None:
+        e = report.equivalence
+        verdict = "certified fair" if report.certified_fair else "not certified"
+        lines.append(
+            f"equivalence (TOST, H0: |mu| >= {report.tolerance:g}): z = {e.statistic:.6g}, "
+            f"p = {e.pvalue:.4g} -> {verdict}"
+        )
+    if report.mode == "paper":
+        lines.append(
+            "(paper mode: weights n/S^2 with n = bootstrap resamples, |disparities|, T1 is not "
+            "chi2(k-1): see SPEC 2.1; the default calibrated mode holds alpha)"
+        )
+    return "\n".join(lines)
+
+
+def run_fairtest(args: argparse.Namespace, out: TextIO) -> int:
+    """FedEvalFair's two stages (and TOST) from per-client summaries in a CSV (SPEC 2)."""
+    alpha = _unit_open("--alpha", _finite("--alpha", args.alpha))
+    mu0 = _finite("--mu0", args.mu0)
+    tolerance = None
+    if args.tolerance is not None:
+        tolerance = _finite("--tolerance", args.tolerance)
+        if tolerance < 0:
+            raise UsageError(f"--tolerance must be >= 0, got {tolerance:g}")
+    summaries = _read_client_summaries(Path(args.input))
+    report = fedevalfair(summaries, alpha=alpha, mode=args.mode, mu0=mu0, tolerance=tolerance)
+    payload: dict[str, Any] = {"input": str(args.input), **report.to_dict()}
+    _emit(payload, _format_fairtest(report), args.json, out)
+    return 0
+
+
+# --- federations --------------------------------------------------------------------------
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register ``fedparity fairtest`` and its options."""
+    fairtest = commands.add_parser(
+        "fairtest", help="FedEvalFair two-stage fairness test from per-client summaries (CSV)"
+    )
+    fairtest.add_argument(
+        "--input", required=True, help="CSV, one row per client, header with mean,variance,n"
+    )
+    fairtest.add_argument(
+        "--mode",
+        choices=("calibrated", "paper"),
+        default="calibrated",
+        help="calibrated (default; holds alpha) or the paper's statistics (SPEC 2.1)",
+    )
+    fairtest.add_argument("--alpha", default="0.05", help="level of the decisions (0.05)")
+    fairtest.add_argument("--mu0", default="0", help="stage 2 null value of the disparity (0)")
+    fairtest.add_argument(
+        "--tolerance", default=None, help="also certify |mu| < tolerance (TOST); >= 0"
+    )
+    fairtest.add_argument("--json", action="store_true", help="print one JSON object")

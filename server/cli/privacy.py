@@ -1,0 +1,80 @@
+"""``fedparity privacy``: the true LDP epsilon of M_R / M_L for (eps1, eps2, d)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import TextIO
+
+from ...mechanisms import (
+    UnboundedPrivacyLossError,
+    true_epsilon,
+)
+from ...mechanisms.laplace import LDP_NOISE_RATIO, check_noise_ratio
+from ._common import (
+    UsageError,
+    _emit,
+    _finite,
+    _int_at_least,
+    _number,
+    _positive,
+)
+
+
+def _paper_claimed_epsilon(mechanism: str, eps1: float, eps2: float, k: float) -> float:
+    """What the paper's Theorem 5 / 6 claims (for contrast only; both are wrong)."""
+    if mechanism == "R":
+        return max(eps1, eps2)
+    return max(eps2, math.log(2 / k) + eps2 / 2 - eps1, math.log(k / 2) + eps2 / k + eps1)
+
+
+def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
+    eps1 = _positive("--eps1", _finite("--eps1", args.eps1))
+    eps2 = _positive("--eps2", _finite("--eps2", args.eps2))
+    groups = _int_at_least("--groups", args.groups, 2)
+    noise_ratio = _positive("--k", _finite("--k", args.k))
+    if args.mechanism == "R" and noise_ratio != LDP_NOISE_RATIO:
+        # Compared as a number: "2", "2.0" and "2e0" all mean the default.
+        raise UsageError(
+            "--k only applies to --mechanism L (M_R has no noise ratio); got "
+            f"{_number(noise_ratio)}"
+        )
+    if args.mechanism == "L":
+        try:
+            check_noise_ratio(noise_ratio)
+        except UnboundedPrivacyLossError as error:
+            raise UsageError(f"--k: {error}") from None
+    epsilon = true_epsilon(args.mechanism, eps1, eps2, groups)
+    claimed = _paper_claimed_epsilon(args.mechanism, eps1, eps2, noise_ratio)
+    payload = {
+        "mechanism": args.mechanism,
+        "epsilon_group": eps1,
+        "epsilon_value": eps2,
+        "num_groups": groups,
+        "noise_ratio": noise_ratio if args.mechanism == "L" else None,
+        "epsilon": epsilon,
+        "paper_claimed_epsilon": claimed,
+    }
+    theorem = "Theorem 5" if args.mechanism == "R" else "Theorem 6"
+    text = (
+        f"M_{args.mechanism} with eps1={eps1:g}, eps2={eps2:g}, d={groups}: "
+        f"true epsilon = {epsilon:.6g}\n"
+        f"(the paper's {theorem} claims {claimed:.6g}"
+        + (", which is wrong: see SPEC 1.1)" if not math.isclose(claimed, epsilon) else ")")
+    )
+    _emit(payload, text, args.json, out)
+    return 0
+
+
+# --- plan ---------------------------------------------------------------------------------
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register ``fedparity privacy`` and its options."""
+    privacy = commands.add_parser("privacy", help="true LDP epsilon of M_R / M_L")
+    privacy.add_argument("--mechanism", choices=("R", "L"), required=True)
+    privacy.add_argument("--eps1", required=True, help="group budget eps1 > 0")
+    privacy.add_argument("--eps2", required=True, help="value budget eps2 > 0")
+    privacy.add_argument("--groups", default="2", help="number of groups d >= 2 (default 2)")
+    privacy.add_argument("--k", default="2", help="M_L noise ratio; only k = 2 is LDP")
+    privacy.add_argument("--json", action="store_true", help="print one JSON object")
