@@ -47,7 +47,7 @@ from typing import Any
 import tomli_w
 
 from fedparity.server.api import run_simulation_job
-from fedparity.server.fpfl_job import PAPER_TABLE2
+from fedparity.server.fpfl_report import PAPER_TABLE2
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -265,7 +265,7 @@ def table_markdown(
         )
     lines += [
         "",
-        "Paper numbers: PAPER_TABLE2 in server/fpfl_job.py (paper 004, Table 2, shallow). "
+        "Paper numbers: PAPER_TABLE2 in server/fpfl_report.py (paper 004, Table 2, shallow). "
         "At m = 1000 the paper reports PFL and FPFL only; the other rows show its m = 200 "
         "values, labelled (m=200).",
         "",

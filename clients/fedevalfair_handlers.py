@@ -1,10 +1,11 @@
 """FedEvalFair on a data holder, as handlers for your own Flower ``ClientApp``.
 
 The server's :class:`~fedparity.strategies.fedevalfair.FedEvalFairProtocol` runs three rounds
-(``query.fef_round1`` .. ``query.fef_round3``) over CKKS ciphertexts (Zhang et al.,
-"FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness Evaluation
-Framework", 2025, Algorithms 1-2). On the holder, round 1 calls *your* function for the
-received model's predictions on your rows; rounds 2 and 3 need no data. Register them with::
+(``query.fef_round1`` .. ``query.fef_round3``) over CKKS ciphertexts ("FedEvalFair: A
+Privacy-Preserving and Statistically Grounded Federated Fairness Evaluation Framework",
+anonymous authors, under review; Algorithms 1-2). On the holder, round 1 calls *your*
+function for the received model's predictions on your rows; rounds 2 and 3 need no data.
+Register them with::
 
     from fedparity.clients import HolderRows, fedevalfair_handlers
 

@@ -3,8 +3,9 @@
 The server's :class:`~fedparity.strategies.ldp_audit.LdpGapAudit` sends the model and the
 audit's public parameters (``query.ldp_audit``); the node evaluates the model per local user
 with *your* function, perturbs every user's (group, metric) pair with the requested mechanism
-and replies with the perturbed pairs only (Juarez and Korolova, "You Can't Hide Behind Your
-Headset: User Profiling in Augmented and Virtual Reality", 2023: mechanisms M_R and M_L).
+and replies with the perturbed pairs only (Juarez and Korolova, "'You Can't Fix What You
+Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
+Learning", 2022: mechanisms M_R and M_L).
 
 Register it on your app::
 

@@ -1,9 +1,10 @@
 """Per-user metrics from prediction rows: accuracy, TPR, FPR and FNR of each user.
 
-The LDP audit perturbs one metric value per user (Juarez and Korolova, "You Can't Hide
-Behind Your Headset", 2023: a user's performance metric in [0, 1]). These functions compute
-it from a node's rows (user, label, prediction) with integer counts, so that a rate is an
-exact ratio and is NaN where it is undefined (no samples, no positives or no negatives).
+The LDP audit perturbs one metric value per user, a performance metric in [0, 1] (Juarez and
+Korolova, "'You Can't Fix What You Can't Measure': Privately Measuring Demographic Performance
+Disparities in Federated Learning", 2022). These functions compute it from a node's rows
+(user, label, prediction) with integer counts, so that a rate is an exact ratio and is NaN
+where it is undefined (no samples, no positives or no negatives).
 """
 
 from __future__ import annotations

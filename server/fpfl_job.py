@@ -40,12 +40,10 @@ also evaluates on a central test set.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,269 +78,30 @@ from ..mechanisms.mmdm import (
     with_constraint_terms,
 )
 from ..strategies.fpfl import FPFLProtocol
+from .fpfl_checkpoint import (
+    RELEASE_LEDGER,
+    ReleaseLedger,
+    load_checkpoint,
+    resumed_releases,
+    save_checkpoint,
+    write_release_ledger,
+)
+from .fpfl_report import (
+    finite_or_none,
+    metrics_from_json,
+    metrics_to_json,
+    paper_row,
+    plot_training,
+    privacy_caveats,
+    progress_line,
+    summary_text,
+)
 from .harness import HARNESS_LABEL
 from .orchestration import connect_nodes, resolve_output_dir
 from .report import write_json
 
-__all__ = [
-    "PAPER_TABLE2",
-    "RELEASE_LEDGER",
-    "ReleaseLedger",
-    "cohort_sample_rate",
-    "load_checkpoint",
-    "read_release_ledger",
-    "run_fpfl",
-    "save_checkpoint",
-    "write_release_ledger",
-]
+__all__ = ["cohort_sample_rate", "run_fpfl"]
 
-#: Paper 004, Table 2 (Adult, shallow network): (accuracy, FNR gap) by (algorithm, m).
-PAPER_TABLE2: dict[tuple[str, int], tuple[float, float]] = {
-    ("fl", 200): (0.851, 0.121),
-    ("ffl", 200): (0.855, 0.036),
-    ("fl-clip", 200): (0.844, 0.169),
-    ("ffl-clip", 200): (0.853, 0.018),
-    ("pfl", 200): (0.844, 0.167),
-    ("fpfl", 200): (0.840, 0.001),
-    ("pfl", 1000): (0.847, 0.148),
-    ("fpfl", 1000): (0.851, 0.001),
-}
-CHECKPOINT_ARRAYS = "checkpoint.npz"
-CHECKPOINT_STATE = "checkpoint.json"
-RELEASE_LEDGER = "privacy-ledger.json"
-#: Run-config keys that do not change what a run computes (a resumed run may differ in them).
-_RESUME_NEUTRAL = {
-    "fpfl_resume",
-    "fpfl_stop_after",
-    "fpfl_checkpoint_every",
-    "output_dir",
-    "reply_timeout",
-    "node_wait_timeout",
-    "min_nodes",
-}
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------
-
-
-def _fingerprint(config: RunConfig) -> dict[str, Any]:
-    return {k: v for k, v in asdict(config).items() if k not in _RESUME_NEUTRAL}
-
-
-def save_checkpoint(folder: Path, config: RunConfig, state: dict[str, Any]) -> None:
-    """Write ``state`` (numpy arrays under ``arrays``, the rest JSON) atomically."""
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.asarray(value) for name, value in state["arrays"].items()}
-    scratch = folder / (CHECKPOINT_ARRAYS + ".tmp.npz")
-    np.savez(scratch, **arrays)
-    scratch.replace(folder / CHECKPOINT_ARRAYS)
-    meta = {k: v for k, v in state.items() if k != "arrays"}
-    meta["config"] = _fingerprint(config)
-    scratch_json = folder / (CHECKPOINT_STATE + ".tmp")
-    scratch_json.write_text(json.dumps(meta, allow_nan=True))
-    scratch_json.replace(folder / CHECKPOINT_STATE)
-
-
-def load_checkpoint(folder: Path, config: RunConfig) -> dict[str, Any] | None:
-    """The checkpoint in ``folder`` (None if there is none); ValueError if it was written by
-    a run with a different configuration."""
-    if not (folder / CHECKPOINT_STATE).is_file() or not (folder / CHECKPOINT_ARRAYS).is_file():
-        return None
-    meta = json.loads((folder / CHECKPOINT_STATE).read_text())
-    expected = json.loads(json.dumps(_fingerprint(config)))
-    if meta.get("config") != expected:
-        changed = sorted(
-            key
-            for key in set(expected) | set(meta.get("config", {}))
-            if expected.get(key) != meta.get("config", {}).get(key)
-        )
-        raise ValueError(
-            f"fpfl-resume: the checkpoint in {folder} was written with different settings "
-            f"({', '.join(changed)}); use another output-dir or the same run config"
-        )
-    with np.load(folder / CHECKPOINT_ARRAYS) as data:
-        meta["arrays"] = {name: data[name].copy() for name in data.files}
-    return meta
-
-
-# --------------------------------------------------------------------------------------------
-# Release ledger: rounds ever released, durable before each release
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReleaseLedger:
-    """What the accountant needs about the rounds released so far (one ``(sigma, q)`` history).
-
-    Attributes
-    ----------
-    rounds_released : int
-        Rounds sent to the nodes so far, over the interrupted and resumed runs of one training.
-    noise_multiplier : float
-        ``sigma`` (0 without noise).
-    sample_rate : float
-        ``q = m / K``.
-    delta : float
-    """
-
-    rounds_released: int
-    noise_multiplier: float
-    sample_rate: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        value = self.rounds_released
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"rounds_released must be an integer >= 0, got {value!r}")
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that it survives a crash: scratch file, ``fsync``, atomic
-    ``os.replace``, then ``fsync`` of the folder (POSIX) so the rename itself is on disk."""
-    scratch = path.with_name(path.name + ".tmp")
-    with scratch.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(scratch, path)
-    if hasattr(os, "O_DIRECTORY"):
-        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-
-
-def write_release_ledger(folder: Path, config: RunConfig, ledger: ReleaseLedger) -> None:
-    """Durably record ``ledger`` in ``folder/privacy-ledger.json`` (call it *before* the
-    release it counts)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    payload = {**asdict(ledger), "config": _fingerprint(config)}
-    _write_durably(folder / RELEASE_LEDGER, json.dumps(payload, allow_nan=False))
-
-
-def read_release_ledger(folder: Path, config: RunConfig) -> ReleaseLedger | None:
-    """The ledger in ``folder`` (None if there is none); ValueError if it is unreadable or was
-    written by a run with a different configuration (never silently restarted from 0)."""
-    path = folder / RELEASE_LEDGER
-    if not path.is_file():
-        return None
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-        ledger = ReleaseLedger(
-            rounds_released=int(payload["rounds_released"]),
-            noise_multiplier=float(payload["noise_multiplier"]),
-            sample_rate=float(payload["sample_rate"]),
-            delta=float(payload["delta"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(
-            f"fpfl-resume: the privacy ledger {path} is unreadable ({error!r}); the rounds it "
-            "counted cannot be recovered, so this run cannot report its epsilon"
-        ) from error
-    if payload.get("config") != json.loads(json.dumps(_fingerprint(config))):
-        raise ValueError(
-            f"fpfl-resume: the privacy ledger in {folder} was written with different settings; "
-            "use another output-dir or the same run config"
-        )
-    return ledger
-
-
-def _resumed_releases(
-    folder: Path, config: RunConfig, current: ReleaseLedger, checkpoint_round: int
-) -> int:
-    """Rounds released before this (resumed) run: ``max(ledger, checkpoint round)``.
-
-    The checkpoint round is a lower bound for a checkpoint written before the ledger existed.
-    The ledger must describe the same ``(sigma, q, delta)`` as this run, since the accountant
-    composes one ``(sigma, q)`` history (same population ``K``).
-    """
-    ledger = read_release_ledger(folder, config)
-    if ledger is None:
-        return checkpoint_round
-    same = (
-        math.isclose(ledger.noise_multiplier, current.noise_multiplier, rel_tol=1e-12)
-        and math.isclose(ledger.sample_rate, current.sample_rate, rel_tol=1e-12)
-        and math.isclose(ledger.delta, current.delta, rel_tol=1e-12)
-    )
-    if not same:
-        raise ValueError(
-            f"fpfl-resume: the privacy ledger in {folder} was written with sigma = "
-            f"{ledger.noise_multiplier:g}, q = {ledger.sample_rate:g}, delta = {ledger.delta:g}, "
-            f"this run has sigma = {current.noise_multiplier:g}, q = {current.sample_rate:g}, "
-            f"delta = {current.delta:g} (a different population?): cannot account both together"
-        )
-    return max(ledger.rounds_released, checkpoint_round)
-
-
-# --------------------------------------------------------------------------------------------
-# Reporting helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _finite(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
-
-
-def _progress_line(entry: dict[str, Any]) -> str:
-    gaps = entry.get("cohort_gap")
-    rates = entry.get("group_error_rates") or []
-    return (
-        f"round {entry['round']:>4}: cohort loss {_fmt(entry.get('cohort_loss'))} acc "
-        f"{_fmt(entry.get('cohort_accuracy'))} | constraint gap {_fmt(gaps)} "
-        f"(group rates {', '.join(_fmt(r) for r in rates)}) | lambda "
-        f"{', '.join(f'{m:.3f}' for m in entry['multipliers'])} | eps spent "
-        f"{_fmt(entry.get('epsilon_spent'))} | nodes {entry['replied']}/{entry['members']}"
-        + (f" | LOST: {entry['lost']}" if entry.get("lost") else "")
-    )
-
-
-def _fmt(value: float | None) -> str:
-    return "  n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
-
-
-def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> str | None:
-    """Training curves (cohort loss and accuracy, constraint gap, multipliers, epsilon); PNG."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'fedparity[plot]'): no plot written"
-    rounds = [entry["round"] for entry in history]
-
-    def series(key: str) -> list[float]:
-        return [math.nan if entry.get(key) is None else entry[key] for entry in history]
-
-    figure, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
-    axes[0, 0].plot(rounds, series("cohort_accuracy"), label="accuracy")
-    axes[0, 0].plot(rounds, series("cohort_loss"), label="loss")
-    axes[0, 0].set_ylabel("cohort accuracy / loss (noisy)")
-    axes[0, 0].legend()
-    axes[0, 1].plot(rounds, series("cohort_gap"), label="hard gap (noisy)")
-    axes[0, 1].plot(rounds, series("surrogate_gap"), label="surrogate gap (noisy)")
-    axes[0, 1].axhline(alpha, color="0.5", linestyle="--", label="alpha")
-    axes[0, 1].set_ylabel("constraint gap")
-    axes[0, 1].legend()
-    multipliers = np.array([entry["multipliers"] for entry in history])
-    for group in range(multipliers.shape[1] if multipliers.ndim == 2 else 0):
-        axes[1, 0].plot(rounds, multipliers[:, group], label=f"group {group}")
-    axes[1, 0].set_ylabel("multiplier lambda")
-    axes[1, 0].legend()
-    axes[1, 1].plot(rounds, series("epsilon_spent"))
-    axes[1, 1].set_ylabel("epsilon spent")
-    for axis in axes[1]:
-        axis.set_xlabel("round")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return None
-
-
-# --------------------------------------------------------------------------------------------
 # The job
 # --------------------------------------------------------------------------------------------
 
@@ -454,10 +213,10 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 selector.consider(
                     int(state["best_round"]),
                     state["arrays"]["best_weights"],
-                    _metrics_from_json(state["best_metrics"]),
+                    metrics_from_json(state["best_metrics"]),
                 )
             log(logging.INFO, "resuming from round %d (%s)", first_round, output_dir)
-        released = _resumed_releases(output_dir, config, ledger, first_round - 1)
+        released = resumed_releases(output_dir, config, ledger, first_round - 1)
         ledger = ReleaseLedger(released, noise_multiplier=sigma, sample_rate=rate, delta=delta)
         if released > first_round - 1:
             log(
@@ -535,17 +294,19 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 )
             entry.update(
                 {
-                    "cohort_loss": _finite(stats.loss_sum / max(stats.num_samples, mmdm.min_count)),
-                    "cohort_accuracy": _finite(raw_metrics.accuracy),
-                    "cohort_gap": _finite(raw_metrics.gap),
-                    "group_error_rates": [_finite(r) for r in raw_metrics.group_error_rates],
-                    "surrogate_gap": _finite(constraints.max_gap),
-                    "cohort_size_noisy": _finite(stats.num_samples),
+                    "cohort_loss": finite_or_none(
+                        stats.loss_sum / max(stats.num_samples, mmdm.min_count)
+                    ),
+                    "cohort_accuracy": finite_or_none(raw_metrics.accuracy),
+                    "cohort_gap": finite_or_none(raw_metrics.gap),
+                    "group_error_rates": [finite_or_none(r) for r in raw_metrics.group_error_rates],
+                    "surrogate_gap": finite_or_none(constraints.max_gap),
+                    "cohort_size_noisy": finite_or_none(stats.num_samples),
                 }
             )
             if smoothing:
-                entry["smoothed_cohort_accuracy"] = _finite(metrics.accuracy)
-                entry["smoothed_cohort_gap"] = _finite(metrics.gap)
+                entry["smoothed_cohort_accuracy"] = finite_or_none(metrics.accuracy)
+                entry["smoothed_cohort_gap"] = finite_or_none(metrics.gap)
         entry["multipliers"] = [float(m) for m in multipliers]
         entry["rounds_released_total"] = ledger.rounds_released
         spent_so_far = spent_after(ledger.rounds_released)
@@ -553,7 +314,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         entry["seconds"] = time.perf_counter() - tick
         round_seconds.append(entry["seconds"])
         history.append(entry)
-        log(logging.INFO, "%s", _progress_line(entry))
+        log(logging.INFO, "%s", progress_line(entry))
         if round_number % config.fpfl_checkpoint_every == 0 or round_number == last_round:
             _checkpoint(
                 output_dir,
@@ -622,7 +383,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             "noise_share_std": protocol.noise_share_std(),
             "secure_sum": config.fpfl_secure_sum,
             "client_seed": config.fpfl_client_seed,
-            "caveats": _privacy_caveats(config, sigma, ledger.rounds_released - rounds_done),
+            "caveats": privacy_caveats(config, sigma, ledger.rounds_released - rounds_done),
         },
         "selected_round": selected_round,
         "model_selection": config.fpfl_model_selection,
@@ -631,7 +392,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             "source": f"held-out test set ({HARNESS_LABEL})",
             **{name: asdict(gaps) for name, gaps in evaluation.items()},
         },
-        "paper": _paper_row(config),
+        "paper": paper_row(config),
         "population": {
             "users": population_size,
             "nodes": len(protocol.members),
@@ -648,7 +409,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     note = (
         plot_training(output_dir / "training.png", history, config.fpfl_alpha) if history else None
     )
-    for line in ("", *_summary(payload).splitlines(), ""):
+    for line in ("", *summary_text(payload).splitlines(), ""):
         log(logging.INFO, "%s", line)
     if note:
         log(logging.WARNING, "%s", note)
@@ -673,92 +434,6 @@ def _checkpoint(
     if selector.best is not None:
         arrays["best_weights"] = selector.best.weights
         state["best_round"] = selector.best.round
-        state["best_metrics"] = _metrics_to_json(selector.best.metrics)
+        state["best_metrics"] = metrics_to_json(selector.best.metrics)
     state["arrays"] = arrays
     save_checkpoint(folder, config, state)
-
-
-def _metrics_to_json(metrics: Any) -> dict[str, Any]:
-    return {
-        "accuracy": metrics.accuracy,
-        "group_error_rates": [float(r) for r in metrics.group_error_rates],
-        "overall_error_rate": metrics.overall_error_rate,
-        "gap": metrics.gap,
-        "fair": metrics.fair,
-    }
-
-
-def _metrics_from_json(values: dict[str, Any]) -> Any:
-    from ..mechanisms.mmdm import CohortMetrics
-
-    return CohortMetrics(
-        accuracy=float(values["accuracy"]),
-        group_error_rates=np.asarray(values["group_error_rates"], dtype=np.float64),
-        overall_error_rate=float(values["overall_error_rate"]),
-        gap=float(values["gap"]),
-        fair=bool(values["fair"]),
-    )
-
-
-def _privacy_caveats(config: RunConfig, sigma: float, discarded: int = 0) -> list[str]:
-    notes: list[str] = []
-    if sigma and discarded > 0:
-        notes.append(
-            f"{discarded} round(s) were released by an interrupted run after its last "
-            "checkpoint and discarded on resuming: they still count in epsilon, which can "
-            "therefore exceed the epsilon calibrated for fpfl-rounds"
-        )
-    if not sigma:
-        notes.append(f"{config.fpfl_algorithm}: no noise, no differential privacy (baseline)")
-    if config.fpfl_client_seed is not None:
-        notes.append(
-            "fpfl-client-seed is set: cohorts and noise are reproducible by anyone who knows "
-            "the seed, so this run is NOT private (use it for experiments only)"
-        )
-    if sigma and config.fpfl_secure_sum == "none" and config.fpfl_noise == "distributed":
-        notes.append(
-            "fpfl-secure-sum = none with distributed noise: each node's sum reaches the server "
-            "with only that node's noise share; the stated epsilon holds for the aggregate only"
-        )
-    if sigma and config.fpfl_noise == "central":
-        notes.append("central noise: the server (trusted aggregator) sees the un-noised sum")
-    return notes
-
-
-def _paper_row(config: RunConfig) -> dict[str, Any] | None:
-    if config.dataset != "adult" or config.fpfl_architecture != "shallow":
-        return None
-    row = PAPER_TABLE2.get((config.fpfl_algorithm, config.fpfl_cohort_size))
-    if row is None:
-        return None
-    return {"table": "paper 004, Table 2 (shallow)", "accuracy": row[0], "fnr_gap": row[1]}
-
-
-def _summary(payload: dict[str, Any]) -> str:
-    def cell(value: Any) -> str:
-        return "n/a" if value is None else f"{value:.4f}"
-
-    lines = [
-        f"FPFL result ({payload['algorithm']}; selected round {payload['selected_round']}; "
-        f"test set: {payload['evaluation']['source']}):",
-        f"{'':>10} {'accuracy':>9} {'FNR gap':>9} {'EO gap':>9} {'DemP gap':>9} {'PP gap':>9}",
-        f"{'ours':>10} {cell(payload['accuracy']):>9} {cell(payload['fnr_gap']):>9} "
-        f"{cell(payload['eo_gap']):>9} {cell(payload['demp_gap']):>9} {cell(payload['pp_gap']):>9}",
-    ]
-    paper = payload.get("paper")
-    if paper:
-        lines.append(
-            f"{'paper':>10} {paper['accuracy']:>9.3f} {paper['fnr_gap']:>9.3f} "
-            f"{'':>9} {'':>9} {'':>9}   ({paper['table']})"
-        )
-    if payload["private"]:
-        lines.append(
-            f"privacy: epsilon = {payload['epsilon']:.4f} spent after "
-            f"{payload['privacy']['rounds_released_total']} released round(s), "
-            f"delta = {payload['delta']:.3g}, "
-            f"noise multiplier = {payload['noise_multiplier']:.4f} "
-            f"({payload['privacy']['accountant']}, {payload['privacy']['noise']} noise)"
-        )
-    for note in payload["privacy"]["caveats"]:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)

@@ -31,7 +31,7 @@ from fedparity.mechanisms.dp_accounting import privacy_spent
 from fedparity.mechanisms.mmdm import sgd_update
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import build_server_app
-from fedparity.server.fpfl_job import load_checkpoint
+from fedparity.server.fpfl_checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {

@@ -18,12 +18,12 @@ import pytest
 from fedparity.clients.config import RunConfig
 from fedparity.mechanisms.dp_accounting import privacy_spent
 from fedparity.server.api import run_simulation_job
-from fedparity.server.fpfl_job import (
+from fedparity.server.fpfl_checkpoint import (
     RELEASE_LEDGER,
     ReleaseLedger,
-    _resumed_releases,
     load_checkpoint,
     read_release_ledger,
+    resumed_releases,
     write_release_ledger,
 )
 from fedparity.strategies.fpfl import FPFLProtocol
@@ -61,13 +61,13 @@ def test_ledger_round_trip_is_atomic_and_checked(tmp_path: Path) -> None:
 
 def test_resume_counts_max_of_ledger_and_checkpoint(tmp_path: Path) -> None:
     current = ReleaseLedger(0, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600)
-    assert _resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 5  # no ledger
+    assert resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 5  # no ledger
     write_release_ledger(tmp_path, CONFIG, ReleaseLedger(7, 1.2, 0.25, 1 / 600))
-    assert _resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 7
-    assert _resumed_releases(tmp_path, CONFIG, current, checkpoint_round=0) == 7  # no checkpoint
+    assert resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 7
+    assert resumed_releases(tmp_path, CONFIG, current, checkpoint_round=0) == 7  # no checkpoint
     other_population = ReleaseLedger(0, noise_multiplier=1.3, sample_rate=0.2, delta=1 / 750)
     with pytest.raises(ValueError, match="cannot account both together"):
-        _resumed_releases(tmp_path, CONFIG, other_population, checkpoint_round=5)
+        resumed_releases(tmp_path, CONFIG, other_population, checkpoint_round=5)
 
 
 @pytest.mark.slow
