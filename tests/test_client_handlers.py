@@ -64,6 +64,7 @@ def test_describe_reports_only_shapes() -> None:
         "num-features": 8,
         "num-users": 40,
         "num-train-samples": 40 * 16,
+        "own-data": 0,  # the embedded population, not a node's own file
     }
     assert not reply.content.array_records
 
