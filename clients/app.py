@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
@@ -33,17 +34,8 @@ from ..mechanisms.ckks import (
 )
 from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.protocol import (
-    FPFL_KEY,
     METRICS_KEY,
     UNABLE_REPLY,
-)
-from ..mechanisms.secure_sum import (
-    FixedPointCodec,
-    MaskingKeyPair,
-    mask_vector,
-    minimum_survivors,
-    pair_secrets,
-    reveal_round_seeds,
 )
 from .config import RunConfig
 from .data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
@@ -55,7 +47,10 @@ from .fedevalfair_handlers import (
     load_secret_context_cached,
     round1_reply,
 )
-from .fpfl_node import node_contribution, node_noise_share_std, node_shard, round_rng
+from .fpfl_data import FPFLShard
+from .fpfl_handlers import fpfl_handlers
+from .fpfl_node import node_settings, node_shard
+from .fpfl_task import build_model_for
 from .ldp import LEDGER_DIR_NODE_KEY, LocalUsers, ldp_audit_handler
 from .own_data import DATA_FILE_NODE_KEY, DataFileError, own_shard, read_data_file
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
@@ -294,98 +289,40 @@ def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
 
 # --- FPFL (task = "fpfl"): one masked sum per round (paper 004, Algorithm 1) ---------------
 
-FPFL_STATE_KEY = "fpfl-masking"
+def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Message]:
+    """The library's FPFL handler ``action`` (:func:`~fedparity.clients.fpfl_handlers.
+    fpfl_handlers`) on this node's partition of the embedded population, with the project
+    app's model (``fpfl-architecture``) and the node settings from the run config."""
 
+    def handle(msg: Message, context: Context, config: RunConfig) -> Message:
+        _refuse_own_data_for_fpfl(context)
+        partition_id, num_partitions = _partition(context)
 
-def _masking_secrets(msg_config: Any, context: Context) -> dict[int, bytes]:
-    """This node's pair secrets with the round's peers (its key pair is in its state)."""
-    state = context.state.config_records.get(FPFL_STATE_KEY)
-    if state is None or bytes(state["run-salt"]) != bytes(msg_config["run-salt"]):  # type: ignore[arg-type]
-        raise ValueError("fpfl: no masking key for this run (the setup message was not received)")
-    own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
-    peers = dict(
-        zip(
-            (int(node) for node in msg_config["peer-ids"]),  # type: ignore[union-attr]
-            (bytes(key) for key in msg_config["peer-keys"]),  # type: ignore[union-attr]
-            strict=True,
+        def users(_: Context) -> FPFLShard:
+            return node_shard(config, partition_id, num_partitions)
+
+        def make_model() -> torch.nn.Module:
+            shard = users(context)
+            return build_model_for(
+                config.fpfl_architecture,
+                shard.features.shape[1:],
+                num_classes=shard.num_classes,
+                seed=config.seed,
+            )
+
+        handlers = fpfl_handlers(
+            make_model, users, node_settings(config), stream=lambda _: partition_id
         )
-    )
-    return pair_secrets(int(context.node_id), own, peers, bytes(msg_config["run-salt"]))  # type: ignore[arg-type]
+        return handlers[action](msg, context)
+
+    handle.__name__ = action
+    handle.__doc__ = f"``query.{action}`` of the library's FPFL handlers on this node's shard."
+    return handle
 
 
-def fpfl_setup(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Generate this run's masking key pair (kept in the node state); reply with the public
-    key only."""
-    salt = bytes(msg.content.config_records[FPFL_KEY]["run-salt"])  # type: ignore[arg-type]
-    keys = MaskingKeyPair.generate()
-    context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
-        {"run-salt": salt, "private-key": keys.private_bytes()}
-    )
-    return Message(
-        content=RecordDict({FPFL_KEY: ConfigRecord({"public-key": keys.public_bytes()})}),
-        reply_to=msg,
-    )
-
-
-def fpfl_round(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
-    reply with the sum masked (or in the clear with ``fpfl-secure-sum = "none"``)."""
-    partition_id, num_partitions = _partition(context)
-    settings = msg.content.config_records["config"]
-    weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
-    round_number = int(settings["round"])  # type: ignore[arg-type]
-    population_size = int(settings["population-size"])  # type: ignore[arg-type]
-    num_nodes = int(settings["num-nodes"])  # type: ignore[arg-type]
-    peers = {int(node) for node in settings["peer-ids"]}  # type: ignore[union-attr]
-    if len(peers) != num_nodes or int(context.node_id) not in peers:
-        # The noise share shrinks with num-nodes: never take it from the server unchecked.
-        raise ValueError(
-            f"fpfl: the round says num-nodes = {num_nodes} but lists {len(peers)} distinct "
-            f"peer(s){'' if int(context.node_id) in peers else ' without this node'}; "
-            "refusing to scale the noise share"
-        )
-    shard = node_shard(config, partition_id, num_partitions)
-    rng = round_rng(config.fpfl_client_seed, partition_id, round_number)
-    total = node_contribution(
-        config,
-        shard,
-        weights,
-        sample_rate=min(1.0, config.fpfl_cohort_size / population_size),
-        noise_share_std=node_noise_share_std(config, population_size, num_nodes),
-        rng=rng,
-    )
-    if config.fpfl_secure_sum == "none":
-        record = ArrayRecord({"sum": Array(total)})
-    else:
-        limit = float(settings["codec-range"])  # type: ignore[arg-type]
-        codec = FixedPointCodec(clip_range=limit, max_nodes=max(2, num_nodes))
-        encoded = codec.encode(np.clip(total, -limit, limit))
-        secrets = _masking_secrets(settings, context)
-        masked = mask_vector(encoded, int(context.node_id), secrets, round_number)
-        record = ArrayRecord({"masked": Array(masked)})
-    return Message(content=RecordDict({FPFL_KEY: record}), reply_to=msg)
-
-
-def fpfl_reveal(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Reveal this round's mask seeds with the dropped nodes, only if enough nodes survive
-    for the noise shares to add up to the run's noise (refuse otherwise)."""
-    settings = msg.content.config_records[FPFL_KEY]
-    round_number = int(settings["round"])  # type: ignore[arg-type]
-    survivors = [int(node) for node in settings["survivors"]]  # type: ignore[union-attr]
-    dropped = [int(node) for node in settings["dropped"]]  # type: ignore[union-attr]
-    members = len(survivors) + len(dropped)
-    needed = max(2, minimum_survivors(members, config.fpfl_dropout_tolerance))
-    secrets = _masking_secrets(settings, context)
-    state = context.state.config_records[FPFL_STATE_KEY]
-    revealed_rounds = [int(r) for r in state.get("revealed-rounds", [])]  # type: ignore[union-attr]
-    if round_number in revealed_rounds:
-        raise ValueError(f"fpfl: already revealed seeds for round {round_number}; refusing again")
-    seeds = reveal_round_seeds(
-        int(context.node_id), secrets, round_number, dropped, survivors, min_survivors=needed
-    )
-    state["revealed-rounds"] = [*revealed_rounds, round_number]
-    reply = ConfigRecord({"dropped": list(seeds), "seeds": list(seeds.values())})
-    return Message(content=RecordDict({FPFL_KEY: reply}), reply_to=msg)
+fpfl_setup = _fpfl_handler("fpfl_setup")
+fpfl_round = _fpfl_handler("fpfl_round")
+fpfl_reveal = _fpfl_handler("fpfl_reveal")
 
 
 # --- the ClientApp --------------------------------------------------------------------------

@@ -31,8 +31,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from ..mechanisms.dp_accounting import calibrate_noise
@@ -41,6 +43,7 @@ from .config import RunConfig
 from .data import ADULT_DIR_ENV
 from .fpfl_data import FPFLShard, fpfl_population
 from .fpfl_task import (
+    CONSTRAINTS,
     build_model_for,
     set_flat_parameters,
     shard_contribution,
@@ -49,7 +52,10 @@ from .fpfl_task import (
 )
 
 __all__ = [
+    "FPFLNodeSettings",
+    "cohort_contribution",
     "node_contribution",
+    "node_settings",
     "node_noise_multiplier",
     "node_noise_share_std",
     "node_shard",
@@ -132,31 +138,165 @@ def _calibrated_sigma(
     ).noise_multiplier
 
 
+@dataclass(frozen=True)
+class FPFLNodeSettings:
+    """What a node needs to take part in FPFL training, set by the node's own app.
+
+    Every privacy-relevant value here is the node's: it recomputes ``sigma`` from them and
+    never takes a noise level from the server (only the population size ``K`` and the member
+    list come with a round, and the member list is checked).
+
+    Attributes
+    ----------
+    constraint : "fnr" or "accuracy"
+        The fairness constraint whose per-group terms the statistic vector carries.
+    cohort_size, rounds : int
+        ``m`` (expected users per round; ``q = m / K``) and ``T``.
+    clipping_bound : float or None
+        ``C``, the per-user L2 bound; None for the unclipped baselines (FL, FFL).
+    epsilon : float or None
+        User-level epsilon after ``T`` rounds; None adds no noise (non-private baselines).
+    delta : float or None
+        None: ``1 / K``.
+    accountant : "rdp" or "prv"
+    distributed_noise : bool
+        The node adds its noise share (True) or the server adds central noise (False).
+    masking : bool
+        The node masks its sum (pairwise-masked secure sum) or sends it in the clear.
+    dropout_tolerance : float
+        ``rho`` in [0, 1): the shares are sized for ``n_min = ceil((1 - rho) n)`` survivors.
+    client_seed : int or None
+        None: OS entropy for the cohort and the noise; an integer is reproducible, NOT private.
+    """
+
+    constraint: str
+    cohort_size: int
+    rounds: int
+    clipping_bound: float | None
+    epsilon: float | None
+    delta: float | None = None
+    accountant: str = "rdp"
+    distributed_noise: bool = True
+    masking: bool = True
+    dropout_tolerance: float = 0.2
+    client_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.constraint not in CONSTRAINTS:
+            raise ValueError(f"constraint must be one of {', '.join(CONSTRAINTS)}")
+        for name in ("cohort_size", "rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.clipping_bound is not None and not (
+            math.isfinite(self.clipping_bound) and self.clipping_bound > 0
+        ):
+            raise ValueError(f"clipping_bound must be > 0 or None, got {self.clipping_bound!r}")
+        if self.epsilon is not None:
+            if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+                raise ValueError(f"epsilon must be > 0 or None, got {self.epsilon!r}")
+            if self.clipping_bound is None:
+                raise ValueError("epsilon needs a clipping_bound (noise is calibrated to C)")
+        if self.delta is not None and not 0.0 < self.delta < 1.0:
+            raise ValueError(f"delta must be in (0, 1) or None, got {self.delta!r}")
+        if not 0.0 <= self.dropout_tolerance < 1.0:
+            raise ValueError(f"dropout_tolerance must be in [0, 1), got {self.dropout_tolerance!r}")
+
+    def noise_multiplier(self, population_size: int) -> float:
+        """``sigma`` for (epsilon, delta, m, K, T), recomputed on the node (Opacus); 0 without
+        noise."""
+        if self.epsilon is None:
+            return 0.0
+        delta = self.delta if self.delta is not None else 1.0 / population_size
+        return _calibrated_sigma(
+            self.epsilon, delta, self.cohort_size, population_size, self.rounds, self.accountant
+        )
+
+    def noise_share_std(self, population_size: int, num_nodes: int) -> float:
+        """This node's noise-share std in a round with ``num_nodes`` members:
+        ``C sigma / sqrt(n_min)`` with distributed noise, else 0."""
+        sigma = self.noise_multiplier(population_size)
+        if not sigma or not self.distributed_noise:
+            return 0.0
+        assert self.clipping_bound is not None  # checked in __post_init__
+        survivors = minimum_survivors(num_nodes, self.dropout_tolerance)
+        return noise_share_std(self.clipping_bound, sigma, survivors)
+
+
+def node_settings(config: RunConfig) -> FPFLNodeSettings:
+    """The project app's node settings from its run config."""
+    return FPFLNodeSettings(
+        constraint=config.fpfl_constraint,
+        cohort_size=config.fpfl_cohort_size,
+        rounds=config.fpfl_rounds,
+        clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
+        epsilon=config.fpfl_epsilon if config.fpfl_private else None,
+        delta=config.fpfl_delta,
+        accountant=config.fpfl_accountant,
+        distributed_noise=config.fpfl_noise == "distributed",
+        masking=config.fpfl_secure_sum == "masking",
+        dropout_tolerance=config.fpfl_dropout_tolerance,
+        client_seed=config.fpfl_client_seed,
+    )
+
+
 def node_noise_multiplier(config: RunConfig, population_size: int) -> float:
     """``sigma`` for the run's (epsilon, delta, m, K, T), recomputed on the node (Opacus);
     0 for the algorithms without noise."""
-    if not config.fpfl_private:
-        return 0.0
-    delta = config.fpfl_delta if config.fpfl_delta is not None else 1.0 / population_size
-    return _calibrated_sigma(
-        config.fpfl_epsilon,
-        delta,
-        config.fpfl_cohort_size,
-        population_size,
-        config.fpfl_rounds,
-        config.fpfl_accountant,
-    )
+    return node_settings(config).noise_multiplier(population_size)
 
 
 def node_noise_share_std(config: RunConfig, population_size: int, num_nodes: int) -> float:
     """The std this node's noise share has in a round with ``num_nodes`` member nodes:
     :func:`noise_share_std` of (``C``, the node's own ``sigma``, ``n_min``) with distributed
     noise, 0 with central noise or without noise (FL, FL + Clip, FFL, FFL + Clip)."""
-    sigma = node_noise_multiplier(config, population_size)
-    if not sigma or config.fpfl_noise != "distributed":
-        return 0.0
-    survivors = minimum_survivors(num_nodes, config.fpfl_dropout_tolerance)
-    return noise_share_std(config.fpfl_clipping_bound, sigma, survivors)
+    return node_settings(config).noise_share_std(population_size, num_nodes)
+
+
+def cohort_contribution(
+    model: torch.nn.Module,
+    shard: FPFLShard,
+    *,
+    constraint: str,
+    clipping_bound: float | None,
+    sample_rate: float,
+    noise_share_std: float,
+    rng: np.random.Generator,
+) -> NDArray[np.float64]:
+    """This node's message of one round before secure aggregation, for ``model`` (already
+    holding the round's weights): the sum of its cohort users' statistic vectors (clipped to
+    ``clipping_bound`` unless None) plus its noise share ``N(0, noise_share_std^2 I)``
+    (FPFL Algorithm 1, ``UserStatistics``; Poisson cohort with rate ``sample_rate``)."""
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if not math.isfinite(noise_share_std) or noise_share_std < 0:
+        raise ValueError(f"noise_share_std must be a finite number >= 0, got {noise_share_std!r}")
+    layout = statistics_layout(model, shard.num_groups)
+    cohort = np.flatnonzero(rng.random(shard.num_users) < sample_rate)
+    if cohort.size == 0:
+        total = np.zeros(layout.size)
+    elif clipping_bound is not None:
+        total = shard_contribution(
+            model,
+            shard,
+            constraint=constraint,  # type: ignore[arg-type]
+            clipping_bound=clipping_bound,
+            users=cohort,
+        ).total
+    else:
+        total = (
+            user_statistics(
+                model,
+                shard,
+                constraint=constraint,  # type: ignore[arg-type]
+                users=cohort,
+            )
+            .sum(dim=0)
+            .numpy()
+        )
+    if noise_share_std > 0:
+        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
+    return np.asarray(total, dtype=np.float64)
 
 
 def node_contribution(
@@ -168,42 +308,21 @@ def node_contribution(
     noise_share_std: float,
     rng: np.random.Generator,
 ) -> NDArray[np.float64]:
-    """This node's message of one round before secure aggregation: the sum of its cohort
-    users' (clipped) statistic vectors plus its noise share ``N(0, noise_share_std^2 I)``."""
-    if not 0.0 < sample_rate <= 1.0:
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if not math.isfinite(noise_share_std) or noise_share_std < 0:
-        raise ValueError(f"noise_share_std must be a finite number >= 0, got {noise_share_std!r}")
+    """:func:`cohort_contribution` of the project app's model (``fpfl-architecture``) with
+    ``weights``."""
     model = build_model_for(
         config.fpfl_architecture,
         shard.features.shape[1:],
         num_classes=shard.num_classes,
         seed=config.seed,
     )
-    layout = statistics_layout(model, shard.num_groups)
     set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
-    cohort = np.flatnonzero(rng.random(shard.num_users) < sample_rate)
-    if cohort.size == 0:
-        total = np.zeros(layout.size)
-    elif config.fpfl_clips:
-        total = shard_contribution(
-            model,
-            shard,
-            constraint=config.fpfl_constraint,  # type: ignore[arg-type]
-            clipping_bound=config.fpfl_clipping_bound,
-            users=cohort,
-        ).total
-    else:
-        total = (
-            user_statistics(
-                model,
-                shard,
-                constraint=config.fpfl_constraint,  # type: ignore[arg-type]
-                users=cohort,
-            )
-            .sum(dim=0)
-            .numpy()
-        )
-    if noise_share_std > 0:
-        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
-    return np.asarray(total, dtype=np.float64)
+    return cohort_contribution(
+        model,
+        shard,
+        constraint=config.fpfl_constraint,
+        clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
+        sample_rate=sample_rate,
+        noise_share_std=noise_share_std,
+        rng=rng,
+    )

@@ -1,0 +1,170 @@
+"""FPFL training on a node, as handlers for your own Flower ``ClientApp``.
+
+The server's :class:`~fedparity.strategies.fpfl.FPFLProtocol` sends a setup message (the run's
+masking keys) and then one message per round with the model weights; each node samples its
+cohort (Poisson), sums the users' clipped statistic vectors for *your* torch model, adds its
+share of the Gaussian noise and replies with the sum masked (Rodriguez-Galvez, Granqvist, van
+Dalen and Seigel, "Enforcing fairness in private federated learning via the modified method
+of differential multipliers", 2021, Algorithm 1). Register them with::
+
+    from fedparity.clients import FPFLNodeSettings, fpfl_handlers
+
+    settings = FPFLNodeSettings(constraint="fnr", cohort_size=1000, rounds=250,
+                                clipping_bound=2.0, epsilon=2.0)
+    for action, handler in fpfl_handlers(make_model, my_users, settings).items():
+        app.query(action)(handler)
+
+``make_model()`` returns a fresh instance of your model, ending in ``nn.Sigmoid`` (binary) or
+``nn.Softmax(dim=-1)`` (multi-class): the fairness surrogates need probabilities.
+``my_users(context)`` returns the node's users as an
+:class:`~fedparity.clients.fpfl_data.FPFLShard`. The privacy parameters are the node's own
+(``settings``): the node recomputes ``sigma`` and never takes a noise level from the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from ..mechanisms.protocol import FPFL_KEY
+from ..mechanisms.secure_sum import (
+    FixedPointCodec,
+    MaskingKeyPair,
+    mask_vector,
+    minimum_survivors,
+    pair_secrets,
+    reveal_round_seeds,
+)
+from .fpfl_data import FPFLShard
+from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
+from .fpfl_task import set_flat_parameters
+
+__all__ = ["FPFL_STATE_KEY", "fpfl_handlers"]
+
+#: Node run-state record of the run's masking key pair and revealed rounds.
+FPFL_STATE_KEY = "fpfl-masking"
+Handler = Callable[[Message, Context], Message]
+
+
+def _masking_secrets(msg_config: Any, context: Context) -> dict[int, bytes]:
+    """This node's pair secrets with the round's peers (its key pair is in its state)."""
+    state = context.state.config_records.get(FPFL_STATE_KEY)
+    if state is None or bytes(state["run-salt"]) != bytes(msg_config["run-salt"]):  # type: ignore[arg-type]
+        raise ValueError("fpfl: no masking key for this run (the setup message was not received)")
+    own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
+    peers = dict(
+        zip(
+            (int(node) for node in msg_config["peer-ids"]),  # type: ignore[union-attr]
+            (bytes(key) for key in msg_config["peer-keys"]),  # type: ignore[union-attr]
+            strict=True,
+        )
+    )
+    return pair_secrets(int(context.node_id), own, peers, bytes(msg_config["run-salt"]))  # type: ignore[arg-type]
+
+
+def fpfl_handlers(
+    make_model: Callable[[], torch.nn.Module],
+    node_users: Callable[[Context], FPFLShard],
+    settings: FPFLNodeSettings,
+    *,
+    stream: Callable[[Context], int] = lambda context: int(context.node_id),
+) -> dict[str, Handler]:
+    """The three FPFL handlers (``fpfl_setup``, ``fpfl_round``, ``fpfl_reveal``), keyed by
+    the action to register with ``app.query``.
+
+    Parameters
+    ----------
+    make_model : callable
+        A fresh instance of the model the server trains (the round's weights are loaded
+        into it in ``named_parameters`` order).
+    node_users : callable
+        ``node_users(context) -> FPFLShard``: this node's users and their samples.
+    settings : FPFLNodeSettings
+        The node's own privacy and training parameters.
+    stream : callable, optional
+        The node's stream id for a seeded run (``settings.client_seed``); default its node id.
+    """
+    if not isinstance(settings, FPFLNodeSettings):
+        raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
+
+    def setup(msg: Message, context: Context) -> Message:
+        """Generate this run's masking key pair (kept in the node state); reply with the
+        public key only."""
+        salt = bytes(msg.content.config_records[FPFL_KEY]["run-salt"])  # type: ignore[arg-type]
+        keys = MaskingKeyPair.generate()
+        context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
+            {"run-salt": salt, "private-key": keys.private_bytes()}
+        )
+        return Message(
+            content=RecordDict({FPFL_KEY: ConfigRecord({"public-key": keys.public_bytes()})}),
+            reply_to=msg,
+        )
+
+    def round_(msg: Message, context: Context) -> Message:
+        """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
+        reply with the sum masked (or in the clear without masking)."""
+        settings_record = msg.content.config_records["config"]
+        weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
+        round_number = int(settings_record["round"])  # type: ignore[arg-type]
+        population_size = int(settings_record["population-size"])  # type: ignore[arg-type]
+        num_nodes = int(settings_record["num-nodes"])  # type: ignore[arg-type]
+        peers = {int(node) for node in settings_record["peer-ids"]}  # type: ignore[union-attr]
+        if len(peers) != num_nodes or int(context.node_id) not in peers:
+            # The noise share shrinks with num-nodes: never take it from the server unchecked.
+            raise ValueError(
+                f"fpfl: the round says num-nodes = {num_nodes} but lists {len(peers)} distinct "
+                f"peer(s){'' if int(context.node_id) in peers else ' without this node'}; "
+                "refusing to scale the noise share"
+            )
+        shard = node_users(context)
+        model = make_model()
+        set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
+        rng = round_rng(settings.client_seed, stream(context), round_number)
+        total = cohort_contribution(
+            model,
+            shard,
+            constraint=settings.constraint,
+            clipping_bound=settings.clipping_bound,
+            sample_rate=min(1.0, settings.cohort_size / population_size),
+            noise_share_std=settings.noise_share_std(population_size, num_nodes),
+            rng=rng,
+        )
+        if not settings.masking:
+            record = ArrayRecord({"sum": Array(total)})
+        else:
+            limit = float(settings_record["codec-range"])  # type: ignore[arg-type]
+            codec = FixedPointCodec(clip_range=limit, max_nodes=max(2, num_nodes))
+            encoded = codec.encode(np.clip(total, -limit, limit))
+            secrets = _masking_secrets(settings_record, context)
+            masked = mask_vector(encoded, int(context.node_id), secrets, round_number)
+            record = ArrayRecord({"masked": Array(masked)})
+        return Message(content=RecordDict({FPFL_KEY: record}), reply_to=msg)
+
+    def reveal(msg: Message, context: Context) -> Message:
+        """Reveal this round's mask seeds with the dropped nodes, only if enough nodes survive
+        for the noise shares to add up to the run's noise (refuse otherwise)."""
+        record = msg.content.config_records[FPFL_KEY]
+        round_number = int(record["round"])  # type: ignore[arg-type]
+        survivors = [int(node) for node in record["survivors"]]  # type: ignore[union-attr]
+        dropped = [int(node) for node in record["dropped"]]  # type: ignore[union-attr]
+        members = len(survivors) + len(dropped)
+        needed = max(2, minimum_survivors(members, settings.dropout_tolerance))
+        secrets = _masking_secrets(record, context)
+        state = context.state.config_records[FPFL_STATE_KEY]
+        revealed_rounds = [int(r) for r in state.get("revealed-rounds", [])]  # type: ignore[union-attr]
+        if round_number in revealed_rounds:
+            raise ValueError(
+                f"fpfl: already revealed seeds for round {round_number}; refusing again"
+            )
+        seeds = reveal_round_seeds(
+            int(context.node_id), secrets, round_number, dropped, survivors, min_survivors=needed
+        )
+        state["revealed-rounds"] = [*revealed_rounds, round_number]
+        reply = ConfigRecord({"dropped": list(seeds), "seeds": list(seeds.values())})
+        return Message(content=RecordDict({FPFL_KEY: reply}), reply_to=msg)
+
+    return {"fpfl_setup": setup, "fpfl_round": round_, "fpfl_reveal": reveal}
