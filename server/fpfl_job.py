@@ -68,16 +68,9 @@ from ..mechanisms.mmdm import (
     MMDMConfig,
     ModelSelector,
     StatisticsLayout,
-    cohort_metrics,
-    evaluate_constraints,
-    exponential_average,
     fairness_gaps,
-    mmdm_update,
-    privatize_sum,
-    sgd_update,
-    with_constraint_terms,
 )
-from ..strategies.fpfl import FPFLProtocol
+from ..strategies.fpfl import FPFLProtocol, FPFLTraining
 from .fpfl_checkpoint import (
     RELEASE_LEDGER,
     ReleaseLedger,
@@ -87,7 +80,6 @@ from .fpfl_checkpoint import (
     write_release_ledger,
 )
 from .fpfl_report import (
-    finite_or_none,
     metrics_from_json,
     metrics_to_json,
     paper_row,
@@ -193,24 +185,32 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         activation=config.fpfl_constraint_activation,
         error_surrogate=config.fpfl_constraint == "fnr",
     )
-    weights = get_flat_parameters(model)
-    multipliers = np.zeros(layout.num_groups)
-    selector = ModelSelector(require_fair=config.fpfl_uses_mmdm)
-    smoothing = config.fpfl_statistics_smoothing
-    smoothed_total: np.ndarray | None = None  # EMA of the released sums (smoothing > 0)
+    central = bool(sigma) and config.fpfl_noise == "central"
+    training = FPFLTraining(
+        layout,
+        get_flat_parameters(model),
+        mmdm=mmdm,
+        use_mmdm=config.fpfl_uses_mmdm,
+        smoothing=config.fpfl_statistics_smoothing,
+        central_noise_multiplier=sigma if central else 0.0,
+        clipping_bound=config.fpfl_clipping_bound,
+        central_noise_rng=lambda round_number: round_rng(
+            config.fpfl_client_seed, 0, round_number, central=True
+        ),
+    )
     history: list[dict[str, Any]] = []
     first_round = 1
     ledger = ReleaseLedger(0, noise_multiplier=sigma, sample_rate=rate, delta=delta)
     if config.fpfl_resume:
         state = load_checkpoint(output_dir, config)
         if state is not None:
-            weights = state["arrays"]["weights"]
-            multipliers = state["arrays"]["multipliers"]
+            training.weights = state["arrays"]["weights"]
+            training.multipliers = state["arrays"]["multipliers"]
             history = state["history"]
-            smoothed_total = state["arrays"].get("smoothed_total")
+            training.smoothed_total = state["arrays"].get("smoothed_total")
             first_round = int(state["round"]) + 1
             if "best_weights" in state["arrays"]:
-                selector.consider(
+                training.selector.consider(
                     int(state["best_round"]),
                     state["arrays"]["best_weights"],
                     metrics_from_json(state["best_metrics"]),
@@ -250,7 +250,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         # Durable *before* the round is sent: a crash from here on cannot un-count it.
         ledger = replace(ledger, rounds_released=ledger.rounds_released + 1)
         write_release_ledger(output_dir, config, ledger)
-        outcome = protocol.run_round(round_number, weights)
+        outcome = protocol.run_round(round_number, training.weights)
         entry: dict[str, Any] = {
             "round": round_number,
             "members": len(protocol.members),
@@ -261,53 +261,8 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         if outcome.total is None:
             entry["lost"] = outcome.reason
         else:
-            total = outcome.total
-            if sigma and config.fpfl_noise == "central":
-                rng = round_rng(config.fpfl_client_seed, 0, round_number, central=True)
-                total = privatize_sum(
-                    total,
-                    clipping_bound=config.fpfl_clipping_bound,
-                    noise_multiplier=sigma,
-                    rng=rng,
-                ).values
-            stats = layout.split(total)
-            raw_metrics = cohort_metrics(stats, config.fpfl_alpha, min_count=mmdm.min_count)
-            # Selection and the constraint terms read the smoothed sums (smoothing > 0) or
-            # this round's sum; the loss gradient always comes from this round's sum.
-            smoothed = stats
-            if smoothing:
-                smoothed_total = exponential_average(smoothed_total, total, smoothing)
-                smoothed = layout.split(smoothed_total)
-            metrics = cohort_metrics(smoothed, config.fpfl_alpha, min_count=mmdm.min_count)
-            selector.consider(round_number, weights, metrics)
-            constraints = evaluate_constraints(  # the surrogate gap, for the progress display
-                smoothed, config.fpfl_alpha, min_count=mmdm.min_count
-            )
-            if config.fpfl_uses_mmdm:
-                update = mmdm_update(
-                    weights, multipliers, with_constraint_terms(stats, smoothed), mmdm
-                )
-                weights, multipliers = update.weights, update.multipliers
-            else:
-                weights = sgd_update(
-                    weights, stats, config.fpfl_learning_rate, min_count=mmdm.min_count
-                )
-            entry.update(
-                {
-                    "cohort_loss": finite_or_none(
-                        stats.loss_sum / max(stats.num_samples, mmdm.min_count)
-                    ),
-                    "cohort_accuracy": finite_or_none(raw_metrics.accuracy),
-                    "cohort_gap": finite_or_none(raw_metrics.gap),
-                    "group_error_rates": [finite_or_none(r) for r in raw_metrics.group_error_rates],
-                    "surrogate_gap": finite_or_none(constraints.max_gap),
-                    "cohort_size_noisy": finite_or_none(stats.num_samples),
-                }
-            )
-            if smoothing:
-                entry["smoothed_cohort_accuracy"] = finite_or_none(metrics.accuracy)
-                entry["smoothed_cohort_gap"] = finite_or_none(metrics.gap)
-        entry["multipliers"] = [float(m) for m in multipliers]
+            entry.update(training.update(round_number, outcome.total))
+        entry["multipliers"] = [float(m) for m in training.multipliers]
         entry["rounds_released_total"] = ledger.rounds_released
         spent_so_far = spent_after(ledger.rounds_released)
         entry["epsilon_spent"] = None if spent_so_far is None else spent_so_far.epsilon
@@ -320,17 +275,18 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 output_dir,
                 config,
                 round_number,
-                weights,
-                multipliers,
-                selector,
+                training.weights,
+                training.multipliers,
+                training.selector,
                 history,
-                smoothed_total,
+                training.smoothed_total,
             )
     if last_round < first_round:
         log(logging.INFO, "nothing to do: the checkpoint is already at round %d", first_round - 1)
     rounds_done = max(first_round - 1, last_round)
     spent = spent_after(ledger.rounds_released)
-    best = selector.best
+    weights = training.weights
+    best = training.selector.best
     if config.fpfl_model_selection == "last":
         # The weights after the last update (evaluation.final): never sent, so no cohort
         # statistics describe them; selected_round = the last round trained.

@@ -29,10 +29,6 @@ PAPER_TABLE2: dict[tuple[str, int], tuple[float, float]] = {
 # --------------------------------------------------------------------------------------------
 
 
-def finite_or_none(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
-
-
 def progress_line(entry: dict[str, Any]) -> str:
     gaps = entry.get("cohort_gap")
     rates = entry.get("group_error_rates") or []

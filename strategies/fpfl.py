@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
@@ -35,6 +37,18 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from ..mechanisms.mmdm import (
+    MMDMConfig,
+    ModelSelector,
+    StatisticsLayout,
+    cohort_metrics,
+    evaluate_constraints,
+    exponential_average,
+    mmdm_update,
+    privatize_sum,
+    sgd_update,
+    with_constraint_terms,
+)
 from ..mechanisms.protocol import (
     FPFL_KEY,
     FPFL_REVEAL_MESSAGE_TYPE,
@@ -50,6 +64,8 @@ from ..mechanisms.secure_sum import (
 
 __all__ = [
     "FPFLProtocol",
+    "FPFLTraining",
+    "FPFLTrainingResult",
     "RoundOutcome",
 ]
 
@@ -354,3 +370,165 @@ class FPFLProtocol:
         if failures:
             log(logging.WARNING, "FPFL round %d: unmasking failed: %s", round_number, failures)
         return revealed, failures
+
+
+# -- training ------------------------------------------------------------------------------
+
+
+@dataclass
+class FPFLTrainingResult:
+    """What :meth:`FPFLTraining.start` produced: the final weights and multipliers, the round
+    the selected model comes from (None: no round released), its weights, and one history
+    entry per round."""
+
+    weights: NDArray[np.float64]
+    multipliers: NDArray[np.float64]
+    selected_round: int | None
+    selected_weights: NDArray[np.float64]
+    history: list[dict[str, Any]]
+
+
+class FPFLTraining:
+    """The server's training loop of FPFL (Rodriguez-Galvez et al. 2021, Algorithm 1): each
+    round releases the (noisy, masked) sum of the cohort's statistic vectors through an
+    :class:`FPFLProtocol`, and the server takes an MMDM step (FPFL Eq. 10; FFL, FPFL) or a
+    FederatedSGD step (FL, PFL) and keeps the best model on cohort statistics (Section 4.1).
+
+    Parameters
+    ----------
+    layout : StatisticsLayout
+        How the statistic vector splits (``statistics_layout(model, num_groups)``).
+    weights : array
+        The initial flat weights (``get_flat_parameters(model)``).
+    mmdm : MMDMConfig
+        Step sizes, damping, tolerance ``alpha`` and the constraint's activation.
+    use_mmdm : bool
+        MMDM updates with the fairness constraint (True) or plain FederatedSGD (False).
+    smoothing : float
+        ``beta`` in [0, 1): the constraint terms and the selection read an exponential moving
+        average of the released sums (0: this round's sum).
+    require_fair_selection : bool or None
+        The selector prefers models fair on their cohort (default: ``use_mmdm``).
+    central_noise_multiplier : float
+        ``sigma`` of central noise the server adds to each recovered sum (0: none, e.g. with
+        the nodes' distributed noise); needs ``clipping_bound``.
+    clipping_bound : float or None
+        ``C`` (for central noise).
+    central_noise_rng : callable, optional
+        ``central_noise_rng(round) -> numpy Generator`` (default: OS entropy).
+    """
+
+    def __init__(
+        self,
+        layout: StatisticsLayout,
+        weights: NDArray[np.floating],
+        *,
+        mmdm: MMDMConfig,
+        use_mmdm: bool,
+        smoothing: float = 0.0,
+        require_fair_selection: bool | None = None,
+        central_noise_multiplier: float = 0.0,
+        clipping_bound: float | None = None,
+        central_noise_rng: Callable[[int], np.random.Generator] | None = None,
+    ) -> None:
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+        if central_noise_multiplier < 0:
+            raise ValueError(
+                f"central_noise_multiplier must be >= 0, got {central_noise_multiplier!r}"
+            )
+        if central_noise_multiplier and clipping_bound is None:
+            raise ValueError("central noise needs a clipping_bound")
+        self.layout = layout
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.multipliers = np.zeros(layout.num_groups)
+        self.mmdm = mmdm
+        self.use_mmdm = use_mmdm
+        self.smoothing = float(smoothing)
+        self.smoothed_total: NDArray[np.float64] | None = None
+        fair = use_mmdm if require_fair_selection is None else require_fair_selection
+        self.selector = ModelSelector(require_fair=fair)
+        self.central_noise_multiplier = float(central_noise_multiplier)
+        self.clipping_bound = clipping_bound
+        self.central_noise_rng = central_noise_rng
+
+    def update(self, round_number: int, total: NDArray[np.floating]) -> dict[str, Any]:
+        """One step from round ``round_number``'s released sum (the statistics of the weights
+        sent in that round); returns the round's cohort metrics for the history."""
+        alpha, min_count = self.mmdm.alpha, self.mmdm.min_count
+        if self.central_noise_multiplier:
+            rng = (
+                np.random.default_rng()
+                if self.central_noise_rng is None
+                else self.central_noise_rng(round_number)
+            )
+            total = privatize_sum(
+                total,
+                clipping_bound=self.clipping_bound,  # type: ignore[arg-type]
+                noise_multiplier=self.central_noise_multiplier,
+                rng=rng,
+            ).values
+        stats = self.layout.split(total)
+        raw_metrics = cohort_metrics(stats, alpha, min_count=min_count)
+        # Selection and the constraint terms read the smoothed sums (smoothing > 0) or this
+        # round's sum; the loss gradient always comes from this round's sum.
+        smoothed = stats
+        if self.smoothing:
+            self.smoothed_total = exponential_average(self.smoothed_total, total, self.smoothing)
+            smoothed = self.layout.split(self.smoothed_total)
+        metrics = cohort_metrics(smoothed, alpha, min_count=min_count)
+        self.selector.consider(round_number, self.weights, metrics)
+        constraints = evaluate_constraints(smoothed, alpha, min_count=min_count)
+        if self.use_mmdm:
+            step = mmdm_update(
+                self.weights, self.multipliers, with_constraint_terms(stats, smoothed), self.mmdm
+            )
+            self.weights, self.multipliers = step.weights, step.multipliers
+        else:
+            self.weights = sgd_update(
+                self.weights, stats, self.mmdm.learning_rate, min_count=min_count
+            )
+        entry: dict[str, Any] = {
+            "cohort_loss": _finite(stats.loss_sum / max(stats.num_samples, min_count)),
+            "cohort_accuracy": _finite(raw_metrics.accuracy),
+            "cohort_gap": _finite(raw_metrics.gap),
+            "group_error_rates": [_finite(r) for r in raw_metrics.group_error_rates],
+            "surrogate_gap": _finite(constraints.max_gap),
+            "cohort_size_noisy": _finite(stats.num_samples),
+        }
+        if self.smoothing:
+            entry["smoothed_cohort_accuracy"] = _finite(metrics.accuracy)
+            entry["smoothed_cohort_gap"] = _finite(metrics.gap)
+        return entry
+
+    def start(
+        self, protocol: FPFLProtocol, num_rounds: int, *, first_round: int = 1
+    ) -> FPFLTrainingResult:
+        """Set the protocol up (if not yet) and train rounds ``first_round .. num_rounds``;
+        a lost round leaves the model as it was (and still counts as spent privacy)."""
+        if not protocol.public_keys and protocol.masking:
+            protocol.setup()
+        history: list[dict[str, Any]] = []
+        for round_number in range(first_round, num_rounds + 1):
+            outcome = protocol.run_round(round_number, self.weights)
+            entry: dict[str, Any] = {"round": round_number, "replied": len(outcome.replied)}
+            if outcome.total is None:
+                entry["lost"] = outcome.reason
+            else:
+                entry.update(self.update(round_number, outcome.total))
+            entry["multipliers"] = [float(m) for m in self.multipliers]
+            history.append(entry)
+        best = self.selector.best
+        return FPFLTrainingResult(
+            weights=self.weights,
+            multipliers=self.multipliers,
+            selected_round=None if best is None else best.round,
+            selected_weights=self.weights if best is None else best.weights,
+            history=history,
+        )
+
+
+def _finite(value: float) -> float | None:
+    """A JSON-safe number: None for NaN or infinity."""
+    number = float(value)
+    return number if np.isfinite(number) else None

@@ -21,10 +21,12 @@ from fedparity.clients.fpfl_task import (
     shard_contribution,
     statistics_layout,
 )
-from fedparity.strategies import FPFLProtocol
+from fedparity.mechanisms.mmdm import MMDMConfig, mmdm_update, with_constraint_terms
+from fedparity.strategies import FPFLProtocol, FPFLTraining
 
 NUM_NODES = 3
 CLIP = 1.0
+MMDM = MMDMConfig(alpha=0.05)
 
 
 def make_model() -> nn.Module:
@@ -141,6 +143,9 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
         )
         protocol.setup()
         outcomes.append(protocol.run_round(1, weights))
+        # The server's training loop on the same protocol: one MMDM step from round 2.
+        training = FPFLTraining(layout, weights, mmdm=MMDM, use_mmdm=True)
+        outcomes.append(training.start(protocol, 2, first_round=2))
 
     run_simulation(
         server_app=server_app,
@@ -148,7 +153,7 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
         num_supernodes=NUM_NODES,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
-    (outcome,) = outcomes
+    outcome, trained = outcomes
     assert outcome.total is not None, outcome.reason
     assert len(outcome.replied) == NUM_NODES and not outcome.rejected
     expected = np.zeros(layout.size)
@@ -159,3 +164,12 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
             local, node_users(partition), constraint="fnr", clipping_bound=CLIP
         ).total
     np.testing.assert_allclose(outcome.total, expected, rtol=0, atol=1e-6)
+    # Round 2 sent the same weights to the same full cohort: its MMDM step is the one from
+    # the independently computed sum.
+    assert [entry["round"] for entry in trained.history] == [2]
+    assert "lost" not in trained.history[0]
+    stats = layout.split(expected)
+    step = mmdm_update(weights, np.zeros(2), with_constraint_terms(stats, stats), MMDM)
+    np.testing.assert_allclose(trained.weights, step.weights, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(trained.multipliers, step.multipliers, rtol=0, atol=1e-5)
+    assert trained.selected_round == 2
