@@ -1,6 +1,6 @@
 """A user's own Flower app (``tests/user_app``: flat layout, its own model and data files)
-adds fedparity's LDP audit and FedEvalFair test through the public API, and runs through
-``flwr run`` on the simulation engine.
+adds all three of fedparity's capabilities through the public API -- the LDP audit, the
+FedEvalFair test and FPFL training -- and runs through ``flwr run`` on the simulation engine.
 
 The nodes' own data folder and secret key reach them through the environment their
 runtime was started with (a node-side setting), never through the run config.
@@ -135,3 +135,11 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
             )
         compared += 1
     assert compared >= 2  # at least the calibrated dp and eo blocks were checked
+
+    # FPFL: three masked rounds with every node's noise share, none lost; the accounted
+    # epsilon is the target the nodes calibrated their own noise for.
+    fpfl = results["fpfl"]
+    assert fpfl["rounds"] == [1, 2, 3] and fpfl["lost"] == 0
+    assert fpfl["replied"] == [NUM_NODES] * 3
+    assert fpfl["weights_finite"] and fpfl["weights_moved"] > 0
+    assert fpfl["noise_multiplier"] > 0 and fpfl["epsilon"] <= 2.0 + 0.01

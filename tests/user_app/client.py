@@ -7,9 +7,16 @@ import os
 import numpy as np
 from flwr.app import ArrayRecord, Context
 from flwr.clientapp import ClientApp
-from task import load_rows, predict
+from task import build_model, load_rows, predict, users_of
 
-from fedparity.clients import HolderRows, LocalUsers, fedevalfair_handlers, ldp_audit_handler
+from fedparity.clients import (
+    FPFLNodeSettings,
+    HolderRows,
+    LocalUsers,
+    fedevalfair_handlers,
+    fpfl_handlers,
+    ldp_audit_handler,
+)
 
 app = ClientApp()
 
@@ -49,5 +56,19 @@ for action, handler in fedevalfair_handlers(
     secret_context=lambda context: os.environ["USERAPP_SECRET_CONTEXT"],
     num_resamples=50,
     bootstrap_rng=bootstrap_rng,
+).items():
+    app.query(action)(handler)
+
+# FPFL: the node's own privacy settings (it recomputes sigma; the server sends only K).
+FPFL_SETTINGS = FPFLNodeSettings(
+    constraint="fnr",
+    cohort_size=300,
+    rounds=3,
+    clipping_bound=1.0,
+    epsilon=2.0,
+    dropout_tolerance=0.25,
+)
+for action, handler in fpfl_handlers(
+    build_model, lambda context: users_of(node_rows(context)), FPFL_SETTINGS
 ).items():
     app.query(action)(handler)

@@ -6,13 +6,17 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-from task import trained_arrays
+from task import build_model, trained_arrays
 
+from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.mechanisms import mechanism_for_budget
 from fedparity.mechanisms.ckks import load_public_context
-from fedparity.strategies import FedEvalFairProtocol, LdpGapAudit
+from fedparity.mechanisms.dp_accounting import calibrate_noise, privacy_spent, sample_rate
+from fedparity.mechanisms.mmdm import MMDMConfig
+from fedparity.strategies import FedEvalFairProtocol, FPFLProtocol, FPFLTraining, LdpGapAudit
 
 app = ServerApp()
 
@@ -36,12 +40,58 @@ def main(grid: Grid, context: Context) -> None:
     )
     test = protocol.start(grid, arrays, node_ids)
 
+    # FPFL: train the user's model under the FNR-parity constraint with user-level DP.
+    population = int(config["fpfl-population"])
+    cohort, rounds, epsilon_fpfl = 300, 3, 2.0
+    calibration = calibrate_noise(
+        epsilon=epsilon_fpfl,
+        delta=1.0 / population,
+        cohort_size=cohort,
+        population_size=population,
+        steps=rounds,
+    )
+    model = build_model()
+    layout = statistics_layout(model, num_groups=2)
+    protocol = FPFLProtocol(
+        grid,
+        node_ids=node_ids,
+        vector_size=layout.size,
+        population_size=population,
+        max_node_users=int(config["fpfl-max-node-users"]),
+        noise_multiplier=calibration.noise_multiplier,
+        clipping_bound=1.0,
+        masking=True,
+        distributed_noise=True,
+        dropout_tolerance=0.25,
+        reply_timeout=120.0,
+    )
+    protocol.setup()
+    training = FPFLTraining(
+        layout, get_flat_parameters(model), mmdm=MMDMConfig(alpha=0.05), use_mmdm=True
+    )
+    trained = training.start(protocol, rounds)
+    spent = privacy_spent(
+        noise_multiplier=calibration.noise_multiplier,
+        sample_rate=sample_rate(cohort, population),
+        steps=rounds,
+        delta=1.0 / population,
+    )
+
     results = {
         "ldp": {
             "nodes_replied": gap.nodes_replied,
             "rejected": len(gap.rejected),
             "difference": float(gap.estimate.differences[0]),
             "stderr": float(gap.estimate.difference_stderrs[0]),
+        },
+        "fpfl": {
+            "rounds": [entry["round"] for entry in trained.history],
+            "replied": [entry["replied"] for entry in trained.history],
+            "lost": sum("lost" in entry for entry in trained.history),
+            "weights_moved": float(abs(trained.weights - get_flat_parameters(model)).max()),
+            "weights_finite": bool(np.isfinite(trained.weights).all()),
+            "epsilon": spent.epsilon,
+            "noise_multiplier": calibration.noise_multiplier,
         },
         "fedevalfair": {
             "error": test.error,

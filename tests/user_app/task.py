@@ -12,12 +12,15 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
+from fedparity.clients import FPFLShard
+
 NUM_FEATURES = 4
 
 
 def build_model() -> nn.Module:
+    """A logistic regression (FPFL's fairness surrogates need probabilities: Sigmoid last)."""
     torch.manual_seed(0)
-    return nn.Linear(NUM_FEATURES, 1)
+    return nn.Sequential(nn.Linear(NUM_FEATURES, 1), nn.Sigmoid())
 
 
 def load_rows(data_dir: str, partition_id: int) -> dict[str, np.ndarray]:
@@ -35,7 +38,7 @@ def predict(arrays: ArrayRecord, features: np.ndarray) -> np.ndarray:
     model.load_state_dict(arrays.to_torch_state_dict())
     with torch.no_grad():
         scores = model(torch.from_numpy(features)).reshape(-1)
-    return (scores >= 0).numpy().astype(np.int64)
+    return (scores >= 0.5).numpy().astype(np.int64)
 
 
 def write_population(folder: Path, num_nodes: int, users: int = 300, rows: int = 6) -> None:
@@ -59,6 +62,20 @@ def trained_arrays() -> ArrayRecord:
     """The model the server sends: weights that separate the classes (w = 1, b = 0)."""
     model = build_model()
     with torch.no_grad():
-        model.weight.fill_(1.0)
-        model.bias.zero_()
+        model[0].weight.fill_(1.0)
+        model[0].bias.zero_()
     return ArrayRecord(model.state_dict())
+
+
+def users_of(rows: dict[str, np.ndarray]) -> FPFLShard:
+    """The node's rows as FPFL users (a user's rows share one group)."""
+    ids, index = np.unique(rows["user"], return_inverse=True)
+    return FPFLShard(
+        features=rows["features"],
+        labels=rows["label"],
+        groups=rows["group"],
+        user_index=index.reshape(-1).astype(np.int64),
+        user_ids=ids.astype(np.int64),
+        num_groups=2,
+        num_classes=2,
+    )
