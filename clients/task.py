@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from ..mechanisms.metrics import METRIC_NAMES, user_rates
+from ..mechanisms.metrics import METRIC_NAMES, UserRates, user_rates
 from .data import UserShard
 
 __all__ = [
@@ -134,24 +134,16 @@ def train(
 
 
 @dataclass(frozen=True)
-class UserMetrics:
+class UserMetrics(UserRates):
     """Per-user evaluation of a model on a :class:`~fedparity.clients.data.UserShard`.
 
-    The per-user arrays are aligned with the shard's local users. Rates are float64 and NaN
-    where undefined: ``accuracy`` for users without samples, ``tpr``/``fnr`` for users without
-    positives, ``fpr`` for users without negatives. ``loss`` and ``overall_accuracy`` are over
-    all samples of the shard (NaN for an empty shard).
+    The per-user rates and counts (:class:`~fedparity.mechanisms.metrics.UserRates`) are
+    aligned with the shard's local users, NaN where undefined; ``loss`` and
+    ``overall_accuracy`` are over all samples of the shard (NaN for an empty shard).
     """
 
-    accuracy: NDArray[np.float64]
-    tpr: NDArray[np.float64]
-    fpr: NDArray[np.float64]
-    fnr: NDArray[np.float64]
-    num_samples: NDArray[np.int64]
-    num_positives: NDArray[np.int64]
-    num_negatives: NDArray[np.int64]
-    loss: float
-    overall_accuracy: float
+    loss: float = math.nan
+    overall_accuracy: float = math.nan
 
     @property
     def num_users(self) -> int:
@@ -182,13 +174,7 @@ def evaluate_users(model: nn.Module, shard: UserShard, threshold: float = 0.5) -
     rates = user_rates(shard.user_index, shard.labels, predictions, num_users)
     num_correct_total = int((predictions == shard.labels.astype(bool)).sum())
     return UserMetrics(
-        accuracy=rates.accuracy,
-        tpr=rates.tpr,
-        fpr=rates.fpr,
-        fnr=rates.fnr,
-        num_samples=rates.num_samples,
-        num_positives=rates.num_positives,
-        num_negatives=rates.num_negatives,
+        **{field.name: getattr(rates, field.name) for field in fields(UserRates)},
         loss=loss,
         overall_accuracy=(num_correct_total / shard.num_samples if shard.num_samples else math.nan),
     )
@@ -196,9 +182,7 @@ def evaluate_users(model: nn.Module, shard: UserShard, threshold: float = 0.5) -
 
 def metric_values(metrics: UserMetrics, name: str) -> NDArray[np.float64]:
     """The per-user array of metric ``name`` in ``'accuracy'``, ``'tpr'``, ``'fpr'``, ``'fnr'``."""
-    if name not in METRIC_NAMES:
-        raise ValueError(f"name must be one of {', '.join(map(repr, METRIC_NAMES))}; got {name!r}")
-    return getattr(metrics, name)
+    return metrics.metric(name)
 
 
 def group_gap_truth(
