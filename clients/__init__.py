@@ -8,18 +8,10 @@
 The project's own ClientApp (:mod:`fedparity.clients.app`) is built from the same handlers.
 """
 
-from .fedevalfair_handlers import HolderRows, fedevalfair_handlers
-from .fpfl_data import FPFLShard
-from .fpfl_handlers import fpfl_handlers
-from .fpfl_node import FPFLNodeSettings
-from .ldp import LocalUsers, ldp_audit_handler
+import lazy_loader as _lazy
 
-__all__ = [
-    "FPFLNodeSettings",
-    "FPFLShard",
-    "HolderRows",
-    "LocalUsers",
-    "fedevalfair_handlers",
-    "fpfl_handlers",
-    "ldp_audit_handler",
-]
+# The names below load on first use (lazy_loader; the stub next to this file lists them for
+# type checkers). Importing one submodule never runs the others, so two threads that import
+# different submodules at once cannot deadlock on the import locks: Flower's simulation loads
+# the ServerApp and the ClientApp in two threads.
+__getattr__, __dir__, __all__ = _lazy.attach_stub(__name__, __file__)

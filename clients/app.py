@@ -233,6 +233,7 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
 
 # --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
 
+
 def _node_secret_context_path(context: Context) -> Path:
     """The key holder's secret context, from node config ``fef-secret-context`` or
     ``$FEDPARITY_SECRET_CONTEXT`` -- never from the server."""
@@ -288,6 +289,7 @@ def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
 
 
 # --- FPFL (task = "fpfl"): one masked sum per round (paper 004, Algorithm 1) ---------------
+
 
 def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Message]:
     """The library's FPFL handler ``action`` (:func:`~fedparity.clients.fpfl_handlers.

@@ -219,7 +219,7 @@ class RunConfig:
     metric: str = _key("accuracy", _choice(METRIC_NAMES), "the audited per-user metric")
     mechanism: str = _key("best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L) or best")
     epsilons: tuple[float, ...] = _key(
-        (0.5, 1.0, 2.0, 4.0), _epsilon_list, "one audit per value, e.g. \"0.5,1,2,4\""
+        (0.5, 1.0, 2.0, 4.0), _epsilon_list, 'one audit per value, e.g. "0.5,1,2,4"'
     )
     confidence: float = _key(0.95, _number(0.0, 1.0), "confidence of the gap intervals")
     user_budget: float = _key(10.0, _number(0.0, math.inf), "per-user LDP budget (ledger)")
@@ -239,7 +239,7 @@ class RunConfig:
     fef_alpha: float = _key(0.05, _number(0.0, 1.0), "level of the tests")
     fef_mu0: float = _key(0.0, _number(-1.0, 1.0, open_low=False), "stage 2: H0 mu = mu0")
     fef_tolerance: float | None = _key(
-        None, _optional(_number(0.0, 1.0, open_low=False)), "TOST tolerance; \"\" = no TOST"
+        None, _optional(_number(0.0, 1.0, open_low=False)), 'TOST tolerance; "" = no TOST'
     )
     fef_resamples: int = _key(100, _integer(2), "bootstrap resamples B per holder")
     fef_public_context: str = _key("", _text, "server's public TenSEAL context file")
@@ -267,7 +267,7 @@ class RunConfig:
     fpfl_rounds: int = _key(250, _integer(1), "T")
     fpfl_clipping_bound: float = _key(2.0, _number(0.0, math.inf), "C, per-user L2 bound")
     fpfl_epsilon: float = _key(2.0, _number(0.0, math.inf), "user-level epsilon after T rounds")
-    fpfl_delta: float | None = _key(None, _optional(_number(0.0, 1.0)), "\"\" = 1 / K")
+    fpfl_delta: float | None = _key(None, _optional(_number(0.0, 1.0)), '"" = 1 / K')
     fpfl_accountant: str = _key("rdp", _choice(FPFL_ACCOUNTANTS), "Opacus accountant")
     fpfl_noise: str = _key("distributed", _choice(FPFL_NOISE), "noise shares or central noise")
     fpfl_dropout_tolerance: float = _key(
@@ -275,7 +275,7 @@ class RunConfig:
     )
     fpfl_secure_sum: str = _key("masking", _choice(FPFL_SECURE_SUM), "masking or none")
     fpfl_client_seed: int | None = _key(
-        None, _optional(_integer(0)), "\"\" = OS entropy; an integer is NOT private"
+        None, _optional(_integer(0)), '"" = OS entropy; an integer is NOT private'
     )
     fpfl_resume: bool = _key(False, _boolean, "continue from output-dir's checkpoint")
     fpfl_stop_after: int = _key(0, _integer(0), "stop after this many rounds (0 = run to T)")

@@ -112,9 +112,7 @@ def _numeric(path: Path, name: str, values: list, dtype: type) -> np.ndarray:
     try:
         array = np.asarray([float(v) for v in values], dtype=np.float64)
     except (TypeError, ValueError):
-        bad = next(
-            (i, v) for i, v in enumerate(values) if not _is_number(v)
-        )
+        bad = next((i, v) for i, v in enumerate(values) if not _is_number(v))
         raise DataFileError(
             f"{path}: column {name!r} must be numeric (data row {bad[0] + 1}: {bad[1]!r})"
         ) from None

@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 
-
 def build_model(num_features: int, hidden: int = 0, *, seed: int = 0) -> nn.Module:
     """A binary classifier returning one logit per sample, shape ``(batch, 1)``.
 

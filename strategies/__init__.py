@@ -8,19 +8,10 @@ with explicit keyword arguments and a ``start(grid, ...)`` method that returns a
 * :class:`RobustFedAvg` -- Flower's FedAvg that counts malformed replies instead of failing.
 """
 
-from .fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
-from .fpfl import FPFLProtocol, FPFLTraining, FPFLTrainingResult, RoundOutcome
-from .ldp_audit import AuditOutcome, LdpGapAudit
-from .robust_fedavg import RobustFedAvg
+import lazy_loader as _lazy
 
-__all__ = [
-    "AuditOutcome",
-    "FPFLProtocol",
-    "FPFLTraining",
-    "FPFLTrainingResult",
-    "FedEvalFairOutcome",
-    "FedEvalFairProtocol",
-    "LdpGapAudit",
-    "RobustFedAvg",
-    "RoundOutcome",
-]
+# The names below load on first use (lazy_loader; the stub next to this file lists them for
+# type checkers). Importing one submodule never runs the others, so two threads that import
+# different submodules at once cannot deadlock on the import locks: Flower's simulation loads
+# the ServerApp and the ClientApp in two threads.
+__getattr__, __dir__, __all__ = _lazy.attach_stub(__name__, __file__)

@@ -11,6 +11,7 @@ Every import statement counts, also the lazy ones inside functions.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,3 +166,179 @@ def test_every_third_party_package_imported_is_declared() -> None:
 def test_every_package_ships_its_type_hints_marker() -> None:
     for layer in LAYERS:
         assert (REPO_ROOT / layer / "py.typed").is_file(), layer
+
+
+# --------------------------------------------------------------------------------------------
+# No import cycle, so no import deadlock
+# --------------------------------------------------------------------------------------------
+# Python takes a lock per module while it runs the module. Two threads that import along a cycle
+# of modules from different ends wait for each other: importlib raises ``_DeadlockError``. A
+# package's ``__init__`` belongs to every cycle through it (importing ``pkg.sub`` first runs
+# ``pkg``), so an ``__init__`` that imports its own submodules closes a cycle with each of them.
+# Flower's simulation loads the ServerApp and the ClientApp in two threads at once, and CI once
+# failed on exactly that (``fedparity.clients.config`` deadlocked). The package ``__init__``s
+# therefore load their names lazily, and the graph below must have no cycle.
+
+
+def _module_level_imports(tree: ast.Module) -> Iterator[ast.ImportFrom]:
+    """Relative imports executed when the module runs (not in functions or TYPE_CHECKING)."""
+
+    def visit(statements: list[ast.stmt]) -> Iterator[ast.ImportFrom]:
+        for statement in statements:
+            if isinstance(statement, ast.ImportFrom) and statement.level:
+                yield statement
+            elif isinstance(statement, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(statement.test):
+                    yield from visit(statement.body)
+                yield from visit(statement.orelse)
+            elif isinstance(statement, ast.Try):
+                for block in (statement.body, statement.orelse, statement.finalbody):
+                    yield from visit(block)
+                for handler in statement.handlers:
+                    yield from visit(handler.body)
+
+    yield from visit(tree.body)
+
+
+def import_graph(sources: dict[str, tuple[str, bool, str | None]]) -> dict[str, set[str]]:
+    """Edges ``module -> module it waits for`` when imported.
+
+    ``sources`` maps a dotted module name to (source, is_package, stub source or None). A
+    submodule waits for its parent package; a relative import waits for the module it names,
+    for each name that is a submodule, and, through a lazy package's stub, for the submodule
+    that defines a re-exported name.
+    """
+    stubs = {
+        name: {
+            alias.name: f"{name}.{node.module}"
+            for node in ast.parse(stub).body
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        }
+        for name, (_, _, stub) in sources.items()
+        if stub is not None
+    }
+    graph: dict[str, set[str]] = {name: set() for name in sources}
+    for name, (source, is_package, _) in sources.items():
+        parent = name.rsplit(".", 1)[0]
+        if parent in sources:
+            graph[name].add(parent)
+        package = name if is_package else parent
+        for node in _module_level_imports(ast.parse(source)):
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join([*base, node.module] if node.module else base)
+            while target not in sources and "." in target:  # a package's parents
+                target = target.rsplit(".", 1)[0]
+            graph[name].add(target)
+            for alias in node.names:
+                if f"{target}.{alias.name}" in sources:
+                    graph[name].add(f"{target}.{alias.name}")
+                elif alias.name in stubs.get(target, {}):
+                    graph[name].add(stubs[target][alias.name])
+        graph[name].discard(name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (the modules in order), or ``[]``."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for successor in sorted(graph[node]):
+            if state.get(successor) == 1:
+                return path[path.index(successor) :] + [successor]
+            if successor not in state and (cycle := visit(successor)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return []
+
+
+def library_sources() -> dict[str, tuple[str, bool, str | None]]:
+    sources: dict[str, tuple[str, bool, str | None]] = {}
+    for layer, parts, path in library_modules():
+        is_package = parts[-1] == "__init__"
+        name = ".".join(["fedparity", layer, *(parts[:-1] if is_package else parts)])
+        stub = path.with_suffix(".pyi")
+        sources[name] = (
+            path.read_text(encoding="utf-8"),
+            is_package,
+            stub.read_text(encoding="utf-8") if stub.is_file() else None,
+        )
+    return sources
+
+
+def test_the_library_has_no_module_level_import_cycle() -> None:
+    sources = library_sources()
+    graph = import_graph(sources)
+    assert sum(len(edges) for edges in graph.values()) > 100  # the graph was read
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_check_sees_an_eager_package_init() -> None:
+    # Power check: the layout CI deadlocked on (an __init__ importing its submodules, one of
+    # which imports a sibling) is a cycle; the same package with a lazy __init__ is not.
+    eager = {
+        "fedparity.clients": ("from .app import main\n", True, None),
+        "fedparity.clients.app": ("from .config import RunConfig\n", False, None),
+        "fedparity.clients.config": ("import math\n", False, None),
+    }
+    assert find_cycle(import_graph(eager)) == [
+        "fedparity.clients",
+        "fedparity.clients.app",
+        "fedparity.clients",
+    ]
+    lazy = {**eager, "fedparity.clients": ("import lazy_loader\n", True, "from .app import main")}
+    assert find_cycle(import_graph(lazy)) == []
+    # a re-export used through the package resolves, via the stub, to the defining module
+    reexport = {
+        **lazy,
+        "fedparity.clients.config": ("from . import main\n", False, None),
+    }
+    assert find_cycle(import_graph(reexport)) != []
+
+
+_CONCURRENT_IMPORTS = """
+import importlib, sys, threading
+import fedparity.server.app, fedparity.clients.app  # third-party imports done once
+sys.setswitchinterval(1e-6)  # switch threads often: the race window is microseconds
+failures = []
+for _ in range({repeats}):
+    for name in [m for m in sys.modules if m.startswith("fedparity.")]:
+        del sys.modules[name]
+    barrier = threading.Barrier(2)
+    def load(name):
+        barrier.wait()
+        try:
+            importlib.import_module(name)
+        except BaseException as error:
+            failures.append(f"{{name}}: {{type(error).__name__}}: {{error}}")
+    threads = [threading.Thread(target=load, args=(n,)) for n in {modules!r}]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+print(len(failures), failures[:1])
+"""
+
+
+def test_the_server_and_client_apps_import_concurrently_without_deadlock() -> None:
+    # What Flower's simulation does (the ServerApp in a thread, the ClientApp in the main
+    # thread). Before the lazy __init__s, 4 of 50 such imports deadlocked here; 100 clean ones
+    # would then have had a chance of (46/50)^100 < 1e-3.
+    code = _CONCURRENT_IMPORTS.format(
+        repeats=100, modules=("fedparity.server.app", "fedparity.clients.app")
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert result.stdout.split()[0] == "0", result.stdout

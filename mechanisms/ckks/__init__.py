@@ -88,89 +88,10 @@ pool, and one pool per simulated client would oversubscribe the machine). TenSEA
 document sharing one context between threads: load one per thread or guard it with a lock.
 """
 
+import lazy_loader as _lazy
 
-from .aggregation import add_ciphertexts
-from .errors import (
-    CountSlotError,
-    DecryptionCheckError,
-    KeyMaterialError,
-    MagnitudeCheckError,
-    NoValidCiphertextError,
-    ProtocolError,
-    StaleReferenceError,
-)
-from .keys import (
-    DEFAULT_KEY_DIR,
-    MAX_COEFF_MODULUS_BITS_128,
-    MAX_PRIME_BITS,
-    MIN_SCALE_BITS,
-    NODE_CONFIG_KEY,
-    PUBLIC_CONTEXT_FILE,
-    SECRET_CONTEXT_ENV,
-    SECRET_CONTEXT_FILE,
-    SECURITY_BITS,
-    CkksParameters,
-    KeyPaths,
-    context_has_secret_key,
-    generate_keys,
-    load_public_context,
-    load_secret_context,
-    secret_context_path,
-)
-from .vectors import (
-    COUNT_BYTES,
-    DEFAULT_AGREEMENT_TOLERANCE,
-    DEFAULT_COUNT_TOLERANCE,
-    DEFAULT_MAX_MAGNITUDE,
-    NUM_ROUNDS,
-    Rejection,
-    RejectionKind,
-    append_count_slot,
-    check_count_slot,
-    check_magnitude,
-    decrypt_vector,
-    encrypt_vector,
-    from_array,
-    to_array,
-)
-
-__all__ = [
-    "COUNT_BYTES",
-    "CkksParameters",
-    "CountSlotError",
-    "DEFAULT_AGREEMENT_TOLERANCE",
-    "DEFAULT_COUNT_TOLERANCE",
-    "DEFAULT_KEY_DIR",
-    "DEFAULT_MAX_MAGNITUDE",
-    "DecryptionCheckError",
-    "KeyMaterialError",
-    "KeyPaths",
-    "MAX_COEFF_MODULUS_BITS_128",
-    "MAX_PRIME_BITS",
-    "MIN_SCALE_BITS",
-    "MagnitudeCheckError",
-    "NODE_CONFIG_KEY",
-    "NUM_ROUNDS",
-    "NoValidCiphertextError",
-    "PUBLIC_CONTEXT_FILE",
-    "ProtocolError",
-    "Rejection",
-    "RejectionKind",
-    "SECRET_CONTEXT_ENV",
-    "SECRET_CONTEXT_FILE",
-    "SECURITY_BITS",
-    "StaleReferenceError",
-    "add_ciphertexts",
-    "append_count_slot",
-    "check_count_slot",
-    "check_magnitude",
-    "context_has_secret_key",
-    "decrypt_vector",
-    "encrypt_vector",
-    "from_array",
-    "generate_keys",
-    "load_public_context",
-    "load_secret_context",
-    "secret_context_path",
-    "to_array",
-]
+# The names below load on first use (lazy_loader; the stub next to this file lists them for
+# type checkers). Importing one submodule never runs the others, so two threads that import
+# different submodules at once cannot deadlock on the import locks: Flower's simulation loads
+# the ServerApp and the ClientApp in two threads.
+__getattr__, __dir__, __all__ = _lazy.attach_stub(__name__, __file__)

@@ -46,9 +46,6 @@ DEFAULT_KEY_DIR = Path.home() / ".fedparity" / "keys"
 PUBLIC_CONTEXT_FILE = "public_context.tenseal"
 
 
-
-
-
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """``python -m fedparity.server.cli``."""
 
-from . import main
+from .commands import main
 
 raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""The ``fedparity`` command: the parser and the dispatch to one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from . import fairtest, federations, keys, measure, plan, privacy
+from ._common import EXIT_USAGE, UsageError, _Parser
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+_DESCRIPTION = "The fedparity command line: the LDP math for auditors and planners."
+
+#: One module per subcommand, as in Flower's own CLI.
+_MODULES = {
+    "privacy": privacy,
+    "plan": plan,
+    "measure": measure,
+    "fairtest": fairtest,
+    "keys": keys,
+    "federations": federations,
+}
+COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
+    "privacy": privacy.run_privacy,
+    "plan": plan.run_plan,
+    "measure": measure.run_measure,
+    "fairtest": fairtest.run_fairtest,
+    "federations": federations.run_federations,
+    "keys": keys.run_keys,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedparity", description=_DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module in _MODULES.values():
+        module.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    out = sys.stdout if out is None else out
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args, out)
+    except (UsageError, ValueError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        sys.stderr.write(f"fedparity {args.command}: error: {message}\n")
+        return EXIT_USAGE

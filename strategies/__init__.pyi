@@ -1,0 +1,9 @@
+from .fedevalfair import FedEvalFairOutcome as FedEvalFairOutcome
+from .fedevalfair import FedEvalFairProtocol as FedEvalFairProtocol
+from .fpfl import FPFLProtocol as FPFLProtocol
+from .fpfl import FPFLTraining as FPFLTraining
+from .fpfl import FPFLTrainingResult as FPFLTrainingResult
+from .fpfl import RoundOutcome as RoundOutcome
+from .ldp_audit import AuditOutcome as AuditOutcome
+from .ldp_audit import LdpGapAudit as LdpGapAudit
+from .robust_fedavg import RobustFedAvg as RobustFedAvg
