@@ -111,36 +111,54 @@ def _as_optional(key: str, value: Any, parse: Any) -> Any:
 
 # -- the parsers of the key table: parser(key, raw value) -> value, ConfigError if bad --------
 
-Parser = Callable[[str, Any], Any]
+
+@dataclass(frozen=True)
+class Parser:
+    """How one key's raw value is read: the parsing function, the value's type and the values
+    it allows, in words (the configuration reference shows the last two)."""
+
+    parse: Callable[[str, Any], Any]
+    type: str
+    allowed: str
+
+    def __call__(self, key: str, value: Any) -> Any:
+        return self.parse(key, value)
 
 
 def _integer(minimum: int) -> Parser:
-    return lambda key, value: _as_int(key, value, minimum)
+    return Parser(lambda key, value: _as_int(key, value, minimum), "integer", f">= {minimum}")
 
 
 def _number(low: float, high: float, *, open_low: bool = True) -> Parser:
-    return lambda key, value: _as_float(key, value, low=low, high=high, open_low=open_low)
+    bracket = "(" if open_low else "["
+    high_text = "inf" if math.isinf(high) else f"{high:g}"
+    return Parser(
+        lambda key, value: _as_float(key, value, low=low, high=high, open_low=open_low),
+        "number",
+        f"{bracket}{low:g}, {high_text})",
+    )
 
 
 def _choice(allowed: tuple[str, ...]) -> Parser:
-    return lambda key, value: _as_choice(key, value, allowed)
+    return Parser(
+        lambda key, value: _as_choice(key, value, allowed),
+        "string",
+        " | ".join(f'"{value}"' for value in allowed),
+    )
 
 
-def _boolean(key: str, value: Any) -> bool:
-    return _as_bool(key, value)
-
-
-def _text(key: str, value: Any) -> str:
-    return str(value)
-
-
-def _epsilon_list(key: str, value: Any) -> tuple[float, ...]:
-    return _as_epsilons(key, value)
+_boolean = Parser(_as_bool, "boolean", "true | false")
+_text = Parser(lambda key, value: str(value), "string", "any")
+_epsilon_list = Parser(_as_epsilons, "string", "comma-separated numbers > 0")
 
 
 def _optional(parse: Parser) -> Parser:
     """``parse``, or None for "" (the key's documented "not set")."""
-    return lambda key, value: _as_optional(key, value, parse)
+    return Parser(
+        lambda key, value: _as_optional(key, value, parse),
+        parse.type,
+        f'"" (not set) or {parse.allowed}',
+    )
 
 
 def _key(default: Any, parse: Parser, help: str) -> Any:  # noqa: A002 - the table's column
@@ -150,19 +168,65 @@ def _key(default: Any, parse: Parser, help: str) -> Any:  # noqa: A002 - the tab
 
 @dataclass(frozen=True)
 class ConfigKey:
-    """A run-config key as documented: kebab-case name, default and help."""
+    """A run-config key as documented: kebab-case name, default, type, allowed values, help."""
 
     name: str
     default: Any
+    type: str
+    allowed: str
     help: str
 
 
 def config_keys() -> tuple[ConfigKey, ...]:
-    """Every run-config key with its default and help, in table order."""
+    """Every run-config key with its default, type, allowed values and help, in table order."""
     return tuple(
-        ConfigKey(item.name.replace("_", "-"), item.default, item.metadata["help"])
+        ConfigKey(
+            item.name.replace("_", "-"),
+            item.default,
+            item.metadata["parse"].type,
+            item.metadata["parse"].allowed,
+            item.metadata["help"],
+        )
         for item in fields(RunConfig)
     )
+
+
+def _toml_value(value: Any) -> str:
+    """A default as it is written in ``[tool.flwr.app.config]``."""
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return '"' + ",".join(f"{item:g}" for item in value) + '"'
+    if isinstance(value, str):
+        return f'"{value}"'
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def config_reference() -> str:
+    """The configuration reference (Markdown), generated from the key table.
+
+    ``python -m fedparity.clients.config > docs/configuration.md`` writes it; a test checks
+    that the file in the repository is up to date.
+    """
+    lines = [
+        "# Run configuration reference",
+        "",
+        "<!-- Generated from the key table of fedparity.clients.config by",
+        "     `python -m fedparity.clients.config > docs/configuration.md`; do not edit. -->",
+        "",
+        "Every key of `[tool.flwr.app.config]` in `pyproject.toml` (the defaults), of the named",
+        "configs in `configs/` and of `flwr run . --run-config`. An unknown key or a value",
+        "outside its allowed range stops the run before any work, with a message naming the key.",
+        "",
+        "| key | type | default | allowed | what it sets |",
+        "|---|---|---|---|---|",
+    ]
+    for key in config_keys():
+        cells = (f"`{key.name}`", key.type, f"`{_toml_value(key.default)}`", key.allowed, key.help)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _check_fpfl(config: RunConfig) -> None:
@@ -338,3 +402,7 @@ class RunConfig:
         with Path(path).open("rb") as handle:
             overrides = tomllib.load(handle)
         return cls.from_mapping({**(base or {}), **overrides})
+
+
+if __name__ == "__main__":
+    print(config_reference(), end="")

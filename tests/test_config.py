@@ -182,3 +182,17 @@ def test_vocabularies_come_from_the_modules_that_use_them() -> None:
     assert config.FPFL_ACCOUNTANTS == get_args(AccountantName)
     assert config.FPFL_CONSTRAINTS is CONSTRAINTS
     assert config.METRIC_NAMES is METRIC_NAMES
+
+
+def test_the_configuration_reference_is_generated_from_the_key_table() -> None:
+    from fedparity.clients.config import config_keys, config_reference
+
+    reference = config_reference()
+    # one table row per key, with its type and allowed values
+    rows = [line for line in reference.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(RunConfig.keys())
+    fpfl_delta = next(key for key in config_keys() if key.name == "fpfl-delta")
+    assert (fpfl_delta.type, fpfl_delta.allowed) == ("number", '"" (not set) or (0, 1)')
+    # the file in the repository is the generated one (regenerate it with the command it names)
+    committed = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == reference, "python -m fedparity.clients.config > docs/configuration.md"
