@@ -1,4 +1,4 @@
-"""Monte Carlo of FedEvalFair, both modes: type-I error and power (paper 003, Figures 2-3).
+"""Monte Carlo of FedEvalFair, both modes: type-I error and power (the paper's Figures 2-3).
 
     python benchmarks/fedevalfair_mc.py [--iterations 1000] [--quick] [--seed 2024] [--json]
         [--min-cell 5] [--no-margins] [--output PATH.md | --no-write]
@@ -8,7 +8,12 @@ Every iteration draws fresh client test sets, bootstraps each client with
 and
 S^2 of |disparities|, n = B) and ``"calibrated"`` (signed plug-in, S^2 of the signed
 resamples, the margins; ``--no-margins`` drops them, i.e. weights 1 / S^2), and runs both
-stages at the 5% level (SPEC 2.1).
+stages at the 5% level. The calibrated mode, and why the paper's statistics are miscalibrated,
+are described in :mod:`fedparity.mechanisms.fairtest`.
+
+The paper: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version); FedEvalFair (anonymous, 2024).
 
 (a) Synthetic, paper style: k = 5 clients of n rows each, A ~ Bernoulli(0.3) (minority),
     Yhat | A=0 ~ Bernoulli(0.3 + delta_i/2), Yhat | A=1 ~ Bernoulli(0.3 - delta_i/2), so the
@@ -119,7 +124,8 @@ def run_cell(
     are tested; an iteration with fewer than 2 of them is untested (unavailable). The
     bootstrap is run for every client whatever ``min_cell`` is, so the random stream, and
     every client's test set, does not depend on ``min_cell``. ``margins=False`` runs the
-    calibrated mode without the margins (weights 1 / S^2, SPEC 2.1's form) on the same draws.
+    calibrated mode without the margins (weights 1 / S^2, the plain inverse-variance form) on
+    the same draws.
     """
     k = len(samplers)
     means = {mode: np.full((iterations, k), np.nan) for mode in MODES}
@@ -472,7 +478,7 @@ def markdown(
         "paper = the paper's statistics (|disparity|, w = B / S^2, T1); calibrated = the "
         + (
             "calibrated mode WITHOUT margins (`--no-margins`: w = 1 / S^2, Cochran's Q with "
-            "the same weights, SPEC 2.1's form; liberal where a cell is small). "
+            "the same weights, the plain inverse-variance form; liberal where a cell is small). "
             if args.no_margins
             else "default mode (signed plug-in, w = 1 / V_i(0) from the holder's margins, "
             "sandwich stderr, Cochran's Q with 1 / V_i(mu_hat): mechanisms/fairtest.py). "
@@ -649,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-margins",
         action="store_true",
-        help="calibrated mode with weights 1 / S^2 (SPEC 2.1's form) instead of the margins",
+        help="calibrated mode with weights 1 / S^2 (plain inverse variance) instead of the margins",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument(

@@ -8,9 +8,12 @@ TenSEAL ciphertexts (:func:`ckks_simulator.run_protocol_locally`); the plaintext
 same protocol with float64 vectors (:func:`ckks_simulator.run_protocol_plaintext`). Flower's
 own overhead is measured elsewhere.
 
-Payload (SPEC 2.1): client i contributes [w_i, w_i y_i, w_i y_i^2] with w_i = 1/S_i^2 in
-[1e4, 1e6] and y_i ~ N(0.03, 1/w_i) (+ the count slot); its round-2 terms are Cochran's
-w_i (y_i - mu)^2 and the paper's w_i (y_i - mu)^2 / (1 - w_i / W). Two key holders decrypt
+Payload (the calibrated mode's inverse-variance form, :mod:`fedparity.mechanisms.fairtest`):
+client i contributes [w_i, w_i y_i, w_i y_i^2] with w_i = 1/S_i^2 in [1e4, 1e6] and
+y_i ~ N(0.03, 1/w_i) (+ the count slot); its round-2 terms are Cochran's w_i (y_i - mu)^2 and
+the paper's w_i (y_i - mu)^2 / (1 - w_i / W) (T1, Eq. 10 of "FedEvalFair: A Privacy-Preserving
+and Statistically Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM
+Multimedia 2024 submission). Two key holders decrypt
 in round 3. Reported per client and round: payload bytes up and down (Flower framing not
 included), ciphertexts uploaded, compute time; per round the server's time. "parallel s"
 is the critical path if the clients ran in parallel: sum over rounds of (slowest client +

@@ -1,4 +1,9 @@
-"""FPFL on federated UCI Adult: paper 004 Table 2 (m = 1000) and the end-to-end timing.
+"""FPFL on federated UCI Adult: the paper's Table 2 (m = 1000) and the end-to-end timing.
+
+The paper: Borja Rodríguez-Gálvez, Filip Granqvist, Rogier van Dalen and Matt Seigel,
+"Enforcing fairness in private federated learning via the modified method of differential
+multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021
+(Rodríguez-Gálvez et al. 2021).
 
     python benchmarks/fpfl_adult.py                      # both parts (~40 min on 2 cores)
     python benchmarks/fpfl_adult.py --table --seeds 0 --algorithms fl fpfl --rounds 20
@@ -265,7 +270,8 @@ def table_markdown(
         )
     lines += [
         "",
-        "Paper numbers: PAPER_TABLE2 in server/fpfl_report.py (paper 004, Table 2, shallow). "
+        "Paper numbers: PAPER_TABLE2 in server/fpfl_report.py (Rodriguez-Galvez et al. 2021, "
+        "Table 2, shallow). "
         "At m = 1000 the paper reports PFL and FPFL only; the other rows show its m = 200 "
         "values, labelled (m=200).",
         "",

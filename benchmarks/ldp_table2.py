@@ -2,6 +2,10 @@
 
     python benchmarks/ldp_table2.py [--clients 10000000] [--runs 10] [--json]
 
+The paper: Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure':
+Privately Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop,
+PMLR, 2022 (Table 2 in its Appendix D).
+
 K clients in two balanced groups whose mean metric differs by about 0.2 (a fixed synthetic
 population, as the paper's resampled one); for eps in {0.01, 0.1, 1, 10} and both valid
 mechanisms at the variance-optimal split (true eps <= budget), ``runs`` independent runs of

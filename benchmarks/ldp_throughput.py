@@ -9,8 +9,8 @@ perturbation, per-group summary, final estimate). Each mechanism runs in its own
 process so that ``peak_rss_mb`` (the process's maximum resident set size) is its own.
 ``--sweep`` writes a Markdown table to benchmarks/results/ldp_throughput.md.
 
-Targets (SPEC / issue): M_R >= 50 M clients/s, M_L >= 40 M clients/s, 10^8 clients under
-1 GB peak memory, throughput flat from 10^6 to 10^8.
+Targets (the project's requirements): M_R >= 50 M clients/s, M_L >= 40 M clients/s, 10^8
+clients under 1 GB peak memory, throughput flat from 10^6 to 10^8.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Client side of the encrypted FedEvalFair protocol (SPEC 2, paper 003 Algorithms 1-2).
+"""Client side of the encrypted FedEvalFair protocol (the paper's Algorithms 1-2).
+
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version); the calibrated mode is fedparity's correction (:mod:`fedparity.mechanisms.fairtest`).
 
 One protocol run tests both disparities (dp, eo) in both modes (calibrated, paper): the four
 (metric, mode) *blocks* travel side by side in one CKKS ciphertext per message, so a client

@@ -1,4 +1,10 @@
-"""User populations for FPFL (paper 004, SPEC 3): federated Adult and unfair FEMNIST / digits.
+"""User populations for FPFL: federated Adult and unfair FEMNIST / digits.
+
+FPFL and these populations are from Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen
+and Matt Seigel, "Enforcing fairness in private federated learning via the modified method of
+differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021 below), Sections 4.1 (Adult) and 4.2
+(unfair FEMNIST).
 
 Unlike the LDP audit's :class:`~fedparity.clients.data.UserShard` (one group per user, binary
 labels),
@@ -49,9 +55,10 @@ __all__ = [
     "unfair_writer_groups",
 ]
 
-#: Mean of the Poisson number of samples per user (paper 004, Section 4.1).
+#: Mean of the Poisson number of samples per user (Rodriguez-Galvez et al. 2021, Section 4.1).
 ADULT_MEAN_SAMPLES_PER_USER = 2.0
-#: The unfair FEMNIST groups (paper 004, Section 4.2) and their shares of the writers.
+#: The unfair FEMNIST groups (Rodriguez-Galvez et al. 2021, Section 4.2) and their shares of the
+#: writers.
 UNFAIR_GROUP_NAMES: tuple[str, str, str] = ("black_pen", "blue_pen", "white_chalk")
 UNFAIR_FRACTIONS: tuple[float, float, float] = (0.45, 0.45, 0.10)
 #: Ballpoint-blue ink colour (RGB in [0, 1]) of the blue-pen group.
@@ -305,7 +312,7 @@ def adult_fpfl_users(
     seed: int = 0,
     mean_samples_per_user: float = ADULT_MEAN_SAMPLES_PER_USER,
 ) -> FPFLShard:
-    """The federated Adult population of paper 004 (Section 4.1, SPEC 3).
+    """The federated Adult population of Rodriguez-Galvez et al. 2021 (Section 4.1).
 
     The rows of ``split`` are shuffled and dealt to users in turn, user ``k`` taking
     ``N_k ~ Poisson(mean_samples_per_user)`` rows, until every row is taken (the last user gets
@@ -471,7 +478,7 @@ def unfair_images(
     blue_ink: tuple[float, float, float] = BLUE_INK,
     blur_sigmas: tuple[float, float] = (1.0, 2.0),
 ) -> NDArray[np.float32]:
-    """The unfair FEMNIST transform (paper 004, Section 4.2, Eq. 19), RGB output.
+    """The unfair FEMNIST transform (Rodriguez-Galvez et al. 2021, Section 4.2, Eq. 19), RGB output.
 
     ``images`` is ``(n, side, side)`` in [0, 1] with a white background (1) and dark ink (0),
     as FEMNIST. The result is float32 ``(n, 3, side, side)`` in [0, 1]:

@@ -1,6 +1,11 @@
-"""FPFL client-side math in torch: models, surrogates and per-user statistic vectors (paper 004).
+"""FPFL client-side math in torch: models, surrogates and per-user statistic vectors.
 
-What a client computes per round (Algorithm 1, ``UserStatistics``; SPEC 3): for every user
+FPFL: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021
+(Rodriguez-Galvez et al. 2021; section, equation and algorithm numbers below are the paper's).
+
+What a client computes per round (Algorithm 1, ``UserStatistics``): for every user
 ``k`` of its cohort, the vector of Eq. (17) plus the model-selection counts, in the layout of
 :class:`fedparity.mechanisms.mmdm.StatisticsLayout`::
 

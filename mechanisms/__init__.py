@@ -1,9 +1,12 @@
 """fedparity.mechanisms: the math, usable alone (pure numpy/scipy; no Flower import).
 
-LDP gap measurement (paper 000/001, SPEC 1):
+LDP gap measurement (Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't
+Measure': Privately Measuring Demographic Performance Disparities in Federated Learning", AFCP
+workshop, PMLR, 2022, and its Appendix A):
 
 * :class:`RandomizedResponseMechanism` (M_R) and :class:`LaplaceMechanism` (M_L, k = 2),
-  with their *true* epsilon (:func:`true_epsilon`, SPEC 1.1);
+  with their *true* epsilon (:func:`true_epsilon`; the paper's Theorem 5, and its Theorem 6
+  for k != 2, are false);
 * :func:`mechanism_for_budget` / :func:`optimal_split`: the (eps1, eps2) split within a budget;
 * :func:`estimate_gap`: unbiased group means, gaps, standard errors, intervals and bounds;
 * :func:`summarize_stream`: mechanism + summary over chunks, in bounded memory;
@@ -11,7 +14,10 @@ LDP gap measurement (paper 000/001, SPEC 1):
   1;
 * :class:`PrivacyLedger` / :class:`ShardLedger`: per-user budgets over repeated audits.
 
-FedEvalFair two-stage fairness test (paper 003, SPEC 2):
+FedEvalFair two-stage fairness test ("FedEvalFair: A Privacy-Preserving and Statistically
+Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM Multimedia 2024
+submission), with a calibrated default mode where the paper's test is miscalibrated (see
+:mod:`fedparity.mechanisms.fairtest`):
 
 * :func:`bootstrap_disparity`: a client's B bootstrap disparities (dp / eo) and its
   :class:`ClientSummary` in mode "paper" or "calibrated";
@@ -21,11 +27,14 @@ FedEvalFair two-stage fairness test (paper 003, SPEC 2):
   clients (encrypted protocol); :func:`stage_statistics` vectorises it for simulations;
   :func:`disparity_variance` gives the calibrated weights from a holder's margins.
 
-FPFL: fairness-constrained training with user-level DP (paper 004, SPEC 3):
+FPFL: fairness-constrained training with user-level DP (Borja Rodriguez-Galvez, Filip
+Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing fairness in private federated learning
+via the modified method of differential multipliers", NeurIPS 2021 Workshop on Privacy in
+Machine Learning, arXiv:2109.08604, 2021):
 
 * :class:`StatisticsLayout` / :class:`AggregateStatistics`: the sufficient-statistic vector
-  (Eq. 17) and its cohort sum; :func:`evaluate_constraints`, :func:`mmdm_update` (Eq. 9-11),
-  :func:`sgd_update`; :func:`privatize_sum` (Gaussian noise on a clipped sum);
+  (FPFL Eq. 17) and its cohort sum; :func:`evaluate_constraints`, :func:`mmdm_update`
+  (FPFL Eq. 9-11), :func:`sgd_update`; :func:`privatize_sum` (Gaussian noise on a clipped sum);
 * :func:`cohort_metrics` / :class:`ModelSelector`: model selection on cohort statistics;
 * :func:`fairness_gaps`: accuracy and FNR / EO / DemP / PP gaps of hard predictions.
 """

@@ -1,12 +1,17 @@
 """Split a total LDP budget into (eps1, eps2) so that the true epsilon fits the budget.
 
-The paper's allocations (eps1 = eps2 = eps for M_R; k = eps for M_L) are not eps-LDP
-(SPEC 1.1). Here the split is re-derived: the true epsilon is tight on the budget along a
+The allocations of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't
+Measure': Privately Measuring Demographic Performance Disparities in Federated Learning", AFCP
+workshop, PMLR, 2022 (eps1 = eps2 = eps for M_R; k = eps for M_L) are not eps-LDP: the paper's
+Theorem 5 is false and its Theorem 6 holds only for k = 2 (:func:`true_epsilon` computes the
+true epsilon). Here the split is re-derived: the true epsilon is tight on the budget along a
 one-parameter curve, and the point on it that minimises the worst-case variance of the gap
 estimator is found numerically:
 
-* M_R: eps = max(eps2, eps1 + ln(2 e^eps2 / (1 + e^eps2))) (the third term of SPEC 1.1 is
-  always below eps2), so eps1 = eps - ln(2 b(eps2)) for eps2 in (0, eps].
+* M_R: eps = max(eps2, eps1 + ln(2 e^eps2 / (1 + e^eps2))) (the third term of the true
+  epsilon, ln((1 + e^eps2) / 2) - eps1 in
+  :func:`~fedparity.mechanisms.randomized_response.randomized_response_epsilon`, is always
+  below eps2), so eps1 = eps - ln(2 b(eps2)) for eps2 in (0, eps].
 * M_L (k = 2): eps = max(eps2, eps1 + eps2 / 2), so eps1 = eps - eps2 / 2 for eps2 in (0, eps].
 
 The objective is K * Var of the largest pairwise gap at the worst-case spread of values
@@ -50,7 +55,20 @@ def build_mechanism(
 def true_epsilon(
     name: MechanismName, epsilon_group: float, epsilon_value: float, num_groups: int = 2
 ) -> float:
-    """True LDP epsilon of M_R or M_L (k = 2) for (eps1, eps2, d) -- SPEC 1.1."""
+    """True LDP epsilon of M_R or M_L (k = 2) for (eps1, eps2, d).
+
+    Not the paper's claims: its Theorem 5 (M_R is max(eps1, eps2)-LDP) is false, and its
+    Theorem 6 (M_L) is false for every noise ratio k != 2. M_R:
+    :func:`~fedparity.mechanisms.randomized_response.randomized_response_epsilon`; M_L:
+    :func:`~fedparity.mechanisms.laplace.laplace_epsilon`, which explain the corrections.
+
+    References
+    ----------
+    .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
+           Measuring Demographic Performance Disparities in Federated Learning", Workshop on
+           Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
+           Theorems 5 and 6, Appendices A.1 and A.2.
+    """
     check_choice("mechanism", name, MECHANISMS)
     if name == "R":
         return randomized_response_epsilon(epsilon_group, epsilon_value, num_groups)

@@ -1,11 +1,16 @@
-"""User-level (epsilon, delta) accounting for FPFL with Opacus' accountants (paper 004, SPEC 3).
+"""User-level (epsilon, delta) accounting for FPFL with Opacus' accountants.
 
-Algorithm 1 releases, every round, the sum of the clipped vectors of a cohort of users plus
-``N(0, C^2 sigma^2 I)``: a subsampled Gaussian mechanism with sensitivity ``C`` (one user
-changes one clipped vector) and noise multiplier ``sigma``. Over ``T`` rounds its privacy is
-computed by Opacus, with the Renyi-DP accountant (``"rdp"``, Mironov et al. 2019, the
-refined moments accountant the paper cites) or the privacy-random-variable accountant
-(``"prv"``, Gopi et al. 2021, tighter).
+FPFL is Algorithm 1 of Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt
+Seigel, "Enforcing fairness in private federated learning via the modified method of
+differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021 below). It releases, every round, the
+sum of the clipped vectors of a cohort of users plus ``N(0, C^2 sigma^2 I)``: a subsampled
+Gaussian mechanism with sensitivity ``C`` (one user changes one clipped vector) and noise
+multiplier ``sigma``. Over ``T`` rounds its privacy is
+computed by Opacus, with the Renyi-DP accountant (``"rdp"``, Mironov et al. 2019, RDP of the
+Poisson-subsampled Gaussian mechanism; the paper itself cites the analytical moments
+accountant of Wang, Balle and Kasiviswanathan, AISTATS 2019) or the privacy-random-variable
+accountant (``"prv"``, Gopi et al. 2021, tighter).
 
 **Sampling assumption.** Both accountants analyse *Poisson* subsampling: every round, each of
 the ``K`` users joins the cohort independently with probability ``q = m / K`` (so the cohort
@@ -21,8 +26,10 @@ guarantee stated here.
   spent less). For ``"prv"`` it is Opacus' *upper* bound (``PRVAccountant.get_epsilon``), the
   guarantee; for ``"rdp"`` the RDP-to-DP conversion at the best order.
 
-Cross-check (SPEC 3; ``K = 16280``, ``epsilon = 2``, ``delta = 1/K``): ``m = 200, T = 1000``:
-``sigma`` RDP 1.0645, PRV 1.0010; ``m = 1000, T = 250``: RDP 2.1191, PRV 1.9629.
+Cross-check (reference values computed with Opacus, Poisson sampling, for the federated Adult
+setting of Rodriguez-Galvez et al. 2021, Section 4.1: ``K = 16280`` users, ``epsilon = 2``,
+``delta = 1/K``): ``m = 200, T = 1000``: ``sigma`` RDP 1.0645, PRV 1.0010;
+``m = 1000, T = 250``: RDP 2.1191, PRV 1.9629.
 """
 
 from __future__ import annotations
@@ -213,6 +220,19 @@ def calibrate_noise(
     Opacus exactly; the achieved epsilon is then recomputed with :func:`privacy_spent`.
     Raises ``ValueError`` naming the parameter for ``epsilon <= 0``, ``delta`` outside (0, 1),
     ``cohort_size > population_size``, ``steps < 1`` or an unknown accountant.
+
+    References
+    ----------
+    .. [1] B. Rodriguez-Galvez, F. Granqvist, R. van Dalen and M. Seigel, "Enforcing
+           fairness in private federated learning via the modified method of differential
+           multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+           arXiv:2109.08604, 2021. Algorithm 1 (CalculateNoiseScale).
+    .. [2] I. Mironov, K. Talwar and L. Zhang, "Renyi Differential Privacy of the Sampled
+           Gaussian Mechanism", arXiv:1908.10530, 2019 (the ``"rdp"`` accountant).
+    .. [3] S. Gopi, Y. T. Lee and L. Wutschitz, "Numerical Composition of Differential
+           Privacy", NeurIPS 2021 (the ``"prv"`` accountant).
+    .. [4] A. Yousefpour et al., "Opacus: User-Friendly Differential Privacy Library in
+           PyTorch", arXiv:2109.12298, 2021.
 
     Examples
     --------

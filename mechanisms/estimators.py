@@ -1,8 +1,12 @@
 """Unbiased group-mean and gap estimators with closed-form variances and error bounds.
 
-Paper 000, Definition 7 (estimators), Appendix A.4 (Eq. 19 for M_L, Eq. 20 for M_R) and
-Theorem 9 (the gap's MSE is the sum of the groups' MSEs); SPEC 1.3 for what goes beyond the
-paper: unknown group sizes, d > 2 groups, intervals tighter than Chebyshev.
+Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately
+Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022
+(Juarez and Korolova 2022 below): Definition 7 (estimators), Appendix A.4 (Eq. 19 for M_L,
+Eq. 20 for M_R) and Theorem 9 (the gap's MSE is the sum of the groups' MSEs). Beyond the
+paper, which assumes known group sizes and two groups and bounds the error with Chebyshev's
+inequality (about 10x loose, its Table 2): unknown group sizes, d > 2 groups, intervals
+tighter than Chebyshev.
 
 Notation: values v in [-1, 1] (v = 2 m - 1 for a metric m in [0, 1]); S_G is the sum of
 reported values v' over reports whose group is G, n'_G their number, K all reports.
@@ -354,6 +358,16 @@ def estimate_gap(
     and the sum of v^2 -- estimated from the reported squares for M_L, and for M_R (whose
     reports carry no information on it) its smallest value given the mean, n m^2 (Jensen),
     which maximises M_R's variance near that mean.
+
+    References
+    ----------
+    .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
+           Measuring Demographic Performance Disparities in Federated Learning", Workshop on
+           Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
+           Definition 7, Theorem 9 and Appendix A.4 (Eq. 19, Eq. 20).
+    .. [2] T. Wang, J. Blocki, N. Li and S. Jha, "Locally Differentially Private Protocols for
+           Frequency Estimation", USENIX Security Symposium, 2017 (the GRR frequency
+           estimator used for unknown group sizes).
     """
     confidence = check_open_unit("confidence", confidence)
     if summary.num_groups != mechanism.num_groups:

@@ -1,6 +1,11 @@
 """FedEvalFair: per-client bootstrap disparities and the two-stage fairness test.
 
-Paper 003 (FedEvalFair), Sections 3-4; SPEC 2 and 2.1 for what differs from the paper.
+"FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness Evaluation
+Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review version);
+FedEvalFair (anonymous, 2024) below; Sections 3-4 of the paper. What differs from the paper
+is the calibrated mode (the default) below: the paper's statistics are miscalibrated (its
+weights n_i / S_i^2 with n_i = B, its absolute disparities and its stage-1 statistic T1 each
+make a fair model fail the test more often than alpha).
 
 A client i holds a test set (predictions, labels, protected group A in {0, 1}). It draws B
 bootstrap resamples and computes the disparity on each (Section 3.2):
@@ -8,17 +13,21 @@ bootstrap resamples and computes the disparity on each (Section 3.2):
     dp = P(Yhat = 1 | A = 0) - P(Yhat = 1 | A = 1)                   (signed; Eq. 1 has |.|)
     eo = P(Yhat = 1 | A = 0, Y = 1) - P(Yhat = 1 | A = 1, Y = 1)     (signed; Eq. 2 has |.|)
 
-and reports a :class:`ClientSummary` (mean, variance, n). Two modes (SPEC 2.1):
+and reports a :class:`ClientSummary` (mean, variance, n). Two modes (``"paper"``: faithful,
+miscalibrated; ``"calibrated"``: corrects it):
 
 ``"paper"``
     Faithful to the paper: the mean and sample variance S_i^2 of the B *absolute* bootstrap
     disparities, n_i = B; weights w_i = n_i / S_i^2 (so Var(mu_hat_i) = S_i^2 / B shrinks with B
     although the data did not change); stage 1 is Eq. 10,
     T1 = sum w_i (Ybar_i - mu_hat)^2 / (1 - omega_i), referred to chi2(k - 1), which it does
-    not follow (the terms share mu_hat).
+    not follow (the terms share mu_hat, so they are not independent): even with known
+    variances and exactly normal data it rejects a true H0 at the 5% level at rate 0.164
+    (k = 2), 0.109 (k = 5), 0.082 (k = 11) in a 20,000-draw simulation, where Cochran's
+    Q = sum w_i (Ybar_i - mu_hat)^2 is exactly chi2(k - 1) (``tests/test_fairtest.py``).
 ``"calibrated"`` (default)
     The signed plug-in disparity mu_hat_i on the full test set and the bootstrap variance
-    S_i^2 of the signed resamples as Var(mu_hat_i). Weights (SPEC 2.1 says 1 / S_i^2; see
+    S_i^2 of the signed resamples as Var(mu_hat_i). Weights (not simply 1 / S_i^2; see
     below why not): w_i = 1 / V_i(0), where V_i(mu) = :func:`disparity_variance` is the
     variance of the holder's plug-in disparity given its *margins* (the two group sizes and
     the number of rows predicted positive among the rows the metric averages over) when
@@ -41,16 +50,18 @@ and reports a :class:`ClientSummary` (mean, variance, n). Two modes (SPEC 2.1):
     holders and both stages are liberal: type-I error 0.51 (stage 2) for 10 Adult holders
     of 100 rows. V_i depends on the margins only, which are independent of the disparity's
     sign under the null. A summary without margins (``ClientSummary.margins = None``, e.g.
-    a CSV with mean and variance only) falls back to V_i = S_i^2, i.e. SPEC 2.1's form
-    (w_i = 1 / S_i^2, every standard error 1 / sqrt(sum w), Cochran's Q with the same
-    weights). benchmarks/fedevalfair_mc.py measures both (``--no-margins``).
+    a CSV with mean and variance only) falls back to V_i = S_i^2, i.e. the plain
+    inverse-variance form (w_i = 1 / S_i^2, every standard error 1 / sqrt(sum w), Cochran's
+    Q with the same weights). benchmarks/fedevalfair_mc.py measures both (``--no-margins``).
 
 In both modes mu_hat = sum w_i Ybar_i / sum w_i (Graybill-Deal, Eq. 6); in mode "paper"
 its standard error is 1 / sqrt(sum w_i) and stage 2 (Algorithm 2) W* = sqrt(sum w_i)
-(mu_hat - mu0) ~ N(0, 1), two sided; the equivalence test (TOST, SPEC 2.1) certifies
+(mu_hat - mu0) ~ N(0, 1), two sided; the equivalence test (TOST, two one-sided tests; not
+in the paper, it is what an operator who wants to *certify* fairness needs) certifies
 |mu| < tolerance with the same standard error.
 
-The server only adds (Algorithms 1-2, SPEC 2): in round 1 every client adds
+The server only adds (the paper's Algorithms 1-2; the encrypted protocol is
+:mod:`fedparity.mechanisms.ckks`): in round 1 every client adds
 :func:`client_contribution` = [w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, and w_i^2 V_i at
 mu0, +tolerance and -tolerance, 1] (:data:`ROUND1_FIELDS`); in round 2, given the
 decrypted round-1 totals, it adds :func:`stage1_term` (:data:`STAGE1_FIELDS`);
@@ -201,8 +212,8 @@ class ClientSummary:
         Calibrated mode: (group-0 rows, group-1 rows, rows predicted positive) among the
         rows the metric averages over (all rows for dp, Y = 1 for eo); the calibrated
         weights come from :func:`disparity_variance` of these. None: weights 1 / S_i^2
-        (SPEC 2.1's form, liberal with small cells; module docstring). Not used by the
-        paper mode.
+        (the plain inverse-variance form, liberal with small cells; module docstring). Not
+        used by the paper mode.
     """
 
     mean: float
@@ -280,7 +291,7 @@ class BootstrapDisparity:
         return float(np.var(self.resamples, ddof=1))
 
     def summary(self, mode: Mode = "calibrated") -> ClientSummary:
-        """What the client reports in ``mode`` (SPEC 2.1).
+        """What the client reports in ``mode`` (``"paper"`` or ``"calibrated"``).
 
         ``"paper"``: mean and S^2 of |Y_ij|, n = B. ``"calibrated"``: the signed plug-in
         disparity, S^2 of the signed Y_ij, n = B (unused) and the :attr:`margins`.
@@ -348,13 +359,13 @@ def bootstrap_disparity(
     rng: np.random.Generator,
     max_redraws: int | None = None,
 ) -> BootstrapDisparity:
-    """Bootstrap the signed disparity of one client's test set (paper Sections 3.1-3.2).
+    """Bootstrap the signed disparity of one client's test set (FedEvalFair Sections 3.1-3.2).
 
     Each of the B resamples draws n rows with replacement (n = the test set's size). A
     resample without a member of group 0 or of group 1 (for ``"eo"``: without a positive,
-    Y = 1, member) has no disparity; it is discarded and drawn again (SPEC 2). The B x n
-    index matrix is drawn at once (in chunks of ~4M entries), and the group rates are counts
-    along each row.
+    Y = 1, member) has no disparity; it is discarded and drawn again (the paper does not
+    cover this case). The B x n index matrix is drawn at once (in chunks of ~4M entries), and
+    the group rates are counts along each row.
 
     Parameters
     ----------
@@ -375,6 +386,12 @@ def bootstrap_disparity(
     InsufficientGroupData
         The test set has one group only (for ``"eo"``: a group without positives), or more
         than ``max_redraws`` resamples lacked a group: the client cannot take part.
+
+    References
+    ----------
+    .. [1] Anonymous authors, "FedEvalFair: A Privacy-Preserving and Statistically Grounded
+           Federated Fairness Evaluation Framework", ACM Multimedia 2024 submission
+           (anonymous review version), 2024. Sections 3.1 (Eq. 1, Eq. 2) and 3.2 (bootstrap).
     """
     metric = check_choice("metric", metric, METRICS)
     num_resamples = check_int_at_least("num_resamples", num_resamples, 2)
@@ -830,7 +847,7 @@ class TestResult:
 _METHODS = {
     ("homogeneity", "paper"): (
         "FedEvalFair stage 1 (paper Eq. 10): T1 = sum w_i (Ybar_i - mu_hat)^2 / (1 - omega_i), "
-        "w_i = n_i / S_i^2, referred to chi2(k - 1) (not its distribution: SPEC 2.1)"
+        "w_i = n_i / S_i^2, referred to chi2(k - 1) (not its distribution: its terms share mu_hat)"
     ),
     ("homogeneity", "calibrated"): (
         "Cochran's Q = sum u_i (Ybar_i - mu_u)^2, u_i = 1 / V_i(mu_hat) from the holder's "
@@ -1010,12 +1027,24 @@ def fedevalfair(
     alpha : float
         Level of the decisions, in (0, 1).
     mode : {"calibrated", "paper"}
-        See the module docstring (SPEC 2.1).
+        See the module docstring (the calibrated mode, and why the paper's statistics are
+        miscalibrated).
     mu0 : float
         Stage 2's null value (Algorithm 2).
     tolerance : float, optional
         >= 0: also test H0 |mu| >= tolerance (TOST). At 0 the null holds for every mu, so
         the p-value is 1 and fairness is never certified.
+
+    References
+    ----------
+    .. [1] Anonymous authors, "FedEvalFair: A Privacy-Preserving and Statistically Grounded
+           Federated Fairness Evaluation Framework", ACM Multimedia 2024 submission
+           (anonymous review version), 2024. Section 4.2, Algorithms 1 and 2 (Eq. 6, Eq. 10).
+    .. [2] W. G. Cochran, "The combination of estimates from different experiments",
+           Biometrics 10(1), 101-129, 1954 (Cochran's Q, the calibrated stage 1).
+    .. [3] D. J. Schuirmann, "A comparison of the two one-sided tests procedure and the power
+           approach for assessing the equivalence of average bioavailability", Journal of
+           Pharmacokinetics and Biopharmaceutics 15(6), 657-680, 1987 (TOST).
     """
     alpha = check_open_unit("alpha", alpha)
     mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
@@ -1039,24 +1068,52 @@ def fedevalfair(
 def homogeneity_test(
     summaries: Sequence[ClientSummary], *, mode: Mode = "calibrated"
 ) -> TestResult:
-    """Stage 1 (Algorithm 1), H0: mu_1 = ... = mu_k: T1 (paper, Eq. 10) or Cochran's Q."""
+    """Stage 1 (Algorithm 1), H0: mu_1 = ... = mu_k: T1 (FedEvalFair Eq. 10) or Cochran's Q.
+
+    References
+    ----------
+    .. [1] Anonymous authors, "FedEvalFair: A Privacy-Preserving and Statistically Grounded
+           Federated Fairness Evaluation Framework", ACM Multimedia 2024 submission
+           (anonymous review version), 2024. Section 4.2, Algorithm 1 and Eq. 10.
+    .. [2] W. G. Cochran, "The combination of estimates from different experiments",
+           Biometrics 10(1), 101-129, 1954 (Cochran's Q, the calibrated stage 1).
+    """
     return fedevalfair(summaries, mode=mode).homogeneity
 
 
 def common_disparity_test(
     summaries: Sequence[ClientSummary], *, mode: Mode = "calibrated", mu0: float = 0.0
 ) -> TestResult:
-    """Stage 2 (Algorithm 2), H0: mu = mu0: W* = sqrt(sum w)(mu_hat - mu0), two-sided."""
+    """Stage 2 (Algorithm 2), H0: mu = mu0: W* = sqrt(sum w)(mu_hat - mu0), two-sided.
+
+    References
+    ----------
+    .. [1] Anonymous authors, "FedEvalFair: A Privacy-Preserving and Statistically Grounded
+           Federated Fairness Evaluation Framework", ACM Multimedia 2024 submission
+           (anonymous review version), 2024. Section 4.2, Algorithm 2 and Eq. 6.
+    .. [2] F. A. Graybill and R. B. Deal, "Combining unbiased estimators", Biometrics 15(4),
+           543-550, 1959 (the weighted common-mean estimate mu_hat).
+    """
     return fedevalfair(summaries, mode=mode, mu0=mu0).common_disparity
 
 
 def equivalence_test(
     summaries: Sequence[ClientSummary], *, tolerance: float, mode: Mode = "calibrated"
 ) -> TestResult:
-    """TOST (SPEC 2.1), H0: |mu| >= tolerance vs H1: |mu| < tolerance.
+    """TOST (two one-sided tests), H0: |mu| >= tolerance vs H1: |mu| < tolerance.
 
     p = max(P(Z > (mu_hat + tol)/se(-tol)), P(Z < (mu_hat - tol)/se(+tol))) (module docstring);
-    tolerance 0 gives p = 1 (the null covers every mu).
+    tolerance 0 gives p = 1 (the null covers every mu). Not in FedEvalFair [1]_, whose
+    stage 2 can only reject fairness; TOST [2]_ certifies it.
+
+    References
+    ----------
+    .. [1] Anonymous authors, "FedEvalFair: A Privacy-Preserving and Statistically Grounded
+           Federated Fairness Evaluation Framework", ACM Multimedia 2024 submission
+           (anonymous review version), 2024.
+    .. [2] D. J. Schuirmann, "A comparison of the two one-sided tests procedure and the power
+           approach for assessing the equivalence of average bioavailability", Journal of
+           Pharmacokinetics and Biopharmaceutics 15(6), 657-680, 1987.
     """
     report = fedevalfair(summaries, mode=mode, tolerance=tolerance)
     assert report.equivalence is not None

@@ -1,6 +1,9 @@
 """The M_L gap mechanism: GRR on the group, Laplace noise on the value.
 
-Paper 000, Section 4 and Appendix A.2. Only the noise ratio k = 2 is LDP (SPEC 1.1): the
+Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately
+Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022
+(Juarez and Korolova 2022 below), Section 4 and Appendix A.2. Only the noise ratio k = 2 is
+LDP (:func:`check_noise_ratio` says why, :func:`laplace_epsilon` gives the true epsilon): the
 paper's Theorem 6 for general k is false, and so are its "M_L opt." allocations.
 
 Sampling: one uniform draw decides the group cell and the sign of the noise, one standard
@@ -21,7 +24,8 @@ from ._validation import check_clients, check_epsilon, check_generator, check_nu
 from .randomized_response import _flip_to_other_group, grr_keep_probability
 from .reports import PerturbedReports, ReportMoments, ReportSummary
 
-#: The only noise-scale ratio for which M_L is LDP (SPEC 1.1).
+#: The only noise-scale ratio for which M_L is LDP (Juarez and Korolova 2022, Theorem 6 is
+#: false for every k != 2; see :func:`check_noise_ratio`).
 LDP_NOISE_RATIO = 2.0
 
 
@@ -30,7 +34,7 @@ class UnboundedPrivacyLossError(ValueError):
 
 
 def check_noise_ratio(noise_ratio: float) -> float:
-    """Refuse k != 2, explaining why (SPEC 1.1)."""
+    """Refuse k != 2, explaining why (Juarez and Korolova 2022, Theorem 6 is false there)."""
     ratio = float(noise_ratio)
     if ratio != LDP_NOISE_RATIO:
         heavier = "kept" if ratio < LDP_NOISE_RATIO else "flipped"
@@ -52,8 +56,16 @@ def laplace_epsilon(
 ) -> float:
     """The true LDP epsilon of M_L with k = 2: max(eps2, eps1 + eps2 / 2), any d >= 2.
 
-    Paper 000, Appendix A.2 (the proof there is only for k = 2, and it is right). Raises
+    Juarez and Korolova 2022, Appendix A.2 (the proof there is only for k = 2, and it is
+    right; the paper's Theorem 6 for general k is false). Raises
     :class:`UnboundedPrivacyLossError` for k != 2.
+
+    References
+    ----------
+    .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
+           Measuring Demographic Performance Disparities in Federated Learning", Workshop on
+           Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
+           Theorem 6 and Appendix A.2.
     """
     epsilon_group = check_epsilon("epsilon_group", epsilon_group)
     epsilon_value = check_epsilon("epsilon_value", epsilon_value)
@@ -96,6 +108,13 @@ class LaplaceMechanism:
         d >= 2.
     noise_ratio : float
         k; must be 2 (anything else raises :class:`UnboundedPrivacyLossError`).
+
+    References
+    ----------
+    .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
+           Measuring Demographic Performance Disparities in Federated Learning", Workshop on
+           Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
+           Section 4 (M_L) and Appendix A.2.
     """
 
     epsilon_group: float

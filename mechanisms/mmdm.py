@@ -1,4 +1,9 @@
-"""MMDM updates for fairness-constrained learning from aggregated statistics (paper 004, SPEC 3).
+"""MMDM updates for fairness-constrained learning from aggregated statistics (FPFL).
+
+Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing fairness
+in private federated learning via the modified method of differential multipliers", NeurIPS
+2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021 (Rodriguez-Galvez et al.
+2021, or FPFL, below; equation numbers are the paper's).
 
 Problem (P2) of the paper: minimise ``L(d, w) / n`` subject to, for every group ``a``::
 
@@ -23,8 +28,9 @@ Vector layout (:class:`StatisticsLayout`, ``p`` parameters, ``G`` groups)::
 
     [ grad L (p) | F_a (G) | grad F_a (G x p, group-major) | n'_a (G) | n | errors | e_a (G) | L ]
 
-The first four blocks are Eq. (17). The last three serve model selection (SPEC 3: "add the
-user's total sample count and per-group correct counts if needed for model selection"): ``n``
+The first four blocks are Eq. (17). The last three serve model selection and are not in the
+paper's vector (the user's sample count and error counts, appended to the same vector so that
+the same clipping and noise cover them): ``n``
 the number of samples (also the denominator of ``grad L / n``), ``errors`` the number of
 misclassified samples, ``e_a`` the number of misclassified samples in ``d'_a`` and ``L`` the
 summed loss (for the progress display: the cohort loss ``L / n``). Error
@@ -89,6 +95,13 @@ class StatisticsLayout:
         Number of model parameters ``p`` (>= 1).
     num_groups : int
         Number of groups ``G`` (>= 2).
+
+    References
+    ----------
+    .. [1] B. Rodriguez-Galvez, F. Granqvist, R. van Dalen and M. Seigel, "Enforcing
+           fairness in private federated learning via the modified method of differential
+           multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+           arXiv:2109.08604, 2021. Eq. (17) and Algorithm 1.
 
     Examples
     --------
@@ -347,6 +360,15 @@ def evaluate_constraints(
     still the surrogate's, the only differentiable one. With the smooth surrogate the hard
     FNR gap can stay well above ``alpha`` while the surrogate gap is below it, and then the
     paper's constraint is inactive.
+
+    References
+    ----------
+    .. [1] B. Rodriguez-Galvez, F. Granqvist, R. van Dalen and M. Seigel, "Enforcing
+           fairness in private federated learning via the modified method of differential
+           multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+           arXiv:2109.08604, 2021. Eq. (9), Eq. (11), Section 3.2.
+    .. [2] A. Cotter, H. Jiang and K. Sridharan, "Two-Player Games for Efficient Non-Convex
+           Constrained Optimization", Algorithmic Learning Theory (ALT), 2019.
     """
     alpha = check_nonnegative_finite("alpha", alpha)
     min_count = check_positive_finite("min_count", min_count)
@@ -506,6 +528,15 @@ def mmdm_update(
     The order follows Algorithm 1: ``UpdateMultiplier`` first, then ``UpdateParameters`` with
     the *new* multipliers (``lambda_t`` is used to compute ``w_t``). ``n`` is clamped to at
     least ``config.min_count`` (a noisy sum can be small or negative).
+
+    References
+    ----------
+    .. [1] B. Rodriguez-Galvez, F. Granqvist, R. van Dalen and M. Seigel, "Enforcing
+           fairness in private federated learning via the modified method of differential
+           multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+           arXiv:2109.08604, 2021. Eq. (10), (11) and Algorithm 1.
+    .. [2] J. C. Platt and A. H. Barr, "Constrained Differential Optimization", Neural
+           Information Processing Systems (NIPS), 1987 (the MMDM).
     """
     layout = stats.layout
     weights = _check_vector("weights", weights, layout.num_params)
@@ -654,7 +685,7 @@ class SelectionCandidate:
 
 @dataclass
 class ModelSelector:
-    """Keep the best model seen so far (Section 4.1 of paper 004).
+    """Keep the best model seen so far (Rodriguez-Galvez et al. 2021, Section 4.1).
 
     With ``require_fair=True`` (FPFL) a model that is fair on its cohort statistics beats any
     unfair one, and among fair models the higher cohort accuracy wins. While no fair model has
@@ -707,7 +738,8 @@ class ModelSelector:
 
 @dataclass(frozen=True)
 class FairnessGaps:
-    """Accuracy and group-fairness gaps of hard predictions (SPEC 3, paper Tables 1-3).
+    """Accuracy and group-fairness gaps of hard predictions (Rodriguez-Galvez et al. 2021,
+    Tables 1-3).
 
     Every gap is ``max_a |metric(all) - metric(a)|`` over the groups where the metric is
     defined (not the largest pairwise difference). Binary-only metrics are NaN for

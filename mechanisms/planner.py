@@ -1,10 +1,14 @@
 """Planning an audit: the budget needed for an error target, or the error at a budget.
 
-Paper 000, Section 5 ("Precision relative to the number of clients", Table 1): the gap
-estimator's variance bound Var(K, ratio, eps) and Chebyshev's inequality give the error
-alpha that holds with probability ``confidence``: alpha = sqrt(Var / (1 - confidence)).
-Here the same is done for the *valid* mechanisms (true epsilon <= budget, SPEC 1.1) and,
-as a tighter option, with the normal approximation alpha = z * sqrt(Var).
+Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately
+Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022,
+Section 5 ("Precision relative to the number of clients", Table 1): the gap estimator's
+variance bound Var(K, ratio, eps) and Chebyshev's inequality give the error alpha that holds
+with probability ``confidence``: alpha = sqrt(Var / (1 - confidence)). Here the same is
+done for the *valid* mechanisms (true epsilon <= budget, with the true epsilon of
+:func:`~fedparity.mechanisms.calibration.true_epsilon`, not the paper's Theorems 5 and 6,
+which are false) and, as a tighter option, with the normal approximation
+alpha = z * sqrt(Var).
 
 Scales: ``scale="metric"`` (default) measures errors in metric units (m in [0, 1]);
 ``scale="value"`` on the paper's v = 2 m - 1 scale, as in its Table 1 (twice as large).

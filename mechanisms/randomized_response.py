@@ -1,7 +1,10 @@
 """Generalised randomised response (GRR) and the M_R gap mechanism.
 
-Paper 000 (Juarez & Korolova), Definition 2 and Algorithm 1; the privacy guarantee is
-SPEC 1.1's corrected one, not the paper's Theorem 5.
+Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately
+Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022
+(Juarez and Korolova 2022 below), Definition 2 and Algorithm 1. The privacy guarantee is the
+true one, computed by :func:`randomized_response_epsilon`, not the paper's Theorem 5, which is
+false (it claims max(eps1, eps2)).
 
 Sampling uses one uniform draw per client: the unit interval is cut into the mechanism's
 output cells (kept group with v' = +1 / -1, then each other group with v' = +1 / -1), so the
@@ -29,7 +32,8 @@ from .reports import PerturbedReports, ReportMoments, ReportSummary
 def grr_keep_probability(epsilon: float, num_groups: int) -> float:
     """a = e^eps / (e^eps + d - 1): probability that GRR reports the true category.
 
-    Paper 000, Definition 2. Computed as 1 / (1 + (d - 1) e^-eps) to stay finite for large eps.
+    Juarez and Korolova 2022, Definition 2. Computed as 1 / (1 + (d - 1) e^-eps) to stay finite
+    for large eps.
     """
     epsilon = check_epsilon("epsilon", epsilon)
     num_groups = check_num_groups(num_groups)
@@ -89,10 +93,21 @@ def grr_frequency_estimate(
 def randomized_response_epsilon(
     epsilon_group: float, epsilon_value: float, num_groups: int = 2
 ) -> float:
-    """The true LDP epsilon of M_R (SPEC 1.1), for any d >= 2.
+    """The true LDP epsilon of M_R, for any d >= 2 (not the paper's Theorem 5).
 
     eps = max(eps2, eps1 + ln(2 e^eps2 / (1 + e^eps2)), ln((1 + e^eps2) / 2) - eps1).
-    The paper's Theorem 5 claims max(eps1, eps2), which is false for every eps2 > 0.
+    The paper's Theorem 5 claims max(eps1, eps2), which is false for every eps2 > 0: Eq. (6)
+    of its proof (Appendix A.1) claims 2 e^(eps1 + eps2) / (1 + e^eps2) <= e^eps1. The
+    closed form above is checked by exact enumeration of M_R's finitely many outputs (its
+    output probabilities are linear in v) in ``tests/test_privacy.py``; e.g.
+    eps1 = eps2 = 1 gives 1.3799-LDP, not 1-LDP.
+
+    References
+    ----------
+    .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
+           Measuring Demographic Performance Disparities in Federated Learning", Workshop on
+           Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
+           Theorem 5 and Appendix A.1.
     """
     epsilon_group = check_epsilon("epsilon_group", epsilon_group)
     epsilon_value = check_epsilon("epsilon_value", epsilon_value)
@@ -105,7 +120,7 @@ def randomized_response_epsilon(
 
 @dataclass(frozen=True)
 class RandomizedResponseMechanism:
-    """M_R (paper 000, Algorithm 1) for d >= 2 groups.
+    """M_R (Juarez and Korolova 2022, Algorithm 1) for d >= 2 groups.
 
     Group step: GRR with eps1. If the group flipped, v is replaced by 0. Value step: draw
     B ~ Bernoulli((1 + v)/2), apply binary RR with eps2, report v' = 2B' - 1 in {-1, +1}.
@@ -122,7 +137,15 @@ class RandomizedResponseMechanism:
 
     Use :func:`fedparity.mechanisms.calibration.mechanism_for_budget` to build one for a total
     budget;
-    :attr:`epsilon` is the true guarantee (SPEC 1.1), computed, not assumed.
+    :attr:`epsilon` is the true guarantee (:func:`randomized_response_epsilon`; the paper's
+    Theorem 5 is false), computed, not assumed.
+
+    References
+    ----------
+    .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
+           Measuring Demographic Performance Disparities in Federated Learning", Workshop on
+           Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
+           Algorithm 1 (M_R) and Definition 2 (GRR).
     """
 
     epsilon_group: float
@@ -138,7 +161,7 @@ class RandomizedResponseMechanism:
 
     @property
     def epsilon(self) -> float:
-        """True LDP epsilon of this mechanism (SPEC 1.1)."""
+        """True LDP epsilon of this mechanism (:func:`randomized_response_epsilon`)."""
         return randomized_response_epsilon(self.epsilon_group, self.epsilon_value, self.num_groups)
 
     @property

@@ -6,7 +6,9 @@ reported group, the number of reports, their sum and their sum of squares: that 
 (streaming) or node by node (federated) and merged.
 
 :class:`ReportMoments` holds the per-client moments of a mechanism's output that the
-closed-form variances need (paper 000, Appendix A.3-A.4; SPEC 1).
+closed-form variances need (Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
+Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
+Learning", AFCP workshop, PMLR, 2022, Appendix A.3-A.4).
 """
 
 from __future__ import annotations

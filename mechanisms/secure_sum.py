@@ -408,6 +408,13 @@ def mask_vector(
     ``cohort`` (the round's participants, containing ``own_id``) restricts the peers; by
     default every node of ``pair_secrets``. Refuses (``ValueError``) to send a vector with no
     peer to mask it, or with a cohort member it holds no pair secret for.
+
+    References
+    ----------
+    .. [1] K. Bonawitz, V. Ivanov, B. Kreuter, A. Marcedone, H. B. McMahan, S. Patel,
+           D. Ramage, A. Segal and K. Seth, "Practical Secure Aggregation for
+           Privacy-Preserving Machine Learning", ACM CCS 2017 (its pairwise masking; this
+           module omits the double masking and the secret sharing).
     """
     own_id = _check_uint64("own_id", own_id)
     vector = check_masked_vector(encoded, name="encoded")
@@ -492,6 +499,13 @@ def unmask_sum(
     a masked vector. ``revealed`` must hold ``{(survivor, dropped): seed}`` for exactly those
     pairs (the reveals of round ``round_number``). Raises ``ValueError`` otherwise, or with
     fewer than ``min_survivors`` vectors.
+
+    References
+    ----------
+    .. [1] K. Bonawitz, V. Ivanov, B. Kreuter, A. Marcedone, H. B. McMahan, S. Patel,
+           D. Ramage, A. Segal and K. Seth, "Practical Secure Aggregation for
+           Privacy-Preserving Machine Learning", ACM CCS 2017 (its pairwise masking; this
+           module omits the double masking and the secret sharing).
     """
     if not isinstance(masked_vectors, Mapping):
         raise ValueError(
@@ -580,7 +594,7 @@ def decode_id_table(array: np.ndarray) -> dict[int, bytes]:
 
 def minimum_survivors(num_nodes: int, dropout_tolerance: float) -> int:
     """``n_min = ceil((1 - rho) n)`` (at least 1): the fewest nodes whose noise shares still
-    add up to the full noise of Algorithm 1."""
+    add up to the full noise of FPFL's Algorithm 1 (see :func:`noise_share_std`)."""
     if num_nodes < 1:
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
     if not 0.0 <= dropout_tolerance < 1.0:
@@ -592,13 +606,13 @@ def noise_share_std(clipping_bound: float, noise_multiplier: float, min_contribu
     """Std of one node's Gaussian noise share (distributed noise):
     ``C sigma / sqrt(n_min)``.
 
-    Algorithm 1 of paper 004 adds ``N(0, C^2 sigma^2 I)`` to the cohort's sum. Independent
-    Gaussian shares add their variances, so any ``k >= n_min`` shares of variance
-    ``C^2 sigma^2 / n_min`` sum to ``N(0, k C^2 sigma^2 / n_min)``, at least the noise of
-    Algorithm 1 (exactly it for ``k = n_min``; over-provisioned by ``k / n_min`` otherwise).
-    Source: the noise of Algorithm 1 (SPEC 3) and the additivity of independent Gaussian
-    variances; the secure sum (this module) refuses to open a sum of fewer
-    than ``n_min`` shares.
+    Algorithm 1 of FPFL (Rodriguez-Galvez et al. 2021) adds ``N(0, C^2 sigma^2 I)`` to the
+    cohort's sum. Independent Gaussian shares add their variances, so any ``k >= n_min``
+    shares of variance ``C^2 sigma^2 / n_min`` sum to ``N(0, k C^2 sigma^2 / n_min)``, at
+    least the noise of Algorithm 1 (exactly it for ``k = n_min``; over-provisioned by
+    ``k / n_min`` otherwise). Source: the noise of FPFL's Algorithm 1 [1]_ and the
+    additivity of independent Gaussian variances; the secure sum (this module) refuses to
+    open a sum of fewer than ``n_min`` shares.
 
     Parameters
     ----------
@@ -609,6 +623,13 @@ def noise_share_std(clipping_bound: float, noise_multiplier: float, min_contribu
     min_contributors : int
         ``n_min`` (>= 1), the fewest shares a readable sum can hold
         (:func:`minimum_survivors`).
+
+    References
+    ----------
+    .. [1] B. Rodriguez-Galvez, F. Granqvist, R. van Dalen and M. Seigel, "Enforcing
+           fairness in private federated learning via the modified method of differential
+           multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+           arXiv:2109.08604, 2021. Algorithm 1.
 
     Examples
     --------

@@ -2,13 +2,20 @@
 
 * ``task = "ldp-audit"`` (default): :func:`fedparity.server.ldp_job.run_ldp_audit` -- FedAvg
   training,
-  then LDP audits of the performance gap (SPEC 1);
+  then LDP audits of the performance gap (the mechanisms M_R / M_L of Marc Juarez and
+  Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately Measuring
+  Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022, with
+  their true epsilon);
 * ``task = "fedevalfair"``: :func:`fedparity.server.fedevalfair_job.run_fedevalfair` -- FedAvg
   training,
-  then the two-stage fairness test over CKKS-encrypted statistics (SPEC 2);
+  then the two-stage fairness test over CKKS-encrypted statistics ("FedEvalFair: A
+  Privacy-Preserving and Statistically Grounded Federated Fairness Evaluation Framework",
+  anonymous authors, ACM Multimedia 2024 submission; calibrated mode by default);
 * ``task = "fpfl"``: :func:`fedparity.server.fpfl_job.run_fpfl` -- FedSGD training under a fairness
   constraint (MMDM) with clipped per-user statistics, Gaussian noise and secure sums
-  (paper 004, SPEC 3).
+  (FPFL: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+  fairness in private federated learning via the modified method of differential
+  multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Central (non-federated) MMDM vs SGD on UCI Adult: paper 004, Table 1 (SPEC 3).
+"""Central (non-federated) MMDM vs SGD on UCI Adult: Table 1 of the FPFL paper.
+
+The FPFL paper: Borja Rodríguez-Gálvez, Filip Granqvist, Rogier van Dalen and Matt Seigel,
+"Enforcing fairness in private federated learning via the modified method of differential
+multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021
+(Rodríguez-Gálvez et al. 2021 below).
 
 The same sufficient statistics and updates as FPFL, without users, clipping or noise: each
 iteration draws a mini-batch of rows (the paper: ``n_batch = 400``, 1,000 iterations; or the
@@ -98,7 +103,7 @@ DATASET_DEFAULTS: dict[str, dict[str, object]] = {
     },
 }
 
-#: Paper 004, Table 1 (accuracy, FNR gap, EO gap, DemP gap, PP gap).
+#: Rodríguez-Gálvez et al. 2021, Table 1 (accuracy, FNR gap, EO gap, DemP gap, PP gap).
 PAPER_TABLE1: dict[tuple[str, str], tuple[float, float, float, float, float]] = {
     ("deep", "sgd"): (0.858, 0.070, 0.070, 0.117, 0.006),
     ("shallow", "sgd"): (0.857, 0.071, 0.071, 0.113, 0.016),
@@ -109,7 +114,7 @@ PAPER_TABLE1: dict[tuple[str, str], tuple[float, float, float, float, float]] = 
 
 @dataclass(frozen=True)
 class CentralConfig:
-    """One central training run (defaults: paper 004, Section 4.1, shallow MMDM).
+    """One central training run (defaults: Rodríguez-Gálvez et al. 2021, Section 4.1, shallow MMDM).
 
     Parameters
     ----------
@@ -384,7 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m fedparity.server.central`` (defaults per ``--dataset``)."""
     parser = argparse.ArgumentParser(
         prog="python -m fedparity.server.central",
-        description="Central MMDM vs SGD: UCI Adult (paper 004, Table 1) or unfair digits.",
+        description=(
+            "Central MMDM vs SGD: UCI Adult (Rodriguez-Galvez et al. 2021, Table 1) or unfair "
+            "digits."
+        ),
     )
     parser.add_argument("--dataset", choices=DATASETS, default="adult")
     parser.add_argument("--data-dir", default="", help=f"Adult folder (default ${ADULT_DIR_ENV})")

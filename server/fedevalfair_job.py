@@ -1,4 +1,9 @@
-"""The FedEvalFair job (SPEC 2): train with FedAvg, then test fairness over encrypted statistics.
+"""The FedEvalFair job: train with FedAvg, then test fairness over encrypted statistics.
+
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version); FedEvalFair (anonymous, 2024), "the paper" below. The test runs in fedparity's
+calibrated mode and in the paper's (see :mod:`fedparity.mechanisms.fairtest`).
 
 Nodes are data holders (synthetic, or UCI Adult split by doctorate or Dirichlet label skew;
 protected attribute: race). The global model (or its fair-by-construction variant) is

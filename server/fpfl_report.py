@@ -141,7 +141,11 @@ def paper_row(config: RunConfig) -> dict[str, Any] | None:
     row = PAPER_TABLE2.get((config.fpfl_algorithm, config.fpfl_cohort_size))
     if row is None:
         return None
-    return {"table": "paper 004, Table 2 (shallow)", "accuracy": row[0], "fnr_gap": row[1]}
+    return {
+        "table": "Rodriguez-Galvez et al. 2021, Table 2 (shallow)",
+        "accuracy": row[0],
+        "fnr_gap": row[1],
+    }
 
 
 def summary_text(payload: dict[str, Any]) -> str:

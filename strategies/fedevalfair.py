@@ -1,4 +1,9 @@
-"""FedEvalFair over CKKS: the server side of the three-round protocol (SPEC 2, paper 003).
+"""FedEvalFair over CKKS: the server side of the three-round protocol.
+
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version), Algorithms 1-2; the encryption layer and its threat model are in
+:mod:`fedparity.mechanisms.ckks`.
 
 The server holds only the *public* TenSEAL context (no secret key; checked at construction).
 Round 1: every node uploads one ciphertext of its bootstrap contributions; the server adds

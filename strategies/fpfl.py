@@ -1,4 +1,9 @@
-"""FPFL on the server (paper 004, Algorithm 1): one Flower message exchange per training round.
+"""FPFL on the server: one Flower message exchange per training round.
+
+FPFL is Algorithm 1 of Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt
+Seigel, "Enforcing fairness in private federated learning via the modified method of
+differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021).
 
 Round ``t`` (``query.fpfl_round``): the server sends the current weights to every member node;
 each node samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic

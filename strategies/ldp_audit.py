@@ -1,4 +1,9 @@
-"""LDP gap audit: a Flower strategy around :mod:`mechanisms` (SPEC 1, SPEC 4).
+"""LDP gap audit: a Flower strategy around :mod:`mechanisms`.
+
+The mechanisms M_R and M_L are those of Marc Juarez and Aleksandra Korolova, "'You Can't Fix
+What You Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
+Learning", AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022), used with their true epsilon
+(:func:`fedparity.mechanisms.calibration.true_epsilon`).
 
 One audit = one exchange. The server sends the global model and the mechanism's public
 parameters (M_R or M_L, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
@@ -49,8 +54,8 @@ LAPLACE_TAIL_SCALES = 50.0
 def laplace_report_bound(mechanism: LaplaceMechanism) -> float:
     """Largest plausible |v'| of an M_L report: 1 + LAPLACE_TAIL_SCALES * (2 / eps2).
 
-    v in [-1, 1] (v = 2 m - 1) plus Lap(b), b = 2 / eps2 (paper 000, Section 4; k = 2, so
-    kept and flipped clients share the scale); P(|Lap(b)| > t b) = e^-t.
+    v in [-1, 1] (v = 2 m - 1) plus Lap(b), b = 2 / eps2 (Juarez and Korolova 2022,
+    Section 4; k = 2, so kept and flipped clients share the scale); P(|Lap(b)| > t b) = e^-t.
     """
     return 1.0 + LAPLACE_TAIL_SCALES * mechanism.noise_scale
 

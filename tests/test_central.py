@@ -1,6 +1,10 @@
-"""server/central.py: central MMDM vs SGD on Adult (paper 004, Table 1), short version.
+"""server/central.py: central MMDM vs SGD on Adult (the paper's Table 1), short version.
 
-Paper: SGD 0.857 accuracy / 0.071 FNR gap, MMDM 0.855 / 0.019 (1,000 iterations of 400).
+The paper: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021.
+
+Its Table 1: SGD 0.857 accuracy / 0.071 FNR gap, MMDM 0.855 / 0.019 (1,000 iterations of 400).
 The test runs 500 iterations of 2,000 rows (~1 s per model); over seeds 0-2 this setting
 gave FNR gaps SGD 0.095 +- 0.007 and MMDM 0.005 +- 0.003 (accuracy 0.852 / 0.851), so the
 thresholds below leave margins of several standard deviations.

@@ -1,6 +1,10 @@
 """CKKS layer of FedEvalFair (mechanisms/ckks.py): real TenSEAL ciphertexts, no mocks.
 
-Statistics used as protocol payloads (SPEC 2.1, calibrated and paper modes): client i holds
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version).
+
+Statistics used as protocol payloads (calibrated and paper modes): client i holds
 a disparity estimate y_i with weight w_i = 1 / S_i^2 (1e4-1e6, realistic for bootstrap
 variances of 1e-2..1e-3 squared); it contributes [w_i, w_i y_i]; its round-2 terms are
 Cochran's w_i (y_i - mu)^2 and the paper's w_i (y_i - mu)^2 / (1 - w_i / W), with mu and W

@@ -46,7 +46,8 @@ def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *nee
 
 
 def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
-    """SPEC 1.1 closed forms (M_R any d; M_L with k = 2)."""
+    """The true-epsilon closed forms (M_R any d; M_L with k = 2), not Theorems 5/6 of Juarez and
+    Korolova 2022, which are false (see fedparity.mechanisms.calibration.true_epsilon)."""
     if mechanism == "R":
         log_two_b = math.log(2.0) - math.log1p(math.exp(-eps2))
         log_half = math.log1p(math.exp(eps2)) - math.log(2.0)
@@ -62,7 +63,7 @@ def test_privacy_spec_example_text_and_json() -> None:
     assert code == 0
     match = re.search(r"true epsilon = ([0-9.]+)", text)
     assert match is not None
-    assert round(float(match.group(1)), 4) == 1.3799  # SPEC 1.1 example
+    assert round(float(match.group(1)), 4) == 1.3799  # not 1: the paper's Theorem 5 is false
     payload = run_json(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
     assert round(payload["epsilon"], 4) == 1.3799
     assert payload["paper_claimed_epsilon"] == 1.0  # Theorem 5's (wrong) claim

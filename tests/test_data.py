@@ -417,7 +417,8 @@ def test_adult_download_only_when_absent_and_asked(adult_path: Path, tmp_path: P
 
 
 def test_adult_doctorate_holders_partition_the_rows(adult_path: Path) -> None:
-    """Paper 003's split: holder 0 = Doctorate rows, holder 1 = the rest; group = non-White."""
+    """FedEvalFair's (anonymous, 2024, Section 5.1.1) split: holder 0 = Doctorate rows, holder 1
+    = the rest; group = non-White."""
     from fedparity.clients.data import adult_holder
 
     adult = load_adult(adult_path)

@@ -5,12 +5,16 @@ different Beta distributions) is perturbed R times with a seeded generator, summ
 ``ReportSummary.from_reports`` and estimated with ``estimate_gap``. The reference variances
 are computed here, independently of the library:
 
-* known group sizes: the paper's Eq. 20 (M_R) and Eq. 19 (M_L), with Theorem 9 (the variance
-  of a difference of group means is the sum of the groups' variances), in their d > 2 forms
-  derived below;
+* known group sizes: Eq. 20 (M_R) and Eq. 19 (M_L) of Juarez and Korolova 2022 (below), with
+  Theorem 9 (the variance of a difference of group means is the sum of the groups'
+  variances), in their d > 2 forms derived below;
 * unknown group sizes: the exact covariance of the per-group report sums and counts (a sum
   over independent clients of per-client covariances, from the mechanisms' definitions),
   pushed through the delta method for m_hat = (S / gain) / n_hat.
+
+Juarez and Korolova 2022: Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't
+Measure': Privately Measuring Demographic Performance Disparities in Federated Learning", AFCP
+workshop, PMLR, 2022.
 
 Tolerances (R repetitions):
 * a Monte Carlo mean has SE = sd / sqrt(R): accept |mean - truth| <= 4 SE;
@@ -127,7 +131,7 @@ def params_for(name: str, eps1: float, eps2: float, num_groups: int) -> Params:
 def paper_group_variance(
     params: Params, eps1: float, eps2: float, num_clients: int, n: float, nu2: float
 ) -> float:
-    """Var(m_hat_G) in v units with known n (paper 000, Appendix A.4).
+    """Var(m_hat_G) in v units with known n (Juarez and Korolova 2022, Appendix A.4).
 
     Eq. 20 (M_R): 1/(a (2b-1)^2 n) (1 - a (2b-1)^2 nu^2 + (K-n)/n (1-a)/a); for d > 2 the
     probability that an outsider reports G is q = (1-a)/(d-1), so (1-a)/a -> q/a.

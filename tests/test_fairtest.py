@@ -1,5 +1,9 @@
 """FedEvalFair (mechanisms/fairtest.py): bootstrap, both stages, TOST, protocol sums, errors.
 
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version); "the paper" below.
+
 Reference values are computed here, independently of the library:
 
 * Graybill-Deal mu_hat, the paper's T1 (Eq. 10), Cochran's Q and W* (Algorithm 2) are written
@@ -12,12 +16,13 @@ Reference values are computed here, independently of the library:
   N0*, N1*, the two rates are independent with means p0_hat, p1_hat (the full-data rates), so
   E*[Y*] = plug-in and Var*[Y*] = p0(1-p0) E*[1/N0*] + p1(1-p1) E*[1/N1*] with N0* ~ Bin(n, n0/n)
   (conditioned on both >= 1, which the redraws enforce), summed over scipy's binomial pmf.
-* SPEC 2.1's simulated rejection rates (20,000 draws each).
+* The rejection rates of T1 and Q from a separate 20,000-draw simulation (each), quoted in the
+  docstring of :mod:`fedparity.mechanisms.fairtest`.
 
 Tolerances: a rejection rate p estimated from R draws has SE sqrt(p (1 - p) / R); comparing with
-another R'-draw simulation (SPEC's, R' = 20,000) uses SE sqrt(p (1 - p) (1/R + 1/R')). A mean of B
-bootstrap values has SE sqrt(Var / B); a sample variance of B roughly normal values has relative
-SE sqrt(2 / (B - 1)). We accept 4 SE.
+another R'-draw simulation (the quoted one, R' = 20,000) uses SE sqrt(p (1 - p) (1/R + 1/R')). A
+mean of B bootstrap values has SE sqrt(Var / B); a sample variance of B roughly normal values
+has relative SE sqrt(2 / (B - 1)). We accept 4 SE.
 """
 
 from __future__ import annotations
@@ -193,9 +198,9 @@ def test_confidence_interval_matches_stage2_decision() -> None:
             assert shifted.reject_fairness == excluded
 
 
-# --- SPEC 2.1: the paper's T1 is not chi2(k - 1); Cochran's Q is --------------------------------
+# --- The paper's T1 is not chi2(k - 1); Cochran's Q is -----------------------------------------
 
-SPEC_T1_RATES = {2: 0.164, 5: 0.109, 11: 0.082}  # SPEC 2.1, 20,000-draw simulation
+SPEC_T1_RATES = {2: 0.164, 5: 0.109, 11: 0.082}  # the reference 20,000-draw simulation
 SPEC_Q_RATES = {2: 0.051, 5: 0.051, 11: 0.049}
 SPEC_DRAWS = 20_000
 DRAWS = 100_000
@@ -225,7 +230,7 @@ def test_spec_reference_rates_of_t1_and_q(k: int, name: str) -> None:
     t1, q, weights = known_variance_simulation(k, name)
     critical = stats.chi2.ppf(0.95, k - 1)
     t1_rate, q_rate = float(np.mean(t1 > critical)), float(np.mean(q > critical))
-    # Against SPEC's own simulation: both estimates carry MC error.
+    # Against the reference simulation: both estimates carry MC error.
     spec = SPEC_T1_RATES[k]
     se = math.sqrt(spec * (1 - spec) * (1 / DRAWS + 1 / SPEC_DRAWS))
     assert abs(t1_rate - spec) <= 4 * se, (t1_rate, spec, se)
@@ -403,7 +408,7 @@ def test_summaries_of_each_mode() -> None:
     assert calibrated.mean == result.plugin
     assert calibrated.variance == pytest.approx(np.var(result.resamples, ddof=1), rel=1e-12)
     assert paper.n == calibrated.n == 100
-    assert paper.mean > 0.0  # |.| is positive even for a (nearly) fair model: SPEC 2.1
+    assert paper.mean > 0.0  # |.| is positive even for a (nearly) fair model (paper mode)
     with pytest.raises(ValueError, match="mode"):
         result.summary("other")  # type: ignore[arg-type]
 
@@ -550,7 +555,7 @@ def test_calibrated_mode_holds_type_one_error_with_small_cells(
 ) -> None:
     """Issue criterion: type-I error in [0.03, 0.07] at 1000 iterations; here 2000 (binomial
     SE 0.005 at 0.05, so the band is 4 SE wide on each side). Without margins (weights
-    1 / S^2, SPEC 2.1's form) the same draws over-reject where cells are tiny."""
+    1 / S^2, the plain inverse-variance form) the same draws over-reject where cells are tiny."""
     rejections = small_cell_rejections(k, n, minority, rates)
     calibrated = rejections["margins"]
     assert 0.03 <= calibrated[0] <= 0.07, rejections  # stage 1: H0 mu_1 = ... = mu_k holds

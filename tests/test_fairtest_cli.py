@@ -152,7 +152,7 @@ def test_text_output(csv_path: Path) -> None:
 def test_paper_mode_text_warns(csv_path: Path) -> None:
     code, text = run(["fairtest", "--input", str(csv_path), "--mode", "paper"])
     assert code == 0
-    assert "T1 (paper Eq. 10)" in text and "SPEC 2.1" in text
+    assert "T1 (FedEvalFair Eq. 10)" in text and "see fedparity.mechanisms.fairtest" in text
     assert "TOST" not in text
 
 

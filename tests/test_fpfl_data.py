@@ -1,6 +1,9 @@
 """clients/fpfl_data.py: federated Adult users, the LEAF loader and the unfair transform.
 
-Reference: paper 004, Section 4.1 (Poisson(2) users) and 4.2 (unfair FEMNIST); SPEC 3.
+Reference: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021, Sections 4.1
+(Poisson(2) users) and 4.2 (unfair FEMNIST).
 """
 
 from __future__ import annotations

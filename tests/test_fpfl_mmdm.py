@@ -1,4 +1,9 @@
-"""MMDM at the constraint boundary ``h_a = 0`` (``|F/n' - F_a/n'_a| = alpha``), paper 004.
+"""MMDM at the constraint boundary ``h_a = 0`` (``|F/n' - F_a/n'_a| = alpha``).
+
+Equation numbers are those of Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt
+Seigel, "Enforcing fairness in private federated learning via the modified method of
+differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+arXiv:2109.08604, 2021.
 
 Eq. (9): ``g_a = h_a`` if ``h_a >= 0`` else 0, so ``g_a = 0`` on the boundary; Eq. (10):
 ``lambda <- lambda + gamma g`` leaves the multiplier where it is (it grows only while

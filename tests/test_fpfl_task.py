@@ -1,6 +1,9 @@
 """clients/fpfl_task.py: models, surrogates, vectorised per-user statistics and clipping.
 
-Reference: paper 004, Eq. (13), (14), (17) and Algorithm 1 (clipping); SPEC 3.
+Reference: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021, Eq. (13), (14),
+(17) and Algorithm 1 (clipping).
 """
 
 from __future__ import annotations

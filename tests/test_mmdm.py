@@ -1,7 +1,10 @@
 """mechanisms/mmdm.py: constraint gradients, updates and recovery from summed statistics.
 
-Reference: paper 004, Eq. (9)-(11) and (16)-(18); SPEC 3. The statistics come from the real
-torch client code (clients/fpfl_task.py) on float64 models, so "exact" means float64 rounding.
+Reference: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021, Eq. (9)-(11) and
+(16)-(18). The statistics come from the real torch client code (clients/fpfl_task.py) on float64
+models, so "exact" means float64 rounding.
 """
 
 from __future__ import annotations

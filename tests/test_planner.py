@@ -1,10 +1,14 @@
 """The planner: the paper's Table 1 (formula check) and the valid mechanisms' budgets.
 
-Reference values: the paper's printed Table 1 (shared/seeds/000_f8623a0bce5ec6e9.txt, lines
-187-196, "Minimum privacy budget required to bound the error by alpha, given K clients, with
-0.99 probability"; value scale, Chebyshev, balanced groups); for the valid planner an
-independent computation written here from Eq. 19 / Eq. 20 (paper 000, Appendix A.4) and the
-SPEC 1.1 privacy constraints.
+The paper: Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure':
+Privately Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop,
+PMLR, 2022 (Juarez and Korolova 2022 below).
+
+Reference values: the paper's printed Table 1 ("Minimum privacy budget required to bound the
+error by alpha, given K clients, with 0.99 probability"; value scale, Chebyshev, balanced
+groups); for the valid planner an independent computation written here from Eq. 19 / Eq. 20
+(Juarez and Korolova 2022, Appendix A.4) and the true-epsilon privacy constraints (the
+paper's Theorems 5/6 are false; see :func:`fedparity.mechanisms.calibration.true_epsilon`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from fedparity.mechanisms.planner import error_bound, minimum_epsilon, paper_tab
 CLIENTS = (10**5, 10**6, 10**7, 10**8, 10**9)
 ALPHAS = (0.1, 0.01, 0.001)
 
-# The paper's Table 1, copied from shared/seeds/000_f8623a0bce5ec6e9.txt (lines 192-196).
+# Table 1 of Juarez and Korolova 2022 (Section 5), copied from the paper.
 PAPER_TABLE1: dict[str, list[list[float | None]]] = {
     "R": [
         [1.86, None, None],
@@ -83,7 +87,7 @@ def group_variance(name: str, eps1: float, eps2: float, k_total: float, n: float
 
 
 def boundary_eps1(name: str, budget: float, eps2: float) -> float:
-    """Largest eps1 with true epsilon <= budget (SPEC 1.1), for eps2 <= budget."""
+    """Largest eps1 with true epsilon <= budget (not Theorems 5/6), for eps2 <= budget."""
     if name == "R":
         # ln(2 e^eps2 / (1 + e^eps2)) written as ln 2 - ln(1 + e^-eps2) (no overflow).
         return budget - (math.log(2.0) - math.log1p(math.exp(-eps2)))

@@ -1,9 +1,13 @@
 """True LDP epsilon of M_R and M_L, checked independently of the library's formulas.
 
-M_R (paper 000, Algorithm 1) has finitely many outputs and probabilities linear in v, so its
-true epsilon is the exact maximum over a table of output probabilities built here from the
-algorithm's definition. M_L (k = 2) has a density; its worst-case log-likelihood ratio is
-evaluated on a grid. SPEC 1.1 gives the closed forms; the paper's Theorems 5/6 are wrong.
+M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
+Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",
+AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022 below). M_R (Algorithm 1) has finitely many
+outputs and probabilities linear in v, so its true epsilon is the exact maximum over a table of
+output probabilities built here from the algorithm's definition. M_L (k = 2) has a density; its
+worst-case log-likelihood ratio is evaluated on a grid. The closed forms checked against them
+are the corrected ones of :func:`fedparity.mechanisms.calibration.true_epsilon`; the paper's
+Theorems 5/6 are wrong.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def mr_enumerated_epsilon(epsilon_group: float, epsilon_value: float, num_groups
 
 
 def spec_mr_epsilon(epsilon_group: float, epsilon_value: float) -> float:
-    """SPEC 1.1: max(eps2, eps1 + ln(2e^eps2/(1+e^eps2)), ln((1+e^eps2)/2) - eps1)."""
+    """The true epsilon: max(eps2, eps1 + ln(2e^eps2/(1+e^eps2)), ln((1+e^eps2)/2) - eps1)."""
     e2 = math.exp(epsilon_value)
     return max(
         epsilon_value,
@@ -168,7 +172,7 @@ def test_mr_table_is_linear_in_v_so_interior_points_are_not_worse() -> None:
 
 
 def test_mr_spec_example_eps_one_one() -> None:
-    # SPEC 1.1: eps1 = eps2 = 1 gives 1.3799-LDP, not 1-LDP.
+    # eps1 = eps2 = 1 gives 1.3799-LDP, not the 1-LDP of Juarez and Korolova 2022, Theorem 5.
     assert round(mr_enumerated_epsilon(1.0, 1.0, 2), 4) == 1.3799
     assert round(randomized_response_epsilon(1.0, 1.0), 4) == 1.3799
 
@@ -202,7 +206,8 @@ def test_ml_grid_matches_library(eps1: float, eps2: float, num_groups: int) -> N
     assert grid <= library + 1e-9
     assert grid == pytest.approx(library, abs=1e-6)  # attained (at v' >= 1, v0 = 1, v1 = -1)
     assert LaplaceMechanism(eps1, eps2, num_groups).epsilon == pytest.approx(grid, abs=1e-6)
-    # The SPEC closed form, written here: max(eps2, eps1 + eps2 / 2).
+    # The closed form (Juarez and Korolova 2022, Appendix A.2, k = 2), written here:
+    # max(eps2, eps1 + eps2 / 2).
     assert max(eps2, eps1 + eps2 / 2) == pytest.approx(grid, abs=1e-6)
 
 
@@ -248,7 +253,7 @@ def independent_true_epsilon(name: str, eps1: float, eps2: float, num_groups: in
 
 
 def boundary_group_epsilon(name: str, budget: float, eps2: np.ndarray) -> np.ndarray:
-    """Largest eps1 with true eps <= budget given eps2 <= budget (from the SPEC closed forms).
+    """Largest eps1 with true eps <= budget given eps2 <= budget (from the closed forms above).
 
     M_R: the binding term is eps1 + ln(2b) (ln((1+e^eps2)/2) - eps1 <= eps2 always, and
     eps2 <= budget); M_L: eps1 + eps2/2.

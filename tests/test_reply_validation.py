@@ -221,7 +221,7 @@ def test_no_valid_reply_gives_an_error_not_an_exception() -> None:
 
 
 def test_audit_refuses_a_mechanism_over_budget() -> None:
-    mechanism = RandomizedResponseMechanism(1.0, 1.0)  # true epsilon 1.3799 (SPEC 1.1)
+    mechanism = RandomizedResponseMechanism(1.0, 1.0)  # true epsilon 1.3799, not 1 (Theorem 5)
     with pytest.raises(ValueError, match="exceeds the audit budget"):
         LdpGapAudit(mechanism, budget=1.0)
 

@@ -1,11 +1,12 @@
 """The samplers draw from Algorithm 1's (M_R), M_L's and GRR's output distributions.
 
-Reference distributions are built here from the definitions (paper 000, Definition 2,
-Algorithm 1, Section 4), never from the library. Goodness of fit: chi-square for the finite
-output cells, Kolmogorov-Smirnov for the Laplace noise; each has a power check against a
-deliberately wrong reference so that the test could fail. Seeds are fixed, so every
-p-value is deterministic; the 1e-4 acceptance level is a safety margin, not a flakiness
-budget.
+Reference distributions are built here from the definitions (Marc Juarez and Aleksandra
+Korolova, "'You Can't Fix What You Can't Measure': Privately Measuring Demographic Performance
+Disparities in Federated Learning", AFCP workshop, PMLR, 2022, Definition 2, Algorithm 1,
+Section 4), never from the library. Goodness of fit: chi-square for the finite output cells,
+Kolmogorov-Smirnov for the Laplace noise; each has a power check against a deliberately wrong
+reference so that the test could fail. Seeds are fixed, so every p-value is deterministic; the
+1e-4 acceptance level is a safety margin, not a flakiness budget.
 """
 
 from __future__ import annotations

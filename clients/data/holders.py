@@ -68,7 +68,11 @@ def adult_holder(
     dirichlet_alpha: float = 1.0,
     download: bool = False,
 ) -> UserShard:
-    """Data holder ``partition_id`` of Adult for FedEvalFair (SPEC 2.3; paper 003, 5.1.1).
+    """Data holder ``partition_id`` of Adult for FedEvalFair (the paper's Adult setting).
+
+    The paper: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+    Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+    version), Section 5.1.1.
 
     Every row is its own user and its group is race: 0 = White, 1 = any other race (the
     paper's sensitive attribute, "a focus on White individuals").

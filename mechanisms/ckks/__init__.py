@@ -1,12 +1,18 @@
-"""CKKS encryption layer of FedEvalFair (paper 003, Algorithms 1-2; SPEC 2, 2.2).
+"""CKKS encryption layer of FedEvalFair (the paper's Algorithms 1-2), with its threat model.
+
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version); FedEvalFair (anonymous, 2024) below. In its protocol every value a client uploads is
+homomorphically encrypted and the server computes on ciphertexts only; here the scheme is CKKS
+(TenSEAL) and the server only adds ciphertexts.
 
 Pure numpy + TenSEAL, imported only inside the functions that need it (no Flower import): the
 Flower handlers and strategy call these functions. Modules: :mod:`.keys` (parameters, key
 files), :mod:`.vectors` (one-ciphertext messages and the checks after decryption),
 :mod:`.aggregation` (the server's sum), :mod:`.errors`.
 
-Threat model (SPEC 2.2)
------------------------
+Threat model
+------------
 * **Server**: honest-but-curious. It holds only the *public* TenSEAL context (no secret key;
   :func:`load_public_context` refuses a file that has one and :func:`add_ciphertexts` refuses
   a context that has one). It receives ciphertexts, adds them and forwards the sums; the only
@@ -30,7 +36,8 @@ Protocol (at most three communication rounds; one ciphertext per client per roun
    checks that all key holders agree (to ``agreement_tolerance``) and computes the report
    (p-values) from the released aggregates. ``release_fn`` decides what the server learns:
    the default releases the round-2 sums; a release of only the test statistics and their
-   degrees of freedom (e.g. ``[Q, W*, k]``) gives the SPEC 2 minimum.
+   degrees of freedom (e.g. ``[Q, W*, k]``) gives the minimum: the server learns only the
+   test statistics and the p-values.
 
 Dropouts between rounds
 -----------------------

@@ -2,7 +2,9 @@
 
 Subcommands (``fedparity <command> --help`` for every option):
 
-* ``privacy``  -- the true LDP epsilon of M_R / M_L for (eps1, eps2, d) (SPEC 1.1);
+* ``privacy``  -- the true LDP epsilon of M_R / M_L for (eps1, eps2, d) (the paper's
+  Theorem 5, and its Theorem 6 for k != 2, are false; see
+  :func:`fedparity.mechanisms.calibration.true_epsilon`);
 * ``plan``     -- minimum budget for an error target, or the error bound at a budget;
 * ``measure``  -- run a mechanism on every row of a CSV (one row = one client) and estimate
   the per-group means and gaps from the perturbed reports, streaming the file;
@@ -10,6 +12,12 @@ Subcommands (``fedparity <command> --help`` for every option):
 * ``keys``     -- write a CKKS key pair for the encrypted FedEvalFair protocol;
 * ``federations`` -- add the app's ``local-simulation`` / ``local-deployment`` connections to
   Flower's ``$FLWR_HOME/config.toml``.
+
+M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
+Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",
+AFCP workshop, PMLR, 2022; FedEvalFair is "FedEvalFair: A Privacy-Preserving and Statistically
+Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM Multimedia 2024
+submission.
 
 Each takes ``--json`` to print one JSON object (keys in the README). Bad input exits with
 status 2 and a one-line message naming the parameter; nothing is computed or released.

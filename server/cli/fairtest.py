@@ -1,4 +1,10 @@
-"""``fedparity fairtest``: the two-stage FedEvalFair test on per-client summaries from a CSV."""
+"""``fedparity fairtest``: the two-stage FedEvalFair test on per-client summaries from a CSV.
+
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version). ``--mode paper`` uses its statistics, which are miscalibrated; the default
+``calibrated`` mode and why are described in :mod:`fedparity.mechanisms.fairtest`.
+"""
 
 from __future__ import annotations
 
@@ -77,7 +83,7 @@ def _decision(rejected: bool) -> str:
 def _format_fairtest(report: FairnessReport) -> str:
     h, c, level = report.homogeneity, report.common_disparity, 1.0 - report.alpha
     interval = report.confidence_interval(level)
-    stage1 = "T1 (paper Eq. 10)" if report.mode == "paper" else "Cochran's Q"
+    stage1 = "T1 (FedEvalFair Eq. 10)" if report.mode == "paper" else "Cochran's Q"
     lines = [
         f"FedEvalFair, mode {report.mode}: k = {report.k} clients, alpha = {report.alpha:g}",
         f"stage 1 (H0: mu_1 = ... = mu_k): {stage1} = {h.statistic:.6g}, dof {h.dof}, "
@@ -97,13 +103,14 @@ def _format_fairtest(report: FairnessReport) -> str:
     if report.mode == "paper":
         lines.append(
             "(paper mode: weights n/S^2 with n = bootstrap resamples, |disparities|, T1 is not "
-            "chi2(k-1): see SPEC 2.1; the default calibrated mode holds alpha)"
+            "chi2(k-1): see fedparity.mechanisms.fairtest; the default calibrated mode holds "
+            "alpha)"
         )
     return "\n".join(lines)
 
 
 def run_fairtest(args: argparse.Namespace, out: TextIO) -> int:
-    """FedEvalFair's two stages (and TOST) from per-client summaries in a CSV (SPEC 2)."""
+    """FedEvalFair's two stages (and TOST) from per-client summaries in a CSV (any mode)."""
     alpha = _unit_open("--alpha", _finite("--alpha", args.alpha))
     mu0 = _finite("--mu0", args.mu0)
     tolerance = None
@@ -133,7 +140,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--mode",
         choices=("calibrated", "paper"),
         default="calibrated",
-        help="calibrated (default; holds alpha) or the paper's statistics (SPEC 2.1)",
+        help=(
+            "calibrated (default; holds alpha) or the FedEvalFair paper's statistics "
+            "(miscalibrated: weights n/S^2 with n = resamples, |disparities|, T1 not chi2(k-1))"
+        ),
     )
     fairtest.add_argument("--alpha", default="0.05", help="level of the decisions (0.05)")
     fairtest.add_argument("--mu0", default="0", help="stage 2 null value of the disparity (0)")

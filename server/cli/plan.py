@@ -25,7 +25,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         valid = table1(bound=args.bound, confidence=confidence)
         payload = {"paper_table1": paper, "valid_table1": valid, "bound": args.bound}
         text = (
-            "Paper's Table 1 (value scale, Chebyshev; its allocations are NOT eps-LDP):\n"
+            "Juarez and Korolova 2022, Table 1 (value scale, Chebyshev; its allocations are NOT "
+            "eps-LDP):\n"
             f"{format_table1(paper)}\n\n"
             f"Valid mechanisms (true eps <= budget; {args.bound} bound, value scale):\n"
             f"{format_table1(valid)}"

@@ -1,4 +1,10 @@
-"""``fedparity privacy``: the true LDP epsilon of M_R / M_L for (eps1, eps2, d)."""
+"""``fedparity privacy``: the true LDP epsilon of M_R / M_L for (eps1, eps2, d).
+
+M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
+Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",
+AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022). Its Theorem 5 (M_R) and Theorem 6 (M_L,
+k != 2) are false; the true epsilon is :func:`fedparity.mechanisms.calibration.true_epsilon`.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from ._common import (
 
 
 def _paper_claimed_epsilon(mechanism: str, eps1: float, eps2: float, k: float) -> float:
-    """What the paper's Theorem 5 / 6 claims (for contrast only; both are wrong)."""
+    """What Juarez and Korolova 2022, Theorem 5 / 6, claims (for contrast only; both are wrong)."""
     if mechanism == "R":
         return max(eps1, eps2)
     return max(eps2, math.log(2 / k) + eps2 / 2 - eps1, math.log(k / 2) + eps2 / k + eps1)
@@ -59,8 +65,13 @@ def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
     text = (
         f"M_{args.mechanism} with eps1={eps1:g}, eps2={eps2:g}, d={groups}: "
         f"true epsilon = {epsilon:.6g}\n"
-        f"(the paper's {theorem} claims {claimed:.6g}"
-        + (", which is wrong: see SPEC 1.1)" if not math.isclose(claimed, epsilon) else ")")
+        f"(Juarez and Korolova 2022, {theorem}, claims {claimed:.6g}"
+        + (
+            ", which is wrong: the true epsilon is computed by "
+            "fedparity.mechanisms.calibration.true_epsilon)"
+            if not math.isclose(claimed, epsilon)
+            else ")"
+        )
     )
     _emit(payload, text, args.json, out)
     return 0
