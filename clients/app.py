@@ -51,8 +51,8 @@ from .fpfl_data import FPFLShard
 from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
 from .fpfl_task import build_model_for
-from .ldp import LEDGER_DIR_NODE_KEY, LocalUsers, ldp_audit_handler
-from .own_data import DATA_FILE_NODE_KEY, DataFileError, own_shard, read_data_file
+from .ldp import LocalUsers, ldp_audit_handler, node_ledger_dir
+from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 
 
@@ -85,12 +85,15 @@ def load_shard(context: Context, config: RunConfig, split: str) -> UserShard:
     return load_shard_for(config, partition_id, num_partitions, split)
 
 
-def _refuse_own_data_for_fpfl(context: Context) -> None:
-    if own_data_file(context) is not None:
-        raise DataFileError(
-            f"node config {DATA_FILE_NODE_KEY} is not supported for task fpfl yet: this node "
-            "does not take part (it never falls back to embedded data)"
-        )
+def fpfl_users(context: Context, config: RunConfig) -> FPFLShard:
+    """This node's FPFL users: from the node's own data file when its node config names one
+    (its ``train`` rows; never a fallback to embedded data), else its partition of the
+    embedded population."""
+    data_file = own_data_file(context)
+    if data_file is not None:
+        return own_fpfl_shard(read_data_file(data_file), num_groups=config.num_groups)
+    partition_id, num_partitions = _partition(context)
+    return node_shard(config, partition_id, num_partitions)
 
 
 def load_shard_for(
@@ -141,8 +144,7 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     """Reply with the shard's shape (no private content: sizes and feature count)."""
     partition_id, num_partitions = _partition(context)
     if config.task == "fpfl":
-        _refuse_own_data_for_fpfl(context)
-        users = node_shard(config, partition_id, num_partitions)
+        users = fpfl_users(context, config)
         sample_shape = [int(size) for size in users.features.shape[1:]]
         values = {
             "num-features": int(np.prod(sample_shape)),
@@ -202,13 +204,14 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
 
 
 def _ledger_path(context: Context) -> Path | None:
-    """The shard's ledger file under node config ``ledger-dir`` (survives runs), one per
-    partition; None: the node's run state (survives messages within a run)."""
-    ledger_dir = context.node_config.get(LEDGER_DIR_NODE_KEY)
-    if not ledger_dir:
+    """The shard's ledger file in the node's ledger folder (node config ``ledger-dir``; outside
+    simulation ``~/.fedparity/ledgers`` by default), one per partition; None: a simulated
+    node's run state (survives messages within a run)."""
+    folder = node_ledger_dir(context)
+    if folder is None:
         return None
     partition_id, _ = _partition(context)
-    return Path(str(ledger_dir)) / f"ledger-partition-{partition_id}.npz"
+    return folder / f"ledger-partition-{partition_id}.npz"
 
 
 def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
@@ -222,12 +225,7 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
         model = _model_for(shard, arrays, config.seed)
         return LocalUsers(shard.user_groups, metric_values(evaluate_users(model, shard), metric))
 
-    handler = ldp_audit_handler(
-        shard_users,
-        user_budget=config.user_budget,
-        num_groups=config.num_groups,
-        ledger_path=_ledger_path,
-    )
+    handler = ldp_audit_handler(shard_users, num_groups=config.num_groups, ledger_path=_ledger_path)
     return handler(msg, context)
 
 
@@ -288,7 +286,7 @@ def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
     return _fef_handlers(config)["fef_round3"](msg, context)
 
 
-# --- FPFL (task = "fpfl"): one masked sum per round (paper 004, Algorithm 1) ---------------
+# --- FPFL (task = "fpfl"): one masked sum per round (Rodriguez-Galvez et al. 2021, Algorithm 1)
 
 
 def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Message]:
@@ -297,11 +295,10 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
     app's model (``fpfl-architecture``) and the node settings from the run config."""
 
     def handle(msg: Message, context: Context, config: RunConfig) -> Message:
-        _refuse_own_data_for_fpfl(context)
-        partition_id, num_partitions = _partition(context)
+        partition_id, _ = _partition(context)
 
-        def users(_: Context) -> FPFLShard:
-            return node_shard(config, partition_id, num_partitions)
+        def users(node: Context) -> FPFLShard:
+            return fpfl_users(node, config)
 
         def make_model() -> torch.nn.Module:
             shard = users(context)

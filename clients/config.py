@@ -25,7 +25,7 @@ from .fpfl_task import CONSTRAINTS
 from .task import METRIC_NAMES
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl")
-#: The six algorithms of paper 004, Table 2: (MMDM?, clip?, noise?).
+#: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2: (MMDM?, clip?, noise?).
 FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
     "fl": (False, False, False),
     "fl-clip": (False, True, False),
@@ -286,7 +286,11 @@ class RunConfig:
         (0.5, 1.0, 2.0, 4.0), _epsilon_list, 'one audit per value, e.g. "0.5,1,2,4"'
     )
     confidence: float = _key(0.95, _number(0.0, 1.0), "confidence of the gap intervals")
-    user_budget: float = _key(10.0, _number(0.0, math.inf), "per-user LDP budget (ledger)")
+    user_budget: float = _key(
+        10.0,
+        _number(0.0, math.inf),
+        "per-user LDP budget the audits are planned for; each node enforces its own policy's",
+    )
     group_sizes: str = _key(
         "estimated", _choice(GROUP_SIZE_MODES), "estimated from the reports, or known (harness)"
     )

@@ -47,6 +47,7 @@ from .fedevalfair import (
     round2_vector,
     rows_statistics,
 )
+from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
     import tenseal as ts
@@ -136,6 +137,7 @@ def fedevalfair_handlers(
     mu0: float = 0.0,
     tolerance: float | None = None,
     bootstrap_rng: Callable[[Context], np.random.Generator] | None = None,
+    policy: NodePrivacyPolicy | None = None,
 ) -> dict[str, Handler]:
     """The three FedEvalFair handlers, keyed by the action to register with ``app.query``.
 
@@ -156,6 +158,10 @@ def fedevalfair_handlers(
     bootstrap_rng : callable, optional
         ``bootstrap_rng(context) -> numpy Generator`` for the bootstrap resamples (not a
         privacy mechanism: a seed makes the statistics reproducible). Default: OS entropy.
+    policy : NodePrivacyPolicy, optional
+        The node's privacy policy: a sum of fewer than its ``min-holders`` holders is never
+        decrypted. Default: read for each message from the node's own config or environment
+        (:func:`~fedparity.clients.policy.node_policy`).
     """
     if isinstance(num_resamples, bool) or not isinstance(num_resamples, int) or num_resamples < 2:
         raise ValueError(f"num_resamples must be an integer >= 2, got {num_resamples!r}")
@@ -167,6 +173,16 @@ def fedevalfair_handlers(
         raise ValueError(f"mu0 must be a finite number, got {mu0!r}")
     if tolerance is not None and not (np.isfinite(tolerance) and tolerance > 0):
         raise ValueError(f"tolerance must be a finite number > 0 or None, got {tolerance!r}")
+
+    if policy is not None and not isinstance(policy, NodePrivacyPolicy):
+        raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
+
+    def check_holders(context: Context, *counts: int) -> None:
+        """Refuse to open a sum of fewer holders than the policy's ``min-holders`` (the sum of
+        one holder is that holder's statistics)."""
+        limits = policy if policy is not None else node_policy(context.node_config)
+        if min(counts) < limits.min_holders:
+            raise PolicyRefusal("a sum of fewer than min-holders holders is never decrypted")
 
     def secret(context: Context) -> ts.Context:
         path = secret_context(context) if callable(secret_context) else secret_context
@@ -196,9 +212,10 @@ def fedevalfair_handlers(
 
     def round2(msg: Message, context: Context) -> Message:
         """Decrypt the round-1 sum, add this holder's stage-1 terms; one ciphertext back."""
+        counts = msg.content.config_records["config"]
+        check_holders(context, int(counts["round1-count"]))  # type: ignore[arg-type]
         key = secret(context)
         record = msg.content.array_records[FEF_KEY]
-        counts = msg.content.config_records["config"]
         round1_sum = open_sum(
             key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
         )
@@ -212,9 +229,14 @@ def fedevalfair_handlers(
 
     def round3(msg: Message, context: Context) -> Message:
         """Key holder: decrypt both sums, release the aggregate statistics (plaintext)."""
+        counts = msg.content.config_records["config"]
+        check_holders(
+            context,
+            int(counts["round1-count"]),  # type: ignore[arg-type]
+            int(counts["round2-count"]),  # type: ignore[arg-type]
+        )
         key = secret(context)
         record = msg.content.array_records[FEF_KEY]
-        counts = msg.content.config_records["config"]
         round1_sum = open_sum(
             key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
         )

@@ -17,8 +17,13 @@ of differential multipliers", 2021, Algorithm 1). Register them with::
 ``make_model()`` returns a fresh instance of your model, ending in ``nn.Sigmoid`` (binary) or
 ``nn.Softmax(dim=-1)`` (multi-class): the fairness surrogates need probabilities.
 ``my_users(context)`` returns the node's users as an
-:class:`~fedparity.clients.fpfl_data.FPFLShard`. The privacy parameters are the node's own
-(``settings``): the node recomputes ``sigma`` and never takes a noise level from the server.
+:class:`~fedparity.clients.fpfl_data.FPFLShard`. The node recomputes ``sigma`` from
+``settings`` and never takes a noise level from the server, and it holds to its own
+:class:`~fedparity.clients.policy.NodePrivacyPolicy` (node config or a policy file): settings
+beyond the policy (epsilon, delta, no masking, central noise, a seed, no noise at all) are
+refused before anything is computed; the population size ``K`` and the node count the server
+sends are bounded by the policy; the noise share is sized for the policy's tolerated
+colluders; and masks are revealed only for at least the policy's ``min-survivors``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ..mechanisms.secure_sum import (
 from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
 from .fpfl_task import set_flat_parameters
+from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 __all__ = ["FPFL_STATE_KEY", "fpfl_handlers"]
 
@@ -72,6 +78,7 @@ def fpfl_handlers(
     settings: FPFLNodeSettings,
     *,
     stream: Callable[[Context], int] = lambda context: int(context.node_id),
+    policy: NodePrivacyPolicy | None = None,
 ) -> dict[str, Handler]:
     """The three FPFL handlers (``fpfl_setup``, ``fpfl_round``, ``fpfl_reveal``), keyed by
     the action to register with ``app.query``.
@@ -87,13 +94,31 @@ def fpfl_handlers(
         The node's own privacy and training parameters.
     stream : callable, optional
         The node's stream id for a seeded run (``settings.client_seed``); default its node id.
+    policy : NodePrivacyPolicy, optional
+        The node's privacy policy; default: read for each message from the node's own config
+        or environment (:func:`~fedparity.clients.policy.node_policy`).
     """
     if not isinstance(settings, FPFLNodeSettings):
         raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
+    if policy is not None and not isinstance(policy, NodePrivacyPolicy):
+        raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
+
+    def limits(context: Context) -> NodePrivacyPolicy:
+        """The policy, with the run's settings checked against it (before any work)."""
+        current = policy if policy is not None else node_policy(context.node_config)
+        current.check_fpfl(
+            epsilon=settings.epsilon,
+            delta=settings.delta,
+            masking=settings.masking,
+            distributed_noise=settings.distributed_noise,
+            seeded=settings.client_seed is not None,
+        )
+        return current
 
     def setup(msg: Message, context: Context) -> Message:
         """Generate this run's masking key pair (kept in the node state); reply with the
         public key only."""
+        limits(context)
         salt = bytes(msg.content.config_records[FPFL_KEY]["run-salt"])  # type: ignore[arg-type]
         keys = MaskingKeyPair.generate()
         context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
@@ -107,10 +132,17 @@ def fpfl_handlers(
     def round_(msg: Message, context: Context) -> Message:
         """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
         reply with the sum masked (or in the clear without masking)."""
+        node_limits = limits(context)
         settings_record = msg.content.config_records["config"]
         weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
         round_number = int(settings_record["round"])  # type: ignore[arg-type]
-        population_size = int(settings_record["population-size"])  # type: ignore[arg-type]
+        # K and the node count come from the server: bounded by the node's policy.
+        population_size = node_limits.bounded_population(
+            int(settings_record["population-size"])  # type: ignore[arg-type]
+        )
+        if settings.epsilon is not None and settings.delta is None:
+            if not 1.0 / population_size <= node_limits.fpfl_max_delta:
+                raise PolicyRefusal("the training's delta is above fpfl-max-delta")
         num_nodes = int(settings_record["num-nodes"])  # type: ignore[arg-type]
         peers = {int(node) for node in settings_record["peer-ids"]}  # type: ignore[union-attr]
         if len(peers) != num_nodes or int(context.node_id) not in peers:
@@ -120,6 +152,8 @@ def fpfl_handlers(
                 f"peer(s){'' if int(context.node_id) in peers else ' without this node'}; "
                 "refusing to scale the noise share"
             )
+        if settings.masking or settings.distributed_noise:
+            node_limits.check_nodes(num_nodes)
         shard = node_users(context)
         model = make_model()
         set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
@@ -130,7 +164,9 @@ def fpfl_handlers(
             constraint=settings.constraint,
             clipping_bound=settings.clipping_bound,
             sample_rate=min(1.0, settings.cohort_size / population_size),
-            noise_share_std=settings.noise_share_std(population_size, num_nodes),
+            noise_share_std=settings.noise_share_std(
+                population_size, num_nodes, colluders=node_limits.tolerated_colluders
+            ),
             rng=rng,
         )
         if not settings.masking:
@@ -152,7 +188,10 @@ def fpfl_handlers(
         survivors = [int(node) for node in record["survivors"]]  # type: ignore[union-attr]
         dropped = [int(node) for node in record["dropped"]]  # type: ignore[union-attr]
         members = len(survivors) + len(dropped)
-        needed = max(2, minimum_survivors(members, settings.dropout_tolerance))
+        node_limits = limits(context)
+        needed = max(
+            node_limits.min_survivors, minimum_survivors(members, settings.dropout_tolerance)
+        )
         secrets = _masking_secrets(record, context)
         state = context.state.config_records[FPFL_STATE_KEY]
         revealed_rounds = [int(r) for r in state.get("revealed-rounds", [])]  # type: ignore[union-attr]

@@ -1,5 +1,10 @@
-"""FPFL on a node (paper 004, Algorithm 1, ``UserStatistics``): its users, the round's cohort,
-the clipped sum of the cohort's statistic vectors and the node's share of the Gaussian noise.
+"""FPFL on a node (Algorithm 1, ``UserStatistics``): its users, the round's cohort, the clipped
+sum of the cohort's statistic vectors and the node's share of the Gaussian noise.
+
+FPFL: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021
+(Rodriguez-Galvez et al. 2021).
 
 A node hosts a shard of users (simulation) or one user (a device); the same code serves both.
 
@@ -212,15 +217,25 @@ class FPFLNodeSettings:
             self.epsilon, delta, self.cohort_size, population_size, self.rounds, self.accountant
         )
 
-    def noise_share_std(self, population_size: int, num_nodes: int) -> float:
+    def noise_share_std(self, population_size: int, num_nodes: int, colluders: int = 0) -> float:
         """This node's noise-share std in a round with ``num_nodes`` members:
-        ``C sigma / sqrt(n_min)`` with distributed noise, else 0."""
+        ``C sigma / sqrt(n_min - t)`` with distributed noise, else 0.
+
+        ``t`` (``colluders``) nodes may collude with the server and subtract their own shares;
+        the ``n_min - t`` honest survivors' shares still sum to the ``N(0, C^2 sigma^2)`` of
+        Algorithm 1. A round with ``n_min <= t`` is refused (``ValueError``).
+        """
         sigma = self.noise_multiplier(population_size)
         if not sigma or not self.distributed_noise:
             return 0.0
         assert self.clipping_bound is not None  # checked in __post_init__
         survivors = minimum_survivors(num_nodes, self.dropout_tolerance)
-        return noise_share_std(self.clipping_bound, sigma, survivors)
+        if colluders < 0 or survivors <= colluders:
+            raise ValueError(
+                f"fpfl: {survivors} guaranteed survivor(s) cannot outnumber {colluders} "
+                "tolerated colluder(s); refusing to send a noise share"
+            )
+        return noise_share_std(self.clipping_bound, sigma, survivors - colluders)
 
 
 def node_settings(config: RunConfig) -> FPFLNodeSettings:

@@ -15,11 +15,16 @@ Register it on your app::
         model = load_my_model(arrays)  # your model, your data
         return LocalUsers.from_rows(groups=..., labels=..., predictions=..., metric=metric)
 
-    app.query("ldp_audit")(ldp_audit_handler(my_users, user_budget=10.0, num_groups=2))
+    app.query("ldp_audit")(ldp_audit_handler(my_users, num_groups=2))
 
 Privacy on the node: the mechanism is rebuilt from its public parameters and its *true*
-epsilon is recomputed here; users whose ledger cannot afford it refuse. The perturbation
-randomness comes from the operating system, never from a seed the server could know.
+epsilon is recomputed here; an audit above the node's ``ldp-max-epsilon`` is refused, and
+users whose ledger cannot afford it refuse. Both limits come from the node's own
+:class:`~fedparity.clients.policy.NodePrivacyPolicy`, never from the server; the per-user
+budget is stored in the ledger and can only be lowered. Outside Flower's simulation engine
+the ledger always persists (node config ``ledger-dir``, default ``~/.fedparity/ledgers``).
+The perturbation randomness comes from the operating system, never from a seed the server
+could know.
 """
 
 from __future__ import annotations
@@ -39,13 +44,24 @@ from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.metrics import user_rates
 from ..mechanisms.protocol import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
+from .policy import NodePrivacyPolicy, in_flower_simulation, node_policy
 
-__all__ = ["LEDGER_STATE_KEY", "LedgerPathFn", "LocalUsers", "LocalUsersFn", "ldp_audit_handler"]
+__all__ = [
+    "DEFAULT_LEDGER_DIR",
+    "LEDGER_STATE_KEY",
+    "LedgerPathFn",
+    "LocalUsers",
+    "LocalUsersFn",
+    "ldp_audit_handler",
+    "node_ledger_dir",
+]
 
 #: Node run-state record of the ledger when no ledger file is configured.
 LEDGER_STATE_KEY = "ldp-ledger"
 #: Node config key of the folder of a persistent ledger (set by whoever starts the SuperNode).
 LEDGER_DIR_NODE_KEY = "ledger-dir"
+#: The ledger folder of a node outside simulation whose node config names none.
+DEFAULT_LEDGER_DIR = Path("~/.fedparity/ledgers")
 
 
 @dataclass(frozen=True)
@@ -113,27 +129,39 @@ LocalUsersFn = Callable[[ArrayRecord, str, Context], LocalUsers]
 LedgerPathFn = Callable[[Context], "Path | None"]
 
 
-def default_ledger_path(context: Context) -> Path | None:
-    """``<ledger-dir>/ldp-ledger.npz`` when the node config names a ``ledger-dir``."""
+def node_ledger_dir(context: Context) -> Path | None:
+    """The node's ledger folder: node config ``ledger-dir``; else, outside Flower's simulation
+    engine, :data:`DEFAULT_LEDGER_DIR` (a real node's ledger always persists); else None (a
+    simulated node keeps its ledger in its run state)."""
     folder = context.node_config.get(LEDGER_DIR_NODE_KEY)
-    return Path(os.fspath(str(folder))) / "ldp-ledger.npz" if folder else None
+    if folder:
+        return Path(os.fspath(str(folder))).expanduser()
+    return None if in_flower_simulation() else DEFAULT_LEDGER_DIR.expanduser()
+
+
+def default_ledger_path(context: Context) -> Path | None:
+    """``ldp-ledger.npz`` in :func:`node_ledger_dir` (None: the node's run state)."""
+    folder = node_ledger_dir(context)
+    return folder / "ldp-ledger.npz" if folder is not None else None
 
 
 def _ledger(context: Context, path: Path | None, budget: float, num_users: int) -> ShardLedger:
     if path is not None:
         return ShardLedger.load_or_create(path, budget, num_users)
     if LEDGER_STATE_KEY in context.state.array_records:
-        spent = context.state.array_records[LEDGER_STATE_KEY]["spent"].numpy()
+        record = context.state.array_records[LEDGER_STATE_KEY]
+        spent = record["spent"].numpy()
         if spent.shape == (num_users,):
-            return ShardLedger(budget, num_users, spent.astype(np.float64))
+            stored = float(record["budget"].numpy()) if "budget" in record else budget
+            return ShardLedger(min(stored, budget), num_users, spent.astype(np.float64))
     return ShardLedger(budget, num_users)
 
 
 def ldp_audit_handler(
     local_users: LocalUsersFn,
     *,
-    user_budget: float,
     num_groups: int,
+    policy: NodePrivacyPolicy | None = None,
     ledger_path: LedgerPathFn = default_ledger_path,
 ) -> Callable[[Message, Context], Message]:
     """A ``query.ldp_audit`` handler around your evaluation function.
@@ -144,19 +172,20 @@ def ldp_audit_handler(
         ``local_users(arrays, metric, context) -> LocalUsers``: for the received model
         (``arrays``, the audit's ArrayRecord) each local user's group and value of ``metric``
         (``"accuracy"``, ``"tpr"``, ``"fpr"`` or ``"fnr"``).
-    user_budget : float
-        Each user's lifetime LDP budget (epsilon, basic composition) on this node.
     num_groups : int
         Protected groups on this node; an audit for another number is refused.
+    policy : NodePrivacyPolicy, optional
+        The node's privacy policy (``ldp-max-epsilon`` per audit, ``ldp-user-budget`` per
+        user, ``min-users-for-counts``). Default: read for each audit from the node's own
+        config or environment (:func:`~fedparity.clients.policy.node_policy`).
     ledger_path : callable, optional
-        Where the node's ledger persists across runs (default: ``ledger.npz`` under the node
-        config's ``ledger-dir``; without one, the ledger lasts one run).
+        Where the node's ledger persists across runs (default: ``ldp-ledger.npz`` in
+        :func:`node_ledger_dir`).
     """
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 2:
         raise ValueError(f"num_groups must be an integer >= 2, got {num_groups!r}")
-    if not (isinstance(user_budget, (int, float)) and 0 < float(user_budget) < float("inf")):
-        raise ValueError(f"user_budget must be a finite number > 0, got {user_budget!r}")
-    budget_per_user = float(user_budget)
+    if policy is not None and not isinstance(policy, NodePrivacyPolicy):
+        raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
 
     def handle(msg: Message, context: Context) -> Message:
         audit = msg.content["config"]
@@ -171,6 +200,8 @@ def ldp_audit_handler(
             float(audit["epsilon-value"]),
             num_groups,
         )
+        limits = policy if policy is not None else node_policy(context.node_config)
+        limits.check_ldp(mechanism.epsilon)
         budget = float(audit["budget"])
         if mechanism.epsilon > budget + BUDGET_TOLERANCE:
             raise ValueError(
@@ -189,15 +220,14 @@ def ldp_audit_handler(
             defined = np.isfinite(users.metrics)
             undefined = int((~defined).sum())
             path = ledger_path(context)
-            ledger = _ledger(context, path, budget_per_user, users.num_users)
+            ledger = _ledger(context, path, limits.ldp_user_budget, users.num_users)
             answering = ledger.spend(mechanism.epsilon, defined)
             refused = int((defined & ~answering).sum())
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                ledger.save(path)
+                ledger.save(path)  # charged (atomically) before anything is released
             else:
                 context.state.array_records[LEDGER_STATE_KEY] = ArrayRecord(
-                    {"spent": Array(ledger.spent)}
+                    {"spent": Array(ledger.spent), "budget": Array(np.array(ledger.budget))}
                 )
             rng = np.random.default_rng()  # OS entropy: never a server-known seed
             reports = mechanism.perturb(
@@ -206,17 +236,21 @@ def ldp_audit_handler(
             groups, values = reports.groups, reports.values
         if refused:
             log(logging.INFO, "ldp_audit: %d user(s) refused (privacy budget)", refused)
+        counts: dict[str, int | float] = {"epsilon-charged": float(mechanism.epsilon)}
+        if users.num_users >= limits.min_users_for_counts:
+            # Below the policy's minimum these counts (e.g. "TPR undefined" on a one-user
+            # device, a label bit) would leave the node outside the LDP guarantee.
+            counts.update(
+                {
+                    "num-reports": int(groups.size),
+                    "num-refused": refused,
+                    "num-undefined": undefined,
+                }
+            )
         content = RecordDict(
             {
                 REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),
-                METRICS_KEY: MetricRecord(
-                    {
-                        "num-reports": int(groups.size),
-                        "num-refused": refused,
-                        "num-undefined": undefined,
-                        "epsilon-charged": float(mechanism.epsilon),
-                    }
-                ),
+                METRICS_KEY: MetricRecord(counts),
             }
         )
         return Message(content=content, reply_to=msg)

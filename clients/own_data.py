@@ -1,9 +1,9 @@
 """A node's own data file (CSV or Parquet), named in its node config.
 
 Start a SuperNode with ``--node-config "data-file=/path/rows.csv"`` and the built-in
-ClientApp reads that node's rows instead of an embedded population (LDP audit and FedEvalFair
-jobs). There is never a fallback to embedded data: a file that cannot be used stops the node
-with a message naming the file and the column.
+ClientApp reads that node's rows instead of an embedded population, in every job (LDP audit,
+FedEvalFair and FPFL training). There is never a fallback to embedded data: a file that
+cannot be used stops the node with a message naming the file and the column.
 
 Schema (one row per example; column order does not matter)
 ----------------------------------------------------------
@@ -35,11 +35,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .data import UserShard
+from .fpfl_data import FPFLShard
 
 __all__ = [
     "DATA_FILE_NODE_KEY",
     "DataFileError",
     "OwnRows",
+    "own_fpfl_shard",
     "own_shard",
     "read_data_file",
 ]
@@ -192,11 +194,7 @@ def own_shard(rows: OwnRows, split: str, *, num_groups: int) -> UserShard:
     """The node's users for ``split`` (``"train"`` or ``"test"``) as a UserShard."""
     if split not in _SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if rows.groups.max() >= num_groups:
-        raise DataFileError(
-            f"{rows.path}: column {GROUP_COLUMN!r} must hold groups in [0, {num_groups}) "
-            f"(num-groups = {num_groups}), got {int(rows.groups.max())}"
-        )
+    _check_groups(rows, num_groups)
     keep = np.ones(rows.labels.size, dtype=bool) if rows.splits is None else rows.splits == split
     users, index = np.unique(rows.users[keep], return_inverse=True)
     groups = rows.groups[keep]
@@ -212,4 +210,31 @@ def own_shard(rows: OwnRows, split: str, *, num_groups: int) -> UserShard:
         user_index=index.reshape(-1).astype(np.int64),
         user_groups=user_groups,
         user_ids=users.astype(np.int64),
+    )
+
+
+def _check_groups(rows: OwnRows, num_groups: int) -> None:
+    if rows.groups.max() >= num_groups:
+        raise DataFileError(
+            f"{rows.path}: column {GROUP_COLUMN!r} must hold groups in [0, {num_groups}) "
+            f"(num-groups = {num_groups}), got {int(rows.groups.max())}"
+        )
+
+
+def own_fpfl_shard(rows: OwnRows, *, num_groups: int) -> FPFLShard:
+    """The node's users for FPFL training: the ``train`` rows (all rows without a ``split``
+    column), each row a sample of its user with its own protected group, binary labels."""
+    _check_groups(rows, num_groups)
+    keep = np.ones(rows.labels.size, dtype=bool) if rows.splits is None else rows.splits == "train"
+    if not keep.any():
+        raise DataFileError(f"{rows.path}: column {SPLIT_COLUMN!r} has no 'train' row")
+    users, index = np.unique(rows.users[keep], return_inverse=True)
+    return FPFLShard(
+        features=np.ascontiguousarray(rows.features[keep], dtype=np.float32),
+        labels=rows.labels[keep].astype(np.int64),
+        groups=rows.groups[keep].astype(np.int64),
+        user_index=index.reshape(-1).astype(np.int64),
+        user_ids=users.astype(np.int64),
+        num_groups=num_groups,
+        num_classes=2,
     )

@@ -8,6 +8,9 @@ smaller than its epsilon, in the spirit of Flower's ``PrivacyBudgetExhausted``.
 
 from __future__ import annotations
 
+import os
+import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +22,19 @@ from ._validation import check_epsilon, check_int_at_least
 BUDGET_TOLERANCE = 1e-9
 
 
+#: Marker and version stored in a ledger file: anything else is refused as foreign.
+LEDGER_FORMAT = "fedparity-ldp-ledger"
+LEDGER_VERSION = 1
+
+
 class PrivacyBudgetExceeded(Exception):
     """A release would take a user past its LDP budget."""
+
+
+class LedgerFileError(Exception):
+    """A ledger file exists but cannot be used (unreadable, corrupt, foreign or for another
+    number of users). Privacy already spent is never forgotten: the node stops its audits
+    until the operator restores the file."""
 
 
 @dataclass(frozen=True)
@@ -114,23 +128,80 @@ class ShardLedger:
         return allowed
 
     def save(self, path: str | Path) -> None:
-        """Persist to an ``.npz`` file (e.g. under a node's ``ledger-dir``)."""
-        np.savez(Path(path), budget=self.budget, spent=self.spent)
+        """Persist atomically (e.g. under a node's ``ledger-dir``): write a temporary file in
+        the same folder, ``fsync`` it, rename it over ``path``, ``fsync`` the folder. A crash
+        leaves either the old ledger or the new one, never a torn file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, renamed after
+            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        )
+        try:
+            with handle:
+                np.savez(
+                    handle,
+                    format=np.array(LEDGER_FORMAT),
+                    version=np.array(LEDGER_VERSION),
+                    budget=np.array(self.budget),
+                    spent=self.spent,
+                )
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(handle.name, path)
+        except BaseException:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+    @classmethod
+    def load(cls, path: str | Path, num_users: int) -> ShardLedger:
+        """Read a saved ledger; :class:`LedgerFileError` naming the file and the way to
+        recover when it cannot be used."""
+        path = Path(path)
+        recovery = (
+            "restore it from a backup; the node answers no audit until then (a ledger is never "
+            "reset to zero by fedparity: delete the file yourself only if you accept that "
+            "these users start again at zero)"
+        )
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                marker = str(saved["format"]) if "format" in saved.files else None
+                version = int(saved["version"]) if "version" in saved.files else None
+                budget = float(saved["budget"])
+                spent = np.asarray(saved["spent"], dtype=np.float64)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            raise LedgerFileError(
+                f"ledger {path} cannot be read ({type(error).__name__}: {error}); {recovery}"
+            ) from None
+        if marker != LEDGER_FORMAT or version != LEDGER_VERSION:
+            raise LedgerFileError(
+                f"ledger {path} is not a fedparity LDP ledger (format {marker!r}, version "
+                f"{version!r}); {recovery}"
+            )
+        if spent.shape != (num_users,) or not np.isfinite(spent).all() or (spent < 0).any():
+            raise LedgerFileError(
+                f"ledger {path} holds {spent.size} users' spending, this node has {num_users} "
+                f"users (or the values are not finite and >= 0); {recovery}"
+            )
+        if not (np.isfinite(budget) and budget > 0):
+            raise LedgerFileError(f"ledger {path} holds an invalid budget {budget!r}; {recovery}")
+        return cls(budget, num_users, spent)
 
     @classmethod
     def load_or_create(cls, path: str | Path, budget: float, num_users: int) -> ShardLedger:
-        """Load a saved ledger (keeping what was spent) or start a new one.
+        """Load a saved ledger (keeping what was spent) or start a new one at ``budget``.
 
-        A saved ledger keeps its spending; the budget is the given one, so an operator can
-        lower it but spending is never forgotten.
+        The per-user budget is stored in the ledger and can only be lowered: a saved ledger
+        keeps the smaller of its stored budget and ``budget``, so a larger budget asked for
+        later never re-enables users who have spent theirs.
         """
+        budget = check_epsilon("budget", budget)
         path = Path(path)
         if path.exists():
-            with np.load(path) as saved:
-                spent = np.asarray(saved["spent"], dtype=np.float64)
-            if spent.shape != (num_users,):
-                raise ValueError(
-                    f"ledger {path} holds {spent.shape[0]} users, this node has {num_users}"
-                )
-            return cls(budget, num_users, spent)
+            saved = cls.load(path, num_users)
+            return cls(min(saved.budget, budget), num_users, saved.spent)
         return cls(budget, num_users)

@@ -1,4 +1,9 @@
-"""The FPFL job (paper 004, SPEC 3): train under a fairness constraint with user-level DP.
+"""The FPFL job: train under a fairness constraint with user-level DP.
+
+FPFL is the algorithm of Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt
+Seigel, "Enforcing fairness in private federated learning via the modified method of
+differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
+arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021, "the paper" below).
 
 One run trains with one of the six algorithms of the paper's Table 2 (``fpfl-algorithm``):
 ``fl`` (FederatedSGD), ``fl-clip``, ``pfl`` (clip + Gaussian noise), ``ffl`` (MMDM),
@@ -89,7 +94,7 @@ from .fpfl_report import (
     summary_text,
 )
 from .harness import HARNESS_LABEL
-from .orchestration import connect_nodes, resolve_output_dir
+from .orchestration import connect_nodes, harness_applies, resolve_output_dir
 from .report import write_json
 
 __all__ = ["cohort_sample_rate", "run_fpfl"]
@@ -121,7 +126,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     delta = config.fpfl_delta if config.fpfl_delta is not None else 1.0 / population_size
     num_partitions = max((n for _, n in nodes.partitions), default=len(node_ids))
     test = None
-    if config.ground_truth:
+    if harness_applies(config, nodes):
         train_population, test = population(config, num_partitions)
         check_groups_present(
             train_population,

@@ -1,4 +1,10 @@
-"""The LDP audit job (SPEC 1, SPEC 4): train with FedAvg, then audit the gap under LDP.
+"""The LDP audit job: train with FedAvg, then audit the gap under LDP.
+
+The audit runs the mechanisms M_R / M_L of Marc Juarez and Aleksandra Korolova, "'You Can't Fix
+What You Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
+Learning", AFCP workshop, PMLR, 2022, with their true epsilon and a budget split that respects
+it (:mod:`fedparity.mechanisms.calibration`; the paper's Theorem 5, and its Theorem 6 for
+k != 2, are false).
 
 Nodes host shards of users; ``num-server-rounds`` FedAvg rounds train a logistic regression;
 then one LDP audit per value of ``epsilons`` measures the gap of ``metric`` between groups;
@@ -105,6 +111,8 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
             for budget, outcome in zip(config.epsilons, outcomes, strict=True)
         ],
         "privacy": {
+            # The server's plan only: each node's own policy (ldp-user-budget, kept in its
+            # ledger) decides what its users answer, and users past it refuse.
             "user_budget": config.user_budget,
             "epsilon_spent_per_user": spent,
             "composition": "basic sequential composition of the true epsilons of every audit "
@@ -125,6 +133,11 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
         log(logging.INFO, "%s", line)
     if plot_note:
         log(logging.WARNING, "%s", plot_note)
-    log(logging.INFO, "privacy spent per user: %.4g of %.4g", spent, config.user_budget)
+    log(
+        logging.INFO,
+        "privacy spent per user: %.4g of the planned %.4g (each node enforces its own budget)",
+        spent,
+        config.user_budget,
+    )
     log(logging.INFO, "results written to %s", output_dir)
     return output_dir

@@ -16,7 +16,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def adult_dir() -> Path:
-    """The real Adult folder: ``$FEDPARITY_ADULT_DIR`` or ``<repo>/../shared/data/adult``."""
+    """The real Adult folder: ``$FEDPARITY_ADULT_DIR`` or ``<repo>/../shared/data/adult``.
+
+    Its files are those of the UCI Adult data set (Becker and Kohavi 1996, UCI Machine Learning
+    Repository): ``adult.data`` and ``adult.test``.
+    """
     override = os.environ.get(ADULT_DIR_ENV)
     return Path(override) if override else REPO_ROOT.parent / "shared" / "data" / "adult"
 
@@ -38,3 +42,14 @@ def task_identity() -> Iterator[None]:
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     yield
     TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh ``$HOME`` for the whole test session: a node outside simulation keeps its
+    ledger under ``~/.fedparity/ledgers`` by default, and no test may read or write the real
+    one (nor the developer's ``~/.fedparity`` keys and runs)."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        yield home

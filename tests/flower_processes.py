@@ -1166,7 +1166,8 @@ def local_deployment(
                 cmd,
                 work / f"supernode-{i}.log",
                 run_cwd,
-                child_env(node_home, env),
+                # HOME per SuperNode: what a node keeps under ~ (its LDP ledger) is its own.
+                child_env(node_home, {"HOME": str(node_home), **(env or {})}),
                 port,
             )
             started.append(node)

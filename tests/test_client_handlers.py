@@ -16,11 +16,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from fedparity.clients.app import describe, ldp_audit, load_shard, train_handler
 from fedparity.clients.config import RunConfig
 from fedparity.clients.task import build_model, get_arrays
-from fedparity.mechanisms import RandomizedResponseMechanism, randomized_response_epsilon
+from fedparity.mechanisms import (
+    RandomizedResponseMechanism,
+    ShardLedger,
+    randomized_response_epsilon,
+)
 from fedparity.mechanisms.protocol import AUDIT_MESSAGE_TYPE
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
 RUN_CONFIG = {"users-per-node": 40, "epsilons": "1", "user-budget": 2.5}
+#: The node's own policy: each user's lifetime LDP budget (node config, set by the operator).
+NODE_BUDGET = {"ldp-user-budget": 2.5}
 
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -31,14 +37,24 @@ def config_of(context: Context) -> RunConfig:
     return RunConfig.from_mapping(context.run_config)
 
 
+@pytest.fixture(autouse=True)
+def ledger_dir(tmp_path: Path) -> Path:
+    """Each test's node keeps its ledger here (outside simulation a ledger always persists)."""
+    return tmp_path / "ledgers"
+
+
 def make_context(node_config: dict[str, object] | None = None) -> Context:
     return Context(
         run_id=1,
         node_id=7,
-        node_config={"partition-id": 1, "num-partitions": 3, **(node_config or {})},
+        node_config={"partition-id": 1, "num-partitions": 3, **NODE_BUDGET, **(node_config or {})},
         state=RecordDict(),
         run_config=dict(RUN_CONFIG),
     )
+
+
+def ledger_spent(folder: Path, num_users: int = 40) -> np.ndarray:
+    return ShardLedger.load(folder / "ledger-partition-1.npz", num_users).spent
 
 
 def model_arrays(context: Context) -> ArrayRecord:
@@ -85,8 +101,8 @@ def test_train_replies_updated_arrays_and_weight() -> None:
     assert reply.content.metric_records["metrics"]["num-examples"] == 40 * 16
 
 
-def test_audit_reply_holds_only_perturbed_pairs_and_charges_the_ledger() -> None:
-    context = make_context()
+def test_audit_reply_holds_only_perturbed_pairs_and_charges_the_ledger(ledger_dir: Path) -> None:
+    context = make_context({"ledger-dir": str(ledger_dir)})
     mechanism = RandomizedResponseMechanism(0.6, 1.0)
     true_epsilon = randomized_response_epsilon(0.6, 1.0)
     reply = ldp_audit(audit_message(context, mechanism, budget=1.2), context, config_of(context))
@@ -99,12 +115,12 @@ def test_audit_reply_holds_only_perturbed_pairs_and_charges_the_ledger() -> None
     metrics = dict(reply.content.metric_records["metrics"])
     assert metrics["num-reports"] == 40 and metrics["num-refused"] == 0
     assert metrics["epsilon-charged"] == pytest.approx(true_epsilon)
-    spent = context.state.array_records["ldp-ledger"]["spent"].numpy()
-    np.testing.assert_allclose(spent, true_epsilon)  # the true epsilon, not eps1 or eps2
+    # the true epsilon, not eps1 or eps2
+    np.testing.assert_allclose(ledger_spent(ledger_dir), true_epsilon)
 
 
-def test_users_refuse_once_their_budget_would_be_exceeded() -> None:
-    context = make_context()
+def test_users_refuse_once_their_budget_would_be_exceeded(ledger_dir: Path) -> None:
+    context = make_context({"ledger-dir": str(ledger_dir)})
     mechanism = RandomizedResponseMechanism(0.6, 1.0)  # true epsilon 1.096
     message = audit_message(context, mechanism, budget=1.2)
     first = ldp_audit(message, context, config_of(context))
@@ -127,13 +143,13 @@ def test_ledger_dir_survives_across_runs(tmp_path: Path) -> None:
     assert (tmp_path / "ledger-partition-1.npz").exists()
 
 
-def test_node_refuses_a_mechanism_above_the_audit_budget() -> None:
-    context = make_context()
+def test_node_refuses_a_mechanism_above_the_audit_budget(ledger_dir: Path) -> None:
+    context = make_context({"ledger-dir": str(ledger_dir)})
     config = ConfigRecord(
         {
             "mechanism": "R",
             "epsilon-group": 1.0,
-            "epsilon-value": 1.0,  # true epsilon 1.38 (SPEC 1.1), claimed budget 1.0
+            "epsilon-value": 1.0,  # true epsilon 1.38 (not the paper's 1), claimed budget 1.0
             "num-groups": 2,
             "budget": 1.0,
             "metric": "accuracy",
@@ -147,16 +163,16 @@ def test_node_refuses_a_mechanism_above_the_audit_budget() -> None:
     )
     with pytest.raises(ValueError, match="exceeds the audit budget"):
         ldp_audit(message, context, config_of(context))
-    assert "ldp-ledger" not in context.state.array_records  # nothing was charged
+    assert not ledger_dir.exists()  # nothing was charged
 
 
-def test_adult_users_audit_through_the_handler(adult_path: Path) -> None:
+def test_adult_users_audit_through_the_handler(adult_path: Path, ledger_dir: Path) -> None:
     """Real UCI Adult: a node's users (grouped by sex) evaluate and report perturbed TPRs;
     users without a positive test sample have no TPR and do not report."""
     context = Context(
         run_id=1,
         node_id=7,
-        node_config={"partition-id": 0, "num-partitions": 4},
+        node_config={"partition-id": 0, "num-partitions": 4, "ledger-dir": str(ledger_dir)},
         state=RecordDict(),
         run_config={
             "dataset": "adult",

@@ -68,7 +68,10 @@ def test_fpfl_on_superlink_and_three_supernodes(tmp_path: Path) -> None:
     processes: each SuperNode keeps its masking key in its own node state and the server
     reads only the sums."""
     output = tmp_path / "run"
-    with local_deployment(REPO, 3, None, tmp_path / "flwr-home") as deployment:
+    # 900 users: delta = 1/K = 1.1e-3 is above the built-in fpfl-max-delta (1e-3), so each
+    # node's operator allows it in the node's own config (a policy key on the command line).
+    node_configs = [f"partition-id={i} num-partitions=3 fpfl-max-delta=0.002" for i in range(3)]
+    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home") as deployment:
         run = deployment.run(
             {
                 "task": "fpfl",

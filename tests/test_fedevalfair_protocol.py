@@ -1,5 +1,10 @@
 """The encrypted FedEvalFair protocol, message by message, with the real ClientApp handlers,
-real TenSEAL ciphertexts and the real server strategy (SPEC 2, 2.2).
+real TenSEAL ciphertexts and the real server strategy (threat model:
+:mod:`fedparity.mechanisms.ckks`).
+
+FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
+Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
+version).
 
 What is checked: a node's round-1/2 replies carry one uint8 ciphertext and nothing else; the
 server's context has no secret key and cannot decrypt; the three rounds give the same
@@ -218,3 +223,24 @@ def _array(data: bytes) -> Array:
 def test_arrays_roundtrip_is_lossless() -> None:
     payload = bytes(range(256)) * 3
     assert from_array(to_array(payload)) == payload
+
+
+def test_a_key_holder_never_opens_a_sum_of_fewer_than_min_holders(keys: KeyPaths) -> None:
+    """The attack (security review H4): the server calls one holder's own ciphertexts a "sum"
+    of count 1 and asks a key holder to release it -- that holder's individual statistics.
+    The node's policy (min-holders, built-in 2) refuses before anything is decrypted."""
+    from fedparity.clients.policy import PolicyRefusal
+
+    config = RunConfig.from_mapping(RUN_CONFIG)
+    arrays = model_arrays(config)
+    protocol = FedEvalFairProtocol(load_public_context(keys.public))
+    victim, key_holder = holder_context(0, keys), holder_context(1, keys)
+    reply = fef_round1(request(victim.node_id, 0, protocol.round1_content(arrays)), victim, config)
+    single, members, *_ = protocol.collect_ciphertexts(1, [victim.node_id], [reply], ROUND1_SIZE)
+    assert members == [victim.node_id]
+    content = protocol.round2_content(single, 1)
+    with pytest.raises(PolicyRefusal, match="fewer than min-holders holders is never decrypted"):
+        fef_round2(request(key_holder.node_id, 1, content), key_holder, config)
+    content = protocol.round3_content(single, 1, single, 1)
+    with pytest.raises(PolicyRefusal, match="fewer than min-holders"):
+        fef_round3(request(key_holder.node_id, 2, content), key_holder, config)

@@ -1,9 +1,13 @@
-"""The noise the Flower client path adds (distributed noise, paper 004 Algorithm 1).
+"""The noise the Flower client path adds (distributed noise, FPFL's Algorithm 1).
+
+FPFL: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
+fairness in private federated learning via the modified method of differential multipliers",
+NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021.
 
 Each node adds ``N(0, (C sigma)^2 / n_min)``
-(:func:`fedparity.mechanisms.secure_sum.noise_share_std`), so the
-sum of ``n_min`` shares is ``N(0, (C sigma)^2)``, the noise of Algorithm 1. Checked three ways:
-the formula's value, the empirical std of sums of shares drawn by the node's own code, and
+(:func:`fedparity.mechanisms.secure_sum.noise_share_std`), so the sum of ``n_min`` shares is
+``N(0, (C sigma)^2)``, the noise of Algorithm 1. Checked three ways: the formula's value, the
+empirical std of sums of shares drawn by the node's own code, and
 ``clients.app.fpfl_round`` (the handler Flower calls) adding exactly those draws.
 """
 
@@ -167,7 +171,17 @@ def _context(run_config: dict[str, object], partition: int) -> Context:
     return Context(
         run_id=1,
         node_id=9,
-        node_config={"partition-id": partition, "num-partitions": NUM_NODES},
+        # The node's operator allows this reproducible, unmasked research run with a
+        # noise-free baseline (the built-in policy of a node outside simulation refuses all
+        # three).
+        node_config={
+            "partition-id": partition,
+            "num-partitions": NUM_NODES,
+            "allow-seeded-noise": True,
+            "allow-non-private": True,
+            "require-masking": False,
+            "fpfl-max-delta": 0.01,
+        },
         state=RecordDict(),
         run_config=dict(run_config),  # type: ignore[arg-type]
     )

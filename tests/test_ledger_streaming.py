@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import tracemalloc
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from fedparity.mechanisms import (
     estimate_gap,
     summarize_stream,
 )
+from fedparity.mechanisms.accounting import LedgerFileError
 
 # --- PrivacyLedger --------------------------------------------------------------------------------
 
@@ -126,8 +128,80 @@ def test_shard_ledger_round_trip_keeps_spending(tmp_path: Path) -> None:
     # A lowered budget applies to what was already spent.
     lowered = ShardLedger.load_or_create(path, 1.0, 4)
     np.testing.assert_array_equal(lowered.spend(0.5), [False, True, False, True])
-    with pytest.raises(ValueError, match="users"):
+    with pytest.raises(LedgerFileError, match="holds 4 users' spending, this node has 5"):
         ShardLedger.load_or_create(path, 2.0, 5)
+
+
+def test_a_saved_budget_is_only_ever_lowered(tmp_path: Path) -> None:
+    # The attack (security review C1): a server raised user-budget to re-enable spent users.
+    path = tmp_path / "ledger.npz"
+    ledger = ShardLedger.load_or_create(path, 1.0, 3)
+    np.testing.assert_array_equal(ledger.spend(1.0), True)
+    ledger.save(path)
+    raised = ShardLedger.load_or_create(path, 1e9, 3)
+    assert raised.budget == 1.0
+    np.testing.assert_array_equal(raised.spend(0.5), False)
+    lowered = ShardLedger.load_or_create(path, 0.5, 3)
+    lowered.save(path)
+    assert ShardLedger.load_or_create(path, 10.0, 3).budget == 0.5
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "cannot be read"),
+        (lambda p: p.write_bytes(b"garbage" * 10), "cannot be read"),
+        (lambda p: np.savez(p, budget=1.0, spent=np.zeros(3)), "not a fedparity LDP ledger"),
+        (
+            lambda p: np.savez(
+                p, format="fedparity-ldp-ledger", version=1, budget=1.0, spent=-np.ones(3)
+            ),
+            "not finite and >= 0",
+        ),
+    ],
+)
+def test_a_damaged_or_foreign_ledger_stops_the_node_and_is_never_reset(
+    tmp_path: Path, damage, message: str
+) -> None:
+    path = tmp_path / "ledger.npz"
+    ledger = ShardLedger.load_or_create(path, 2.0, 3)
+    ledger.spend(1.0)
+    ledger.save(path)
+    damage(path)
+    before = path.read_bytes()
+    with pytest.raises(LedgerFileError, match=message) as raised:
+        ShardLedger.load_or_create(path, 2.0, 3)
+    assert str(path) in str(raised.value) and "restore it from a backup" in str(raised.value)
+    assert path.read_bytes() == before  # nothing was rewritten
+
+
+def test_save_replaces_the_file_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A crash in the middle of writing (simulated: the writer stops half way) leaves the
+    # previous ledger intact and no temporary file behind. Written in place, the file would
+    # be torn and the node locked out.
+    path = tmp_path / "ledger.npz"
+    ledger = ShardLedger.load_or_create(path, 2.0, 3)
+    ledger.spend(1.0)
+    ledger.save(path)
+    ledger.spend(0.5)
+    write = np.savez
+
+    def crash_half_way(file, **arrays) -> None:  # noqa: ANN001
+        buffer = io.BytesIO()
+        write(buffer, **arrays)
+        data = buffer.getvalue()
+        if hasattr(file, "write"):
+            file.write(data[: len(data) // 2])
+        else:
+            Path(file).write_bytes(data[: len(data) // 2])
+        raise OSError("simulated crash while writing")
+
+    monkeypatch.setattr("fedparity.mechanisms.accounting.np.savez", crash_half_way)
+    with pytest.raises(OSError, match="simulated crash"):
+        ledger.save(path)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(ShardLedger.load_or_create(path, 2.0, 3).spent, 1.0)
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.npz"]
 
 
 # --- summarize_stream ---------------------------------------------------------------------------

@@ -80,9 +80,9 @@ def test_handler_arguments_are_checked_when_it_is_built() -> None:
         return LocalUsers(np.zeros(0, dtype=np.int64), np.zeros(0))
 
     with pytest.raises(ValueError, match="num_groups must be an integer >= 2"):
-        ldp_audit_handler(no_users, user_budget=1.0, num_groups=1)
-    with pytest.raises(ValueError, match="user_budget must be a finite number > 0"):
-        ldp_audit_handler(no_users, user_budget=float("inf"), num_groups=2)
+        ldp_audit_handler(no_users, num_groups=1)
+    with pytest.raises(TypeError, match="policy must be a NodePrivacyPolicy"):
+        ldp_audit_handler(no_users, num_groups=2, policy={"ldp-user-budget": 1.0})  # type: ignore[arg-type]
 
 
 # --- the handler on a node ----------------------------------------------------------------
@@ -121,18 +121,17 @@ def test_handler_sends_perturbed_pairs_only_and_users_refuse_past_their_budget(
     tmp_path: Path,
 ) -> None:
     features, labels, groups, user_ids = own_population(0, users=50)
-    handler = ldp_audit_handler(
-        threshold_users(features, labels, groups, user_ids), user_budget=2.5, num_groups=2
-    )
+    handler = ldp_audit_handler(threshold_users(features, labels, groups, user_ids), num_groups=2)
     mechanism = RandomizedResponseMechanism(0.5, 0.5)  # true epsilon 1.0 or a bit more
     arrays = ArrayRecord({"threshold": Array(np.array([0.5]))})
     expected = [50, 50, 0] if 3 * mechanism.epsilon > 2.5 else [50, 50, 50]
+    # The budget is the node's own (its node config), whatever the run config says.
     context = Context(
         run_id=1,
         node_id=3,
-        node_config={"ledger-dir": str(tmp_path)},
+        node_config={"ledger-dir": str(tmp_path), "ldp-user-budget": 2.5},
         state=RecordDict(),
-        run_config={},
+        run_config={"user-budget": 1e9},
     )
     for want in expected:
         message = LdpGapAudit(mechanism, budget=mechanism.epsilon).configure_audit(arrays, [3])[0]
@@ -149,9 +148,7 @@ def test_handler_sends_perturbed_pairs_only_and_users_refuse_past_their_budget(
 @pytest.mark.usefixtures("task_identity")
 def test_handler_refuses_another_number_of_groups() -> None:
     features, labels, groups, user_ids = own_population(0, users=5)
-    handler = ldp_audit_handler(
-        threshold_users(features, labels, groups, user_ids), user_budget=5.0, num_groups=3
-    )
+    handler = ldp_audit_handler(threshold_users(features, labels, groups, user_ids), num_groups=3)
     mechanism = mechanism_for_budget("R", 1.0, num_groups=2)
     message = LdpGapAudit(mechanism, budget=1.0).configure_audit(
         ArrayRecord({"threshold": Array(np.array([0.5]))}), [1]
@@ -178,7 +175,7 @@ def test_users_own_flower_app_audits_its_own_data_through_flower(tmp_path: Path)
         node = int(context.node_config["partition-id"])
         features, labels, groups, user_ids = own_population(node)
         handler = ldp_audit_handler(
-            threshold_users(features, labels, groups, user_ids), user_budget=4.0, num_groups=2
+            threshold_users(features, labels, groups, user_ids), num_groups=2
         )
         return handler(msg, context)
 

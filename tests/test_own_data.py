@@ -13,7 +13,12 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients.app import describe, ldp_audit
 from fedparity.clients.config import RunConfig
-from fedparity.clients.own_data import DataFileError, own_shard, read_data_file
+from fedparity.clients.own_data import (
+    DataFileError,
+    own_fpfl_shard,
+    own_shard,
+    read_data_file,
+)
 from fedparity.clients.task import build_model, get_arrays
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.strategies.ldp_audit import LdpGapAudit
@@ -156,7 +161,7 @@ def node_context(node_config: dict[str, object]) -> Context:
 @pytest.mark.usefixtures("task_identity")
 def test_the_client_app_audits_the_nodes_own_file(tmp_path: Path) -> None:
     path = population_csv(tmp_path / "mine.csv", users=30, seed=4)
-    context = node_context({"data-file": str(path)})
+    context = node_context({"data-file": str(path), "ledger-dir": str(tmp_path / "ledgers")})
     config = RunConfig.from_mapping(context.run_config)
     request = Message(content=RecordDict({}), dst_node_id=5, message_type="query.describe")
     described = describe(request, context, config).content.metric_records["metrics"]
@@ -180,9 +185,113 @@ def test_a_missing_file_stops_the_node_and_never_falls_back(tmp_path: Path) -> N
     with pytest.raises(DataFileError, match="gone.csv: no such file"):
         describe(request, context, config)
     fpfl = RunConfig.from_mapping({"task": "fpfl"})
-    path = population_csv(tmp_path / "mine.csv", users=3, seed=4)
-    with pytest.raises(DataFileError, match="not supported for task fpfl"):
-        describe(request, node_context({"data-file": str(path)}), fpfl)
+    with pytest.raises(DataFileError, match="gone.csv: no such file"):
+        describe(request, context, fpfl)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_fpfl_nodes_describe_their_own_files_train_rows(tmp_path: Path) -> None:
+    path = population_csv(tmp_path / "mine.csv", users=12, seed=4)
+    context = node_context({"data-file": str(path)})
+    request = Message(content=RecordDict({}), dst_node_id=5, message_type="query.describe")
+    fpfl = RunConfig.from_mapping({"task": "fpfl"})
+    described = describe(request, context, fpfl).content.metric_records["metrics"]
+    rows = read_data_file(path)
+    train = rows.splits == "train"
+    assert described["own-data"] == 1 and described["num-users"] == 12
+    assert described["num-train-samples"] == int(train.sum()) == 24
+    assert list(described["sample-shape"]) == [2] and described["num-classes"] == 2
+    shard = own_fpfl_shard(rows, num_groups=2)
+    np.testing.assert_array_equal(shard.labels, rows.labels[train])
+    np.testing.assert_array_equal(shard.groups, rows.groups[train])
+    assert shard.num_users == 12 and shard.features.dtype == np.float32
+
+
+@pytest.mark.slow
+def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> None:
+    """Three simulated nodes, each with its own CSV (node config data-file), run the built-in
+    ClientApp's FPFL handlers: one masked round with every user in the cohort and no noise
+    recovers exactly the sum of the clipped statistic vectors of the files' train rows."""
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from fedparity.clients.app import HANDLERS
+    from fedparity.clients.fpfl_task import (
+        build_model_for,
+        get_flat_parameters,
+        set_flat_parameters,
+        shard_contribution,
+        statistics_layout,
+    )
+    from fedparity.strategies import FPFLProtocol
+
+    files = [
+        population_csv(tmp_path / f"node-{i}.csv", users=20 + 5 * i, seed=i + 1) for i in range(3)
+    ]
+    run_config = {
+        "task": "fpfl",
+        "fpfl-algorithm": "fl-clip",  # clipped sums, no noise: the sum is checked exactly
+        "fpfl-cohort-size": 1000,  # m >= K: every user joins
+        "fpfl-rounds": 1,
+    }
+    config = RunConfig.from_mapping(run_config)
+    client_app = ClientApp()
+    for action in ("fpfl_setup", "fpfl_round", "fpfl_reveal"):
+
+        def handle(msg: Message, context: Context, action: str = action) -> Message:
+            partition = int(context.node_config["partition-id"])
+            context.node_config["data-file"] = str(files[partition])  # the node's own config
+            return HANDLERS[f"query.{action}"](msg, context, config)
+
+        client_app.query(action)(handle)
+
+    model = build_model_for("shallow", (2,), num_classes=2, seed=config.seed)
+    weights = get_flat_parameters(model)
+    layout = statistics_layout(model, 2)
+    outcomes: list = []
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        import time
+
+        deadline = time.monotonic() + 60
+        while len(list(grid.get_node_ids())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        protocol = FPFLProtocol(
+            grid,
+            node_ids=sorted(grid.get_node_ids()),
+            vector_size=layout.size,
+            population_size=20 + 25 + 30,
+            max_node_users=30,
+            noise_multiplier=0.0,
+            clipping_bound=config.fpfl_clipping_bound,
+            masking=True,
+            distributed_noise=True,
+            dropout_tolerance=0.0,
+            reply_timeout=120.0,
+        )
+        protocol.setup()
+        outcomes.append(protocol.run_round(1, weights))
+
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=3,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    (outcome,) = outcomes
+    assert outcome.total is not None and len(outcome.replied) == 3, outcome.reason
+    expected = np.zeros(layout.size)
+    for file in files:
+        local = build_model_for("shallow", (2,), num_classes=2, seed=config.seed)
+        set_flat_parameters(local, weights)
+        shard = own_fpfl_shard(read_data_file(file), num_groups=2)
+        expected += shard_contribution(
+            local, shard, constraint="fnr", clipping_bound=config.fpfl_clipping_bound
+        ).total
+    np.testing.assert_allclose(outcome.total, expected, rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow

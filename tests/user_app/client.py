@@ -49,7 +49,7 @@ def bootstrap_rng(context: Context) -> np.random.Generator:
     return np.random.default_rng([7, int(context.node_config["partition-id"])])
 
 
-app.query("ldp_audit")(ldp_audit_handler(local_users, user_budget=10.0, num_groups=2))
+app.query("ldp_audit")(ldp_audit_handler(local_users, num_groups=2))
 # The node's own secret context: from the environment the SuperNode was started with.
 for action, handler in fedevalfair_handlers(
     holder_rows,

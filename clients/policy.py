@@ -1,0 +1,296 @@
+"""The node's own privacy policy: the limits a node holds to, whatever the server asks.
+
+In Flower the run config and every message come from whoever runs ``flwr run``: to a node
+they are hostile input. Every privacy parameter a node relies on therefore comes from its
+:class:`NodePrivacyPolicy`, set by whoever starts the SuperNode, and a request beyond it is
+refused with a fixed sentence (:class:`PolicyRefusal`) before anything is released.
+
+Where a node finds its policy (:func:`node_policy`), first match wins:
+
+1. node config ``privacy-policy``: the path of a TOML file with the keys below
+   (``flower-supernode --node-config "privacy-policy=/etc/fedparity/policy.toml"``); policy
+   keys given directly in the node config override the file's;
+2. policy keys directly in the node config, over the built-in defaults;
+3. the environment variable ``FEDPARITY_PRIVACY_POLICY`` (a file path) of the process that
+   hosts the node -- how a simulation's operator (or a test) sets the simulated nodes' policy;
+4. inside Flower's simulation engine (a node-side fact: the ClientApp runs in a Ray actor,
+   which no server message can cause), :meth:`NodePrivacyPolicy.simulation`: the research
+   knobs (seeded noise, non-private baselines, central noise) are allowed because the users
+   are simulated;
+5. otherwise the safe built-in defaults, :class:`NodePrivacyPolicy` ``()``.
+
+Keys (kebab-case in files and node config) and built-in defaults:
+
+=============================  ==========  ===============================================
+key                            default     meaning
+=============================  ==========  ===============================================
+``ldp-max-epsilon``            8.0         largest true epsilon of one LDP audit report
+``ldp-user-budget``            10.0        each user's lifetime LDP budget (kept in the
+                                           ledger; a later, lower policy lowers it, a
+                                           higher one never raises it)
+``fpfl-max-epsilon``           8.0         largest user-level epsilon of an FPFL training
+``fpfl-max-delta``             1e-3        largest delta of an FPFL training
+``require-masking``            true        FPFL sums only under the masked secure sum
+``require-distributed-noise``  true        FPFL noise only from the nodes' own shares
+``allow-seeded-noise``         false       a server-sent seed for cohort and noise
+``allow-non-private``          false       FPFL baselines without noise (FL, FFL, ...)
+``min-survivors``              2           fewest survivors for which masks are revealed
+``tolerated-colluders``        0           nodes that may collude with the server (noise
+                                           shares are sized for ``n_min - t`` honest ones)
+``max-nodes``                  1000        most nodes a round may claim (noise shares
+                                           shrink with the node count)
+``max-population``             10000000    most users K the server may claim (the node
+                                           samples and calibrates with min(K, this))
+``min-holders``                2           fewest holders in a CKKS sum a key holder opens
+``min-users-for-counts``       10          below this many users a node sends no counts
+                                           (of reports, samples, refusals) in clear
+=============================  ==========  ===============================================
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "POLICY_ENV",
+    "POLICY_NODE_KEY",
+    "NodePrivacyPolicy",
+    "PolicyRefusal",
+    "in_flower_simulation",
+    "node_policy",
+]
+
+#: Node config key naming a policy file.
+POLICY_NODE_KEY = "privacy-policy"
+#: Environment variable naming a policy file (the node host's environment).
+POLICY_ENV = "FEDPARITY_PRIVACY_POLICY"
+
+
+class PolicyRefusal(Exception):
+    """A request beyond the node's privacy policy. The message is a fixed sentence naming
+    the rule (never a value), so it is safe to reach the server."""
+
+    def __init__(self, rule: str) -> None:
+        super().__init__(f"refused by this node's privacy policy: {rule}")
+        self.rule = rule
+
+
+def _number(minimum: float, maximum: float = math.inf, *, integer: bool = False) -> dict:
+    return {"kind": "integer" if integer else "number", "minimum": minimum, "maximum": maximum}
+
+
+_BOOLEAN: dict = {"kind": "boolean"}
+
+
+@dataclass(frozen=True)
+class NodePrivacyPolicy:
+    """A node's privacy limits (see the module docstring for each key and its default)."""
+
+    ldp_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
+    ldp_user_budget: float = field(default=10.0, metadata=_number(0.0))
+    fpfl_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
+    fpfl_max_delta: float = field(default=1e-3, metadata=_number(0.0, 1.0))
+    require_masking: bool = field(default=True, metadata=_BOOLEAN)
+    require_distributed_noise: bool = field(default=True, metadata=_BOOLEAN)
+    allow_seeded_noise: bool = field(default=False, metadata=_BOOLEAN)
+    allow_non_private: bool = field(default=False, metadata=_BOOLEAN)
+    min_survivors: int = field(default=2, metadata=_number(2, integer=True))
+    tolerated_colluders: int = field(default=0, metadata=_number(0, integer=True))
+    max_nodes: int = field(default=1000, metadata=_number(2, integer=True))
+    max_population: int = field(default=10_000_000, metadata=_number(1, integer=True))
+    min_holders: int = field(default=2, metadata=_number(2, integer=True))
+    min_users_for_counts: int = field(default=10, metadata=_number(1, integer=True))
+    #: Where the policy came from (reported in the node's logs; not a policy key).
+    source: str = field(default="built-in defaults", compare=False)
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            if item.name == "source":
+                continue
+            value = getattr(self, item.name)
+            object.__setattr__(self, item.name, _check(_key(item.name), value, item.metadata))
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The policy keys, kebab-case."""
+        return tuple(_key(item.name) for item in fields(cls) if item.name != "source")
+
+    @classmethod
+    def from_mapping(
+        cls, mapping: Mapping[str, Any], *, base: NodePrivacyPolicy | None = None, source: str
+    ) -> NodePrivacyPolicy:
+        """``base`` (default: the built-in defaults) with the policy keys of ``mapping``;
+        ``ValueError`` naming the key for an unknown key or a value out of range."""
+        unknown = sorted(set(mapping) - set(cls.keys()))
+        if unknown:
+            raise ValueError(
+                f"unknown privacy-policy key(s) {', '.join(unknown)} in {source}; known keys: "
+                f"{', '.join(cls.keys())}"
+            )
+        values = {key.replace("-", "_"): value for key, value in mapping.items()}
+        return replace(base or cls(), **values, source=source)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> NodePrivacyPolicy:
+        """A policy from a TOML file of policy keys (unset keys keep the built-in defaults)."""
+        file = Path(path).expanduser()
+        try:
+            with file.open("rb") as handle:
+                table = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ValueError(f"privacy policy {file}: no such file") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"privacy policy {file}: not valid TOML ({error})") from None
+        return cls.from_mapping(table, source=str(file))
+
+    @classmethod
+    def simulation(cls) -> NodePrivacyPolicy:
+        """The policy of a node in Flower's simulation engine: its users are simulated, so the
+        research settings (seeded noise, the non-private baselines, central noise, no masking,
+        larger budgets) are allowed; every limit is still finite and enforced."""
+        return cls(
+            ldp_max_epsilon=16.0,
+            ldp_user_budget=32.0,
+            fpfl_max_epsilon=16.0,
+            fpfl_max_delta=0.1,
+            require_masking=False,
+            require_distributed_noise=False,
+            allow_seeded_noise=True,
+            allow_non_private=True,
+            source="simulation defaults",
+        )
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def check_ldp(self, epsilon: float) -> None:
+        """Refuse an LDP report whose true epsilon is above ``ldp-max-epsilon``."""
+        if not epsilon <= self.ldp_max_epsilon:
+            raise PolicyRefusal("the audit's epsilon is above ldp-max-epsilon")
+
+    def check_fpfl(
+        self,
+        *,
+        epsilon: float | None,
+        delta: float | None,
+        masking: bool,
+        distributed_noise: bool,
+        seeded: bool,
+    ) -> None:
+        """Refuse FPFL settings the policy does not allow (``delta`` None: checked later, once
+        the node knows the ``1 / K`` it stands for)."""
+        if epsilon is None:
+            if not self.allow_non_private:
+                raise PolicyRefusal("training without noise needs allow-non-private")
+        elif not epsilon <= self.fpfl_max_epsilon:
+            raise PolicyRefusal("the training's epsilon is above fpfl-max-epsilon")
+        if epsilon is not None and delta is not None and not delta <= self.fpfl_max_delta:
+            raise PolicyRefusal("the training's delta is above fpfl-max-delta")
+        if self.require_masking and not masking:
+            raise PolicyRefusal("require-masking forbids an unmasked sum")
+        if self.require_distributed_noise and epsilon is not None and not distributed_noise:
+            raise PolicyRefusal("require-distributed-noise forbids central noise")
+        if seeded and not self.allow_seeded_noise:
+            raise PolicyRefusal("seeded noise needs allow-seeded-noise")
+
+    def bounded_population(self, population_size: int) -> int:
+        """The population size K the node uses: the server's, at most ``max-population``."""
+        if population_size < 1:
+            raise PolicyRefusal("the population size must be at least 1")
+        return min(int(population_size), self.max_population)
+
+    def check_nodes(self, num_nodes: int) -> None:
+        """Refuse a round that claims more nodes than ``max-nodes`` (or fewer than two)."""
+        if not 2 <= num_nodes <= self.max_nodes:
+            raise PolicyRefusal("the round's node count is outside [2, max-nodes]")
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _check(key: str, value: Any, rule: Mapping[str, Any]) -> Any:
+    if rule["kind"] == "boolean":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"privacy-policy key {key} must be true or false, got {value!r}")
+    low, high = rule["minimum"], rule["maximum"]
+    if rule["kind"] == "integer":
+        span = f"an integer >= {low}"
+    else:
+        span = f"a number in ({low:g}, " + ("inf)" if math.isinf(high) else f"{high:g}]")
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if rule["kind"] == "integer":
+        if not (number.is_integer() and number >= low):
+            raise ValueError(f"privacy-policy key {key} must be {span}, got {value!r}")
+        return int(number)
+    if not (math.isfinite(number) and low < number <= high):
+        raise ValueError(f"privacy-policy key {key} must be {span}, got {value!r}")
+    return number
+
+
+def in_flower_simulation() -> bool:
+    """Whether this code runs inside Flower's simulation engine (a Ray actor hosts the
+    ClientApp). Ray is only looked at if the process has already imported it."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return bool(ray.is_initialized()) and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # noqa: BLE001 - any doubt means "not simulation" (the strict policy)
+        return False
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_file(path: str, modified: float) -> NodePrivacyPolicy:
+    return NodePrivacyPolicy.from_file(path)
+
+
+def _policy_file(path: str | os.PathLike[str]) -> NodePrivacyPolicy:
+    file = Path(path).expanduser()
+    try:
+        modified = file.stat().st_mtime
+    except OSError:
+        raise ValueError(f"privacy policy {file}: no such file") from None
+    return _cached_file(str(file), modified)
+
+
+def node_policy(
+    node_config: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> NodePrivacyPolicy:
+    """This node's policy, from its node config, its environment, the simulation engine or the
+    built-in defaults (module docstring; first match wins). Raises ``ValueError`` naming the
+    file or key for a policy that cannot be read."""
+    environ = os.environ if environ is None else environ
+    overrides = {
+        key: value for key, value in node_config.items() if key in NodePrivacyPolicy.keys()
+    }
+    named = node_config.get(POLICY_NODE_KEY)
+    if named:
+        base = _policy_file(str(named))
+        if overrides:
+            return NodePrivacyPolicy.from_mapping(
+                overrides, base=base, source=f"{base.source} + node config"
+            )
+        return base
+    if overrides:
+        return NodePrivacyPolicy.from_mapping(overrides, source="node config")
+    if environ.get(POLICY_ENV):
+        return _policy_file(environ[POLICY_ENV])
+    if in_flower_simulation():
+        return NodePrivacyPolicy.simulation()
+    return NodePrivacyPolicy()

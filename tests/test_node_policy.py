@@ -1,0 +1,353 @@
+"""The node owns its privacy: a node-side policy that nothing the server sends can lower.
+
+Each attack of the security review (finding C1) is run here against the real handlers, as a
+curious server would run it; on the previous main every one of them succeeded (the node took
+its budget, epsilon, delta, seed, noise placement, masking, K and node count from the run
+config or the message). Now each is refused with a fixed sentence, or bounded, by the node's
+own policy.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from torch import nn
+
+from fedparity.clients import FPFLNodeSettings, FPFLShard, LocalUsers, fpfl_handlers
+from fedparity.clients.fpfl_node import cohort_contribution, round_rng
+from fedparity.clients.fpfl_task import get_flat_parameters, set_flat_parameters
+from fedparity.clients.ldp import ldp_audit_handler
+from fedparity.clients.policy import (
+    POLICY_ENV,
+    NodePrivacyPolicy,
+    PolicyRefusal,
+    in_flower_simulation,
+    node_policy,
+)
+from fedparity.mechanisms import RandomizedResponseMechanism, ShardLedger
+from fedparity.mechanisms.protocol import FPFL_KEY
+from fedparity.mechanisms.secure_sum import MaskingKeyPair, noise_share_std
+from fedparity.strategies.ldp_audit import LdpGapAudit
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+# --- the policy itself ------------------------------------------------------------------------
+
+
+def test_the_built_in_defaults_are_the_safe_ones() -> None:
+    policy = NodePrivacyPolicy()
+    assert policy.require_masking and policy.require_distributed_noise
+    assert not policy.allow_seeded_noise and not policy.allow_non_private
+    assert policy.fpfl_max_delta <= 1e-3 and policy.min_survivors >= 2
+    assert math.isfinite(policy.ldp_user_budget) and math.isfinite(policy.fpfl_max_epsilon)
+    # outside Flower's simulation engine (this test process), a node gets exactly these
+    assert not in_flower_simulation()
+    assert node_policy({}, {}) == policy
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"fpfl-max-delta": 2}, "fpfl-max-delta must be a number in (0, 1]"),
+        ({"fpfl-max-delta": 0}, "fpfl-max-delta must be a number in (0, 1]"),
+        ({"ldp-user-budget": "inf"}, "ldp-user-budget must be a number in (0, inf)"),
+        ({"min-survivors": 1}, "min-survivors must be an integer >= 2"),
+        ({"tolerated-colluders": 0.5}, "tolerated-colluders must be an integer >= 0"),
+        ({"allow-seeded-noise": "yes"}, "allow-seeded-noise must be true or false"),
+        ({"max-epsilon": 1.0}, "unknown privacy-policy key(s) max-epsilon"),
+    ],
+)
+def test_a_bad_policy_names_the_key_and_the_range(mapping: dict, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        NodePrivacyPolicy.from_mapping(mapping, source="node config")
+    assert message in str(raised.value)
+
+
+def test_where_a_node_finds_its_policy(tmp_path: Path) -> None:
+    file = tmp_path / "policy.toml"
+    file.write_text("ldp-user-budget = 3.0\nallow-non-private = true\n")
+    environment_file = tmp_path / "env-policy.toml"
+    environment_file.write_text("ldp-user-budget = 7.0\n")
+    environ = {POLICY_ENV: str(environment_file)}
+    # 1. a file named in the node config, with node-config keys over it
+    named = node_policy({"privacy-policy": str(file), "ldp-max-epsilon": 2.0}, environ)
+    assert (named.ldp_user_budget, named.allow_non_private, named.ldp_max_epsilon) == (
+        3.0,
+        True,
+        2.0,
+    )
+    # 2. keys in the node config alone, over the defaults
+    assert node_policy({"ldp-user-budget": 4}, environ).ldp_user_budget == 4.0
+    # 3. the node host's environment
+    assert node_policy({"partition-id": 0}, environ).ldp_user_budget == 7.0
+    # a policy that cannot be read stops the node with the file's name
+    with pytest.raises(ValueError, match="no such file"):
+        node_policy({"privacy-policy": str(tmp_path / "missing.toml")}, {})
+    (tmp_path / "bad.toml").write_text("ldp-user-budget = [")
+    with pytest.raises(ValueError, match="bad.toml: not valid TOML"):
+        node_policy({"privacy-policy": str(tmp_path / "bad.toml")}, {})
+
+
+# --- LDP audit --------------------------------------------------------------------------------
+
+
+def _users(num_users: int) -> LocalUsers:
+    rng = np.random.default_rng(4)
+    return LocalUsers(rng.integers(0, 2, size=num_users), rng.uniform(size=num_users))
+
+
+def _audit(mechanism: RandomizedResponseMechanism, budget: float, node_id: int = 3) -> Message:
+    arrays = ArrayRecord({"w": Array(np.zeros(1))})
+    return LdpGapAudit(mechanism, budget=budget).configure_audit(arrays, [node_id])[0]
+
+
+def _context(node_config: dict, run_config: dict | None = None, node_id: int = 3) -> Context:
+    return Context(
+        run_id=1,
+        node_id=node_id,
+        node_config=node_config,
+        state=RecordDict(),
+        run_config=run_config or {},
+    )
+
+
+def test_an_audit_above_the_nodes_max_epsilon_is_refused_before_any_release(
+    tmp_path: Path,
+) -> None:
+    # The attack: the server's run config asks for a weak audit (true epsilon 8.69, "budget"
+    # 8.69), above the built-in ldp-max-epsilon of 8.
+    handler = ldp_audit_handler(lambda *_: _users(50), num_groups=2)
+    weak = RandomizedResponseMechanism(8.0, 8.0)
+    assert weak.epsilon > NodePrivacyPolicy().ldp_max_epsilon
+    context = _context({"ledger-dir": str(tmp_path)})
+    with pytest.raises(PolicyRefusal, match="epsilon is above ldp-max-epsilon") as refused:
+        handler(_audit(weak, budget=weak.epsilon), context)
+    assert str(refused.value) == (
+        "refused by this node's privacy policy: the audit's epsilon is above ldp-max-epsilon"
+    )
+    assert not any(tmp_path.iterdir())  # nothing charged, nothing released
+
+
+def test_a_server_cannot_raise_the_users_budget_nor_reset_it_by_a_new_run(tmp_path: Path) -> None:
+    # The attacks: user-budget = 1e9 in the run config; and a new run (new node state).
+    handler = ldp_audit_handler(lambda *_: _users(20), num_groups=2)
+    mechanism = RandomizedResponseMechanism(1.0, 1.0)  # true epsilon 1.38
+    answered = []
+    for _ in range(3):  # three runs, each a fresh Context: only the ledger file remembers
+        context = _context(
+            {"ledger-dir": str(tmp_path), "ldp-user-budget": 2.0}, {"user-budget": 1e9}
+        )
+        reply = handler(_audit(mechanism, budget=mechanism.epsilon), context)
+        answered.append(reply.content.array_records["reports"]["groups"].numpy().size)
+    assert answered == [20, 0, 0]
+    # a policy raised later does not re-enable them: the ledger keeps its (lower) budget
+    context = _context({"ledger-dir": str(tmp_path), "ldp-user-budget": 100.0})
+    reply = handler(_audit(mechanism, budget=mechanism.epsilon), context)
+    assert reply.content.array_records["reports"]["groups"].numpy().size == 0
+    assert ShardLedger.load(tmp_path / "ldp-ledger.npz", 20).budget == 2.0
+
+
+def test_outside_simulation_the_ledger_persists_without_a_ledger_dir(isolated_home: Path) -> None:
+    handler = ldp_audit_handler(lambda *_: _users(5), num_groups=2)
+    mechanism = RandomizedResponseMechanism(1.0, 1.0)
+    sizes = []
+    for _ in range(2):  # two runs, no ledger-dir: the default folder under ~ remembers
+        context = _context({"ldp-user-budget": 2.0}, node_id=11)
+        reply = handler(_audit(mechanism, budget=mechanism.epsilon, node_id=11), context)
+        sizes.append(reply.content.array_records["reports"]["groups"].numpy().size)
+        assert "ldp-ledger" not in context.state.array_records
+    assert sizes == [5, 0]
+    assert (isolated_home / ".fedparity" / "ledgers" / "ldp-ledger.npz").is_file()
+
+
+def test_a_small_node_sends_no_counts_in_clear(tmp_path: Path) -> None:
+    # The side channel: "num-undefined 1" on a one-user device says its TPR is undefined.
+    metrics = np.array([np.nan])
+    handler = ldp_audit_handler(
+        lambda *_: LocalUsers(np.zeros(1, dtype=np.int64), metrics), num_groups=2
+    )
+    mechanism = RandomizedResponseMechanism(1.0, 1.0)
+    reply = handler(_audit(mechanism, mechanism.epsilon), _context({"ledger-dir": str(tmp_path)}))
+    assert set(reply.content.metric_records["metrics"]) == {"epsilon-charged"}
+    many = ldp_audit_handler(lambda *_: _users(40), num_groups=2)
+    reply = many(
+        _audit(mechanism, mechanism.epsilon), _context({"ledger-dir": str(tmp_path / "b")})
+    )
+    assert reply.content.metric_records["metrics"]["num-reports"] == 40
+
+
+# --- FPFL -------------------------------------------------------------------------------------
+
+USERS = 25
+CLIP = 1.0
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 1), nn.Sigmoid())
+
+
+def node_users(_: Context | None = None) -> FPFLShard:
+    rng = np.random.default_rng(1)
+    rows = 2 * USERS
+    return FPFLShard(
+        features=rng.normal(size=(rows, 3)).astype(np.float32),
+        labels=rng.integers(0, 2, size=rows).astype(np.int64),
+        groups=np.repeat(rng.integers(0, 2, size=USERS), 2).astype(np.int64),
+        user_index=np.repeat(np.arange(USERS), 2).astype(np.int64),
+        user_ids=np.arange(USERS, dtype=np.int64),
+        num_groups=2,
+        num_classes=2,
+    )
+
+
+def settings(**overrides: object) -> FPFLNodeSettings:
+    values: dict = {
+        "constraint": "fnr",
+        "cohort_size": 10,
+        "rounds": 5,
+        "clipping_bound": CLIP,
+        "epsilon": 2.0,
+        "delta": 1e-4,
+    }
+    return FPFLNodeSettings(**{**values, **overrides})
+
+
+def setup_message() -> Message:
+    record = ConfigRecord({"run-salt": b"s" * 16})
+    return Message(RecordDict({FPFL_KEY: record}), dst_node_id=3, message_type="query.fpfl_setup")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rule"),
+    [
+        ({"client_seed": 7}, "seeded noise needs allow-seeded-noise"),
+        ({"distributed_noise": False}, "require-distributed-noise forbids central noise"),
+        ({"masking": False}, "require-masking forbids an unmasked sum"),
+        ({"epsilon": 50.0}, "epsilon is above fpfl-max-epsilon"),
+        ({"delta": 0.5}, "delta is above fpfl-max-delta"),
+        ({"epsilon": None}, "training without noise needs allow-non-private"),
+    ],
+)
+def test_fpfl_settings_beyond_the_policy_are_refused_at_setup(overrides: dict, rule: str) -> None:
+    # The attack: the server's run config picks each of these (fpfl-client-seed, fpfl-noise =
+    # "central", fpfl-secure-sum = "none", any fpfl-epsilon, fpfl-delta up to 1, fl / ffl).
+    handlers = fpfl_handlers(make_model, node_users, settings(**overrides))
+    context = _context({})
+    with pytest.raises(PolicyRefusal, match=rule):
+        handlers["fpfl_setup"](setup_message(), context)
+    assert not context.state.config_records  # no key made, nothing sent
+    # the same settings pass a policy whose operator allows them
+    allowing = NodePrivacyPolicy(
+        fpfl_max_epsilon=100.0,
+        fpfl_max_delta=1.0,
+        require_masking=False,
+        require_distributed_noise=False,
+        allow_seeded_noise=True,
+        allow_non_private=True,
+    )
+    allowed = fpfl_handlers(make_model, node_users, settings(**overrides), policy=allowing)
+    reply = allowed["fpfl_setup"](setup_message(), _context({}))
+    assert len(reply.content.config_records[FPFL_KEY]["public-key"]) == 32
+
+
+def round_message(population: int, peers: list[int], round_number: int = 1) -> Message:
+    weights = get_flat_parameters(make_model())
+    record = ConfigRecord(
+        {
+            "round": round_number,
+            "population-size": population,
+            "num-nodes": len(peers),
+            "peer-ids": peers,
+        }
+    )
+    content = RecordDict({FPFL_KEY: ArrayRecord({"weights": Array(weights)}), "config": record})
+    return Message(content=content, dst_node_id=3, message_type="query.fpfl_round")
+
+
+#: An operator who allows a reproducible unmasked run, to make the noise observable.
+OBSERVABLE = {"allow-seeded-noise": True, "require-masking": False}
+
+
+def expected_reply(node: FPFLNodeSettings, population: int, std: float) -> np.ndarray:
+    model = make_model()
+    set_flat_parameters(model, get_flat_parameters(make_model()))
+    return cohort_contribution(
+        model,
+        node_users(),
+        constraint="fnr",
+        clipping_bound=CLIP,
+        sample_rate=min(1.0, node.cohort_size / population),
+        noise_share_std=std,
+        rng=round_rng(node.client_seed, 3, 1),
+    )
+
+
+def test_a_claimed_population_is_bounded_by_the_policy() -> None:
+    # The attack: K = 10^12 makes q = m / K and sigma tiny. The node uses min(K, max-population).
+    node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
+    handlers = fpfl_handlers(make_model, node_users, node)
+    context = _context({**OBSERVABLE, "max-population": 1000})
+    reply = handlers["fpfl_round"](round_message(10**12, [3, 4, 5]), context)
+    sent = reply.content.array_records[FPFL_KEY]["sum"].numpy()
+    bounded = node.noise_share_std(1000, 3)
+    assert bounded > 2 * node.noise_share_std(10**12, 3)  # what the attack would have got
+    np.testing.assert_allclose(sent, expected_reply(node, 1000, bounded), rtol=0, atol=1e-12)
+
+
+def test_a_claimed_node_count_beyond_the_policy_is_refused() -> None:
+    # The attack: 1,000 claimed peers shrink each noise share ~18-fold (n_min = 800).
+    handlers = fpfl_handlers(make_model, node_users, settings(masking=False))
+    context = _context({"require-masking": False, "max-nodes": 100})
+    with pytest.raises(PolicyRefusal, match="node count is outside"):
+        handlers["fpfl_round"](round_message(5000, list(range(3, 1003))), context)
+
+
+def test_the_noise_share_is_sized_for_the_tolerated_colluders() -> None:
+    node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
+    handlers = fpfl_handlers(make_model, node_users, node)
+    context = _context({**OBSERVABLE, "tolerated-colluders": 1})
+    reply = handlers["fpfl_round"](round_message(5000, [3, 4, 5, 6]), context)
+    sigma = node.noise_multiplier(5000)
+    std = noise_share_std(CLIP, sigma, 4 - 1)  # n_min - t honest shares carry C^2 sigma^2
+    assert std == pytest.approx(CLIP * sigma / math.sqrt(3))
+    sent = reply.content.array_records[FPFL_KEY]["sum"].numpy()
+    np.testing.assert_allclose(sent, expected_reply(node, 5000, std), rtol=0, atol=1e-12)
+    # with as many colluders as guaranteed survivors no share is sent at all
+    context = _context({**OBSERVABLE, "tolerated-colluders": 4})
+    with pytest.raises(ValueError, match="cannot outnumber 4 tolerated colluder"):
+        handlers["fpfl_round"](round_message(5000, [3, 4, 5, 6]), context)
+
+
+def test_masks_are_revealed_only_for_the_policys_minimum_survivors() -> None:
+    node = settings(dropout_tolerance=0.5)  # n_min = 2 of 3: the run alone would allow it
+    handlers = fpfl_handlers(make_model, node_users, node)
+    context = _context({"min-survivors": 3})
+    handlers["fpfl_setup"](setup_message(), context)
+    own = context.state.config_records["fpfl-masking"]
+    peers = {4: MaskingKeyPair.generate(), 5: MaskingKeyPair.generate()}
+    own_key = MaskingKeyPair.from_private_bytes(bytes(own["private-key"]))
+    record = ConfigRecord(
+        {
+            "round": 1,
+            "survivors": [3, 4],
+            "dropped": [5],
+            "run-salt": b"s" * 16,
+            "peer-ids": [3, 4, 5],
+            "peer-keys": [own_key.public_bytes(), *(k.public_bytes() for k in peers.values())],
+        }
+    )
+    reveal = Message(
+        RecordDict({FPFL_KEY: record}), dst_node_id=3, message_type="query.fpfl_reveal"
+    )
+    with pytest.raises(ValueError, match="at least min_survivors=3"):
+        handlers["fpfl_reveal"](reveal, context)
+    lenient = _context({"min-survivors": 2})
+    lenient.state.config_records["fpfl-masking"] = own
+    reply = handlers["fpfl_reveal"](reveal, lenient)
+    assert list(reply.content.config_records[FPFL_KEY]["dropped"]) == [5]
