@@ -11,8 +11,9 @@ config ``partition-id`` / ``num-partitions``. Handlers:
 
 Privacy on the node: the mechanism is rebuilt from its public parameters and its *true*
 epsilon is recomputed here, never taken from the server; users whose ledger cannot afford
-it refuse. The perturbation randomness comes from the operating system, never from a seed
-in the run config: a seed known to the server would let it undo the perturbation.
+it refuse. The perturbation randomness comes from a cryptographically secure generator keyed
+by the operating system, never from a seed in the run config: a seed known to the server
+would let it undo the perturbation.
 """
 
 from __future__ import annotations

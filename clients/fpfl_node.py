@@ -43,6 +43,7 @@ import torch
 from numpy.typing import NDArray
 
 from ..mechanisms.dp_accounting import calibrate_noise
+from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
 from .config import RunConfig
 from .data import ADULT_DIR_ENV
@@ -118,11 +119,13 @@ def round_rng(
     client_seed: int | None, stream: int, round_number: int, *, central: bool = False
 ) -> np.random.Generator:
     """The generator of one round's cohort and noise on node ``stream`` (its partition id),
-    or of the server's central noise (``central=True``). OS entropy when ``client_seed`` is
-    None; otherwise ``SeedSequence(client_seed)`` keyed by (stream, round), so that a resumed
-    run draws exactly what the uninterrupted one would have drawn."""
+    or of the server's central noise (``central=True``). When ``client_seed`` is None, a
+    cryptographically secure generator keyed from the operating system
+    (:func:`~fedparity.mechanisms.secure_random.secure_generator`); otherwise
+    ``SeedSequence(client_seed)`` keyed by (stream, round), so that a resumed run draws
+    exactly what the uninterrupted one would have drawn (reproducible, NOT private)."""
     if client_seed is None:
-        return np.random.default_rng()
+        return secure_generator()
     tag = _CENTRAL_NOISE_TAG if central else _COHORT_AND_NOISE_TAG
     return np.random.default_rng(
         np.random.SeedSequence(client_seed, spawn_key=(tag, stream, round_number))

@@ -23,8 +23,9 @@ users whose ledger cannot afford it refuse. Both limits come from the node's own
 :class:`~fedparity.clients.policy.NodePrivacyPolicy`, never from the server; the per-user
 budget is stored in the ledger and can only be lowered. Outside Flower's simulation engine
 the ledger always persists (node config ``ledger-dir``, default ``~/.fedparity/ledgers``).
-The perturbation randomness comes from the operating system, never from a seed the server
-could know.
+The perturbation randomness comes from a cryptographically secure generator keyed by the
+operating system (:func:`~fedparity.mechanisms.secure_random.secure_generator`), never from
+a seed the server could know.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.metrics import user_rates
 from ..mechanisms.protocol import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
+from ..mechanisms.secure_random import secure_generator
 from .policy import NodePrivacyPolicy, in_flower_simulation, node_policy
 
 __all__ = [
@@ -229,7 +231,7 @@ def ldp_audit_handler(
                 context.state.array_records[LEDGER_STATE_KEY] = ArrayRecord(
                     {"spent": Array(ledger.spent), "budget": Array(np.array(ledger.budget))}
                 )
-            rng = np.random.default_rng()  # OS entropy: never a server-known seed
+            rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
             reports = mechanism.perturb(
                 users.groups[answering], metric_to_value(users.metrics[answering]), rng
             )

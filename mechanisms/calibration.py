@@ -32,7 +32,7 @@ from scipy import optimize
 
 from ._validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
 from .estimators import estimator_covariance, worst_case_square_sums
-from .laplace import LaplaceMechanism, laplace_epsilon
+from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE, LaplaceMechanism, laplace_epsilon
 from .randomized_response import RandomizedResponseMechanism, randomized_response_epsilon
 from .reports import ReportMoments
 
@@ -211,12 +211,19 @@ def best_split(
     num_groups: int = 2,
     group_fractions: Sequence[float] | None = None,
 ) -> BudgetSplit:
-    """:func:`optimal_split` for "R" or "L"; for "best", the one with the smaller variance."""
+    """:func:`optimal_split` for "R" or "L"; for "best", the one with the smaller variance
+    among those that can release (M_L only for eps2 in its grid sampler's range)."""
     check_choice("mechanism", mechanism, ("R", "L", "best"))
     if mechanism != "best":
         return optimal_split(mechanism, budget, num_groups, group_fractions)
     candidates = [optimal_split(name, budget, num_groups, group_fractions) for name in MECHANISMS]
-    return min(candidates, key=lambda split: split.variance_factor)
+    # M_L releases only for eps2 in its sampler's range; outside it M_R is the choice
+    releasable = [
+        split
+        for split in candidates
+        if split.mechanism != "L" or MIN_EPSILON_VALUE <= split.epsilon_value <= MAX_EPSILON_VALUE
+    ]
+    return min(releasable, key=lambda split: split.variance_factor)
 
 
 def mechanism_for_budget(

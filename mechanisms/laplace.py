@@ -6,23 +6,64 @@ Measuring Demographic Performance Disparities in Federated Learning", AFCP works
 LDP (:func:`check_noise_ratio` says why, :func:`laplace_epsilon` gives the true epsilon): the
 paper's Theorem 6 for general k is false, and so are its "M_L opt." allocations.
 
-Sampling: one uniform draw decides the group cell and the sign of the noise, one standard
-exponential draw its magnitude (Laplace(0, s) = s * (+/-1) * Exp(1)). The output
-distribution is M_L's; the number of generator calls per client is two.
+Reports on a grid. A Laplace mechanism on IEEE doubles leaks the value through the low
+mantissa bits of its output (Mironov, CCS 2012: with v = -1 and outputs in [0.5, 1) the last
+bit is always 0, with v = +1 it is odd a third of the time). M_L here releases exact multiples
+of :data:`GRID_STEP`: the value is rounded to the grid at random (unbiased), the noise is a
+discrete Laplace on the grid with the same scale ``2 / eps2`` (Canonne, Kamath and Steinke
+2020), drawn with integer operations only, and the report is clamped to
+``+/- (1 + TAIL_SCALES * 2 / eps2)`` (:mod:`fedparity.mechanisms.discrete_laplace`). The
+mechanism's :attr:`~LaplaceMechanism.epsilon` is computed from the probabilities the integer
+sampler actually realises, not assumed.
 
-Floating point: like every Laplace mechanism on IEEE doubles, outputs are not exactly
-continuous (Mironov, CCS 2012); the guarantee below is that of the ideal mechanism.
+Draws: raw 64-bit words of the generator's bit generator, two per client for d = 2 (one holds
+the noise column in its top 20 bits, the group decision in the next 26 and the rounding in
+its low 18; the other the noise threshold) and three for d > 2 (the other group). The keep
+probability is realised as the multiple of ``2^-26`` just below ``a``; the computed epsilon
+and the report moments (so the estimators) use that realised value. The rounding goes up
+with probability ``floor(frac 2^18) / 2^18``: a downward bias below ``2^-18`` grid steps
+(1.5e-8 on the [-1, 1] scale, far below any standard error the estimators report). Clients
+are processed in blocks of :data:`BLOCK` (cache-sized).
+
+Privacy noise should come from :func:`fedparity.mechanisms.secure_random.secure_generator`.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._validation import check_clients, check_epsilon, check_generator, check_num_groups
-from .randomized_response import _flip_to_other_group, grr_keep_probability
+from .discrete_laplace import DiscreteLaplaceNoise, discrete_laplace_noise, uniform_index
+from .randomized_response import grr_keep_probability
 from .reports import PerturbedReports, ReportMoments, ReportSummary
+
+#: Reports are multiples of this step (2^-8 of the [-1, 1] value scale).
+GRID_STEP = 2.0**-8
+#: Relative widenings of the noise scale tried in turn until the realised epsilon of the
+#: quantised table is at or below the ideal one (the first suffices for eps2 >= 0.05; the
+#: variance grows by twice the widening).
+SCALE_SLACKS = (1e-6, 1e-5, 1e-4, 1e-3)
+#: The range of eps2 in which M_L releases reports: the noise table has ~20500 / eps2 + 1000
+#: entries, and its smallest probabilities are ~e^-(20 + eps2) of the largest.
+MIN_EPSILON_VALUE = 0.02
+MAX_EPSILON_VALUE = 12.0
+#: Layout of the first 64-bit draw of a client, from the top: the noise table's column (the
+#: top bits of a 20-bit field: tables have at most 2^20 columns), the group decision, the
+#: randomised rounding.
+COLUMN_FIELD_BITS = 20
+GROUP_BITS = 26
+ROUNDING_BITS = 18
+#: Clients per block inside :meth:`LaplaceMechanism.perturb` (the arrays stay in cache).
+BLOCK = 8192
+#: Reports are clamped to +/- (1 + this many noise scales 2 / eps2); the tail beyond it is
+#: e^-20 ~ 2e-9 of the mass, so the clamp's bias on a group mean is below 1e-8 noise scales.
+TAIL_SCALES = 20.0
 
 #: The only noise-scale ratio for which M_L is LDP (Juarez and Korolova 2022, Theorem 6 is
 #: false for every k != 2; see :func:`check_noise_ratio`).
@@ -93,12 +134,45 @@ def laplace_report_moments(
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _grid_noise(epsilon_value: float) -> tuple[DiscreteLaplaceNoise, int, float]:
+    """(noise table, clamp in grid steps, realised value epsilon) of M_L's value step.
+
+    The value epsilon of the grid mechanism is ``2 (1 / step) rho``: a value moves by at most
+    ``2 / step`` grid steps and each step changes a report's log-probability by at most
+    ``rho`` (:meth:`DiscreteLaplaceNoise.max_log_ratio` of the realised table).
+    """
+    if not MIN_EPSILON_VALUE <= epsilon_value <= MAX_EPSILON_VALUE:
+        raise ValueError(
+            f"epsilon_value must be in [{MIN_EPSILON_VALUE:g}, {MAX_EPSILON_VALUE:g}] for M_L "
+            f"to release reports, got {epsilon_value!r}: below, its noise table would need more "
+            "than a million entries; above, the probabilities it must tell apart (a ratio of "
+            "e^eps2 between v = -1 and v = +1) are finer than its 64-bit sampler resolves "
+            "(use M_R there)"
+        )
+    values = round(1.0 / GRID_STEP)
+    ideal_scale = LDP_NOISE_RATIO / epsilon_value / GRID_STEP
+    for slack in SCALE_SLACKS:
+        scale = ideal_scale * (1.0 + slack)
+        # TAIL_SCALES noise scales beyond the largest value: the clamp's bias stays ~e^-20
+        clamp = values + math.ceil(TAIL_SCALES * scale)
+        noise = discrete_laplace_noise(scale, clamp + values)
+        realised = 2 * values * noise.max_log_ratio(clamp)
+        if realised <= epsilon_value:
+            return noise, clamp, realised
+    raise ValueError(  # pragma: no cover - the widest slack leaves a margin of ~1e-3
+        f"no grid table for epsilon_value {epsilon_value!r} keeps the realised epsilon below it"
+    )
+
+
 @dataclass(frozen=True)
 class LaplaceMechanism:
-    """M_L with k = 2 for d >= 2 groups.
+    """M_L with k = 2 for d >= 2 groups, reporting on a grid.
 
-    Group step: GRR with eps1. Kept clients report v' = v + Lap(2/eps2); flipped clients
-    report v' = 0 + Lap(k/eps2) with k = 2. Reports are float64.
+    Group step: GRR with eps1. Kept clients report v' = round(v) + Z, flipped clients
+    report v' = 0 + Z, where round() is randomised rounding to the grid of
+    :data:`GRID_STEP` and Z a discrete Laplace on that grid with scale 2/eps2 (k = 2),
+    clamped to ``+/- TAIL_SCALES * 2 / eps2``. Reports are float64 multiples of the step.
 
     Parameters
     ----------
@@ -114,7 +188,9 @@ class LaplaceMechanism:
     .. [1] M. Juarez and A. Korolova, "'You Can't Fix What You Can't Measure': Privately
            Measuring Demographic Performance Disparities in Federated Learning", Workshop on
            Algorithmic Fairness through the Lens of Causality and Privacy (AFCP), PMLR, 2022.
-           Section 4 (M_L) and Appendix A.2.
+           Section 4 and Appendix A.2 (M_L).
+    .. [2] C. Canonne, G. Kamath and T. Steinke, "The discrete Gaussian for differential
+           privacy", NeurIPS 2020 (the discrete Laplace).
     """
 
     epsilon_group: float
@@ -130,10 +206,60 @@ class LaplaceMechanism:
         check_num_groups(self.num_groups)
         check_noise_ratio(self.noise_ratio)
 
+    # -- the grid -------------------------------------------------------------------------
+
+    @property
+    def grid_scale(self) -> float:
+        """The noise scale in grid steps: 2 / eps2 / step, widened by the first of
+        :data:`SCALE_SLACKS` for which the realised epsilon of the quantised sampler stays
+        at or below :attr:`ideal_epsilon`."""
+        return _grid_noise(self.epsilon_value)[0].scale
+
+    @property
+    def clamp_steps(self) -> int:
+        """Reports are clamped to +/- this many grid steps."""
+        return _grid_noise(self.epsilon_value)[1]
+
+    @property
+    def report_bound(self) -> float:
+        """Largest |v'| a report can take."""
+        return self.clamp_steps * GRID_STEP
+
+    @property
+    def _noise(self) -> DiscreteLaplaceNoise:
+        return _grid_noise(self.epsilon_value)[0]
+
+    @property
+    def group_keep_fraction(self) -> tuple[int, int]:
+        """The realised keep probability a' = numerator / 2^bits <= a of the group step."""
+        bits = GROUP_BITS
+        return min(math.floor(self.group_keep_probability * 2.0**bits), 2**bits - 1), bits
+
+    # -- privacy --------------------------------------------------------------------------
+
+    @property
+    def ideal_epsilon(self) -> float:
+        """max(eps2, eps1 + eps2 / 2): the true epsilon of the ideal mechanism."""
+        return laplace_epsilon(self.epsilon_group, self.epsilon_value, self.num_groups)
+
     @property
     def epsilon(self) -> float:
-        """True LDP epsilon: max(eps2, eps1 + eps2 / 2)."""
-        return laplace_epsilon(self.epsilon_group, self.epsilon_value, self.num_groups)
+        """The LDP epsilon of what is actually released: max(eps2', eps1' + eps2' / 2), with
+        eps2' = 2 (1 / step) rho, rho the largest log ratio of neighbouring realised noise
+        probabilities (:meth:`DiscreteLaplaceNoise.max_log_ratio`), and eps1' the GRR
+        epsilon of the realised keep probability: at most :attr:`ideal_epsilon`, and within
+        a relative 1e-3 of it. Outside [:data:`MIN_EPSILON_VALUE`, :data:`MAX_EPSILON_VALUE`]
+        the mechanism cannot release (:meth:`perturb` refuses) and this is the ideal value, for
+        planning only."""
+        if not MIN_EPSILON_VALUE <= self.epsilon_value <= MAX_EPSILON_VALUE:
+            return self.ideal_epsilon
+        epsilon_value = _grid_noise(self.epsilon_value)[2]
+        numerator, bits = self.group_keep_fraction
+        kept = numerator / 2.0**bits
+        # each other group is drawn with probability >= 1 / (d - 1) - 2^-64 (uniform_index)
+        other = (1.0 - kept) * max(1.0 / (self.num_groups - 1) - 2.0**-64, 0.0)
+        epsilon_group = math.log(kept / other)
+        return max(epsilon_value, epsilon_group + epsilon_value / 2.0)
 
     @property
     def group_keep_probability(self) -> float:
@@ -146,13 +272,79 @@ class LaplaceMechanism:
 
     @property
     def moments(self) -> ReportMoments:
-        return laplace_report_moments(
-            self.epsilon_group, self.epsilon_value, self.num_groups, self.noise_ratio
+        """Report moments of the grid mechanism: the noise variance of the discrete Laplace of
+        scale 2 / eps2 on the grid, ``2 r / (1 - r)^2`` steps^2 with ``r = exp(-step eps2 / 2)``
+        (Canonne, Kamath and Steinke 2020), plus at most step^2 / 4 of rounding variance for
+        kept values (taken at that bound). The sampler's scale is wider by its slack (1e-6
+        relative for eps2 >= 0.05, at most 1e-3) and its clamp cuts an e^-20 tail: the
+        realised variance differs from this by less than that relative amount."""
+        r = math.exp(-self.epsilon_value * GRID_STEP / LDP_NOISE_RATIO)
+        noise = 2.0 * r / (1.0 - r) ** 2 * GRID_STEP**2
+        numerator, bits = self.group_keep_fraction
+        keep = numerator / 2.0**bits  # the realised a' the estimators must divide by
+        return ReportMoments(
+            num_groups=self.num_groups,
+            keep_probability=keep,
+            value_gain=1.0,
+            kept_second_moment=noise + GRID_STEP**2 / 4.0,
+            kept_second_moment_slope=1.0,
+            flipped_second_moment=noise,
         )
 
     def is_valid_report_value(self, values: np.ndarray) -> np.ndarray:
-        """Output domain check: any finite real number."""
-        return np.isfinite(np.asarray(values, dtype=np.float64))
+        """Output domain check: a finite multiple of the grid step within the clamp."""
+        array = np.asarray(values, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            steps = array / GRID_STEP
+            return (
+                np.isfinite(array)
+                & (np.abs(array) <= self.report_bound)
+                & (steps == np.round(steps))
+            )
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def _draw(
+        self, groups: np.ndarray, values: np.ndarray, rng: np.random.Generator
+    ) -> tuple[NDArray[np.bool_], NDArray[np.bool_] | NDArray[np.int64], NDArray[np.float64]]:
+        """(kept, reported group, report) of a block, from raw 64-bit draws only; for d = 2
+        the reported group is a boolean (group 1)."""
+        count = groups.shape[0]
+        words = 3 if self.num_groups > 2 else 2
+        raw = rng.bit_generator.random_raw(words * count).reshape(words, count)
+        noise = self._noise
+        # word 0, from the top: the noise column, the group decision, the rounding dither;
+        # word 1: the noise column's threshold; word 2 (d > 2): the other group
+        numerator, bits = self.group_keep_fraction
+        field = np.uint64((2**bits - 1) << ROUNDING_BITS)  # the group bits, in place
+        kept = (raw[0] & field) < np.uint64(numerator << ROUNDING_BITS)
+        if self.num_groups == 2:
+            out_groups = (groups != 0) == kept  # reported group 1
+        else:
+            other = uniform_index(raw[2], self.num_groups - 1).astype(np.int64)
+            other += other >= groups
+            out_groups = np.where(kept, groups, other)
+        # randomised rounding to the grid: floor(v / step + u) with u uniform on the multiples
+        # of 2^-18 in [0, 1): up with probability floor(frac 2^18) / 2^18
+        dither = (raw[0] & np.uint64(2**ROUNDING_BITS - 1)).astype(np.float64)
+        dither *= 2.0**-ROUNDING_BITS
+        dither += values * (1.0 / GRID_STEP)
+        report = np.floor(dither, out=dither)
+        report *= kept
+        report += noise.sample(raw[0], raw[1])
+        clamp = float(self.clamp_steps)
+        np.clip(report, -clamp, clamp, out=report)
+        report *= GRID_STEP
+        return kept, out_groups, report
+
+    def _blocks(
+        self, groups: np.ndarray, values: np.ndarray, rng: np.random.Generator
+    ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
+        values = np.asarray(values, dtype=np.float64)
+        for start in range(0, groups.shape[0], BLOCK):
+            block = slice(start, start + BLOCK)
+            _, out_groups, report = self._draw(groups[block], values[block], rng)
+            yield out_groups.astype(np.int64, copy=False), report
 
     def perturb(
         self,
@@ -166,41 +358,12 @@ class LaplaceMechanism:
         if validate:
             groups, values = check_clients(groups, values, self.num_groups)
             rng = check_generator("rng", rng)
-        if self.num_groups == 2:
-            in_group_one, out_values = self._perturb_two_groups(groups, values, rng)
-            return PerturbedReports(in_group_one.astype(np.int64), out_values)
-        a = self.group_keep_probability
-        count = groups.shape[0]
-        draws = rng.random(count)
-        magnitudes = rng.standard_exponential(count)
-        kept = draws < a
-        other, flipped_positive = _flip_to_other_group(
-            groups, (draws - a) / (1.0 - a), self.num_groups
+        parts = list(self._blocks(groups, values, rng))
+        if not parts:
+            return PerturbedReports(np.zeros(0, dtype=np.int64), np.zeros(0))
+        return PerturbedReports(
+            np.concatenate([g for g, _ in parts]), np.concatenate([v for _, v in parts])
         )
-        positive = np.where(kept, draws < 0.5 * a, flipped_positive)
-        out_groups = np.where(kept, groups, other)
-        noise = self.noise_scale * np.where(positive, magnitudes, -magnitudes)
-        out_values = np.where(kept, values, 0.0) + noise
-        return PerturbedReports(out_groups.astype(np.int64, copy=False), out_values)
-
-    def _perturb_two_groups(
-        self, groups: np.ndarray, values: np.ndarray, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """d = 2 kernel: (reported group is 1, reported value), few passes, in place.
-
-        Sign of the noise: + on [0, a/2) (kept) and on [a, a + (1 - a)/2) (flipped), so
-        it is - exactly where [u >= a/2] xor [u < a] xor [u < a + (1 - a)/2] holds.
-        """
-        a = self.group_keep_probability
-        count = groups.shape[0]
-        draws = rng.random(count)
-        out_values = rng.standard_exponential(count)
-        kept = draws < a
-        negative = (draws >= 0.5 * a) ^ kept ^ (draws < a + 0.5 * (1.0 - a))
-        # Masked ufuncs and np.where are ~20x slower than arithmetic on masks here.
-        out_values *= self.noise_scale - (2.0 * self.noise_scale) * negative
-        out_values += values * kept
-        return (groups != 0) == kept, out_values
 
     def perturb_and_summarize(
         self,
@@ -221,13 +384,20 @@ class LaplaceMechanism:
         if self.num_groups != 2:
             reports = self.perturb(groups, values, rng, validate=False)
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)
-        in_group_one, out_values = self._perturb_two_groups(groups, values, rng)
-        one = in_group_one.astype(np.float64)
-        total, squares = float(out_values.sum()), float(np.dot(out_values, out_values))
-        sum_one = float(np.dot(out_values, one))
-        squares_one = float(np.dot(out_values * out_values, one))
+        total = squares = sum_one = squares_one = 0.0
+        reports_one = 0
+        values = np.asarray(values, dtype=np.float64)
+        for start in range(0, groups.shape[0], BLOCK):
+            block = slice(start, start + BLOCK)
+            _, out_groups, report = self._draw(groups[block], values[block], rng)
+            one = out_groups.astype(np.float64)
+            total += float(report.sum())
+            squares += float(np.dot(report, report))
+            sum_one += float(np.dot(report, one))
+            report *= report
+            squares_one += float(np.dot(report, one))
+            reports_one += int(np.count_nonzero(out_groups))
         count = groups.shape[0]
-        reports_one = int(np.count_nonzero(in_group_one))
         return ReportSummary(
             count,
             np.array([count - reports_one, reports_one], dtype=np.int64),

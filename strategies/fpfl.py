@@ -60,6 +60,7 @@ from ..mechanisms.protocol import (
     FPFL_ROUND_MESSAGE_TYPE,
     FPFL_SETUP_MESSAGE_TYPE,
 )
+from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import (
     FixedPointCodec,
     minimum_survivors,
@@ -463,7 +464,7 @@ class FPFLTraining:
         alpha, min_count = self.mmdm.alpha, self.mmdm.min_count
         if self.central_noise_multiplier:
             rng = (
-                np.random.default_rng()
+                secure_generator()
                 if self.central_noise_rng is None
                 else self.central_noise_rng(round_number)
             )

@@ -33,7 +33,7 @@ from flwr.serverapp import Grid
 from ..mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
 from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.calibration import GapMechanismType
-from ..mechanisms.laplace import LaplaceMechanism
+from ..mechanisms.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.protocol import (
     AUDIT_MESSAGE_TYPE,
     GROUPS_KEY,
@@ -43,21 +43,6 @@ from ..mechanisms.protocol import (
     VALUES_KEY,
 )
 from ._replies import RejectedReply, short_reason
-
-#: M_L plausibility bound, in Laplace scales b = 2 / eps2 (mechanisms/laplace.py). A report
-#: is v' = v + Lap(b) with v in [-1, 1] (kept group) or v' = 0 + Lap(b) (flipped group), so
-#: |v'| > 1 + 50 b needs |Lap(b)| > 50 b, which happens with probability e^-50 (~2e-22) per
-#: legitimate report.
-LAPLACE_TAIL_SCALES = 50.0
-
-
-def laplace_report_bound(mechanism: LaplaceMechanism) -> float:
-    """Largest plausible |v'| of an M_L report: 1 + LAPLACE_TAIL_SCALES * (2 / eps2).
-
-    v in [-1, 1] (v = 2 m - 1) plus Lap(b), b = 2 / eps2 (Juarez and Korolova 2022,
-    Section 4; k = 2, so kept and flipped clients share the scale); P(|Lap(b)| > t b) = e^-t.
-    """
-    return 1.0 + LAPLACE_TAIL_SCALES * mechanism.noise_scale
 
 
 def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
@@ -165,6 +150,8 @@ class LdpGapAudit:
                 f"the mechanism's true epsilon {mechanism.epsilon:.6g} exceeds the audit "
                 f"budget {budget:g}: refusing to release"
             )
+        if isinstance(mechanism, LaplaceMechanism):
+            mechanism.report_bound  # noqa: B018 - ValueError now if M_L cannot release
         if not 0.0 < confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
         self.mechanism = mechanism
@@ -234,9 +221,9 @@ class LdpGapAudit:
     ) -> tuple[ReportSummary, int, int]:
         """Validate one reply and summarise its reports; ``ValueError`` says what is wrong.
 
-        Besides shapes and types: M_R values must be in {-1, +1}; M_L values must be finite
-        with |v'| <= :func:`laplace_report_bound` (a legitimate report exceeds it with
-        probability e^-50); num-reports, num-refused and num-undefined must be whole
+        Besides shapes and types: M_R values must be in {-1, +1}; M_L values must be exact
+        multiples of its grid step within its clamp (``mechanism.report_bound``), the only
+        values its sampler can produce; num-reports, num-refused and num-undefined must be whole
         numbers >= 0, num-reports must match the arrays, and, if ``max_users`` (the users
         the node said it hosts) is given, their sum must not exceed it.
 
@@ -271,20 +258,12 @@ class LdpGapAudit:
         if values.dtype.kind not in "iuf":
             raise ValueError(f"values must be numeric, got dtype {values.dtype}")
         if not np.all(self.mechanism.is_valid_report_value(values)):
-            raise ValueError(
-                f"values outside M_{self.mechanism.name}'s output domain "
-                + ("{-1, +1}" if self.mechanism.name == "R" else "(finite reals)")
+            domain = (
+                "{-1, +1}"
+                if self.mechanism.name == "R"
+                else f"(multiples of {GRID_STEP:g} with |v'| <= {self.mechanism.report_bound:g})"
             )
-        if isinstance(self.mechanism, LaplaceMechanism) and values.size:
-            bound = laplace_report_bound(self.mechanism)
-            largest = float(np.max(np.abs(values.astype(np.float64))))
-            if largest > bound:
-                raise ValueError(
-                    f"implausible M_L value: |v'| = {largest:g} exceeds 1 + "
-                    f"{LAPLACE_TAIL_SCALES:g} b = {bound:g} (b = 2/eps2 = "
-                    f"{self.mechanism.noise_scale:g}; an honest report exceeds it with "
-                    f"probability e^-{LAPLACE_TAIL_SCALES:g})"
-                )
+            raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")
         metrics = content.metric_records.get(METRICS_KEY, {})
         declared, refused, undefined = (
             _user_count(metrics, key, groups.size if key == "num-reports" else 0)

@@ -154,7 +154,9 @@ def test_plan_alpha_path() -> None:
     true = spec_true_epsilon(
         payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
     )
-    assert payload["true_epsilon"] == pytest.approx(true, rel=1e-12)
+    # the realised epsilon of the chosen mechanism: M_R's exactly, M_L's grid sampler at most
+    # the ideal one and within 1e-3 of it
+    assert true * (1 - 1e-3) <= payload["true_epsilon"] <= true + 1e-12
     assert true <= payload["epsilon"] + 1e-12
     code, text = run(["plan", "--clients", "1000000", "--alpha", "0.01"])
     assert code == 0 and "best: M_" in text

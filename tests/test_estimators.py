@@ -121,11 +121,34 @@ class Params:
 def params_for(name: str, eps1: float, eps2: float, num_groups: int) -> Params:
     scale = math.exp(eps1) + num_groups - 1
     a, q = math.exp(eps1) / scale, 1.0 / scale
+    if name == "L":
+        # M_L's sampler keeps the group with a probability a' rounded down to a multiple of
+        # 2^-26 (checked below); its reports are unbiased for a', so the formulas use it.
+        numerator, bits = LaplaceMechanism(eps1, eps2, num_groups).group_keep_fraction
+        realised = numerator / 2**bits
+        assert a - 2.0**-bits < realised <= a
+        a, q = realised, (1.0 - realised) / (num_groups - 1)
     if name == "R":
         b = math.exp(eps2) / (1.0 + math.exp(eps2))
         return Params(name, num_groups, a, q, 2.0 * b - 1.0, 1.0, 0.0, 1.0)
-    sigma2 = 8.0 / eps2**2
-    return Params(name, num_groups, a, q, 1.0, sigma2, 1.0, sigma2)
+    return Params(
+        name, num_groups, a, q, 1.0, grid_kept_variance(eps2), 1.0, grid_noise_variance(eps2)
+    )
+
+
+def grid_noise_variance(eps2: float) -> float:
+    """Var of M_L's noise: a discrete Laplace on the grid of step s = 2^-8 with scale 2/eps2,
+    P(z) ~ r^|z| with r = exp(-s eps2 / 2), so Var = 2 r / (1 - r)^2 steps^2 (the continuous
+    8 / eps2^2 of the paper's Eq. 19, to within 1 / (12 t^2) relative, t = 2 / (s eps2))."""
+    step = 2.0**-8
+    r = math.exp(-step * eps2 / 2.0)
+    return 2.0 * r / (1.0 - r) ** 2 * step**2
+
+
+def grid_kept_variance(eps2: float) -> float:
+    """Kept values are also rounded to the grid at random: at most step^2 / 4 more (the
+    library states that bound)."""
+    return grid_noise_variance(eps2) + 2.0**-16 / 4.0
 
 
 def paper_group_variance(
@@ -146,10 +169,11 @@ def paper_group_variance(
         b = math.exp(eps2) / (1.0 + math.exp(eps2))
         c2 = (2.0 * b - 1.0) ** 2
         return 1.0 / (a * c2 * n) * (1.0 - a * c2 * nu2 + outsiders / n * q / a)
-    sigma2 = 8.0 / eps2**2
-    sigma_bar2 = 2.0 * (2.0 / eps2) ** 2
+    # the paper's sigma^2 = sigma_bar^2 = 8 / eps2^2, for the grid mechanism (see above)
+    sigma2 = grid_kept_variance(eps2)
+    sigma_bar2 = grid_noise_variance(eps2)
     if params.num_groups == 2:
-        e = math.exp(-eps1)
+        e = (1.0 - a) / a  # e^-eps1 for the ideal a; M_L's realised a' (params_for)
         return (1.0 / n) * (nu2 * e + (1.0 + e) * (sigma2 + outsiders / n * sigma_bar2 * e))
     return (1.0 / n) * ((1 - a) / a * nu2 + sigma2 / a + outsiders / n * q / a**2 * sigma_bar2)
 
@@ -343,8 +367,8 @@ def test_d_group_form_of_eq19_reduces_to_eq19() -> None:
     eps1, eps2, n, k_total, nu2 = 0.7, 1.3, 300.0, 1000, 0.4
     params = params_for("L", eps1, eps2, 2)
     a, q = params.a, params.q
-    sigma2 = 8.0 / eps2**2
-    general = (1 / n) * ((1 - a) / a * nu2 + sigma2 / a + (k_total - n) / n * q / a**2 * sigma2)
+    sigma2, sigma_bar2 = grid_kept_variance(eps2), grid_noise_variance(eps2)
+    general = (1 / n) * ((1 - a) / a * nu2 + sigma2 / a + (k_total - n) / n * q / a**2 * sigma_bar2)
     assert paper_group_variance(params, eps1, eps2, k_total, n, nu2) == pytest.approx(
         general, rel=1e-12
     )

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from fedparity.mechanisms.laplace import LaplaceMechanism
 from fedparity.mechanisms.planner import error_bound, minimum_epsilon, paper_table1_cell, table1
 
 CLIENTS = (10**5, 10**6, 10**7, 10**8, 10**9)
@@ -82,8 +83,17 @@ def group_variance(name: str, eps1: float, eps2: float, k_total: float, n: float
         b = 1.0 / (1.0 + math.exp(-eps2))
         c2 = (2.0 * b - 1.0) ** 2
         return 1.0 / (a * c2 * n) * (1.0 + (k_total - n) / n * (1.0 - a) / a)
-    sigma2 = 8.0 / eps2**2
-    return (1.0 / n) * (e + (1.0 + e) * (sigma2 + (k_total - n) / n * sigma2 * e))
+    # M_L keeps the group with its realised a' (a rounded down to a multiple of 2^-26).
+    numerator, bits = LaplaceMechanism(eps1, eps2).group_keep_fraction
+    e = (1.0 - numerator / 2**bits) / (numerator / 2**bits)
+    # The grid mechanism's noise: a discrete Laplace of scale 2/eps2 on steps s = 2^-8,
+    # Var = 2 r / (1 - r)^2 s^2 with r = exp(-s eps2 / 2) (the paper's 8 / eps2^2 to within
+    # ~1e-6 relative), plus at most s^2 / 4 of rounding for kept values.
+    step = 2.0**-8
+    r = math.exp(-step * eps2 / 2.0)
+    sigma_bar2 = 2.0 * r / (1.0 - r) ** 2 * step**2
+    sigma2 = sigma_bar2 + step**2 / 4.0
+    return (1.0 / n) * (e + (1.0 + e) * (sigma2 + (k_total - n) / n * sigma_bar2 * e))
 
 
 def boundary_eps1(name: str, budget: float, eps2: float) -> float:

@@ -205,7 +205,11 @@ def test_ml_grid_matches_library(eps1: float, eps2: float, num_groups: int) -> N
     library = laplace_epsilon(eps1, eps2, num_groups)
     assert grid <= library + 1e-9
     assert grid == pytest.approx(library, abs=1e-6)  # attained (at v' >= 1, v0 = 1, v1 = -1)
-    assert LaplaceMechanism(eps1, eps2, num_groups).epsilon == pytest.approx(grid, abs=1e-6)
+    # The grid mechanism's realised epsilon (computed from its quantised sampler: a noise scale
+    # widened by at most 1e-5 to stay below the ideal, a keep probability rounded down to 26
+    # bits): at most the ideal, and within 1e-4 of it for these splits.
+    realised = LaplaceMechanism(eps1, eps2, num_groups).epsilon
+    assert grid * (1 - 1e-4) <= realised <= library + 1e-9
     # The closed form (Juarez and Korolova 2022, Appendix A.2, k = 2), written here:
     # max(eps2, eps1 + eps2 / 2).
     assert max(eps2, eps1 + eps2 / 2) == pytest.approx(grid, abs=1e-6)
@@ -239,7 +243,7 @@ def test_ml_refuses_k_not_two(noise_ratio: float) -> None:
 
 
 def test_ml_accepts_k_two() -> None:
-    assert LaplaceMechanism(1.0, 1.0, 2, noise_ratio=2.0).epsilon == pytest.approx(1.5)
+    assert LaplaceMechanism(1.0, 1.0, 2, noise_ratio=2.0).epsilon == pytest.approx(1.5, rel=1e-4)
     assert laplace_epsilon(1.0, 1.0, 2, noise_ratio=2) == pytest.approx(1.5)
 
 

@@ -21,7 +21,7 @@ from fedparity.mechanisms.protocol import (
     REPORTS_KEY,
     VALUES_KEY,
 )
-from fedparity.strategies.ldp_audit import LdpGapAudit, laplace_report_bound
+from fedparity.strategies.ldp_audit import LdpGapAudit
 from fedparity.strategies.robust_fedavg import RobustFedAvg
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -129,34 +129,38 @@ def test_malformed_replies_are_counted_and_reported_not_raised() -> None:
     assert report["missing_nodes"] == missing_nodes
 
 
-def test_laplace_reports_must_be_finite_reals() -> None:
+def test_laplace_reports_must_be_on_the_grid() -> None:
+    # M_L's sampler only produces multiples of its grid step: anything else (a raw float, as
+    # a node on the previous main sent, or inf) is not an honest report.
     mechanism = LaplaceMechanism(0.5, 1.0)
     audit = LdpGapAudit(mechanism, budget=1.0)
     groups = np.array([0, 1, 0], dtype=np.int64)
     replies = [
-        _reply(1, groups, np.array([3.5, -7.25, 0.1])),
-        _reply(2, groups, np.array([0.3, np.inf, 0.2])),
+        _reply(1, groups, np.array([3.5, -7.25, 0.125])),
+        _reply(2, groups, np.array([0.25, np.inf, 0.5])),
+        _reply(3, groups, np.array([0.25, 0.1, 0.5])),  # 0.1 is no multiple of 2^-8
     ]
-    outcome = audit.aggregate_audit([1, 2], replies)
+    outcome = audit.aggregate_audit([1, 2, 3], replies)
     assert outcome.accepted_nodes == 1
-    assert [item.node_id for item in outcome.rejected] == [2]
+    assert [item.node_id for item in outcome.rejected] == [2, 3]
+    assert all("output domain" in item.reason for item in outcome.rejected)
 
 
 def test_implausible_laplace_values_and_user_counts_are_rejected_and_counted() -> None:
-    """M_L values beyond 1 + 50 b (b = 2/eps2; honest probability e^-50 per report) and
+    """M_L values beyond its clamp (1 + 20 b, b = 2/eps2: what its sampler can produce) and
     replies accounting for more users than the node described are rejected, counted, and
     the audit still estimates from the well-formed replies."""
     rng = np.random.default_rng(11)
-    mechanism = LaplaceMechanism(0.5, 1.0)  # b = 2, bound = 1 + 50 * 2 = 101
-    bound = laplace_report_bound(mechanism)
-    assert bound == pytest.approx(1.0 + 50.0 * 2.0 / mechanism.epsilon_value)
+    mechanism = LaplaceMechanism(0.5, 1.0)  # b = 2, clamp = 1 + 20 * 2 (and a 1e-6 slack)
+    bound = mechanism.report_bound
+    assert bound == pytest.approx(1.0 + 20.0 * 2.0 / mechanism.epsilon_value, abs=2**-8 + 1e-4)
     hosts = {1: 2000, 2: 2000, **{node: 3 for node in range(100, 109)}}
     audit = LdpGapAudit(mechanism, budget=1.0, users_by_node=hosts)
     groups = np.array([0, 1, 0], dtype=np.int64)
-    ok_values = np.array([3.5, -7.25, 0.1])
+    ok_values = np.array([3.5, -7.25, 0.125])
     faults = [
-        (_reply(100, groups, np.array([0.2, 1e300, 0.1])), "implausible M_L value"),
-        (_reply(101, groups, np.array([0.2, -(bound + 1e-6), 0.1])), "implausible M_L value"),
+        (_reply(100, groups, np.array([0.25, 1e300, 0.125])), "output domain"),
+        (_reply(101, groups, np.array([0.25, -(bound + 2**-8), 0.125])), "output domain"),
         (_reply(102, np.zeros(4, dtype=np.int64), np.zeros(4)), "more than the 3"),
         (_reply(103, groups, ok_values, **{"num-refused": 1}), "more than the 3"),
         (_reply(104, groups, ok_values, **{"num-undefined": 2}), "accounts for 5 users"),
@@ -169,7 +173,7 @@ def test_implausible_laplace_values_and_user_counts_are_rejected_and_counted() -
         reply.content.metric_records[METRICS_KEY][key] = value
         faults.append((reply, f"{key} must be a whole number >= 0"))
     good = [_reply(node, *_honest_reports(mechanism, 2000, rng)) for node in (1, 2)]
-    at_bound = _reply(50, groups, np.array([0.2, bound, -bound]))  # plausible; not described
+    at_bound = _reply(50, groups, np.array([0.25, bound, -bound]))  # possible; not described
     bad_nodes = list(range(100, 109))
     outcome = audit.aggregate_audit(
         [1, 2, 50, *bad_nodes], [*good, at_bound, *(reply for reply, _ in faults)]

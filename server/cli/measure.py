@@ -19,6 +19,7 @@ from ...mechanisms import (
     summarize_stream,
 )
 from ...mechanisms.calibration import best_split
+from ...mechanisms.secure_random import secure_generator
 from ._common import (
     UsageError,
     _emit,
@@ -151,7 +152,8 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--input: no such file: {path}")
     group_index, metric_index = _csv_columns(path, args.group_column, args.metric_column)
     mechanism = best_split(args.mechanism, budget, groups).build()
-    rng = np.random.default_rng(seed)
+    # privacy noise: the secure generator; a seed (simulations only) makes a run reproducible
+    rng = secure_generator() if seed is None else np.random.default_rng(seed)
     counts = np.zeros(groups, dtype=np.int64)
     raw_sums = np.zeros(groups)
     started = time.perf_counter()
