@@ -54,6 +54,7 @@ from .fpfl_node import node_settings, node_shard
 from .fpfl_task import build_model_for
 from .ldp import LocalUsers, ldp_audit_handler, node_ledger_dir
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
+from .policy import node_policy
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 
 
@@ -162,6 +163,10 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
             "num-users": shard.num_users,
             "num-train-samples": shard.num_samples,
         }
+    if values["num-users"] < node_policy(context.node_config).min_users_for_counts:
+        # a small node (a device) says how many users it hosts (K needs it), never how many
+        # samples they have
+        values.pop("num-train-samples")
     metrics = MetricRecord(
         {
             "partition-id": partition_id,

@@ -351,3 +351,17 @@ def test_masks_are_revealed_only_for_the_policys_minimum_survivors() -> None:
     lenient.state.config_records["fpfl-masking"] = own
     reply = handlers["fpfl_reveal"](reveal, lenient)
     assert list(reply.content.config_records[FPFL_KEY]["dropped"]) == [5]
+
+
+def test_a_one_user_device_describes_its_users_but_not_its_samples(tmp_path: Path) -> None:
+    from fedparity.clients.app import describe
+    from fedparity.clients.config import RunConfig
+
+    rows = tmp_path / "me.csv"
+    rows.write_text("group,label,age\n1,1,0.5\n1,0,0.25\n1,1,0.75\n", encoding="utf-8")
+    context = _context({"partition-id": 0, "num-partitions": 1, "data-file": str(rows)})
+    request = Message(RecordDict({}), dst_node_id=3, message_type="query.describe")
+    for task in ("ldp-audit", "fpfl"):
+        reply = describe(request, context, RunConfig.from_mapping({"task": task}))
+        metrics = reply.content.metric_records["metrics"]
+        assert metrics["num-users"] == 1 and "num-train-samples" not in metrics
