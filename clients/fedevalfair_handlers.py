@@ -47,6 +47,7 @@ from .fedevalfair import (
     round2_vector,
     rows_statistics,
 )
+from .messages import int_field
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
@@ -212,12 +213,13 @@ def fedevalfair_handlers(
 
     def round2(msg: Message, context: Context) -> Message:
         """Decrypt the round-1 sum, add this holder's stage-1 terms; one ciphertext back."""
-        counts = msg.content.config_records["config"]
-        check_holders(context, int(counts["round1-count"]))  # type: ignore[arg-type]
+        counts = msg.content.config_records.get("config", {})
+        round1_count = int_field(counts, "round1-count", minimum=1)
+        check_holders(context, round1_count)
         key = secret(context)
         record = msg.content.array_records[FEF_KEY]
         round1_sum = open_sum(
-            key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
+            key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, round1_count
         )
         if FEF_STATE_KEY not in context.state.array_records:
             raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
@@ -229,19 +231,17 @@ def fedevalfair_handlers(
 
     def round3(msg: Message, context: Context) -> Message:
         """Key holder: decrypt both sums, release the aggregate statistics (plaintext)."""
-        counts = msg.content.config_records["config"]
-        check_holders(
-            context,
-            int(counts["round1-count"]),  # type: ignore[arg-type]
-            int(counts["round2-count"]),  # type: ignore[arg-type]
-        )
+        counts = msg.content.config_records.get("config", {})
+        round1_count = int_field(counts, "round1-count", minimum=1)
+        round2_count = int_field(counts, "round2-count", minimum=1)
+        check_holders(context, round1_count, round2_count)
         key = secret(context)
         record = msg.content.array_records[FEF_KEY]
         round1_sum = open_sum(
-            key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, int(counts["round1-count"])
+            key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, round1_count
         )
         round2_sum = open_sum(
-            key, from_array(record["round2-sum"].numpy()), ROUND2_SIZE, int(counts["round2-count"])
+            key, from_array(record["round2-sum"].numpy()), ROUND2_SIZE, round2_count
         )
         released = release_vector(round1_sum, round2_sum)
         if released.size != RELEASE_SIZE:

@@ -47,6 +47,14 @@ from ..mechanisms.secure_sum import (
 from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
 from .fpfl_task import set_flat_parameters
+from .messages import (
+    MessageError,
+    bytes_field,
+    bytes_list_field,
+    float_field,
+    int_field,
+    int_list_field,
+)
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 __all__ = ["FPFL_STATE_KEY", "fpfl_handlers"]
@@ -59,17 +67,16 @@ Handler = Callable[[Message, Context], Message]
 def _masking_secrets(msg_config: Any, context: Context) -> dict[int, bytes]:
     """This node's pair secrets with the round's peers (its key pair is in its state)."""
     state = context.state.config_records.get(FPFL_STATE_KEY)
-    if state is None or bytes(state["run-salt"]) != bytes(msg_config["run-salt"]):  # type: ignore[arg-type]
+    salt = bytes_field(msg_config, "run-salt")
+    if state is None or bytes(state["run-salt"]) != salt:  # type: ignore[arg-type]
         raise ValueError("fpfl: no masking key for this run (the setup message was not received)")
     own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
-    peers = dict(
-        zip(
-            (int(node) for node in msg_config["peer-ids"]),  # type: ignore[union-attr]
-            (bytes(key) for key in msg_config["peer-keys"]),  # type: ignore[union-attr]
-            strict=True,
-        )
-    )
-    return pair_secrets(int(context.node_id), own, peers, bytes(msg_config["run-salt"]))  # type: ignore[arg-type]
+    peer_ids = int_list_field(msg_config, "peer-ids")
+    peer_keys = bytes_list_field(msg_config, "peer-keys")
+    if len(peer_ids) != len(peer_keys):
+        raise MessageError("message fields 'peer-ids' and 'peer-keys' must have equal lengths")
+    peers = dict(zip(peer_ids, peer_keys, strict=True))
+    return pair_secrets(int(context.node_id), own, peers, salt)
 
 
 def fpfl_handlers(
@@ -119,7 +126,7 @@ def fpfl_handlers(
         """Generate this run's masking key pair (kept in the node state); reply with the
         public key only."""
         limits(context)
-        salt = bytes(msg.content.config_records[FPFL_KEY]["run-salt"])  # type: ignore[arg-type]
+        salt = bytes_field(msg.content.config_records.get(FPFL_KEY, {}), "run-salt")
         keys = MaskingKeyPair.generate()
         context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
             {"run-salt": salt, "private-key": keys.private_bytes()}
@@ -133,18 +140,20 @@ def fpfl_handlers(
         """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
         reply with the sum masked (or in the clear without masking)."""
         node_limits = limits(context)
-        settings_record = msg.content.config_records["config"]
+        settings_record = msg.content.config_records.get("config", {})
         weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
-        round_number = int(settings_record["round"])  # type: ignore[arg-type]
+        if weights.ndim != 1 or weights.dtype.kind != "f" or not np.isfinite(weights).all():
+            raise MessageError("message array 'weights' must be a 1-d array of finite floats")
+        round_number = int_field(settings_record, "round", minimum=0)
         # K and the node count come from the server: bounded by the node's policy.
         population_size = node_limits.bounded_population(
-            int(settings_record["population-size"])  # type: ignore[arg-type]
+            int_field(settings_record, "population-size", minimum=1)
         )
         if settings.epsilon is not None and settings.delta is None:
             if not 1.0 / population_size <= node_limits.fpfl_max_delta:
                 raise PolicyRefusal("the training's delta is above fpfl-max-delta")
-        num_nodes = int(settings_record["num-nodes"])  # type: ignore[arg-type]
-        peers = {int(node) for node in settings_record["peer-ids"]}  # type: ignore[union-attr]
+        num_nodes = int_field(settings_record, "num-nodes", minimum=1)
+        peers = set(int_list_field(settings_record, "peer-ids"))
         if len(peers) != num_nodes or int(context.node_id) not in peers:
             # The noise share shrinks with num-nodes: never take it from the server unchecked.
             raise ValueError(
@@ -172,7 +181,7 @@ def fpfl_handlers(
         if not settings.masking:
             record = ArrayRecord({"sum": Array(total)})
         else:
-            limit = float(settings_record["codec-range"])  # type: ignore[arg-type]
+            limit = float_field(settings_record, "codec-range")
             codec = FixedPointCodec(clip_range=limit, max_nodes=max(2, num_nodes))
             encoded = codec.encode(np.clip(total, -limit, limit))
             secrets = _masking_secrets(settings_record, context)
@@ -183,10 +192,10 @@ def fpfl_handlers(
     def reveal(msg: Message, context: Context) -> Message:
         """Reveal this round's mask seeds with the dropped nodes, only if enough nodes survive
         for the noise shares to add up to the run's noise (refuse otherwise)."""
-        record = msg.content.config_records[FPFL_KEY]
-        round_number = int(record["round"])  # type: ignore[arg-type]
-        survivors = [int(node) for node in record["survivors"]]  # type: ignore[union-attr]
-        dropped = [int(node) for node in record["dropped"]]  # type: ignore[union-attr]
+        record = msg.content.config_records.get(FPFL_KEY, {})
+        round_number = int_field(record, "round", minimum=0)
+        survivors = int_list_field(record, "survivors")
+        dropped = int_list_field(record, "dropped")
         members = len(survivors) + len(dropped)
         node_limits = limits(context)
         needed = max(

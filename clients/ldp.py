@@ -43,9 +43,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE
-from ..mechanisms.metrics import user_rates
+from ..mechanisms.metrics import METRIC_NAMES, user_rates
 from ..mechanisms.protocol import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
 from ..mechanisms.secure_random import secure_generator
+from .messages import MessageError, float_field, int_field, str_field
 from .policy import NodePrivacyPolicy, in_flower_simulation, node_policy
 
 __all__ = [
@@ -190,27 +191,30 @@ def ldp_audit_handler(
         raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
 
     def handle(msg: Message, context: Context) -> Message:
-        audit = msg.content["config"]
-        requested_groups = int(audit["num-groups"])
+        audit = msg.content.config_records.get("config", {})
+        requested_groups = int_field(audit, "num-groups")
         if requested_groups != num_groups:
             raise ValueError(
                 f"audit asks for {requested_groups} groups, this node has {num_groups}"
             )
         mechanism = build_mechanism(
-            str(audit["mechanism"]),  # type: ignore[arg-type]
-            float(audit["epsilon-group"]),
-            float(audit["epsilon-value"]),
+            str_field(audit, "mechanism"),  # type: ignore[arg-type]
+            float_field(audit, "epsilon-group"),
+            float_field(audit, "epsilon-value"),
             num_groups,
         )
         limits = policy if policy is not None else node_policy(context.node_config)
         limits.check_ldp(mechanism.epsilon)
-        budget = float(audit["budget"])
+        budget = float_field(audit, "budget")
         if mechanism.epsilon > budget + BUDGET_TOLERANCE:
             raise ValueError(
                 f"refusing: the requested mechanism's true epsilon {mechanism.epsilon:.6g} "
                 f"exceeds the audit budget {budget:g}"
             )
-        users = local_users(msg.content["arrays"], str(audit["metric"]), context)
+        metric = str_field(audit, "metric")
+        if metric not in METRIC_NAMES:
+            raise MessageError(f"message field 'metric' must be one of {', '.join(METRIC_NAMES)}")
+        users = local_users(msg.content["arrays"], metric, context)
         if not isinstance(users, LocalUsers):
             raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
         if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):

@@ -42,10 +42,19 @@ def check_open_unit(name: str, value: float) -> float:
     return number
 
 
+#: The most protected groups the mechanisms and estimators take (the estimators' covariance
+#: matrices grow with d^2, and GRR over more categories keeps almost no signal).
+MAX_GROUPS = 1024
+
+
 def check_num_groups(value: int, name: str = "num_groups") -> int:
-    """Number of protected groups d: an integer >= 2."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
-        raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
+    """Number of protected groups d: an integer in [2, MAX_GROUPS]."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or not 2 <= value <= MAX_GROUPS
+    ):
+        raise ValueError(f"{name} must be an integer in [2, {MAX_GROUPS}], got {value!r}")
     return int(value)
 
 

@@ -1,0 +1,86 @@
+"""Reading the fields of a server's message on a node: each reader returns the typed value or
+raises :class:`MessageError` naming the field, so a hostile or corrupt message is refused with
+a clear sentence (never an ``OverflowError`` from ``int(inf)`` or an ``AttributeError``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "MessageError",
+    "bytes_field",
+    "bytes_list_field",
+    "float_field",
+    "int_field",
+    "int_list_field",
+    "str_field",
+]
+
+
+class MessageError(ValueError):
+    """A field of a received message is missing or malformed."""
+
+
+def _get(record: Mapping[str, Any], key: str) -> Any:
+    try:
+        return record[key]
+    except (KeyError, TypeError):
+        raise MessageError(f"message field {key!r} is missing") from None
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise MessageError(f"message field {key!r} must hold integers")
+    return value
+
+
+def int_field(record: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
+    """An integer field (an integral float is accepted), at least ``minimum`` if given."""
+    value = _as_int(key, _get(record, key))
+    if minimum is not None and value < minimum:
+        raise MessageError(f"message field {key!r} must be an integer >= {minimum}")
+    return value
+
+
+def int_list_field(record: Mapping[str, Any], key: str) -> list[int]:
+    """A list of integers."""
+    values = _get(record, key)
+    if not isinstance(values, list):
+        raise MessageError(f"message field {key!r} must be a list of integers")
+    return [_as_int(key, value) for value in values]
+
+
+def float_field(record: Mapping[str, Any], key: str) -> float:
+    """A finite number."""
+    value = _get(record, key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise MessageError(f"message field {key!r} must be a finite number")
+    return float(value)
+
+
+def str_field(record: Mapping[str, Any], key: str) -> str:
+    """A string."""
+    value = _get(record, key)
+    if not isinstance(value, str):
+        raise MessageError(f"message field {key!r} must be a string")
+    return value
+
+
+def bytes_field(record: Mapping[str, Any], key: str) -> bytes:
+    """A byte string."""
+    value = _get(record, key)
+    if not isinstance(value, bytes):
+        raise MessageError(f"message field {key!r} must be bytes")
+    return value
+
+
+def bytes_list_field(record: Mapping[str, Any], key: str) -> list[bytes]:
+    """A list of byte strings."""
+    values = _get(record, key)
+    if not isinstance(values, list) or not all(isinstance(value, bytes) for value in values):
+        raise MessageError(f"message field {key!r} must be a list of byte strings")
+    return list(values)
