@@ -193,15 +193,22 @@ def ldp_audit_handler(
     def handle(msg: Message, context: Context) -> Message:
         audit = msg.content.config_records.get("config", {})
         requested_groups = int_field(audit, "num-groups")
-        if requested_groups != num_groups:
+        # With the undefined category (TPR, FPR, FNR), the mechanism has one more category
+        # than the node has groups: users whose metric is undefined report it.
+        undefined_category = audit.get("undefined-category", False)
+        if not isinstance(undefined_category, bool):
+            raise MessageError("message field 'undefined-category' must be true or false")
+        categories = num_groups + int(undefined_category)
+        if requested_groups != categories:
             raise ValueError(
-                f"audit asks for {requested_groups} groups, this node has {num_groups}"
+                f"audit asks for {requested_groups} categories, this node has {num_groups} "
+                f"groups{' and the undefined category' if undefined_category else ''}"
             )
         mechanism = build_mechanism(
             str_field(audit, "mechanism"),  # type: ignore[arg-type]
             float_field(audit, "epsilon-group"),
             float_field(audit, "epsilon-value"),
-            num_groups,
+            categories,
         )
         limits = policy if policy is not None else node_policy(context.node_config)
         limits.check_ldp(mechanism.epsilon)
@@ -219,26 +226,33 @@ def ldp_audit_handler(
             raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
         if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):
             raise ValueError(f"a user's group is outside [0, {num_groups})")
+        defined = np.isfinite(users.metrics)
+        if not undefined_category and not defined.all():
+            # Silence would tell the server which users have an undefined metric (a label
+            # bit): without the undefined category in the audit, the node does not answer.
+            raise ValueError(
+                "refusing: the metric is undefined for some of this node's users and the audit "
+                "has no undefined category for them to report"
+            )
         groups = np.zeros(0, dtype=np.int64)
         values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
-        refused = undefined = 0
+        refused = 0
         if users.num_users:
-            defined = np.isfinite(users.metrics)
-            undefined = int((~defined).sum())
             path = ledger_path(context)
             ledger = _ledger(context, path, limits.ldp_user_budget, users.num_users)
-            answering = ledger.spend(mechanism.epsilon, defined)
-            refused = int((defined & ~answering).sum())
+            answering = ledger.spend(mechanism.epsilon)  # every user reports, or refuses
+            refused = int((~answering).sum())
             if path is not None:
                 ledger.save(path)  # charged (atomically) before anything is released
             else:
                 context.state.array_records[LEDGER_STATE_KEY] = ArrayRecord(
                     {"spent": Array(ledger.spent), "budget": Array(np.array(ledger.budget))}
                 )
+            # an undefined metric is the undefined category with the value 0 (m = 1/2)
+            user_groups = np.where(defined, users.groups, num_groups)
+            user_values = np.where(defined, metric_to_value(np.nan_to_num(users.metrics)), 0.0)
             rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
-            reports = mechanism.perturb(
-                users.groups[answering], metric_to_value(users.metrics[answering]), rng
-            )
+            reports = mechanism.perturb(user_groups[answering], user_values[answering], rng)
             groups, values = reports.groups, reports.values
         if refused:
             log(logging.INFO, "ldp_audit: %d user(s) refused (privacy budget)", refused)
@@ -246,13 +260,7 @@ def ldp_audit_handler(
         if users.num_users >= limits.min_users_for_counts:
             # Below the policy's minimum these counts (e.g. "TPR undefined" on a one-user
             # device, a label bit) would leave the node outside the LDP guarantee.
-            counts.update(
-                {
-                    "num-reports": int(groups.size),
-                    "num-refused": refused,
-                    "num-undefined": undefined,
-                }
-            )
+            counts.update({"num-reports": int(groups.size), "num-refused": refused})
         content = RecordDict(
             {
                 REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),

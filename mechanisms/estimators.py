@@ -307,8 +307,11 @@ def _check_summary_finite(summary: ReportSummary) -> None:
             )
 
 
-def _check_estimated_sizes(sizes: np.ndarray, moments: ReportMoments, num_clients: int) -> None:
-    """Refuse a group whose estimated size is not distinguishable from zero.
+def _check_estimated_sizes(
+    sizes: np.ndarray, moments: ReportMoments, num_clients: int, checked: int
+) -> None:
+    """Refuse a group (among the first ``checked``) whose estimated size is not
+    distinguishable from zero.
 
     Refused when n_hat_G <= 0.5 or n_hat_G < SIZE_DETECTION_SIGMAS * sd(n_hat_G), with
     sd from :func:`size_estimate_covariance` at the plug-in sizes clip(n_hat, 0, K).
@@ -316,7 +319,7 @@ def _check_estimated_sizes(sizes: np.ndarray, moments: ReportMoments, num_client
     plug_in = np.clip(sizes, 0.0, float(num_clients))
     size_sd = np.sqrt(np.diag(size_estimate_covariance(moments, num_clients, plug_in)))
     threshold = SIZE_DETECTION_SIGMAS * size_sd
-    small = (sizes <= 0.5) | (sizes < threshold)
+    small = ((sizes <= 0.5) | (sizes < threshold))[:checked]
     if np.any(small):
         group = int(np.flatnonzero(small)[0])
         raise EstimationError(
@@ -334,6 +337,7 @@ def estimate_gap(
     *,
     group_sizes: Sequence[int] | None = None,
     confidence: float = 0.95,
+    undefined_category: bool = False,
 ) -> GapEstimate:
     """Estimate every group's mean, every pairwise gap and the max gap from reports.
 
@@ -351,6 +355,12 @@ def estimate_gap(
         :class:`EstimationError` (indistinguishable from an empty group).
     confidence : float
         Level of the intervals and bounds, in (0, 1).
+    undefined_category : bool
+        The mechanism's last category is "metric undefined" (e.g. TPR for a user without
+        positives): those users report it, with the value 0, like everyone else, so that not
+        reporting never tells their label; it is randomised by the group step like any group.
+        The estimate then covers the other categories only (means, gaps, sizes), and
+        ``group_sizes``, if given, are those of the other categories.
 
     Notes
     -----
@@ -385,15 +395,29 @@ def estimate_gap(
     a = moments.keep_probability
     gain = a * moments.value_gain
     notes: list[str] = []
+    reported = mechanism.num_groups - 1 if undefined_category else mechanism.num_groups
+    if reported < 2:
+        raise ValueError("undefined_category needs a mechanism with at least 3 categories")
     if group_sizes is not None:
-        sizes = _check_known_sizes(group_sizes, summary)
+        known = list(group_sizes)
+        if undefined_category:
+            known.append(num_clients - int(np.sum(np.asarray(known, dtype=np.int64))))
+        sizes = _check_known_sizes(known, summary)
         sizes_known = True
     else:
         sizes = grr_frequency_estimate(summary.report_counts, num_clients, a)
         sizes_known = False
-        _check_estimated_sizes(sizes, moments, num_clients)
+        _check_estimated_sizes(sizes, moments, num_clients, reported)
     totals = summary.value_sums / gain
-    means_v = totals / sizes
+    if undefined_category:
+        # the undefined category's users report v = 0: its size only enters its own (unused)
+        # row of the covariance, so a floor of 1 keeps that row finite
+        sizes = sizes.copy()
+        sizes[reported:] = np.clip(sizes[reported:], 1.0, max(float(num_clients), 1.0))
+        totals = totals.copy()
+        totals[reported:] = 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        means_v = np.where(sizes > 0, totals / sizes, 0.0)
     # Plug-in for sum_G v^2.
     if moments.kept_second_moment_slope > 0:
         q = moments.flip_probability
@@ -406,18 +430,17 @@ def estimate_gap(
         squares = np.zeros_like(sizes)
     lower = sizes * np.minimum(means_v**2, 1.0)
     squares = np.clip(squares, lower, sizes)
+    worst_squares = np.array(worst_case_square_sums(moments, sizes), dtype=np.float64)
+    if undefined_category:
+        squares[reported:] = 0.0
+        worst_squares[reported:] = 0.0
     cov = estimator_covariance(
         moments, num_clients, sizes, totals, squares, sizes_known=sizes_known
     )
     worst = estimator_covariance(
-        moments,
-        num_clients,
-        sizes,
-        totals,
-        worst_case_square_sums(moments, sizes),
-        sizes_known=sizes_known,
+        moments, num_clients, sizes, totals, worst_squares, sizes_known=sizes_known
     )
-    pairs = tuple(itertools.combinations(range(mechanism.num_groups), 2))
+    pairs = tuple(itertools.combinations(range(reported), 2))
     first = np.array([i for i, _ in pairs])
     second = np.array([j for _, j in pairs])
     diff_var = cov[first, first] + cov[second, second] - 2 * cov[first, second]
@@ -442,6 +465,8 @@ def estimate_gap(
     )
     if not sizes_known:
         notes.append("group sizes estimated from the perturbed group reports (GRR estimator)")
+    if undefined_category:
+        notes.append("users with an undefined metric reported the undefined category")
     return GapEstimate(
         mechanism=mechanism.name,
         epsilon=float(mechanism.epsilon),
@@ -449,9 +474,9 @@ def estimate_gap(
         epsilon_value=float(mechanism.epsilon_value),
         num_reports=int(num_clients),
         confidence=confidence,
-        group_means=(means_v + 1.0) / 2.0,
-        group_stderrs=np.sqrt(np.maximum(np.diag(cov), 0.0)) / 2.0,
-        group_sizes=sizes,
+        group_means=(means_v[:reported] + 1.0) / 2.0,
+        group_stderrs=np.sqrt(np.maximum(np.diag(cov)[:reported], 0.0)) / 2.0,
+        group_sizes=sizes[:reported],
         sizes_estimated=not sizes_known,
         pairs=pairs,
         differences=differences_v / 2.0,

@@ -15,11 +15,13 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["METRIC_NAMES", "MetricName", "UserRates", "user_rates"]
+__all__ = ["METRIC_NAMES", "UNDEFINABLE_METRICS", "MetricName", "UserRates", "user_rates"]
 
 MetricName = Literal["accuracy", "tpr", "fpr", "fnr"]
 #: The per-user metrics an audit can ask for.
 METRIC_NAMES: tuple[str, ...] = get_args(MetricName)
+#: Metrics undefined for some users (TPR and FNR without positives, FPR without negatives).
+UNDEFINABLE_METRICS: tuple[str, ...] = ("tpr", "fpr", "fnr")
 
 
 def _ratio(numerator: NDArray[np.int64], denominator: NDArray[np.int64]) -> NDArray[np.float64]:

@@ -23,7 +23,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.config import RunConfig
-from ..mechanisms import mechanism_for_budget
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from .harness import GroundTruth, ground_truth
 from .orchestration import (
@@ -68,16 +67,17 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
     outcomes: list[AuditOutcome] = []
     spent = 0.0
     for index, budget in enumerate(config.epsilons):
-        mechanism = mechanism_for_budget(config.mechanism, budget, config.num_groups)  # type: ignore[arg-type]
-        audit = LdpGapAudit(
-            mechanism,
-            budget=budget,
+        audit = LdpGapAudit.for_budget(
+            config.mechanism,  # type: ignore[arg-type]
+            budget,
+            num_groups=config.num_groups,
             metric=config.metric,
             confidence=config.confidence,
             group_sizes=truth.group_counts if (truth and config.group_sizes == "known") else None,
             audit_id=f"audit-{index + 1}-eps-{budget:g}",
             users_by_node=nodes.users_by_node,
         )
+        mechanism = audit.mechanism
         log(logging.INFO, "[AUDIT %d/%d] epsilon %g", index + 1, len(config.epsilons), budget)
         # Nodes charge their users' ledgers when they process the audit, whether or not
         # their reply arrives or is accepted: count every audit sent (an upper bound).
@@ -116,7 +116,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
             "user_budget": config.user_budget,
             "epsilon_spent_per_user": spent,
             "composition": "basic sequential composition of the true epsilons of every audit "
-            "sent (an upper bound: users who refused or whose metric was undefined spent less)",
+            "sent (an upper bound: users who refused spent less)",
         },
         "elapsed_seconds": time.perf_counter() - started,
     }

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
@@ -32,8 +33,9 @@ from flwr.serverapp import Grid
 
 from ..mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
 from ..mechanisms.accounting import BUDGET_TOLERANCE
-from ..mechanisms.calibration import GapMechanismType
+from ..mechanisms.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
 from ..mechanisms.laplace import GRID_STEP, LaplaceMechanism
+from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
 from ..mechanisms.protocol import (
     AUDIT_MESSAGE_TYPE,
     GROUPS_KEY,
@@ -77,7 +79,8 @@ class AuditOutcome:
     refused_users : int
         Users who refused because their privacy ledger could not afford the audit.
     undefined_users : int
-        Users whose metric is undefined (e.g. TPR without positives); they do not report.
+        Users whose metric is undefined (e.g. TPR without positives) that nodes declared (0
+        when the audit carries the undefined category: those users report it, perturbed).
     error : str or None
         Why there is no estimate, if there is none.
     """
@@ -130,6 +133,12 @@ class LdpGapAudit:
         :class:`fedparity.server.orchestration.NodeDescriptions`). A reply accounting for more users
         (num-reports + num-refused + num-undefined) is rejected; nodes not in the mapping,
         or no mapping, are not bounded.
+    undefined_category : bool
+        The mechanism's last category is "metric undefined" (default: for TPR, FPR and FNR,
+        which are undefined for a user without positives, resp. negatives). Every user then
+        reports, and silence never tells the server a label; the estimate covers the other
+        categories (:func:`~fedparity.mechanisms.estimators.estimate_gap`).
+        :meth:`for_budget` builds the mechanism with the extra category.
     """
 
     def __init__(
@@ -142,6 +151,7 @@ class LdpGapAudit:
         group_sizes: Sequence[int] | None = None,
         audit_id: str = "audit",
         users_by_node: Mapping[int, int] | None = None,
+        undefined_category: bool | None = None,
     ) -> None:
         if not budget > 0:
             raise ValueError(f"budget must be > 0, got {budget!r}")
@@ -154,6 +164,16 @@ class LdpGapAudit:
             mechanism.report_bound  # noqa: B018 - ValueError now if M_L cannot release
         if not 0.0 < confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        if metric not in METRIC_NAMES:
+            raise ValueError(f"metric must be one of {', '.join(METRIC_NAMES)}, got {metric!r}")
+        if undefined_category is None:
+            undefined_category = metric in UNDEFINABLE_METRICS
+        if undefined_category and mechanism.num_groups < 3:
+            raise ValueError(
+                f"with the undefined category the mechanism needs num_groups >= 3 (the protected "
+                f"groups and 'undefined'), got {mechanism.num_groups}: use LdpGapAudit.for_budget"
+            )
+        self.undefined_category = bool(undefined_category)
         self.mechanism = mechanism
         self.budget = float(budget)
         self.metric = metric
@@ -170,6 +190,23 @@ class LdpGapAudit:
                         f"for node {node!r}"
                     )
                 self.users_by_node[int(node)] = int(users)
+
+    @classmethod
+    def for_budget(
+        cls,
+        mechanism: MechanismChoice,
+        budget: float,
+        *,
+        num_groups: int,
+        metric: str = "accuracy",
+        **kwargs: Any,
+    ) -> LdpGapAudit:
+        """The audit with the variance-optimal mechanism (``"R"``, ``"L"`` or ``"best"``) for
+        ``budget`` over ``num_groups`` protected groups, plus the undefined category for
+        TPR, FPR and FNR (:func:`~fedparity.mechanisms.calibration.mechanism_for_budget`)."""
+        undefined = metric in UNDEFINABLE_METRICS
+        built = mechanism_for_budget(mechanism, budget, num_groups + int(undefined))
+        return cls(built, budget=budget, metric=metric, undefined_category=undefined, **kwargs)
 
     def summary(self) -> None:
         """Log the audit's parameters (like ``Strategy.summary``)."""
@@ -205,6 +242,7 @@ class LdpGapAudit:
                 "budget": self.budget,
                 "metric": self.metric,
                 "audit-id": self.audit_id,
+                "undefined-category": self.undefined_category,
             }
         )
 
@@ -314,7 +352,11 @@ class LdpGapAudit:
         estimate, error_text = None, None
         try:
             estimate = estimate_gap(
-                total, self.mechanism, group_sizes=self.group_sizes, confidence=self.confidence
+                total,
+                self.mechanism,
+                group_sizes=self.group_sizes,
+                confidence=self.confidence,
+                undefined_category=self.undefined_category,
             )
         except (EstimationError, ValueError) as error:
             error_text = str(error)

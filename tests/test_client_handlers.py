@@ -168,7 +168,8 @@ def test_node_refuses_a_mechanism_above_the_audit_budget(ledger_dir: Path) -> No
 
 def test_adult_users_audit_through_the_handler(adult_path: Path, ledger_dir: Path) -> None:
     """Real UCI Adult: a node's users (grouped by sex) evaluate and report perturbed TPRs;
-    users without a positive test sample have no TPR and do not report."""
+    users without a positive test sample have no TPR and report the undefined category (every
+    user sends exactly one report: silence would tell the server they have no positive)."""
     context = Context(
         run_id=1,
         node_id=7,
@@ -184,11 +185,14 @@ def test_adult_users_audit_through_the_handler(adult_path: Path, ledger_dir: Pat
     )
     shard = load_shard(context, RunConfig.from_mapping(context.run_config), "test")
     assert shard.num_users == 500 and set(np.unique(shard.user_groups)) == {0, 1}
-    mechanism = RandomizedResponseMechanism(1.0, 1.5)
+    audit = LdpGapAudit.for_budget("R", 2.0, num_groups=2, metric="tpr")
+    assert audit.undefined_category and audit.mechanism.num_groups == 3
     arrays = ArrayRecord(get_arrays(build_model(shard.num_features, seed=0)))
-    message = LdpGapAudit(mechanism, budget=2.0, metric="tpr").configure_audit(arrays, [7])[0]
+    message = audit.configure_audit(arrays, [7])[0]
     reply = ldp_audit(message, context, config_of(context))
     metrics = dict(reply.content.metric_records["metrics"])
     positives = np.bincount(shard.user_index, weights=shard.labels, minlength=500)
-    assert metrics["num-undefined"] == int((positives == 0).sum()) > 0
-    assert metrics["num-reports"] == 500 - metrics["num-undefined"]
+    assert int((positives == 0).sum()) > 0  # some users have no TPR
+    assert metrics["num-reports"] == 500 and "num-undefined" not in metrics
+    groups = reply.content.array_records["reports"]["groups"].numpy()
+    assert set(np.unique(groups)) <= {0, 1, 2} and groups.size == 500

@@ -154,7 +154,7 @@ def test_handler_refuses_another_number_of_groups() -> None:
         ArrayRecord({"threshold": Array(np.array([0.5]))}), [1]
     )[0]
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    with pytest.raises(ValueError, match="asks for 2 groups, this node has 3"):
+    with pytest.raises(ValueError, match="asks for 2 categories, this node has 3 groups"):
         handler(message, context)
     assert "ldp-ledger" not in context.state.array_records
 

@@ -165,19 +165,42 @@ def test_outside_simulation_the_ledger_persists_without_a_ledger_dir(isolated_ho
     assert (isolated_home / ".fedparity" / "ledgers" / "ldp-ledger.npz").is_file()
 
 
-def test_a_small_node_sends_no_counts_in_clear(tmp_path: Path) -> None:
-    # The side channel: "num-undefined 1" on a one-user device says its TPR is undefined.
-    metrics = np.array([np.nan])
-    handler = ldp_audit_handler(
-        lambda *_: LocalUsers(np.zeros(1, dtype=np.int64), metrics), num_groups=2
+def test_a_user_with_an_undefined_metric_reports_like_everyone_else(tmp_path: Path) -> None:
+    # The side channel (review M3): a one-user device whose TPR is undefined sent nothing, and
+    # "num-undefined 1" in clear: a label bit outside the LDP guarantee. Now it sends exactly
+    # one perturbed report (of the undefined category), and no counts.
+    def one_user(metric: float) -> LocalUsers:
+        return LocalUsers(np.zeros(1, dtype=np.int64), np.array([metric]))
+
+    audit = LdpGapAudit.for_budget("R", 2.0, num_groups=2, metric="tpr")
+    replies = {}
+    for name, metric in (("undefined", np.nan), ("defined", 0.75)):
+        handler = ldp_audit_handler(lambda *_, m=metric: one_user(m), num_groups=2)
+        context = _context({"ledger-dir": str(tmp_path / name)})
+        message = audit.configure_audit(ArrayRecord({"w": Array(np.zeros(1))}), [3])[0]
+        replies[name] = handler(message, context)
+    for reply in replies.values():
+        assert set(reply.content.metric_records["metrics"]) == {"epsilon-charged"}
+        reports = reply.content.array_records["reports"]
+        assert reports["groups"].numpy().size == 1  # one report, whatever the metric
+    # an audit without the undefined category is refused rather than answered by silence
+    plain = LdpGapAudit(
+        RandomizedResponseMechanism(1.0, 1.0), budget=2.0, metric="tpr", undefined_category=False
     )
+    handler = ldp_audit_handler(lambda *_: one_user(np.nan), num_groups=2)
+    message = plain.configure_audit(ArrayRecord({"w": Array(np.zeros(1))}), [3])[0]
+    with pytest.raises(ValueError, match="no undefined category"):
+        handler(message, _context({"ledger-dir": str(tmp_path / "plain")}))
+
+
+def test_a_small_node_sends_no_counts_in_clear(tmp_path: Path) -> None:
     mechanism = RandomizedResponseMechanism(1.0, 1.0)
-    reply = handler(_audit(mechanism, mechanism.epsilon), _context({"ledger-dir": str(tmp_path)}))
+    few = ldp_audit_handler(lambda *_: _users(5), num_groups=2)
+    reply = few(_audit(mechanism, mechanism.epsilon), _context({"ledger-dir": str(tmp_path)}))
     assert set(reply.content.metric_records["metrics"]) == {"epsilon-charged"}
     many = ldp_audit_handler(lambda *_: _users(40), num_groups=2)
-    reply = many(
-        _audit(mechanism, mechanism.epsilon), _context({"ledger-dir": str(tmp_path / "b")})
-    )
+    context = _context({"ledger-dir": str(tmp_path / "b")})
+    reply = many(_audit(mechanism, mechanism.epsilon), context)
     assert reply.content.metric_records["metrics"]["num-reports"] == 40
 
 

@@ -242,6 +242,7 @@ def test_audit_config_carries_only_public_parameters() -> None:
         "budget": 1.0,
         "metric": "tpr",
         "audit-id": "a1",
+        "undefined-category": True,  # TPR: the mechanism's 3rd category is "undefined"
     }
     messages = audit.configure_audit(ArrayRecord({"w": Array(np.zeros(2))}), [4, 5])
     assert [m.metadata.dst_node_id for m in messages] == [4, 5]
