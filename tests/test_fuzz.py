@@ -418,3 +418,87 @@ def test_a_key_holder_refuses_any_sum_it_cannot_verify(
         assert str(refusal)
         return
     pytest.fail("a key holder released the decryption of a sum it could not verify")
+
+
+@FUZZ
+@given(salt=config_values)
+def test_an_fpfl_node_refuses_any_setup_without_a_salt(salt: object) -> None:
+    handlers = fpfl_handlers(make_model, node_users, SETTINGS)
+    config = config_record({"run-salt": salt})
+    message = Message(
+        RecordDict({FPFL_KEY: config}), dst_node_id=3, message_type="query.fpfl_setup"
+    )
+    context = context_for({})
+    try:
+        reply = handlers["fpfl_setup"](message, context)
+    except REFUSALS as refusal:
+        assert str(refusal)
+        return
+    assert isinstance(salt, bytes)  # answered only a well-formed setup: with a public key
+    assert set(reply.content.config_records[FPFL_KEY]) == {"public-key"}
+
+
+# --- the server: FedEvalFair ciphertexts and FPFL sums from the nodes ----------------------------
+
+
+@pytest.fixture(scope="module")
+def public_context(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    from fedparity.mechanisms.ckks import generate_keys, load_public_context
+
+    return load_public_context(generate_keys(tmp_path_factory.mktemp("fuzz-public")).public)
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_server_counts_every_malformed_ciphertext_and_never_fails(
+    data: st.DataObject, public_context: object
+) -> None:
+    from fedparity.mechanisms.protocol import FEF_KEY, ROUND1_SIZE
+    from fedparity.strategies.fedevalfair import FedEvalFairProtocol
+
+    protocol = FedEvalFairProtocol(public_context)  # type: ignore[arg-type]
+    replies = []
+    for node in (1, 2, 3):
+        arrays = {}
+        if data.draw(st.booleans(), label="has ciphertext"):
+            arrays["ciphertext"] = Array(data.draw(arrays_strategy, label="ciphertext"))
+        content = RecordDict({FEF_KEY: ArrayRecord(arrays)} if arrays or node == 3 else {})
+        message = Message(RecordDict(), dst_node_id=node, message_type="query.fef_round1")
+        replies.append(Message(content, reply_to=message))
+    total, accepted, rejected, unable, _ = protocol.collect_ciphertexts(
+        1, [1, 2, 3], replies, ROUND1_SIZE
+    )
+    assert len(accepted) + len(rejected) + len(unable) == 3
+    assert total is None or accepted
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_server_rejects_every_malformed_fpfl_sum(data: st.DataObject) -> None:
+    from fedparity.strategies.fpfl import FPFLProtocol
+
+    masking = data.draw(st.booleans(), label="masking")
+    protocol = FPFLProtocol(
+        None,  # type: ignore[arg-type] - only the reply check runs: no messages are sent
+        node_ids=[1, 2, 3],
+        vector_size=5,
+        population_size=100,
+        max_node_users=40,
+        noise_multiplier=0.0,
+        clipping_bound=1.0,
+        masking=masking,
+        distributed_noise=True,
+        dropout_tolerance=0.0,
+        reply_timeout=1.0,
+    )
+    arrays = {}
+    for key in ("masked", "sum"):
+        if data.draw(st.booleans(), label=f"has {key}"):
+            arrays[key] = Array(data.draw(arrays_strategy, label=key))
+    message = Message(RecordDict(), dst_node_id=1, message_type="query.fpfl_round")
+    reply = Message(RecordDict({FPFL_KEY: ArrayRecord(arrays)}), reply_to=message)
+    vector, reason = protocol._read_reply(reply)  # noqa: SLF001 - the per-reply check of run_round
+    if vector is None:
+        assert reason
+    else:
+        assert vector.shape == (5,) and vector.dtype == (np.uint64 if masking else np.float64)
