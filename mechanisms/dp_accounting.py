@@ -34,9 +34,12 @@ setting of Rodriguez-Galvez et al. 2021, Section 4.1: ``K = 16280`` users, ``eps
 
 from __future__ import annotations
 
+import importlib
+import logging
 import math
 import warnings
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Literal
 
 from ._validation import (
@@ -62,6 +65,21 @@ ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 EPSILON_TOLERANCE = 0.01
 #: Opacus PRV accountant's default ``eps_error``.
 PRV_EPSILON_ERROR = 0.01
+
+
+def _opacus(module: str) -> ModuleType:
+    """Import an Opacus module (lazily) without its side effect on logging: Opacus calls
+    ``logging.basicConfig`` when imported, which adds a handler to the root logger and makes
+    every log line of a Flower app appear twice. Handlers it adds are removed again."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return importlib.import_module(module)
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def sample_rate(cohort_size: int, population_size: int) -> float:
@@ -177,7 +195,8 @@ def privacy_spent(
     if steps == 0:
         return PrivacySpent(0.0, delta, 0, noise_multiplier, rate, accountant)
     # Opacus (and with it torch) is imported only here, so the module imports without them.
-    from opacus.accountants import PRVAccountant, RDPAccountant
+    accountants = _opacus("opacus.accountants")
+    PRVAccountant, RDPAccountant = accountants.PRVAccountant, accountants.RDPAccountant  # noqa: N806
 
     history = [(noise_multiplier, rate, steps)]
     if accountant == "prv":
@@ -246,7 +265,7 @@ def calibrate_noise(
     delta, rate, accountant = _check_common(delta, rate, accountant)
     steps = check_int_at_least("steps", steps, 1)
     epsilon_tolerance = check_positive_finite("epsilon_tolerance", epsilon_tolerance)
-    from opacus.accountants.utils import get_noise_multiplier  # lazily, as in privacy_spent
+    get_noise_multiplier = _opacus("opacus.accountants.utils").get_noise_multiplier
 
     with warnings.catch_warnings():
         # Opacus warns about the RDP order grid while bisecting through huge sigmas; the

@@ -146,3 +146,33 @@ def test_spent_input_errors_and_sample_rate() -> None:
         privacy_spent(noise_multiplier=1.0, sample_rate=0.1, steps=-1, delta=1e-5)
     with pytest.raises(ValueError, match="sample_rate"):
         privacy_spent(noise_multiplier=1.0, sample_rate=1.5, steps=1, delta=1e-5)
+
+
+def test_importing_opacus_leaves_the_root_logger_alone() -> None:
+    # Opacus calls logging.basicConfig when imported: the root logger gained a stderr handler
+    # and every line of `flwr run --stream` appeared twice. Checked in a fresh interpreter
+    # (this one may have imported Opacus already); the power check shows the side effect.
+    import subprocess
+    import sys
+
+    probe = (
+        "import logging\n"
+        "before = list(logging.getLogger().handlers)\n"
+        "{action}\n"
+        "print(len(logging.getLogger().handlers) - len(before))\n"
+    )
+    ours = "from fedparity.mechanisms.dp_accounting import calibrate_noise\n" + (
+        "calibrate_noise(epsilon=2.0, delta=1e-5, cohort_size=10, population_size=1000, steps=5)"
+    )
+    raw = "import opacus.accountants"
+    added = {
+        name: subprocess.run(
+            [sys.executable, "-c", probe.format(action=action)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout.split()[-1]
+        for name, action in (("fedparity", ours), ("opacus alone", raw))
+    }
+    assert added == {"fedparity": "0", "opacus alone": "1"}
