@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 from ..clients.config import RunConfig
 from ..clients.task import build_model, get_arrays
 from ..mechanisms.protocol import METRICS_KEY
+from ..strategies.replies import send_and_receive
 from ..strategies.robust_fedavg import RobustFedAvg
 
 DESCRIBE_MESSAGE_TYPE = "query.describe"
@@ -64,7 +65,7 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescr
         for node in node_ids
     ]
     found = NodeDescriptions()
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in send_and_receive(grid, messages, timeout):
         node = int(reply.metadata.src_node_id)
         if reply.has_error():
             found.failed.append((node, reply.error.reason))

@@ -57,7 +57,7 @@ from ..mechanisms.protocol import (
     ROUND2_SIZE,
     UNABLE_MARKER,
 )
-from ._replies import RejectedReply, short_reason
+from .replies import RejectedReply, send_and_receive, short_reason
 
 #: Relative tolerance within which the key holders' releases must agree.
 AGREEMENT_TOLERANCE = 1e-6
@@ -187,7 +187,7 @@ class FedEvalFairProtocol:
             )
             for node in node_ids
         ]
-        return list(grid.send_and_receive(messages, timeout=self.timeout))
+        return send_and_receive(grid, messages, self.timeout)
 
     def collect_ciphertexts(
         self, round_number: int, sent_to: Sequence[int], replies: Iterable[Message], size: int

@@ -67,6 +67,7 @@ from ..mechanisms.secure_sum import (
     noise_share_std,
     unmask_sum,
 )
+from .replies import send_and_receive
 
 __all__ = [
     "FPFLProtocol",
@@ -179,7 +180,7 @@ class FPFLProtocol:
             for node in self.members
         ]
         keys: dict[int, bytes] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout):
+        for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 self.setup_failed.append((node, reply.error.reason))
@@ -255,7 +256,7 @@ class FPFLProtocol:
         ]
         outcome = RoundOutcome(round=round_number, total=None)
         received: dict[int, NDArray] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout):
+        for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if node not in self.members or node in received:
                 continue
@@ -354,7 +355,7 @@ class FPFLProtocol:
         revealed: dict[tuple[int, int], bytes] = {}
         failures: list[tuple[int, str]] = []
         answered: set[int] = set()
-        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout):
+        for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 failures.append((node, f"reveal refused or failed: {reply.error.reason}"))

@@ -44,7 +44,7 @@ from ..mechanisms.protocol import (
     USER_COUNT_KEYS,
     VALUES_KEY,
 )
-from ._replies import RejectedReply, short_reason
+from .replies import RejectedReply, send_and_receive, short_reason
 
 
 def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
@@ -387,5 +387,5 @@ class LdpGapAudit:
         self.summary()
         node_ids = sorted(grid.get_node_ids())
         messages = self.configure_audit(arrays, node_ids)
-        replies = grid.send_and_receive(messages, timeout=timeout)
+        replies = send_and_receive(grid, messages, timeout)
         return self.aggregate_audit(node_ids, replies)

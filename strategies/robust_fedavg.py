@@ -20,7 +20,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from ._replies import RejectedReply, short_reason
+from .replies import RejectedReply, short_reason
 
 
 class RobustFedAvg(FedAvg):

@@ -308,3 +308,31 @@ def test_config_record_roundtrip_of_audit_values() -> None:
     record = LdpGapAudit(mechanism, budget=1.0).audit_config()
     assert isinstance(record, ConfigRecord)
     assert float(record["epsilon-group"]) == mechanism.epsilon_group
+
+
+def test_an_error_the_superlink_sends_for_a_dead_node_is_that_nodes() -> None:
+    """Flower answers for an unreachable node with an error reply whose source is the
+    SuperLink (node id 1). Taken at face value, the audit counted a phantom rejection of
+    "node 1" and the dead node as missing as well (review: dropouts misreported)."""
+    from flwr.app import Error
+
+    from fedparity.strategies.replies import attribute_replies
+
+    mechanism = RandomizedResponseMechanism(0.5, 0.5)
+    audit = LdpGapAudit(mechanism, budget=mechanism.epsilon)
+    arrays = ArrayRecord({"w": Array(np.zeros(1))})
+    sent = audit.configure_audit(arrays, [7, 8])
+    for number, message in enumerate(sent):  # what the Grid does when it pushes them
+        message.metadata.__dict__["_message_id"] = f"message-{number}"
+    rng = np.random.default_rng(3)
+    honest = _reply(8, *_honest_reports(mechanism, 50, rng))
+    honest = Message(honest.content, reply_to=sent[1])  # the reply to the message sent
+    lost = Message(Error(code=0, reason="node 7 is unreachable"), reply_to=sent[0])
+    lost.metadata.__dict__["_src_node_id"] = 1  # as the SuperLink sends it
+
+    naive = audit.aggregate_audit([7, 8], [lost, honest])
+    assert [r.node_id for r in naive.rejected] == [1] and naive.missing_nodes == (7,)
+
+    attributed = audit.aggregate_audit([7, 8], attribute_replies(sent, [lost, honest]))
+    assert [r.node_id for r in attributed.rejected] == [7] and attributed.missing_nodes == ()
+    assert attributed.accepted_nodes == 1

@@ -1,0 +1,64 @@
+"""Bookkeeping of the replies a strategy receives, shared by every strategy: who a reply is
+from, and the replies it could not use."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+__all__ = [
+    "MAX_REASON_LENGTH",
+    "RejectedReply",
+    "attribute_replies",
+    "send_and_receive",
+    "short_reason",
+]
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+MAX_REASON_LENGTH = 240
+
+
+def short_reason(text: str) -> str:
+    """A client's error text for logs and results: no colour codes, one line, the end kept
+    (where Python puts the exception message of a long remote traceback)."""
+    flat = " ".join(_ANSI_ESCAPE.sub("", str(text)).split())
+    if len(flat) <= MAX_REASON_LENGTH:
+        return flat
+    return "..." + flat[-MAX_REASON_LENGTH:]
+
+
+@dataclass(frozen=True)
+class RejectedReply:
+    """A reply that was not used, and why."""
+
+    node_id: int
+    reason: str
+
+
+def attribute_replies(sent: Sequence[Message], replies: Iterable[Message]) -> list[Message]:
+    """The replies, each attributed to the node it concerns.
+
+    When a node cannot be reached, Flower answers in its place with an error reply whose
+    source is the SuperLink itself (node id 1), not the node: every strategy would count a
+    phantom "node 1". The message a reply answers (``reply_to_message_id``) names the node
+    it was sent to; an error reply from anyone else is re-attributed to that node.
+    """
+    destinations = {msg.metadata.message_id: int(msg.metadata.dst_node_id) for msg in sent}
+    attributed = []
+    for reply in replies:
+        node = destinations.get(reply.metadata.reply_to_message_id)
+        if node is not None and reply.has_error() and int(reply.metadata.src_node_id) != node:
+            reply.metadata.__dict__["_src_node_id"] = node  # as Flower sets its message ids
+        attributed.append(reply)
+    return attributed
+
+
+def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float) -> list[Message]:
+    """``grid.send_and_receive`` with every reply attributed to the node it concerns
+    (:func:`attribute_replies`)."""
+    replies = grid.send_and_receive(messages, timeout=timeout)
+    return attribute_replies(messages, replies)
