@@ -53,6 +53,7 @@ from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
 from .fpfl_task import build_model_for
 from .ldp import LocalUsers, ldp_audit_handler, node_ledger_dir
+from .messages import int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .policy import node_policy
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
@@ -184,7 +185,8 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     shard = load_shard(context, config, "train")
     arrays = msg.content["arrays"]
     model = _model_for(shard, arrays, config.seed)
-    server_round = int(msg.content["config"].get("server-round", 0))
+    train_config = msg.content.config_records.get("config", {})
+    server_round = int_field(train_config, "server-round") if "server-round" in train_config else 0
     partition_id, _ = _partition(context)
     loss = float("nan")
     if shard.num_samples:

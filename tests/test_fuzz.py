@@ -502,3 +502,46 @@ def test_the_server_rejects_every_malformed_fpfl_sum(data: st.DataObject) -> Non
         assert reason
     else:
         assert vector.shape == (5,) and vector.dtype == (np.uint64 if masking else np.float64)
+
+
+# --- FedAvg training and describe on the built-in ClientApp --------------------------------------
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_built_in_node_refuses_or_trains_for_any_train_message(data: st.DataObject) -> None:
+    from fedparity.clients.app import describe, train_handler
+    from fedparity.clients.config import RunConfig
+    from fedparity.clients.task import build_model, get_arrays
+
+    config = RunConfig.from_mapping({"users-per-node": 20})
+    context = Context(
+        run_id=1,
+        node_id=3,
+        node_config={"partition-id": 0, "num-partitions": 2},
+        state=RecordDict(),
+        run_config={},
+    )
+    describe_message = Message(RecordDict({}), dst_node_id=3, message_type="query.describe")
+    described = describe(describe_message, context, config).content.metric_records["metrics"]
+    arrays = get_arrays(build_model(int(described["num-features"]), seed=0))
+    choice = data.draw(st.sampled_from(["valid", "fewer", "reshaped", "text"]), label="arrays")
+    if choice == "fewer":
+        arrays = arrays[:-1]
+    elif choice == "reshaped":
+        arrays = [array.reshape(-1) for array in arrays]
+    elif choice == "text":
+        arrays = [np.array(["w"] * array.size) for array in arrays]
+    train_config = config_record(mutate({"server-round": 1}, data))
+    message = Message(
+        RecordDict({"arrays": ArrayRecord(list(arrays)), "config": train_config}),
+        dst_node_id=3,
+        message_type="train",
+    )
+    try:
+        reply = train_handler(message, context, config)
+    except REFUSALS as refusal:
+        assert str(refusal)
+        return
+    assert choice == "valid"
+    assert reply.content.metric_records["metrics"]["num-examples"] >= 0
