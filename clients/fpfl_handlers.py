@@ -23,7 +23,8 @@ of differential multipliers", 2021, Algorithm 1). Register them with::
 beyond the policy (epsilon, delta, no masking, central noise, a seed, no noise at all) are
 refused before anything is computed; the population size ``K`` and the node count the server
 sends are bounded by the policy; the noise share is sized for the policy's tolerated
-colluders; and masks are revealed only for at least the policy's ``min-survivors``.
+colluders; masks are revealed only for at least the policy's ``min-survivors``; and a node
+releases at most ``settings.rounds`` noisy sums in a run (``sigma`` is calibrated for them).
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ from .messages import (
 )
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
-__all__ = ["FPFL_STATE_KEY", "fpfl_handlers"]
+__all__ = ["FPFL_STATE_KEY", "ROUNDS_STATE_KEY", "fpfl_handlers"]
 
 #: Node run-state record of the run's masking key pair and revealed rounds.
 FPFL_STATE_KEY = "fpfl-masking"
+#: Node run-state record of how many noisy round contributions the node has released.
+ROUNDS_STATE_KEY = "fpfl-rounds"
 Handler = Callable[[Message, Context], Message]
 
 
@@ -163,6 +166,15 @@ def fpfl_handlers(
             )
         if settings.masking or settings.distributed_noise:
             node_limits.check_nodes(num_nodes)
+        if settings.epsilon is not None:
+            # sigma is calibrated for T rounds: a server asking for more would spend more than
+            # epsilon. Counted (in this run's node state) before anything is released.
+            answered = context.state.config_records.get(ROUNDS_STATE_KEY, {}).get("answered", 0)
+            if int(answered) >= settings.rounds:  # type: ignore[arg-type]
+                raise PolicyRefusal("the training's rounds are all spent")
+            context.state.config_records[ROUNDS_STATE_KEY] = ConfigRecord(
+                {"answered": int(answered) + 1}  # type: ignore[arg-type]
+            )
         shard = node_users(context)
         model = make_model()
         set_flat_parameters(model, np.asarray(weights, dtype=np.float64))

@@ -331,6 +331,19 @@ def test_a_claimed_node_count_beyond_the_policy_is_refused() -> None:
         handlers["fpfl_round"](round_message(5000, list(range(3, 1003))), context)
 
 
+def test_a_node_releases_no_more_rounds_than_its_noise_was_calibrated_for() -> None:
+    # The attack: sigma is calibrated for T rounds, and the server simply asks for more (or
+    # replays a round number): every extra noisy sum spends epsilon beyond the target.
+    node = settings(rounds=3, masking=False)
+    handlers = fpfl_handlers(make_model, node_users, node)
+    context = _context({"require-masking": False})
+    for round_number in (1, 2, 2):  # a replayed round counts too
+        reply = handlers["fpfl_round"](round_message(5000, [3, 4, 5], round_number), context)
+        assert "sum" in reply.content.array_records[FPFL_KEY]
+    with pytest.raises(PolicyRefusal, match="rounds are all spent"):
+        handlers["fpfl_round"](round_message(5000, [3, 4, 5], 4), context)
+
+
 def test_the_noise_share_is_sized_for_the_tolerated_colluders() -> None:
     node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
     handlers = fpfl_handlers(make_model, node_users, node)
