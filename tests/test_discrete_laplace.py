@@ -11,6 +11,7 @@ check) and nothing in the grid mechanism.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,12 +161,49 @@ def test_kept_reports_are_unbiased_with_the_stated_variance(v: float) -> None:
     assert abs(reports.values.var() - variance) <= 5 * variance * math.sqrt(5 / count)
 
 
-def test_noise_comes_from_a_secure_generator_in_the_node_path() -> None:
+@pytest.mark.usefixtures("task_identity")
+def test_noise_comes_from_a_secure_generator_in_the_node_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from flwr.app import Array, ArrayRecord, Context, RecordDict
+
+    from fedparity.clients import LocalUsers, ldp_audit_handler
+    from fedparity.clients import ldp as ldp_module
+    from fedparity.clients.fpfl_node import round_rng
+    from fedparity.strategies.ldp_audit import LdpGapAudit
+
     assert is_secure_generator(secure_generator())
     assert not is_secure_generator(np.random.default_rng(1))
     first, second = secure_generator(), secure_generator()
     # independent keys from the OS: two generators never produce the same stream
     assert not np.array_equal(first.bit_generator.random_raw(4), second.bit_generator.random_raw(4))
+    # FPFL noise shares and cohorts: secure unless the (policy-allowed) seed is set
+    assert is_secure_generator(round_rng(None, 0, 1))
+    assert not is_secure_generator(round_rng(5, 0, 1))
+    # the LDP handler draws its reports from the secure generator (a spy records what the
+    # real function returned; nothing is replaced)
+    made: list[np.random.Generator] = []
+
+    def spy() -> np.random.Generator:
+        made.append(secure_generator())
+        return made[-1]
+
+    monkeypatch.setattr(ldp_module, "secure_generator", spy)
+    users = LocalUsers(np.arange(20) % 2, np.full(20, 0.5))
+    handler = ldp_audit_handler(lambda *_: users, num_groups=2)
+    mechanism = LaplaceMechanism(0.5, 1.0)
+    message = LdpGapAudit(mechanism, budget=mechanism.epsilon).configure_audit(
+        ArrayRecord({"w": Array(np.zeros(1))}), [3]
+    )[0]
+    context = Context(
+        run_id=1,
+        node_id=3,
+        node_config={"ledger-dir": str(tmp_path)},
+        state=RecordDict(),
+        run_config={},
+    )
+    handler(message, context)
+    assert len(made) == 1 and is_secure_generator(made[0])
 
 
 def test_a_value_budget_outside_the_samplers_range_is_refused_before_any_release() -> None:

@@ -20,3 +20,25 @@ def test_ruff_finds_nothing(command: list[str]) -> None:
         [ruff, *command, *PYTHON_DIRS], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_papers_are_cited_so_a_reader_outside_this_machine_can_find_them() -> None:
+    # Papers by authors, title and year, equations by paper and number: never by a section of
+    # an internal specification ("SPEC 2.1"), a file number ("paper 004") or a local path.
+    import re
+
+    pattern = re.compile(r"SPEC \d|\b[Pp]apers? 00\d|seeds/")
+    files = [
+        path
+        for folder in (*PYTHON_DIRS, "configs", "docs")
+        for path in (REPO_ROOT / folder).rglob("*")
+        if path.suffix in {".py", ".pyi", ".toml", ".md"}
+    ] + [REPO_ROOT / "README.md", REPO_ROOT / "pyproject.toml"]
+    assert len(files) > 100
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line) and path.name != "test_style.py"
+    ]
+    assert found == []
