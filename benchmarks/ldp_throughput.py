@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from fedparity.mechanisms import estimate_gap, mechanism_for_budget, summarize_stream
+from fedparity.mechanisms.laplace import LaplaceMechanism
 from fedparity.mechanisms.reports import ReportSummary
 from fedparity.mechanisms.secure_random import secure_generator
 
@@ -51,7 +52,8 @@ def measure(
     mechanism_name: str, num_clients: int, epsilon: float, seed: int, generator: str = "secure"
 ) -> dict:
     mechanism = mechanism_for_budget(mechanism_name, epsilon)  # type: ignore[arg-type]
-    mechanism.epsilon  # noqa: B018 - builds M_L's noise table before the clock starts
+    if isinstance(mechanism, LaplaceMechanism):
+        mechanism.check_releasable()  # builds M_L's noise table before the clock starts
     data_rng = np.random.default_rng(seed)
     mechanism_rng = secure_generator() if generator == "secure" else np.random.default_rng()
     total = ReportSummary.empty(2)

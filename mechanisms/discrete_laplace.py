@@ -82,13 +82,6 @@ class DiscreteLaplaceNoise:
         """Realised ``P(Z = z)`` for ``z = -cap .. cap``."""
         return self.realised
 
-    @property
-    def variance(self) -> float:
-        """``Var(Z)`` of the realised distribution."""
-        values = np.arange(-self.cap, self.cap + 1, dtype=np.float64)
-        mean = float(np.dot(self.realised, values))
-        return float(np.dot(self.realised, (values - mean) ** 2))
-
     def max_log_ratio(self, clamp: int) -> float:
         """The largest ``|log P(a) / P(a + 1)|`` over the outcomes a report clamped to
         ``[-clamp, clamp]`` can show: neighbouring interior points of ``Z``, and neighbouring

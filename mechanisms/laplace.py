@@ -339,12 +339,18 @@ class LaplaceMechanism:
 
     def _blocks(
         self, groups: np.ndarray, values: np.ndarray, rng: np.random.Generator
-    ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
+    ) -> Iterator[tuple[NDArray[np.bool_] | NDArray[np.int64], NDArray[np.float64]]]:
+        """(reported group, report) of each block of :data:`BLOCK` clients (:meth:`_draw`)."""
         values = np.asarray(values, dtype=np.float64)
         for start in range(0, groups.shape[0], BLOCK):
             block = slice(start, start + BLOCK)
             _, out_groups, report = self._draw(groups[block], values[block], rng)
-            yield out_groups.astype(np.int64, copy=False), report
+            yield out_groups, report
+
+    def check_releasable(self) -> None:
+        """``ValueError`` unless this mechanism can release reports (eps2 in
+        [:data:`MIN_EPSILON_VALUE`, :data:`MAX_EPSILON_VALUE`]); builds its noise table."""
+        _grid_noise(self.epsilon_value)
 
     def perturb(
         self,
@@ -358,7 +364,7 @@ class LaplaceMechanism:
         if validate:
             groups, values = check_clients(groups, values, self.num_groups)
             rng = check_generator("rng", rng)
-        parts = list(self._blocks(groups, values, rng))
+        parts = [(g.astype(np.int64), v) for g, v in self._blocks(groups, values, rng)]
         if not parts:
             return PerturbedReports(np.zeros(0, dtype=np.int64), np.zeros(0))
         return PerturbedReports(
@@ -386,10 +392,7 @@ class LaplaceMechanism:
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)
         total = squares = sum_one = squares_one = 0.0
         reports_one = 0
-        values = np.asarray(values, dtype=np.float64)
-        for start in range(0, groups.shape[0], BLOCK):
-            block = slice(start, start + BLOCK)
-            _, out_groups, report = self._draw(groups[block], values[block], rng)
+        for out_groups, report in self._blocks(groups, values, rng):
             one = out_groups.astype(np.float64)
             total += float(report.sum())
             squares += float(np.dot(report, report))

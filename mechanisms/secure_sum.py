@@ -498,14 +498,8 @@ def unmask_sum(
     ``participants`` is the round's cohort; the dropped nodes are the participants without
     a masked vector. ``revealed`` must hold ``{(survivor, dropped): seed}`` for exactly those
     pairs (the reveals of round ``round_number``). Raises ``ValueError`` otherwise, or with
-    fewer than ``min_survivors`` vectors.
-
-    References
-    ----------
-    .. [1] K. Bonawitz, V. Ivanov, B. Kreuter, A. Marcedone, H. B. McMahan, S. Patel,
-           D. Ramage, A. Segal and K. Seth, "Practical Secure Aggregation for
-           Privacy-Preserving Machine Learning", ACM CCS 2017 (its pairwise masking; this
-           module omits the double masking and the secret sharing).
+    fewer than ``min_survivors`` vectors. The unmasking of Bonawitz et al. 2017 without its
+    double masking (reference at :func:`mask_vector`).
     """
     if not isinstance(masked_vectors, Mapping):
         raise ValueError(

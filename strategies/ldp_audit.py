@@ -161,7 +161,7 @@ class LdpGapAudit:
                 f"budget {budget:g}: refusing to release"
             )
         if isinstance(mechanism, LaplaceMechanism):
-            mechanism.report_bound  # noqa: B018 - ValueError now if M_L cannot release
+            mechanism.check_releasable()
         if not 0.0 < confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
         if metric not in METRIC_NAMES:

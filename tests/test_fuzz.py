@@ -164,6 +164,20 @@ SETTINGS = FPFLNodeSettings(
 )
 
 
+SALT = b"s" * 16
+
+
+def set_up(handlers: dict, context: Context) -> bytes:
+    """Run a valid setup on the node; its public masking key."""
+    setup = Message(
+        RecordDict({FPFL_KEY: ConfigRecord({"run-salt": SALT})}),
+        dst_node_id=3,
+        message_type="query.fpfl_setup",
+    )
+    reply = handlers["fpfl_setup"](setup, context)
+    return bytes(reply.content.config_records[FPFL_KEY]["public-key"])  # type: ignore[arg-type]
+
+
 @FUZZ
 @given(data=st.data())
 def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
@@ -174,13 +188,7 @@ def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
 
     handlers = fpfl_handlers(make_model, node_users, SETTINGS)
     context = context_for({})
-    salt = b"s" * 16
-    setup = Message(
-        RecordDict({FPFL_KEY: ConfigRecord({"run-salt": salt})}),
-        dst_node_id=3,
-        message_type="query.fpfl_setup",
-    )
-    own_key = handlers["fpfl_setup"](setup, context).content.config_records[FPFL_KEY]
+    own_key = set_up(handlers, context)
     peers = [MaskingKeyPair.generate().public_bytes() for _ in range(2)]
     weights = get_flat_parameters(make_model())
     valid = {
@@ -189,8 +197,8 @@ def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
         "num-nodes": 3,
         "peer-ids": [3, 4, 5],
         "codec-range": 100.0,
-        "run-salt": salt,
-        "peer-keys": [bytes(own_key["public-key"]), *peers],  # type: ignore[arg-type]
+        "run-salt": SALT,
+        "peer-keys": [own_key, *peers],
     }
     config = config_record(mutate(valid, data))
     weight_choice = data.draw(st.sampled_from(["valid", "short", "nan", "text"]))
@@ -225,21 +233,15 @@ def test_an_fpfl_node_refuses_any_reveal_it_should_not_give(data: st.DataObject)
 
     handlers = fpfl_handlers(make_model, node_users, SETTINGS)
     context = context_for({"min-survivors": 3})
-    salt = b"s" * 16
-    setup = Message(
-        RecordDict({FPFL_KEY: ConfigRecord({"run-salt": salt})}),
-        dst_node_id=3,
-        message_type="query.fpfl_setup",
-    )
-    own_key = handlers["fpfl_setup"](setup, context).content.config_records[FPFL_KEY]
+    own_key = set_up(handlers, context)
     peers = [MaskingKeyPair.generate().public_bytes() for _ in range(3)]
     valid = {
         "round": 1,
         "survivors": [3, 4, 5],
         "dropped": [6],
-        "run-salt": salt,
+        "run-salt": SALT,
         "peer-ids": [3, 4, 5, 6],
-        "peer-keys": [bytes(own_key["public-key"]), *peers],  # type: ignore[arg-type]
+        "peer-keys": [own_key, *peers],
     }
     config = config_record(mutate(valid, data))
     message = Message(

@@ -224,6 +224,7 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
         shard_contribution,
         statistics_layout,
     )
+    from fedparity.server.orchestration import wait_for_nodes
     from fedparity.strategies import FPFLProtocol
 
     files = [
@@ -254,14 +255,9 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        import time
-
-        deadline = time.monotonic() + 60
-        while len(list(grid.get_node_ids())) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
         protocol = FPFLProtocol(
             grid,
-            node_ids=sorted(grid.get_node_ids()),
+            node_ids=wait_for_nodes(grid, 3, timeout=60),
             vector_size=layout.size,
             population_size=20 + 25 + 30,
             max_node_users=30,
