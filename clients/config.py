@@ -341,6 +341,14 @@ class RunConfig:
     fpfl_dropout_tolerance: float = _key(
         0.2, _number(0.0, 1.0, open_low=False), "fraction of nodes that may drop"
     )
+    fpfl_require_dropout_tolerance: bool = _key(
+        False,
+        _boolean,
+        "refuse to start when one lost node would lose every round (false: warn loudly)",
+    )
+    fpfl_max_consecutive_lost: int = _key(
+        2, _integer(1), "stop (resumably) after this many lost rounds in a row"
+    )
     fpfl_secure_sum: str = _key("masking", _choice(FPFL_SECURE_SUM), "masking or none")
     fpfl_client_seed: int | None = _key(
         None, _optional(_integer(0)), '"" = OS entropy; an integer is NOT private'

@@ -210,9 +210,16 @@ def fpfl_handlers(
         dropped = int_list_field(record, "dropped")
         members = len(survivors) + len(dropped)
         node_limits = limits(context)
-        needed = max(
-            node_limits.min_survivors, minimum_survivors(members, settings.dropout_tolerance)
-        )
+        noise_survivors = minimum_survivors(members, settings.dropout_tolerance)
+        if settings.epsilon is not None and settings.distributed_noise:
+            if len(survivors) < noise_survivors:
+                # The true reason (not the masking rule below): too few noise shares.
+                raise ValueError(
+                    f"fpfl: refusing to reveal: {len(survivors)} survivor(s), fewer than "
+                    f"n_min = {noise_survivors} whose noise shares add up to the run's noise "
+                    "(the sum would carry less noise than accounted)"
+                )
+        needed = max(node_limits.min_survivors, noise_survivors)
         secrets = _masking_secrets(record, context)
         state = context.state.config_records[FPFL_STATE_KEY]
         revealed_rounds = [int(r) for r in state.get("revealed-rounds", [])]  # type: ignore[union-attr]

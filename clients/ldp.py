@@ -22,7 +22,11 @@ epsilon is recomputed here; an audit above the node's ``ldp-max-epsilon`` is ref
 users whose ledger cannot afford it refuse. Both limits come from the node's own
 :class:`~fedparity.clients.policy.NodePrivacyPolicy`, never from the server; the per-user
 budget is stored in the ledger and can only be lowered. Outside Flower's simulation engine
-the ledger always persists (node config ``ledger-dir``, default ``~/.fedparity/ledgers``).
+the ledger always persists (node config ``ledger-dir``, default ``~/.fedparity/ledgers``); a
+custom ``ledger_path`` that keeps none is refused unless the policy opts in
+(``allow-ephemeral-ledger``, logged at every audit), and a ledger that existed and is now
+missing or damaged stops the node's audits (:class:`~fedparity.mechanisms.accounting.
+LedgerFileError`) until the operator restores it.
 The perturbation randomness comes from a cryptographically secure generator keyed by the
 operating system (:func:`~fedparity.mechanisms.secure_random.secure_generator`), never from
 a seed the server could know.
@@ -44,10 +48,16 @@ from numpy.typing import ArrayLike, NDArray
 from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.metrics import METRIC_NAMES, user_rates
-from ..mechanisms.protocol import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, VALUES_KEY
+from ..mechanisms.protocol import (
+    EPSILON_SPENT_KEY,
+    GROUPS_KEY,
+    METRICS_KEY,
+    REPORTS_KEY,
+    VALUES_KEY,
+)
 from ..mechanisms.secure_random import secure_generator
 from .messages import MessageError, float_field, int_field, str_field
-from .policy import NodePrivacyPolicy, in_flower_simulation, node_policy
+from .policy import NodePrivacyPolicy, PolicyRefusal, in_flower_simulation, node_policy
 
 __all__ = [
     "DEFAULT_LEDGER_DIR",
@@ -237,11 +247,26 @@ def ldp_audit_handler(
         groups = np.zeros(0, dtype=np.int64)
         values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
         refused = 0
+        spent_max = 0.0
         if users.num_users:
             path = ledger_path(context)
+            if path is None:
+                if not limits.allow_ephemeral_ledger:
+                    raise PolicyRefusal(
+                        "a persistent privacy ledger is required (ledger-dir, or "
+                        "allow-ephemeral-ledger)"
+                    )
+                log(
+                    logging.WARNING,
+                    "ldp_audit: this node's ledger lives only as long as the run "
+                    "(allow-ephemeral-ledger, policy: %s): its users' spending is forgotten "
+                    "after it",
+                    limits.source,
+                )
             ledger = _ledger(context, path, limits.ldp_user_budget, users.num_users)
             answering = ledger.spend(mechanism.epsilon)  # every user reports, or refuses
             refused = int((~answering).sum())
+            spent_max = float(ledger.spent.max())
             if path is not None:
                 ledger.save(path)  # charged (atomically) before anything is released
             else:
@@ -260,7 +285,15 @@ def ldp_audit_handler(
         if users.num_users >= limits.min_users_for_counts:
             # Below the policy's minimum these counts (e.g. "TPR undefined" on a one-user
             # device, a label bit) would leave the node outside the LDP guarantee.
-            counts.update({"num-reports": int(groups.size), "num-refused": refused})
+            # The most any of its users has spent over all audits the ledger recorded (this
+            # one included): the server can report the total, not only its own run's.
+            counts.update(
+                {
+                    "num-reports": int(groups.size),
+                    "num-refused": refused,
+                    EPSILON_SPENT_KEY: spent_max,
+                }
+            )
         content = RecordDict(
             {
                 REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),

@@ -43,7 +43,10 @@ key                            default     meaning
                                            samples and calibrates with min(K, this))
 ``min-holders``                2           fewest holders in a CKKS sum a key holder opens
 ``min-users-for-counts``       10          below this many users a node sends no counts
-                                           (of reports, samples, refusals) in clear
+                                           (of reports, samples, refusals, spent budget)
+                                           in clear
+``allow-ephemeral-ledger``     false       LDP audits with a ledger kept only for the run
+                                           (forgotten after it; logged at every audit)
 =============================  ==========  ===============================================
 """
 
@@ -108,6 +111,7 @@ class NodePrivacyPolicy:
     max_population: int = field(default=10_000_000, metadata=_number(1, integer=True))
     min_holders: int = field(default=2, metadata=_number(2, integer=True))
     min_users_for_counts: int = field(default=10, metadata=_number(1, integer=True))
+    allow_ephemeral_ledger: bool = field(default=False, metadata=_BOOLEAN)
     #: Where the policy came from (reported in the node's logs; not a policy key).
     source: str = field(default="built-in defaults", compare=False)
 
@@ -157,7 +161,8 @@ class NodePrivacyPolicy:
     def simulation(cls) -> NodePrivacyPolicy:
         """The policy of a node in Flower's simulation engine: its users are simulated, so the
         research settings (seeded noise, the non-private baselines, central noise, no masking,
-        larger budgets) are allowed; every limit is still finite and enforced."""
+        larger budgets, a ledger that lives as long as the simulation) are allowed; every
+        limit is still finite and enforced."""
         return cls(
             ldp_max_epsilon=16.0,
             ldp_user_budget=32.0,
@@ -167,6 +172,7 @@ class NodePrivacyPolicy:
             require_distributed_noise=False,
             allow_seeded_noise=True,
             allow_non_private=True,
+            allow_ephemeral_ledger=True,
             source="simulation defaults",
         )
 

@@ -32,9 +32,16 @@ class PrivacyBudgetExceeded(Exception):
 
 
 class LedgerFileError(Exception):
-    """A ledger file exists but cannot be used (unreadable, corrupt, foreign or for another
-    number of users). Privacy already spent is never forgotten: the node stops its audits
-    until the operator restores the file."""
+    """A ledger file cannot be used (unreadable, corrupt, foreign, for another number of users,
+    or missing although it existed). Privacy already spent is never forgotten: the node stops
+    its audits until the operator restores the file."""
+
+
+def ledger_marker(path: str | Path) -> Path:
+    """The marker a ledger leaves beside itself when it is first saved (``<name>.created``):
+    a ledger whose marker is there but whose file is gone was lost, not never made."""
+    path = Path(path)
+    return path.with_name(path.name + ".created")
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,15 @@ class ShardLedger:
         leaves either the old ledger or the new one, never a torn file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        marker = ledger_marker(path)
+        if not marker.exists():
+            with marker.open("w", encoding="utf-8") as note:
+                note.write(
+                    f"{LEDGER_FORMAT} {path.name} created for {self.num_users} users. Do not "
+                    "delete: it tells the node that a missing ledger was lost.\n"
+                )
+                note.flush()
+                os.fsync(note.fileno())
         handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, renamed after
             dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
         )
@@ -204,4 +220,12 @@ class ShardLedger:
         if path.exists():
             saved = cls.load(path, num_users)
             return cls(min(saved.budget, budget), num_users, saved.spent)
+        marker = ledger_marker(path)
+        if marker.exists():
+            raise LedgerFileError(
+                f"ledger {path} is missing, but {marker.name} beside it says it was created "
+                "and saved before: the spending it held is not known. Restore it from a "
+                "backup; the node answers no audit until then (to accept that these users "
+                f"start again at zero, delete {marker} yourself)"
+            )
         return cls(budget, num_users)

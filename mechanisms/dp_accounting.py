@@ -38,6 +38,7 @@ import importlib
 import logging
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
@@ -56,6 +57,7 @@ __all__ = [
     "PrivacySpent",
     "calibrate_noise",
     "privacy_spent",
+    "privacy_spent_history",
     "sample_rate",
 ]
 
@@ -114,6 +116,8 @@ class PrivacySpent:
     order_at_edge : bool
         RDP only: the best order is the largest of Opacus' default grid, so a wider grid might
         give a smaller (still valid) epsilon.
+    history : tuple of (float, float, int)
+        The ``(sigma, q, steps)`` segments composed (:func:`privacy_spent_history`).
     """
 
     epsilon: float
@@ -124,6 +128,7 @@ class PrivacySpent:
     accountant: str
     best_order: float | None = None
     order_at_edge: bool = False
+    history: tuple[tuple[float, float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,35 +194,75 @@ def privacy_spent(
         In (0, 1).
     accountant : ``"rdp"`` | ``"prv"``
     """
-    noise_multiplier = check_positive_finite("noise_multiplier", noise_multiplier)
-    delta, rate, accountant = _check_common(delta, sample_rate, accountant)
-    steps = check_int_at_least("steps", steps, 0)
-    if steps == 0:
-        return PrivacySpent(0.0, delta, 0, noise_multiplier, rate, accountant)
+    return privacy_spent_history(
+        [(noise_multiplier, sample_rate, steps)], delta=delta, accountant=accountant
+    )
+
+
+def privacy_spent_history(
+    history: Sequence[tuple[float, float, int]],
+    *,
+    delta: float,
+    accountant: AccountantName = "rdp",
+) -> PrivacySpent:
+    """Epsilon spent by segments of rounds with different ``(sigma, q)``, composed by the
+    accountant (Opacus keeps exactly such a history: ``[(sigma, q, steps), ...]``).
+
+    A training resumed after a node left for good runs on with a smaller population ``K``, so
+    with another ``q = m / K`` and the ``sigma`` calibrated for it; its privacy is the
+    composition of both segments, not either one alone. The result's ``noise_multiplier``
+    and ``sample_rate`` are the last segment's; ``history`` holds them all.
+
+    Parameters
+    ----------
+    history : sequence of (float, float, int)
+        ``(sigma > 0, q in (0, 1], steps >= 0)`` per segment, in release order.
+    delta : float
+        In (0, 1).
+    accountant : ``"rdp"`` | ``"prv"``
+    """
+    if isinstance(history, (str, bytes)) or not isinstance(history, Sequence) or not history:
+        raise ValueError("history must be a non-empty sequence of (sigma, q, steps) segments")
+    segments: list[tuple[float, float, int]] = []
+    for sigma, rate, steps in history:
+        sigma = check_positive_finite("noise_multiplier", sigma)
+        delta, rate, accountant = _check_common(delta, rate, accountant)
+        steps = check_int_at_least("steps", steps, 0)
+        if steps:
+            segments.append((sigma, rate, steps))
+    delta, _, accountant = _check_common(delta, 0.5, accountant)
+    last_sigma, last_rate = float(history[-1][0]), float(history[-1][1])
+    total = sum(steps for _, _, steps in segments)
+    if total == 0:
+        return PrivacySpent(
+            0.0, delta, 0, last_sigma, last_rate, accountant, history=tuple(segments)
+        )
     # Opacus (and with it torch) is imported only here, so the module imports without them.
     accountants = _opacus("opacus.accountants")
     PRVAccountant, RDPAccountant = accountants.PRVAccountant, accountants.RDPAccountant  # noqa: N806
 
-    history = [(noise_multiplier, rate, steps)]
     if accountant == "prv":
         prv = PRVAccountant()
-        prv.history = history
+        prv.history = list(segments)
         epsilon = float(prv.get_epsilon(delta=delta, eps_error=PRV_EPSILON_ERROR))
-        return PrivacySpent(epsilon, delta, steps, noise_multiplier, rate, accountant)
+        return PrivacySpent(
+            epsilon, delta, total, last_sigma, last_rate, accountant, history=tuple(segments)
+        )
     rdp = RDPAccountant()
-    rdp.history = history
+    rdp.history = list(segments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # reported as order_at_edge instead
         epsilon, order = rdp.get_privacy_spent(delta=delta)
     return PrivacySpent(
         float(epsilon),
         delta,
-        steps,
-        noise_multiplier,
-        rate,
+        total,
+        last_sigma,
+        last_rate,
         accountant,
         best_order=float(order),
         order_at_edge=math.isclose(float(order), max(RDPAccountant.DEFAULT_ALPHAS)),
+        history=tuple(segments),
     )
 
 

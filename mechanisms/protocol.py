@@ -15,6 +15,7 @@ __all__ = [
     "BLOCK_WIDTH",
     "CONTRIBUTION_SIZE",
     "CORRUPT_SUM_MARKER",
+    "EPSILON_SPENT_KEY",
     "FEF_KEY",
     "FEF_ROUND_MESSAGE_TYPES",
     "FPFL_KEY",
@@ -44,6 +45,8 @@ REPORTS_KEY = "reports"
 GROUPS_KEY = "groups"
 VALUES_KEY = "values"
 METRICS_KEY = "metrics"
+#: Most epsilon any of a node's users has spent over every audit its ledger recorded.
+EPSILON_SPENT_KEY = "epsilon-spent-max"
 #: Per-user counts a reply carries: every user of the node is exactly one of these.
 USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
 

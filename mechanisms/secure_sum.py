@@ -477,7 +477,7 @@ def reveal_round_seeds(
     if len(survivor_ids) < min_survivors:
         raise ValueError(
             f"survivors must hold at least min_survivors={min_survivors} nodes, got "
-            f"{len(survivor_ids)}: refusing to reveal (it would expose a single vector)"
+            f"{len(survivor_ids)}: refusing to reveal (a sum of so few vectors could expose one)"
         )
     return {peer: round_seed(secrets[peer], round_number) for peer in sorted(dropped_ids)}
 

@@ -30,14 +30,26 @@ from ..clients.config import RunConfig
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
+from .run_record import open_run_record
 
 JOBS = {"ldp-audit": run_ldp_audit, "fedevalfair": run_fedevalfair, "fpfl": run_fpfl}
 
 
 def run_job(grid: Grid, run_config: Mapping[str, Any]) -> None:
-    """Validate the run config (before any work), then run its task."""
+    """Validate the run config and the output folder (before any work), then run its task.
+
+    The run's ``status.json`` (:mod:`fedparity.server.run_record`) says how it ended: a job
+    that raises is recorded as failed (or interrupted), with what it had released, and an
+    ERROR line says so on the console (``flwr run`` itself exits 0 either way)."""
     config = RunConfig.from_mapping(run_config)
-    JOBS[config.task](grid, config)
+    record = open_run_record(config)
+    try:
+        JOBS[config.task](grid, config, record)
+    except BaseException as error:
+        record.fail(error)
+        raise
+    if not record.finished:
+        record.finish("completed")
 
 
 def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:

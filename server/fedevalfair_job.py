@@ -39,11 +39,11 @@ from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
 from .orchestration import (
     connect_nodes,
     harness_applies,
-    resolve_output_dir,
     train_global_model,
     training_report,
 )
 from .report import write_json
+from .run_record import RunRecord, open_run_record
 
 
 def fedevalfair_table(outcome: FedEvalFairOutcome, primary_mode: str) -> str:
@@ -120,9 +120,10 @@ def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth)
     return max(differences) if differences else None
 
 
-def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
+def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, run the encrypted two-stage test, report; returns the output directory."""
-    output_dir = resolve_output_dir(config)
+    record = record if record is not None else open_run_record(config)
+    output_dir = record.folder
     started = time.perf_counter()
     public_path = (
         Path(config.fef_public_context).expanduser()
@@ -157,6 +158,13 @@ def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
         config,
         int(nodes.num_features),  # type: ignore[arg-type]
     )
+    # The key holders decrypt aggregates in the protocol's last round: recorded before it
+    # starts (FedEvalFair releases are not differentially private; see the docs).
+    record.add_release(
+        what="FedEvalFair test statistics (decrypted aggregates)",
+        kind="fedevalfair",
+        holders=len(node_ids),
+    )
     outcome = protocol.start(grid, arrays, node_ids)
     truth = (
         fedevalfair_truth(config, arrays, nodes.partitions)
@@ -182,10 +190,11 @@ def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
     plot_note = None
     if truth is not None:
         plot_note = plot_bootstrap_distributions(output_dir / "bootstrap_disparities.png", truth)
-    took_part = len(outcome.round_participants[0]) if outcome.round_participants else 0
+    stages = [len(nodes) for nodes in outcome.round_participants[:2]] + [0, 0]
     title = (
-        f"FedEvalFair ({config.fef_variant} model, {took_part} of {len(node_ids)} holders took "
-        f"part; alpha = {config.fef_alpha:g}, mu0 = {config.fef_mu0:g}):"
+        f"FedEvalFair ({config.fef_variant} model; of {len(node_ids)} holder(s) asked, "
+        f"{stages[0]} contributed to stage 1 and {stages[1]} to stage 2; "
+        f"alpha = {config.fef_alpha:g}, mu0 = {config.fef_mu0:g}):"
     )
     for line in ("", title, *table.splitlines(), ""):
         log(logging.INFO, "%s", line)
@@ -206,4 +215,5 @@ def run_fedevalfair(grid: Grid, config: RunConfig) -> Path:
         log(logging.WARNING, "%s", plot_note)
     log(logging.INFO, "results written to %s", output_dir)
     assert len(outcome.blocks) in (0, len(BLOCKS))
+    record.finish("completed", error=outcome.error)
     return output_dir

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..clients.config import RunConfig
+from .run_record import write_text_durably
 
 CHECKPOINT_ARRAYS = "checkpoint.npz"
 CHECKPOINT_STATE = "checkpoint.json"
@@ -26,6 +26,8 @@ _RESUME_NEUTRAL = {
     "reply_timeout",
     "node_wait_timeout",
     "min_nodes",
+    "fpfl_require_dropout_tolerance",
+    "fpfl_max_consecutive_lost",
 }
 
 
@@ -80,54 +82,109 @@ def load_checkpoint(folder: Path, config: RunConfig) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class ReleaseLedger:
-    """What the accountant needs about the rounds released so far (one ``(sigma, q)`` history).
+class ReleaseSegment:
+    """Rounds released at one ``(sigma, q)``: a training resumed after a node left for good
+    runs on with a smaller population, so with another ``q = m / K`` and ``sigma``."""
 
-    Attributes
-    ----------
-    rounds_released : int
-        Rounds sent to the nodes so far, over the interrupted and resumed runs of one training.
-    noise_multiplier : float
-        ``sigma`` (0 without noise).
-    sample_rate : float
-        ``q = m / K``.
-    delta : float
-    """
-
-    rounds_released: int
     noise_multiplier: float
     sample_rate: float
-    delta: float
+    rounds: int
 
     def __post_init__(self) -> None:
-        value = self.rounds_released
+        value = self.rounds
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"rounds_released must be an integer >= 0, got {value!r}")
+            raise ValueError(f"rounds must be an integer >= 0, got {value!r}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if not 0 < self.sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
 
 
-def _write_durably(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that it survives a crash: scratch file, ``fsync``, atomic
-    ``os.replace``, then ``fsync`` of the folder (POSIX) so the rename itself is on disk."""
-    scratch = path.with_name(path.name + ".tmp")
-    with scratch.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(scratch, path)
-    if hasattr(os, "O_DIRECTORY"):
-        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+@dataclass(frozen=True)
+class ReleaseLedger:
+    """Every round released so far for one training, as ``(sigma, q)`` segments in release
+    order (over the interrupted and resumed runs of the training), and its ``delta``.
+
+    The accountant composes the segments (:func:`~fedparity.mechanisms.dp_accounting.
+    privacy_spent_history`); :meth:`after_release` is the ledger with one more round.
+    """
+
+    segments: tuple[ReleaseSegment, ...]
+    delta: float
+
+    @classmethod
+    def single(
+        cls, rounds: int, *, noise_multiplier: float, sample_rate: float, delta: float
+    ) -> ReleaseLedger:
+        """``rounds`` rounds at one ``(sigma, q)``."""
+        return cls((ReleaseSegment(noise_multiplier, sample_rate, rounds),), delta)
+
+    @property
+    def rounds_released(self) -> int:
+        """Rounds sent to the nodes so far, over all segments."""
+        return sum(segment.rounds for segment in self.segments)
+
+    def after_release(self, noise_multiplier: float, sample_rate: float) -> ReleaseLedger:
+        """This ledger with one more round at ``(sigma, q)`` (a new segment if they changed)."""
+        last = self.segments[-1] if self.segments else None
+        if (
+            last is not None
+            and _same(last.noise_multiplier, noise_multiplier)
+            and _same(last.sample_rate, sample_rate)
+        ):
+            grown = ReleaseSegment(last.noise_multiplier, last.sample_rate, last.rounds + 1)
+            return ReleaseLedger((*self.segments[:-1], grown), self.delta)
+        added = ReleaseSegment(noise_multiplier, sample_rate, 1)
+        return ReleaseLedger((*self.segments, added), self.delta)
+
+    def accountant_history(self) -> list[tuple[float, float, int]]:
+        """``[(sigma, q, rounds), ...]`` of the noisy segments, as Opacus keeps it."""
+        return [
+            (s.noise_multiplier, s.sample_rate, s.rounds)
+            for s in self.segments
+            if s.rounds and s.noise_multiplier > 0
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 2,
+            "rounds_released": self.rounds_released,
+            "segments": [asdict(segment) for segment in self.segments],
+            "delta": self.delta,
+        }
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> ReleaseLedger:
+        """Read version 2 (segments) and version 1 (one ``(sigma, q)``: ``rounds_released``,
+        ``noise_multiplier``, ``sample_rate``) ledgers."""
+        delta = float(payload["delta"])
+        if "segments" not in payload:
+            return cls.single(
+                int(payload["rounds_released"]),
+                noise_multiplier=float(payload["noise_multiplier"]),
+                sample_rate=float(payload["sample_rate"]),
+                delta=delta,
+            )
+        segments = tuple(
+            ReleaseSegment(float(s["noise_multiplier"]), float(s["sample_rate"]), int(s["rounds"]))
+            for s in payload["segments"]
+        )
+        ledger = cls(segments, delta)
+        if int(payload["rounds_released"]) != ledger.rounds_released:
+            raise ValueError("rounds_released does not match the segments")
+        return ledger
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0) or a == b
 
 
 def write_release_ledger(folder: Path, config: RunConfig, ledger: ReleaseLedger) -> None:
     """Durably record ``ledger`` in ``folder/privacy-ledger.json`` (call it *before* the
     release it counts)."""
     folder.mkdir(parents=True, exist_ok=True)
-    payload = {**asdict(ledger), "config": _fingerprint(config)}
-    _write_durably(folder / RELEASE_LEDGER, json.dumps(payload, allow_nan=False))
+    payload = {**ledger.to_json(), "config": _fingerprint(config)}
+    write_text_durably(folder / RELEASE_LEDGER, json.dumps(payload, allow_nan=False))
 
 
 def read_release_ledger(folder: Path, config: RunConfig) -> ReleaseLedger | None:
@@ -138,12 +195,7 @@ def read_release_ledger(folder: Path, config: RunConfig) -> ReleaseLedger | None
         return None
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
-        ledger = ReleaseLedger(
-            rounds_released=int(payload["rounds_released"]),
-            noise_multiplier=float(payload["noise_multiplier"]),
-            sample_rate=float(payload["sample_rate"]),
-            delta=float(payload["delta"]),
-        )
+        ledger = ReleaseLedger.from_json(payload)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(
             f"fpfl-resume: the privacy ledger {path} is unreadable ({error!r}); the rounds it "
@@ -157,31 +209,37 @@ def read_release_ledger(folder: Path, config: RunConfig) -> ReleaseLedger | None
     return ledger
 
 
-def resumed_releases(
-    folder: Path, config: RunConfig, current: ReleaseLedger, checkpoint_round: int
-) -> int:
-    """Rounds released before this (resumed) run: ``max(ledger, checkpoint round)``.
+def resumed_ledger(
+    folder: Path,
+    config: RunConfig,
+    checkpoint_round: int,
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    delta: float,
+) -> ReleaseLedger:
+    """The rounds released before this (resumed) run, to which its own rounds are added.
 
-    The checkpoint round is a lower bound for a checkpoint written before the ledger existed.
-    The ledger must describe the same ``(sigma, q, delta)`` as this run, since the accountant
-    composes one ``(sigma, q)`` history (same population ``K``).
+    With a ledger in ``folder``: its segments, plus the rounds a checkpoint holds beyond them
+    (a checkpoint written before the ledger existed), at the last segment's ``(sigma, q)``.
+    Without one: the checkpoint's rounds (a lower bound), at this run's ``(sigma, q)``.
+    The ``delta`` of the training is the ledger's (a population that shrank changes
+    ``1 / K``; the composed epsilon is stated at the first ``delta``).
     """
     ledger = read_release_ledger(folder, config)
     if ledger is None:
-        return checkpoint_round
-    same = (
-        math.isclose(ledger.noise_multiplier, current.noise_multiplier, rel_tol=1e-12)
-        and math.isclose(ledger.sample_rate, current.sample_rate, rel_tol=1e-12)
-        and math.isclose(ledger.delta, current.delta, rel_tol=1e-12)
-    )
-    if not same:
-        raise ValueError(
-            f"fpfl-resume: the privacy ledger in {folder} was written with sigma = "
-            f"{ledger.noise_multiplier:g}, q = {ledger.sample_rate:g}, delta = {ledger.delta:g}, "
-            f"this run has sigma = {current.noise_multiplier:g}, q = {current.sample_rate:g}, "
-            f"delta = {current.delta:g} (a different population?): cannot account both together"
+        return ReleaseLedger.single(
+            checkpoint_round,
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            delta=delta,
         )
-    return max(ledger.rounds_released, checkpoint_round)
+    missing = checkpoint_round - ledger.rounds_released
+    if missing > 0 and ledger.segments:
+        last = ledger.segments[-1]
+        grown = ReleaseSegment(last.noise_multiplier, last.sample_rate, last.rounds + missing)
+        ledger = ReleaseLedger((*ledger.segments[:-1], grown), ledger.delta)
+    return ledger
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,12 @@ from ..clients.fpfl_task import (
     set_flat_parameters,
     statistics_layout,
 )
-from ..mechanisms.dp_accounting import PrivacySpent, calibrate_noise, privacy_spent, sample_rate
+from ..mechanisms.dp_accounting import (
+    PrivacySpent,
+    calibrate_noise,
+    privacy_spent_history,
+    sample_rate,
+)
 from ..mechanisms.mmdm import (
     FairnessGaps,
     MMDMConfig,
@@ -80,7 +85,7 @@ from .fpfl_checkpoint import (
     RELEASE_LEDGER,
     ReleaseLedger,
     load_checkpoint,
-    resumed_releases,
+    resumed_ledger,
     save_checkpoint,
     write_release_ledger,
 )
@@ -92,10 +97,12 @@ from .fpfl_report import (
     privacy_caveats,
     progress_line,
     summary_text,
+    training_caveats,
 )
 from .harness import HARNESS_LABEL
-from .orchestration import connect_nodes, harness_applies, resolve_output_dir
+from .orchestration import connect_nodes, harness_applies
 from .report import write_json
+from .run_record import RunRecord, open_run_record
 
 __all__ = ["cohort_sample_rate", "run_fpfl"]
 
@@ -114,9 +121,10 @@ def cohort_sample_rate(config: RunConfig, population_size: int) -> float:
     return sample_rate(config.fpfl_cohort_size, population_size)
 
 
-def run_fpfl(grid: Grid, config: RunConfig) -> Path:
+def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train with ``fpfl-algorithm``; write results.json, plots and checkpoints."""
-    output_dir = resolve_output_dir(config)
+    record = record if record is not None else open_run_record(config)
+    output_dir = record.folder
     started = time.perf_counter()
     node_ids, nodes = connect_nodes(grid, config, minimum=1)
     if nodes.sample_shape is None or nodes.num_classes is None or nodes.num_groups is None:
@@ -166,6 +174,11 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         reply_timeout=config.reply_timeout,
     )
     protocol.setup()
+    fragile = _fragile(config, protocol, sigma)
+    if fragile:
+        if config.fpfl_require_dropout_tolerance:
+            raise ConfigError(f"fpfl-require-dropout-tolerance: {fragile}")
+        log(logging.WARNING, "FPFL: %s", fragile)
     log(
         logging.INFO,
         "fedparity FPFL: algorithm %s, %d node(s), K = %d users, m = %d (q = %.4f), T = %d, "
@@ -205,7 +218,7 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     )
     history: list[dict[str, Any]] = []
     first_round = 1
-    ledger = ReleaseLedger(0, noise_multiplier=sigma, sample_rate=rate, delta=delta)
+    ledger = ReleaseLedger.single(0, noise_multiplier=sigma, sample_rate=rate, delta=delta)
     if config.fpfl_resume:
         state = load_checkpoint(output_dir, config)
         if state is not None:
@@ -221,40 +234,74 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                     metrics_from_json(state["best_metrics"]),
                 )
             log(logging.INFO, "resuming from round %d (%s)", first_round, output_dir)
-        released = resumed_releases(output_dir, config, ledger, first_round - 1)
-        ledger = ReleaseLedger(released, noise_multiplier=sigma, sample_rate=rate, delta=delta)
-        if released > first_round - 1:
+        ledger = resumed_ledger(
+            output_dir,
+            config,
+            first_round - 1,
+            noise_multiplier=sigma,
+            sample_rate=rate,
+            delta=delta,
+        )
+        delta = ledger.delta
+        if ledger.rounds_released > first_round - 1:
             log(
                 logging.WARNING,
                 "the privacy ledger counts %d released round(s), the checkpoint holds %d: the "
                 "%d round(s) released after the last checkpoint are discarded but stay counted "
                 "in epsilon, and the rounds run again count as new releases",
-                released,
+                ledger.rounds_released,
                 first_round - 1,
-                released - (first_round - 1),
+                ledger.rounds_released - (first_round - 1),
+            )
+        earlier = ledger.segments[-1] if ledger.segments else None
+        if (
+            earlier is not None
+            and earlier.rounds
+            and (
+                not math.isclose(earlier.noise_multiplier, sigma, rel_tol=1e-12)
+                or not math.isclose(earlier.sample_rate, rate, rel_tol=1e-12)
+            )
+        ):
+            log(
+                logging.WARNING,
+                "FPFL resumes with sigma = %.4g, q = %.4g (%d users now; before: sigma = %.4g, "
+                "q = %.4g): the accountant composes both segments",
+                sigma,
+                rate,
+                population_size,
+                earlier.noise_multiplier,
+                earlier.sample_rate,
             )
     last_round = config.fpfl_rounds
     if config.fpfl_stop_after:
         last_round = min(last_round, first_round - 1 + config.fpfl_stop_after)
     round_seconds: list[float] = []
 
-    def spent_after(rounds: int) -> PrivacySpent | None:
-        """Privacy spent by ``rounds`` released rounds (None without noise)."""
+    def spent_by(current: ReleaseLedger) -> PrivacySpent | None:
+        """Privacy spent by the rounds ``current`` records (None without noise)."""
+        segments = current.accountant_history()
         if not sigma:
             return None
-        return privacy_spent(
-            noise_multiplier=sigma,
-            sample_rate=rate,
-            steps=rounds,
+        if not segments:
+            segments = [(sigma, rate, 0)]
+        return privacy_spent_history(
+            segments,
             delta=delta,
             accountant=config.fpfl_accountant,  # type: ignore[arg-type]
         )
 
+    stop_reason = ""
+    lost_in_a_row = 0
+    trained_to = first_round - 1
     for round_number in range(first_round, last_round + 1):
+        stop_reason = _cannot_reach_n_min(grid, protocol) if sigma else ""
+        if stop_reason:
+            break
         tick = time.perf_counter()
         # Durable *before* the round is sent: a crash from here on cannot un-count it.
-        ledger = replace(ledger, rounds_released=ledger.rounds_released + 1)
+        ledger = ledger.after_release(sigma, rate)
         write_release_ledger(output_dir, config, ledger)
+        record.update(fpfl_rounds_released=ledger.rounds_released)
         outcome = protocol.run_round(round_number, training.weights)
         entry: dict[str, Any] = {
             "round": round_number,
@@ -265,17 +312,29 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
         }
         if outcome.total is None:
             entry["lost"] = outcome.reason
+            lost_in_a_row += 1
         else:
             entry.update(training.update(round_number, outcome.total))
+            lost_in_a_row = 0
         entry["multipliers"] = [float(m) for m in training.multipliers]
         entry["rounds_released_total"] = ledger.rounds_released
-        spent_so_far = spent_after(ledger.rounds_released)
+        spent_so_far = spent_by(ledger)
         entry["epsilon_spent"] = None if spent_so_far is None else spent_so_far.epsilon
         entry["seconds"] = time.perf_counter() - tick
         round_seconds.append(entry["seconds"])
         history.append(entry)
+        trained_to = round_number
         log(logging.INFO, "%s", progress_line(entry))
-        if round_number % config.fpfl_checkpoint_every == 0 or round_number == last_round:
+        if lost_in_a_row >= config.fpfl_max_consecutive_lost and round_number < last_round:
+            stop_reason = (
+                f"{lost_in_a_row} round(s) in a row were lost (last: {outcome.reason}); every "
+                "further round would likely be lost too while still spending privacy"
+            )
+        if (
+            round_number % config.fpfl_checkpoint_every == 0
+            or round_number == last_round
+            or stop_reason
+        ):
             _checkpoint(
                 output_dir,
                 config,
@@ -286,10 +345,32 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
                 history,
                 training.smoothed_total,
             )
+        if stop_reason:
+            break
+    if stop_reason:
+        log(
+            logging.ERROR,
+            "FPFL stopped early after round %d: %s. Resume with fpfl-resume = true (same "
+            "output-dir) once the nodes are back; a node lost for good is left out and the "
+            "accountant composes the rounds before and after",
+            trained_to,
+            stop_reason,
+        )
     if last_round < first_round:
         log(logging.INFO, "nothing to do: the checkpoint is already at round %d", first_round - 1)
+        trained_to = first_round - 1
+    last_round = trained_to
     rounds_done = max(first_round - 1, last_round)
-    spent = spent_after(ledger.rounds_released)
+    spent = spent_by(ledger)
+    rounds_lost = sum(1 for entry in history if entry.get("lost"))
+    if stop_reason:
+        status = "stopped-early"
+    elif rounds_done < config.fpfl_rounds:
+        status = "paused"
+    elif rounds_lost:
+        status = "completed-with-lost-rounds"
+    else:
+        status = "completed"
     weights = training.weights
     best = training.selector.best
     if config.fpfl_model_selection == "last":
@@ -344,8 +425,27 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
             "noise_share_std": protocol.noise_share_std(),
             "secure_sum": config.fpfl_secure_sum,
             "client_seed": config.fpfl_client_seed,
-            "caveats": privacy_caveats(config, sigma, ledger.rounds_released - rounds_done),
+            "segments": [
+                {
+                    "noise_multiplier": seg.noise_multiplier,
+                    "sample_rate": seg.sample_rate,
+                    "rounds": seg.rounds,
+                }
+                for seg in ledger.segments
+            ],
+            "caveats": privacy_caveats(config, sigma, ledger.rounds_released - rounds_done)
+            + training_caveats(
+                rounds_lost=rounds_lost,
+                stop_reason=stop_reason,
+                fragile=fragile,
+                segments=len([seg for seg in ledger.segments if seg.rounds]),
+                rounds_planned=config.fpfl_rounds,
+                rounds_trained=rounds_done,
+            ),
         },
+        "status": status,
+        "stop_reason": stop_reason or None,
+        "rounds_lost": rounds_lost,
         "selected_round": selected_round,
         "model_selection": config.fpfl_model_selection,
         "selected_fair_on_cohort": None if best is None else best.metrics.fair,
@@ -375,7 +475,44 @@ def run_fpfl(grid: Grid, config: RunConfig) -> Path:
     if note:
         log(logging.WARNING, "%s", note)
     log(logging.INFO, "results written to %s", output_dir)
+    record.finish(
+        status,
+        reason=stop_reason or None,
+        rounds_lost=rounds_lost,
+        fpfl_rounds_released=ledger.rounds_released,
+    )
     return output_dir
+
+
+def _fragile(config: RunConfig, protocol: FPFLProtocol, sigma: float) -> str:
+    """Why one lost node would lose every round ("" if it would not): with distributed noise
+    a round needs ``n_min`` of the ``n`` nodes' noise shares, and ``n_min = n`` when
+    ``ceil((1 - rho) n) = n`` (e.g. 3 nodes at rho = 0.2)."""
+    if not sigma or not protocol.distributed_noise:
+        return ""
+    members, needed = len(protocol.members), protocol.min_survivors()
+    if needed < members:
+        return ""
+    return (
+        f"a single lost node would lose every round: n_min = {needed} of {members} node(s) "
+        f"must reply at fpfl-dropout-tolerance = {config.fpfl_dropout_tolerance:g} (raise it, "
+        "or add nodes, to tolerate dropouts)"
+    )
+
+
+def _cannot_reach_n_min(grid: Grid, protocol: FPFLProtocol) -> str:
+    """Why a round cannot succeed before it is sent ("" if it may): fewer member nodes are
+    connected than the ``n_min`` whose noise shares the round needs."""
+    if not protocol.distributed_noise or protocol.noise_share_std() == 0:
+        return ""
+    connected = set(grid.get_node_ids()) & set(protocol.members)
+    needed = protocol.min_survivors()
+    if len(connected) >= needed:
+        return ""
+    return (
+        f"only {len(connected)} of the {len(protocol.members)} member node(s) are connected, "
+        f"fewer than n_min = {needed} whose noise shares a round needs"
+    )
 
 
 def _checkpoint(

@@ -135,6 +135,37 @@ def privacy_caveats(config: RunConfig, sigma: float, discarded: int = 0) -> list
     return notes
 
 
+def training_caveats(
+    *,
+    rounds_lost: int,
+    stop_reason: str,
+    fragile: str,
+    segments: int,
+    rounds_planned: int,
+    rounds_trained: int,
+) -> list[str]:
+    """What a reader of results.json must know about how the training went."""
+    notes: list[str] = []
+    if stop_reason:
+        notes.append(
+            f"the training stopped early after round {rounds_trained} of {rounds_planned}: "
+            f"{stop_reason}; resume it with fpfl-resume = true"
+        )
+    if rounds_lost:
+        notes.append(
+            f"{rounds_lost} round(s) were lost (no update; their privacy is still spent): see "
+            "'lost' in history"
+        )
+    if fragile:
+        notes.append(fragile)
+    if segments > 1:
+        notes.append(
+            f"the training was resumed with a different population: epsilon composes {segments} "
+            "segments of rounds with different noise multipliers and sample rates"
+        )
+    return notes
+
+
 def paper_row(config: RunConfig) -> dict[str, Any] | None:
     if config.dataset != "adult" or config.fpfl_architecture != "shallow":
         return None
@@ -153,6 +184,9 @@ def summary_text(payload: dict[str, Any]) -> str:
         return "n/a" if value is None else f"{value:.4f}"
 
     lines = [
+        f"FPFL training: {payload['status']}"
+        + (f" ({payload['stop_reason']})" if payload.get("stop_reason") else "")
+        + f"; {payload['rounds_lost']} round(s) lost",
         f"FPFL result ({payload['algorithm']}; selected round {payload['selected_round']}; "
         f"test set: {payload['evaluation']['source']}):",
         f"{'':>10} {'accuracy':>9} {'FNR gap':>9} {'EO gap':>9} {'DemP gap':>9} {'PP gap':>9}",

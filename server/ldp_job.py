@@ -28,16 +28,17 @@ from .harness import GroundTruth, ground_truth
 from .orchestration import (
     connect_nodes,
     harness_applies,
-    resolve_output_dir,
     train_global_model,
     training_report,
 )
 from .report import audit_table, plot_audits, write_json
+from .run_record import RunRecord, open_run_record
 
 
-def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
+def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, audit at every epsilon, report; returns the output directory."""
-    output_dir = resolve_output_dir(config)
+    record = record if record is not None else open_run_record(config)
+    output_dir = record.folder
     started = time.perf_counter()
     node_ids, nodes = connect_nodes(grid, config, minimum=1)
     log(
@@ -80,9 +81,16 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
         mechanism = audit.mechanism
         log(logging.INFO, "[AUDIT %d/%d] epsilon %g", index + 1, len(config.epsilons), budget)
         # Nodes charge their users' ledgers when they process the audit, whether or not
-        # their reply arrives or is accepted: count every audit sent (an upper bound).
+        # their reply arrives or is accepted: count every audit sent (an upper bound), and
+        # record it durably before it is sent.
         spent += mechanism.epsilon
-        outcome = audit.start(grid, arrays, timeout=config.reply_timeout)
+        record.add_release(
+            what=f"LDP audit {index + 1} (epsilon {mechanism.epsilon:.4g})",
+            kind="ldp-audit",
+            epsilon=mechanism.epsilon,
+            nodes=len(node_ids),
+        )
+        outcome = audit.start(grid, arrays, timeout=config.reply_timeout, node_ids=node_ids)
         outcomes.append(outcome)
         if outcome.estimate is not None:
             log(
@@ -98,6 +106,8 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
             log(logging.WARNING, "\t└──> no estimate: %s", outcome.error)
 
     table = audit_table(config.epsilons, outcomes, truth)
+    reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]
+    spent_total = max(reported) if reported else None
     payload = {
         "task": config.task,
         "run_config": {key: value for key, value in asdict(config).items()},
@@ -117,6 +127,9 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
             "epsilon_spent_per_user": spent,
             "composition": "basic sequential composition of the true epsilons of every audit "
             "sent (an upper bound: users who refused spent less)",
+            # Over every run the nodes' ledgers recorded (a run that died included): the most
+            # any user of the reporting nodes has spent. None if no node reported it.
+            "epsilon_spent_total_max_reported_by_nodes": spent_total,
         },
         "elapsed_seconds": time.perf_counter() - started,
     }
@@ -124,9 +137,13 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
     plot_note = plot_audits(
         output_dir / "gap_vs_epsilon.png", config.epsilons, outcomes, truth, config.metric
     )
+    contributed = max((o.accepted_nodes for o in outcomes), default=0)
+    reports = max((o.summary.num_reports for o in outcomes), default=0)
     for line in (
         "",
-        f"LDP audit of the {config.metric} gap ({len(node_ids)} nodes, {nodes.num_users} users):",
+        f"LDP audit of the {config.metric} gap (reports from up to {contributed} of "
+        f"{len(node_ids)} node(s) and {reports} of {nodes.num_users} user(s); per audit in the "
+        "table):",
         *table.splitlines(),
         "",
     ):
@@ -135,9 +152,17 @@ def run_ldp_audit(grid: Grid, config: RunConfig) -> Path:
         log(logging.WARNING, "%s", plot_note)
     log(
         logging.INFO,
-        "privacy spent per user: %.4g of the planned %.4g (each node enforces its own budget)",
+        "privacy spent per user by this run: %.4g of the planned %.4g (each node enforces its "
+        "own budget)",
         spent,
         config.user_budget,
     )
+    if spent_total is not None:
+        log(
+            logging.INFO,
+            "privacy spent per user over every run the nodes' ledgers recorded: up to %.4g",
+            spent_total,
+        )
+    record.finish("completed")
     log(logging.INFO, "results written to %s", output_dir)
     return output_dir

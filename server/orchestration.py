@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
@@ -24,7 +22,6 @@ from ..strategies.replies import send_and_receive
 from ..strategies.robust_fedavg import RobustFedAvg
 
 DESCRIBE_MESSAGE_TYPE = "query.describe"
-DEFAULT_RUNS_DIR = Path.home() / ".fedparity" / "runs"
 
 
 class NodeDescriptions:
@@ -136,14 +133,6 @@ def connect_nodes(
         if len(node_ids) >= expected and len(nodes.partitions) < expected:
             break  # every node is connected; the ones that failed are in nodes.failed
     return node_ids, nodes
-
-
-def resolve_output_dir(config: RunConfig) -> Path:
-    """``output-dir`` (absolute), or ``~/.fedparity/runs/<task>-<UTC time>``."""
-    if config.output_dir:
-        return Path(config.output_dir).expanduser().resolve()
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return DEFAULT_RUNS_DIR / f"{config.task}-{stamp}"
 
 
 def train_global_model(

@@ -273,17 +273,17 @@ class FPFLProtocol:
         if not received:
             outcome.reason = "no node replied"
             return outcome
+        if self.noise_share_std() > 0 and len(received) < self.min_survivors():
+            # Fewer noise shares than n_min: the sum would carry less noise than the accountant
+            # assumes, so it is not recovered (no seeds are asked for). The round is lost and
+            # still counts as spent privacy.
+            outcome.reason = (
+                f"only {len(received)} of {len(self.members)} node(s) replied, fewer than "
+                f"n_min = {self.min_survivors()} whose noise shares add up to the accounted "
+                "noise: the sum would carry too little noise"
+            )
+            return outcome
         if not self.masking:
-            if self.noise_share_std() > 0:
-                needed = self.min_survivors()
-                if len(received) < needed:
-                    # Fewer shares than n_min: the total has less noise than the accountant
-                    # assumes. Lost, exactly as when too few survivors unmask a masked sum.
-                    outcome.reason = (
-                        f"only {len(received)} of {len(self.members)} node(s) replied, fewer "
-                        f"than n_min = {needed}: their sum carries less noise than accounted"
-                    )
-                    return outcome
             outcome.total = np.sum([received[node] for node in outcome.replied], axis=0)
             return outcome
         return self._unmask(round_number, received, outcome)

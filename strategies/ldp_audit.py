@@ -38,6 +38,7 @@ from ..mechanisms.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
 from ..mechanisms.protocol import (
     AUDIT_MESSAGE_TYPE,
+    EPSILON_SPENT_KEY,
     GROUPS_KEY,
     METRICS_KEY,
     REPORTS_KEY,
@@ -56,6 +57,20 @@ def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
     if not number.is_integer() or number < 0:  # NaN and infinity are not integers
         raise ValueError(f"{key} must be a whole number >= 0, got {number:g}")
     return int(value)
+
+
+def _epsilon_spent(metrics: Mapping[str, object]) -> float | None:
+    """A node's ``epsilon-spent-max`` (None if it sent none); ``ValueError`` unless finite
+    and >= 0."""
+    value = metrics.get(EPSILON_SPENT_KEY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{EPSILON_SPENT_KEY} must be a number >= 0, got {value!r}")
+    number = float(value)
+    if not (np.isfinite(number) and number >= 0):
+        raise ValueError(f"{EPSILON_SPENT_KEY} must be a number >= 0, got {number:g}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,10 @@ class AuditOutcome:
         when the audit carries the undefined category: those users report it, perturbed).
     error : str or None
         Why there is no estimate, if there is none.
+    epsilon_spent_max : float or None
+        The most any user of the accepted nodes has spent over every audit their ledgers
+        recorded, this one included (None if no node sent it: nodes with fewer users than
+        their ``min-users-for-counts`` send none).
     """
 
     estimate: GapEstimate | None
@@ -95,6 +114,12 @@ class AuditOutcome:
     refused_users: int = 0
     undefined_users: int = 0
     error: str | None = None
+    epsilon_spent_max: float | None = None
+
+    @property
+    def contributing_nodes(self) -> int:
+        """Nodes whose reports entered the estimate."""
+        return self.accepted_nodes
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -108,6 +133,7 @@ class AuditOutcome:
             "refused_users": self.refused_users,
             "undefined_users": self.undefined_users,
             "error": self.error,
+            "epsilon_spent_max_reported_by_nodes": self.epsilon_spent_max,
         }
 
 
@@ -309,6 +335,7 @@ class LdpGapAudit:
         )
         if declared != groups.size:
             raise ValueError(f"num-reports says {declared}, the arrays hold {groups.size}")
+        _epsilon_spent(metrics)  # a malformed value rejects the reply
         if max_users is not None and declared + refused + undefined > max_users:
             raise ValueError(
                 f"the reply accounts for {declared + refused + undefined} users "
@@ -329,6 +356,7 @@ class LdpGapAudit:
         rejected: list[RejectedReply] = []
         replied: set[int] = set()
         accepted = refused = undefined = 0
+        spent_max: float | None = None
         for reply in replies:
             node_id = int(reply.metadata.src_node_id)
             if node_id in replied:
@@ -345,6 +373,9 @@ class LdpGapAudit:
                 rejected.append(RejectedReply(node_id, str(error)))
                 continue
             total = total.merge(summary)
+            node_spent = _epsilon_spent(reply.content.metric_records.get(METRICS_KEY, {}))
+            if node_spent is not None:
+                spent_max = node_spent if spent_max is None else max(spent_max, node_spent)
             accepted += 1
             refused += node_refused
             undefined += node_undefined
@@ -380,12 +411,24 @@ class LdpGapAudit:
             refused_users=refused,
             undefined_users=undefined,
             error=error_text,
+            epsilon_spent_max=spent_max,
         )
 
-    def start(self, grid: Grid, arrays: ArrayRecord, *, timeout: float = 600.0) -> AuditOutcome:
-        """Run the audit on every connected node and return the outcome."""
+    def start(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        *,
+        timeout: float = 600.0,
+        node_ids: Iterable[int] | None = None,
+    ) -> AuditOutcome:
+        """Run the audit and return the outcome.
+
+        ``node_ids``: the nodes to ask (default: every connected node). A job that runs
+        several audits passes the federation it started with, so that a node lost in one
+        audit is counted missing in the next, not forgotten."""
         self.summary()
-        node_ids = sorted(grid.get_node_ids())
+        node_ids = sorted(grid.get_node_ids() if node_ids is None else set(node_ids))
         messages = self.configure_audit(arrays, node_ids)
         replies = send_and_receive(grid, messages, timeout)
         return self.aggregate_audit(node_ids, replies)

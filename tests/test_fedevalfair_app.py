@@ -227,7 +227,7 @@ def test_flwr_run_on_adult_doctorate_split(
         if t["metric"] == "dp" and t["mode"] == "calibrated"
     )
     assert dp["report"]["k"] == 2 and dp["report"]["homogeneity"]["dof"] == 1
-    assert "stage1 stat" in run.output and "took part" in run.output
+    assert "stage1 stat" in run.output and "contributed to stage 1" in run.output
 
 
 def _toml(path: Path) -> dict:

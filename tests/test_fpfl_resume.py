@@ -21,9 +21,10 @@ from fedparity.server.api import run_simulation_job
 from fedparity.server.fpfl_checkpoint import (
     RELEASE_LEDGER,
     ReleaseLedger,
+    ReleaseSegment,
     load_checkpoint,
     read_release_ledger,
-    resumed_releases,
+    resumed_ledger,
     write_release_ledger,
 )
 from fedparity.strategies.fpfl import FPFLProtocol
@@ -40,7 +41,9 @@ CONFIG = RunConfig.from_mapping({**SMALL, "fpfl-algorithm": "fpfl"})
 
 
 def test_ledger_round_trip_is_atomic_and_checked(tmp_path: Path) -> None:
-    ledger = ReleaseLedger(7, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600)
+    ledger = ReleaseLedger(
+        (ReleaseSegment(1.2, 0.25, 7), ReleaseSegment(1.3, 0.3, 2)), delta=1 / 600
+    )
     assert read_release_ledger(tmp_path, CONFIG) is None
     write_release_ledger(tmp_path, CONFIG, ledger)
     assert read_release_ledger(tmp_path, CONFIG) == ledger
@@ -55,19 +58,64 @@ def test_ledger_round_trip_is_atomic_and_checked(tmp_path: Path) -> None:
     (tmp_path / RELEASE_LEDGER).write_text('{"rounds_released": ')
     with pytest.raises(ValueError, match="unreadable"):
         read_release_ledger(tmp_path, CONFIG)
-    with pytest.raises(ValueError, match="rounds_released"):
-        ReleaseLedger(-1, noise_multiplier=1.0, sample_rate=0.5, delta=0.1)
+    with pytest.raises(ValueError, match="rounds"):
+        ReleaseSegment(1.0, 0.5, -1)
+
+
+def test_a_version_1_ledger_is_read_as_one_segment(tmp_path: Path) -> None:
+    """Ledgers written before segments existed keep counting."""
+    version1 = {"rounds_released": 7, "noise_multiplier": 1.2, "sample_rate": 0.25}
+    ledger = ReleaseLedger.from_json({**version1, "delta": 1 / 600})
+    assert ledger == ReleaseLedger.single(7, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600)
 
 
 def test_resume_counts_max_of_ledger_and_checkpoint(tmp_path: Path) -> None:
-    current = ReleaseLedger(0, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600)
-    assert resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 5  # no ledger
-    write_release_ledger(tmp_path, CONFIG, ReleaseLedger(7, 1.2, 0.25, 1 / 600))
-    assert resumed_releases(tmp_path, CONFIG, current, checkpoint_round=5) == 7
-    assert resumed_releases(tmp_path, CONFIG, current, checkpoint_round=0) == 7  # no checkpoint
-    other_population = ReleaseLedger(0, noise_multiplier=1.3, sample_rate=0.2, delta=1 / 750)
-    with pytest.raises(ValueError, match="cannot account both together"):
-        resumed_releases(tmp_path, CONFIG, other_population, checkpoint_round=5)
+    def resumed(checkpoint_round: int, sigma: float = 1.2, rate: float = 0.25) -> ReleaseLedger:
+        return resumed_ledger(
+            tmp_path,
+            CONFIG,
+            checkpoint_round,
+            noise_multiplier=sigma,
+            sample_rate=rate,
+            delta=1 / 600,
+        )
+
+    assert resumed(5).rounds_released == 5  # no ledger: the checkpoint's rounds
+    write_release_ledger(
+        tmp_path,
+        CONFIG,
+        ReleaseLedger.single(7, noise_multiplier=1.2, sample_rate=0.25, delta=1 / 600),
+    )
+    assert resumed(5).rounds_released == 7
+    assert resumed(0).rounds_released == 7  # no checkpoint
+    assert resumed(9).rounds_released == 9  # a checkpoint beyond the ledger (older runs)
+    # A population that shrank: the earlier rounds stay at their (sigma, q) and the new ones
+    # start a segment of their own, composed by the accountant.
+    later = resumed(5, sigma=1.3, rate=0.3).after_release(1.3, 0.3).after_release(1.3, 0.3)
+    assert later.segments == (ReleaseSegment(1.2, 0.25, 7), ReleaseSegment(1.3, 0.3, 2))
+    assert later.delta == pytest.approx(1 / 600)
+
+
+def test_segments_compose_with_opacus_history() -> None:
+    """The composed epsilon is Opacus' for the same heterogeneous history, lies between the
+    epsilons of the whole run at either segment's (sigma, q), and one segment gives the
+    single-(sigma, q) value."""
+    from opacus.accountants import RDPAccountant
+
+    from fedparity.mechanisms.dp_accounting import privacy_spent_history
+
+    history = [(1.2, 0.25, 7), (0.9, 0.4, 5)]
+    ours = privacy_spent_history(history, delta=1e-3).epsilon
+    reference = RDPAccountant()
+    reference.history = list(history)
+    assert ours == pytest.approx(reference.get_epsilon(delta=1e-3), rel=1e-12)
+    first_only = privacy_spent(noise_multiplier=1.2, sample_rate=0.25, steps=12, delta=1e-3)
+    second_only = privacy_spent(noise_multiplier=0.9, sample_rate=0.4, steps=12, delta=1e-3)
+    assert first_only.epsilon < ours < second_only.epsilon
+    split = privacy_spent_history([(1.2, 0.25, 7), (1.2, 0.25, 5)], delta=1e-3)
+    assert split.epsilon == pytest.approx(first_only.epsilon, rel=1e-12)
+    prv = privacy_spent_history(history, delta=1e-3, accountant="prv")
+    assert 0 < prv.epsilon <= ours * 1.05  # PRV is at most RDP's bound (up to its eps_error)
 
 
 @pytest.mark.slow

@@ -201,7 +201,8 @@ def test_save_replaces_the_file_atomically(tmp_path: Path, monkeypatch: pytest.M
         ledger.save(path)
     monkeypatch.undo()
     np.testing.assert_array_equal(ShardLedger.load_or_create(path, 2.0, 3).spent, 1.0)
-    assert [p.name for p in tmp_path.iterdir()] == ["ledger.npz"]
+    # no temporary file left: the ledger and the marker that says it exists
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.npz", "ledger.npz.created"]
 
 
 # --- summarize_stream ---------------------------------------------------------------------------

@@ -1,0 +1,224 @@
+"""The status file of a run: what it has released, and how it ended.
+
+Every job writes ``output-dir/status.json`` before it does any work and keeps it current:
+
+* ``status``: ``running`` while the job runs; at the end ``completed``, or the job's own
+  ending (FPFL: ``completed-with-lost-rounds``, ``stopped-early``, ``paused``); ``failed``
+  (with ``error``) when the ServerApp raised, ``interrupted`` when it was stopped. A run
+  killed outright (``kill -9``, a crashed host) cannot write anything more: its file still
+  says ``running``, with ``pid`` and ``updated``, which is how a reader tells it died.
+* ``releases``: every privacy-relevant release, each recorded durably *before* it is sent
+  (an LDP audit's epsilon, FedEvalFair's decryption round; FPFL keeps its own per-round
+  ledger and the count of released rounds here). A run that died therefore still says what
+  it released and that no estimate came out of it.
+
+An output folder that already holds a run's status, results, privacy ledger or checkpoint is
+never written over: a new run refuses it (before any work) unless it resumes that run
+(``fpfl-resume``). Writes are durable: scratch file, ``fsync``, atomic rename, ``fsync`` of
+the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from flwr.common import log
+
+from ..clients.config import ConfigError, RunConfig
+
+__all__ = [
+    "DEFAULT_RUNS_DIR",
+    "PROTECTED_FILES",
+    "STATUS_FILE",
+    "RunRecord",
+    "open_run_record",
+    "read_status",
+    "resolve_output_dir",
+    "write_text_durably",
+]
+
+DEFAULT_RUNS_DIR = Path("~/.fedparity/runs")
+
+STATUS_FILE = "status.json"
+#: Files of an earlier run that a new run never writes over.
+PROTECTED_FILES = (
+    STATUS_FILE,
+    "results.json",
+    "privacy-ledger.json",
+    "checkpoint.json",
+    "checkpoint.npz",
+)
+#: Statuses after which nothing more happens in a run.
+FINAL_STATUSES = (
+    "completed",
+    "completed-with-lost-rounds",
+    "stopped-early",
+    "paused",
+    "failed",
+    "interrupted",
+)
+
+
+def write_text_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that it survives a crash: scratch file, ``fsync``, atomic
+    ``os.replace``, then ``fsync`` of the folder (POSIX) so the rename itself is on disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with scratch.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+    if hasattr(os, "O_DIRECTORY"):
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def read_status(folder: str | Path) -> dict[str, Any] | None:
+    """The status file of the run in ``folder`` (None if there is none)."""
+    path = Path(folder) / STATUS_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+class RunRecord:
+    """``output-dir/status.json`` of one run (see the module docstring).
+
+    Use :meth:`open` (it refuses a used folder before any work), :meth:`add_release` before
+    each release, :meth:`update` for running counts, and :meth:`finish` or :meth:`fail`.
+    """
+
+    def __init__(self, folder: Path, payload: dict[str, Any]) -> None:
+        self.folder = folder
+        self.payload = payload
+
+    @property
+    def path(self) -> Path:
+        return self.folder / STATUS_FILE
+
+    @classmethod
+    def open(cls, config: RunConfig, folder: Path, *, resume: bool = False) -> RunRecord:
+        """Start the record of a run in ``folder``.
+
+        Raises
+        ------
+        ConfigError
+            Naming ``output-dir``, when ``folder`` holds an earlier run's files and this run
+            does not resume it.
+        """
+        used = sorted(name for name in PROTECTED_FILES if (folder / name).exists())
+        earlier = read_status(folder) if (folder / STATUS_FILE).is_file() else None
+        if used and not resume:
+            raise ConfigError(
+                f"output-dir {folder} already holds a run ({', '.join(used)}): fedparity never "
+                "writes over a run's results, status or privacy ledger; choose a new output-dir"
+                + (" or resume it (fpfl-resume = true)" if config.task == "fpfl" else "")
+            )
+        payload: dict[str, Any] = {
+            "task": config.task,
+            "status": "running",
+            "started": _now(),
+            "updated": _now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "releases": [],
+            "attempts": 1,
+        }
+        if resume and earlier is not None:
+            payload["releases"] = list(earlier.get("releases", []))
+            payload["attempts"] = int(earlier.get("attempts", 1)) + 1
+            payload["previous_status"] = earlier.get("status")
+            payload["first_started"] = earlier.get("first_started", earlier.get("started"))
+        record = cls(folder, payload)
+        record._write()
+        return record
+
+    def _write(self) -> None:
+        self.payload["updated"] = _now()
+        write_text_durably(self.path, json.dumps(self.payload, indent=2, allow_nan=False) + "\n")
+
+    def add_release(self, **release: Any) -> None:
+        """Record durably, *before* it is sent, a release about to happen."""
+        self.payload["releases"].append({"time": _now(), **release})
+        self._write()
+
+    def update(self, **fields: Any) -> None:
+        """Set running fields (e.g. the FPFL rounds released so far) durably."""
+        self.payload.update(fields)
+        self._write()
+
+    @property
+    def finished(self) -> bool:
+        return self.payload["status"] in FINAL_STATUSES
+
+    def finish(self, status: str = "completed", **fields: Any) -> None:
+        """The run ended with ``status`` (and e.g. ``reason``)."""
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(FINAL_STATUSES)}, got {status!r}")
+        self.payload.update(fields)
+        self.payload["status"] = status
+        self.payload["ended"] = _now()
+        self._write()
+
+    def fail(self, error: BaseException) -> None:
+        """The run raised ``error``: say so in the folder and, loudly, on the console."""
+        interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
+        text = f"{type(error).__name__}: {error}".strip()
+        self.finish("interrupted" if interrupted else "failed", error=text)
+        released = _released_summary(self.payload["releases"], self.payload)
+        log(
+            logging.ERROR,
+            "fedparity: the %s run %s: %s. Released before it ended: %s. Status: %s",
+            self.payload["task"],
+            "WAS INTERRUPTED" if interrupted else "FAILED",
+            text,
+            released,
+            self.path,
+        )
+
+
+def _released_summary(releases: list[Mapping[str, Any]], payload: Mapping[str, Any]) -> str:
+    rounds = payload.get("fpfl_rounds_released")
+    if rounds:
+        return f"{rounds} FPFL round(s)"
+    if not releases:
+        return "nothing"
+    return ", ".join(str(item.get("what", "a release")) for item in releases)
+
+
+def resolve_output_dir(config: RunConfig) -> Path:
+    """``output-dir`` (absolute), or a new ``~/.fedparity/runs/<task>-<UTC time>[-n]``."""
+    if config.output_dir:
+        return Path(config.output_dir).expanduser().resolve()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    base = DEFAULT_RUNS_DIR.expanduser() / f"{config.task}-{stamp}"
+    folder, number = base, 1
+    while folder.exists():  # two runs started in the same second get folders of their own
+        number += 1
+        folder = base.with_name(f"{base.name}-{number}")
+    return folder
+
+
+def open_run_record(config: RunConfig) -> RunRecord:
+    """The record of a run of ``config`` in its output folder (:meth:`RunRecord.open`; an
+    FPFL run with ``fpfl-resume`` continues the folder's record)."""
+    resume = config.task == "fpfl" and config.fpfl_resume
+    return RunRecord.open(config, resolve_output_dir(config), resume=resume)
