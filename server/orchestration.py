@@ -167,6 +167,7 @@ def training_report(config: RunConfig, losses: dict[int, float], strategy: Robus
             rnd: [{"node_id": r.node_id, "reason": r.reason} for r in items]
             for rnd, items in strategy.rejected.items()
         },
+        "missing_nodes": {rnd: nodes for rnd, nodes in strategy.missing.items() if nodes},
     }
 
 

@@ -1,13 +1,15 @@
 """Bookkeeping of the replies a strategy receives, shared by every strategy: who a reply is
-from, and the replies it could not use."""
+from, which nodes did not reply, and the replies it could not use."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from flwr.app import Message
+from flwr.common import log
 from flwr.serverapp import Grid
 
 __all__ = [
@@ -40,19 +42,28 @@ class RejectedReply:
 
 
 def attribute_replies(sent: Sequence[Message], replies: Iterable[Message]) -> list[Message]:
-    """The replies, each attributed to the node it concerns.
+    """The replies the nodes themselves sent; the node a reply is from is the node the
+    message it answers was sent to.
 
     When a node cannot be reached, Flower answers in its place with an error reply whose
-    source is the SuperLink itself (node id 1), not the node: every strategy would count a
-    phantom "node 1". The message a reply answers (``reply_to_message_id``) names the node
-    it was sent to; an error reply from anyone else is re-attributed to that node.
+    source is the SuperLink itself (node id 1), not the node: taken at face value, every
+    strategy would count a phantom "node 1" and the dead node as missing as well. The message
+    a reply answers (``reply_to_message_id``) names the node it was sent to; such an error
+    reply is left out (logged with Flower's reason), so the node counts as missing, which is
+    what happened: it did not reply.
     """
     destinations = {msg.metadata.message_id: int(msg.metadata.dst_node_id) for msg in sent}
     attributed = []
     for reply in replies:
         node = destinations.get(reply.metadata.reply_to_message_id)
         if node is not None and reply.has_error() and int(reply.metadata.src_node_id) != node:
-            reply.metadata.__dict__["_src_node_id"] = node  # as Flower sets its message ids
+            log(
+                logging.INFO,
+                "no reply from node %d (Flower: %s)",
+                node,
+                short_reason(reply.error.reason),
+            )
+            continue
         attributed.append(reply)
     return attributed
 

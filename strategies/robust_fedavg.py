@@ -20,7 +20,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from .replies import RejectedReply, short_reason
+from .replies import RejectedReply, attribute_replies, short_reason
 
 
 class RobustFedAvg(FedAvg):
@@ -29,13 +29,19 @@ class RobustFedAvg(FedAvg):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.rejected: dict[int, list[RejectedReply]] = {}
+        #: Per round, the nodes that were sent the model and did not reply.
+        self.missing: dict[int, list[int]] = {}
         self._sent_shapes: dict[str, tuple[int, ...]] = {}
+        self._sent: list[Message] = []
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._sent_shapes = {key: tuple(array.shape) for key, array in arrays.items()}
-        return super().configure_train(server_round, arrays, config, grid)
+        # Kept so that the replies can be attributed to the nodes they concern (the Grid
+        # gives the messages their ids when it sends them).
+        self._sent = list(super().configure_train(server_round, arrays, config, grid))
+        return self._sent
 
     def _problem(self, content: RecordDict) -> str | None:
         if len(content.array_records) != 1 or len(content.metric_records) != 1:
@@ -67,6 +73,13 @@ class RobustFedAvg(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         good: list[Message] = []
         rejected: list[RejectedReply] = []
+        replies = attribute_replies(self._sent, replies)
+        replied = {int(reply.metadata.src_node_id) for reply in replies}
+        self.missing[server_round] = sorted(
+            int(msg.metadata.dst_node_id)
+            for msg in self._sent
+            if int(msg.metadata.dst_node_id) not in replied
+        )
         for reply in replies:
             node_id = int(reply.metadata.src_node_id)
             problem = (

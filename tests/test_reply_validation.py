@@ -310,10 +310,11 @@ def test_config_record_roundtrip_of_audit_values() -> None:
     assert float(record["epsilon-group"]) == mechanism.epsilon_group
 
 
-def test_an_error_the_superlink_sends_for_a_dead_node_is_that_nodes() -> None:
+def test_an_error_the_superlink_sends_for_a_dead_node_counts_that_node_missing() -> None:
     """Flower answers for an unreachable node with an error reply whose source is the
     SuperLink (node id 1). Taken at face value, the audit counted a phantom rejection of
-    "node 1" and the dead node as missing as well (review: dropouts misreported)."""
+    "node 1" and the dead node as missing as well (review: dropouts misreported). The dead
+    node is missing, once, and nobody else is rejected."""
     from flwr.app import Error
 
     from fedparity.strategies.replies import attribute_replies
@@ -334,5 +335,10 @@ def test_an_error_the_superlink_sends_for_a_dead_node_is_that_nodes() -> None:
     assert [r.node_id for r in naive.rejected] == [1] and naive.missing_nodes == (7,)
 
     attributed = audit.aggregate_audit([7, 8], attribute_replies(sent, [lost, honest]))
-    assert [r.node_id for r in attributed.rejected] == [7] and attributed.missing_nodes == ()
-    assert attributed.accepted_nodes == 1
+    assert attributed.rejected == () and attributed.missing_nodes == (7,)
+    assert attributed.accepted_nodes == 1 and attributed.nodes_replied == 1
+    # a node's own error reply (it raised) stays a rejection of that node
+    own = Message(Error(code=0, reason="refused by this node's policy"), reply_to=sent[0])
+    own.metadata.__dict__["_src_node_id"] = 7
+    refused = audit.aggregate_audit([7, 8], attribute_replies(sent, [own, honest]))
+    assert [r.node_id for r in refused.rejected] == [7] and refused.missing_nodes == ()
