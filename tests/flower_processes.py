@@ -27,6 +27,22 @@ What this module guarantees (measured facts are in ``/work/notes/flower-runtime.
 * ``flwr run`` exits with 0 even when the ServerApp raised; :func:`run_flwr` asks the
   SuperLink for the run status and raises :class:`FlwrRunError` unless it is
   ``finished:completed`` (``check=True``).
+* Faults (:class:`Deployment`): every kill is a SIGKILL of a whole process tree (a
+  crash). Flower 1.41 notices dead processes only through heartbeats (30 s interval,
+  patience 2, fixed: no CLI option on ``flower-superlink``/``flower-supernode``), so:
+
+  - a killed SuperNode stays ``online`` (listed by ``grid.get_node_ids()``) until 60 s
+    after its last heartbeat, i.e. 38-60 s after the kill (measured 42, 51, 60 s); at
+    that moment a message to it gets an error reply (src node 1, code 5, ``Error: Node
+    Unavailable``). A restarted SuperNode registers as a new node (new id);
+  - a killed ``flwr-serverapp`` leaves its run ``running`` until 60 s after the task's
+    last heartbeat, then ``finished:failed`` (``No heartbeat received from the task``);
+    ``flwr run --stream`` then exits with 0 (measured 61 s after the kill);
+  - a killed SuperLink makes ``flwr run --stream`` exit with 1 at once (``Connection to
+    the SuperLink is unavailable``). Restarted on its database, it lists the run as
+    ``running`` until ~60 s after the last task heartbeat, then ``finished:failed``
+    (never resumed); the SuperNodes keep running, retry (back-off <= 20 s) and carry on
+    with the same node ids.
 """
 
 from __future__ import annotations
@@ -48,7 +64,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TypeVar
 
 import tomli_w
 
@@ -60,6 +76,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (tomli ships with 
 __all__ = [
     "DEPLOYMENT_FEDERATION",
     "SIMULATION_FEDERATION",
+    "BackgroundRun",
     "Deployment",
     "FlowerProcessError",
     "FlwrRun",
@@ -75,7 +92,11 @@ __all__ = [
     "local_simulation",
     "run_flwr",
     "run_status",
+    "start_flwr_run",
     "strip_ansi",
+    "supernode_statuses",
+    "unregister_supernode",
+    "wait_for",
     "write_connection",
 ]
 
@@ -84,6 +105,7 @@ SIMULATION_FEDERATION = "local-simulation"
 HOST = "127.0.0.1"
 
 RunConfigValue = bool | int | float | str
+T = TypeVar("T")
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RUN_ID_RE = re.compile(r"Successfully started run (\d+)")
@@ -173,6 +195,46 @@ def strip_ansi(text: str) -> str:
 
 def _tail_text(text: str, lines: int) -> str:
     return "\n".join(strip_ansi(text).splitlines()[-lines:])
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float, interval: float = 0.2, what: str = "a condition"
+) -> T:
+    """Call ``predicate`` every ``interval`` seconds until it returns something truthy.
+
+    Parameters
+    ----------
+    predicate : Callable[[], T]
+        Polled condition; exceptions it raises propagate.
+    timeout : float
+        Seconds before giving up (the predicate is always called at least once, and
+        once more at the deadline).
+    interval : float, default 0.2
+        Seconds between calls.
+    what : str, default "a condition"
+        What is awaited, for the error message (e.g. ``"node 3 to go offline"``).
+
+    Returns
+    -------
+    T
+        The first truthy value returned by ``predicate``.
+
+    Raises
+    ------
+    TimeoutError
+        ``timed out after <timeout> s waiting for <what>`` (plus the last value).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(
+                f"timed out after {timeout:.1f} s waiting for {what} (last value: {value!r})"
+            )
+        time.sleep(min(interval, remaining))
 
 
 def flower_executable(name: str) -> str:
@@ -334,12 +396,24 @@ class ManagedProcess:
         File receiving its stdout and stderr.
     port : int
         The HTTP port it listens on.
+    cmd : list[str]
+        The command line, kept so that :meth:`relaunch` can start it again.
+    cwd : Path or None
+        Its working directory.
+    env : dict[str, str]
+        Its complete environment (``HOME``, ``FLWR_HOME``...).
+    launches : int
+        How many times it was started (1, plus one per :meth:`relaunch`).
     """
 
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
     port: int
+    cmd: list[str] = field(default_factory=list)
+    cwd: Path | None = None
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    launches: int = 1
     _log_file: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -362,25 +436,80 @@ class ManagedProcess:
         """Return the last ``lines`` lines of the log."""
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def log_size(self) -> int:
+        """Current size of the log in bytes (an offset for :meth:`log_text_since`)."""
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def log_text_since(self, offset: int) -> str:
+        """Return the log from byte ``offset`` on, ANSI codes removed."""
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return ""
+        return strip_ansi(data.decode("utf-8", errors="replace"))
+
+    def relaunch(self) -> None:
+        """Start :attr:`cmd` again (same cwd, environment and port), appending to the log.
+
+        A ``--- relaunch N ---`` line is written to the log first. The object is
+        updated in place (new :attr:`popen`), so whoever stops the processes later
+        stops the new one.
+
+        Raises
+        ------
+        FlowerProcessError
+            If the process is still running or has no recorded command.
+        """
+        if self.alive():
+            raise FlowerProcessError(f"{self.name} is still running (pid {self.pid})")
+        if not self.cmd:
+            raise FlowerProcessError(f"{self.name} has no recorded command to relaunch")
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self.launches += 1
+        log_file = self.log_path.open("ab")
+        log_file.write(f"\n--- relaunch {self.launches} of {self.name} ---\n".encode())
+        log_file.flush()
+        try:
+            self.popen = _popen(self.cmd, self.cwd, self.env, log_file)
+        except BaseException:
+            log_file.close()
+            raise
+        self._log_file = log_file
+
+
+def _popen(
+    cmd: Sequence[str], cwd: Path | None, env: Mapping[str, str], log_file: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(  # noqa: S603 - fixed executables, no shell
+        list(cmd),
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
 
 def _start(
     name: str, cmd: Sequence[str], log_path: Path, cwd: Path, env: Mapping[str, str], port: int
 ) -> ManagedProcess:
     log_file = log_path.open("wb")
     try:
-        popen = subprocess.Popen(  # noqa: S603 - fixed executables, no shell
-            list(cmd),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        popen = _popen(cmd, cwd, env, log_file)
     except BaseException:
         log_file.close()
         raise
-    return ManagedProcess(name, popen, log_path, port, log_file)
+    return ManagedProcess(
+        name, popen, log_path, port, cmd=list(cmd), cwd=cwd, env=dict(env), _log_file=log_file
+    )
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -430,6 +559,89 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _signal_pid(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _cmdline(pid: int) -> list[str]:
+    """Return the argv of ``pid`` from /proc (empty if gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+
+
+def _kill_tree(proc: ManagedProcess | int, timeout: float = 10.0) -> dict[int, int]:
+    """SIGKILL a process, its process group and all its descendants, like ``kill -9``.
+
+    The tree is first frozen with SIGSTOP, top down and repeated until no new
+    descendant appears, so that nothing forks or is re-parented to PID 1 between
+    recording and killing; then everything gets SIGKILL. Returns once every recorded
+    process is gone (zombies count as gone) and, for a :class:`ManagedProcess`, the
+    process is reaped and its log file closed.
+
+    Parameters
+    ----------
+    proc : ManagedProcess or int
+        A process started here, or a pid.
+    timeout : float, default 10.0
+        Seconds to wait for the processes to disappear.
+
+    Returns
+    -------
+    dict[int, int]
+        ``{pid: starttime}`` of the killed descendants (not the process itself).
+
+    Raises
+    ------
+    FlowerProcessError
+        If a process is still running after ``timeout`` seconds.
+    """
+    root = proc.pid if isinstance(proc, ManagedProcess) else proc
+    root_stat = _proc_stat(root)
+    _signal_pid(root, signal.SIGSTOP)
+    frozen: dict[int, int] = {}
+    while True:
+        new = {pid: st for pid, st in _descendants(root).items() if pid not in frozen}
+        if not new:
+            break
+        for pid, starttime in new.items():
+            if _same_process_running(pid, starttime):
+                _signal_pid(pid, signal.SIGSTOP)
+        frozen |= new
+    if isinstance(proc, ManagedProcess):
+        if proc.alive():
+            _signal_group(root, signal.SIGKILL)
+    elif root_stat is not None and _same_process_running(root, root_stat[2]):
+        _signal_pid(root, signal.SIGKILL)
+    for pid, starttime in frozen.items():
+        if _same_process_running(pid, starttime):
+            _signal_pid(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    if isinstance(proc, ManagedProcess):
+        try:
+            proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc._log_file is not None:
+            proc._log_file.close()
+            proc._log_file = None
+    pending = dict(frozen)
+    if root_stat is not None and not isinstance(proc, ManagedProcess):
+        pending[root] = root_stat[2]
+    while pending := {p: st for p, st in pending.items() if _same_process_running(p, st)}:
+        if time.monotonic() > deadline:
+            raise FlowerProcessError(f"processes still running after SIGKILL: {sorted(pending)}")
+        time.sleep(0.05)
+    if isinstance(proc, ManagedProcess) and proc.alive():
+        raise FlowerProcessError(f"{proc.name} (pid {proc.pid}) survived SIGKILL")
+    return frozen
 
 
 def _stop_processes(processes: Sequence[ManagedProcess], grace: float) -> None:
@@ -738,6 +950,82 @@ def run_status(
         ) from err
 
 
+def supernode_statuses(federation: str, flwr_home: Path, timeout: float = 60.0) -> dict[int, str]:
+    """Return ``{node_id: status}`` via ``flwr supernode list <fed> --format json``.
+
+    Parameters
+    ----------
+    federation : str
+        SuperLink connection name in ``$FLWR_HOME/config.toml``.
+    flwr_home : Path
+        The ``FLWR_HOME`` holding that connection.
+    timeout : float, default 60.0
+        Seconds allowed for the CLI call.
+
+    Returns
+    -------
+    dict[int, str]
+        Every node the SuperLink has on record, with status ``online``,
+        ``offline``, ``registered`` or ``unregistered``. The ``online`` ones are
+        exactly what ``grid.get_node_ids()`` gives a ServerApp:
+        both read the same state, which marks a node ``offline`` once its heartbeat
+        is overdue (2 x 30 s after the last one in Flower 1.41).
+
+    Raises
+    ------
+    FlwrRunError
+        If the CLI fails or its JSON cannot be read.
+    """
+    proc = _flwr_cli(flwr_home, ["supernode", "list", federation, "--format", "json"], timeout)
+    text = proc.stdout
+    start = text.find("{")
+    try:
+        payload = json.loads(text[start:]) if start >= 0 else {}
+        return {int(node["node-id"]): str(node["status"]) for node in payload["nodes"]}
+    except (ValueError, KeyError, TypeError) as err:
+        raise FlwrRunError(
+            f"could not list the SuperNodes (exit {proc.returncode}):\n"
+            f"{_tail_text(proc.stdout + proc.stderr, 20)}"
+        ) from err
+
+
+def unregister_supernode(
+    node_id: int, federation: str, flwr_home: Path, timeout: float = 60.0
+) -> None:
+    """Unregister a node via ``flwr supernode unregister <node_id> <fed>``.
+
+    The SuperLink drops it at once: its status becomes ``unregistered`` and
+    ``grid.get_node_ids()`` no longer returns it. Useful to forget the id a killed
+    SuperNode leaves behind (otherwise ``online`` until its heartbeat is overdue,
+    and a message sent to it waits that long for a ``Node Unavailable`` error).
+
+    Raises
+    ------
+    FlwrRunError
+        If the CLI exits with an error.
+    """
+    proc = _flwr_cli(flwr_home, ["supernode", "unregister", str(node_id), federation], timeout)
+    if proc.returncode != 0:
+        raise FlwrRunError(
+            f"could not unregister node {node_id} (exit {proc.returncode}):\n"
+            f"{_tail_text(proc.stdout + proc.stderr, 20)}"
+        )
+
+
+def _flwr_cli(
+    flwr_home: Path, args: Sequence[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603
+        [flower_executable("flwr"), *args],
+        env=child_env(flwr_home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def _stop_run(run_id: int, federation: str, flwr_home: Path) -> None:
     """Best effort ``flwr stop`` of a run left behind by a timed-out ``flwr run``."""
     try:
@@ -813,51 +1101,253 @@ def run_flwr(
     FlwrRunError
         On timeout, or (with ``check``) on a non-zero exit or a failed run.
     """
-    app_dir = Path(app_dir).resolve()
-    _check_app_dir(app_dir)
-    with tempfile.TemporaryDirectory(prefix="flwr-run-") as scratch:
-        cmd = [flower_executable("flwr"), "run", str(app_dir), federation, "--stream"]
-        cmd += _run_config_args(run_config, Path(scratch), app_dir)
-        if federation_config:
-            cmd += ["--federation-config", format_run_config(federation_config)]
-        cmd += list(extra_args)
-        start = time.monotonic()
-        proc = subprocess.Popen(  # noqa: S603
-            cmd,
-            cwd=cwd or app_dir,
-            env=child_env(flwr_home, env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            result = FlwrRun(cmd, -9, stdout, stderr, time.monotonic() - start)
-            if result.run_id is not None:
-                _stop_run(result.run_id, federation, flwr_home)
-            raise FlwrRunError(f"`flwr run` timed out after {timeout:.0f} s", result) from None
-        result = FlwrRun(cmd, proc.returncode, stdout, stderr, time.monotonic() - start)
-
+    background = start_flwr_run(
+        app_dir,
+        federation,
+        run_config,
+        flwr_home,
+        timeout,
+        extra_args,
+        federation_config=federation_config,
+        env=env,
+        cwd=cwd,
+    )
+    result = background.wait()
     if check:
         if result.returncode != 0 or result.run_id is None:
             raise FlwrRunError(f"`flwr run` exited with code {result.returncode}", result)
-        _fill_status(result, federation, flwr_home)
+        if result.status is None:
+            _fill_status(result, federation, flwr_home)  # raises if unreadable
         if result.status != "finished:completed":
             raise FlwrRunError(
                 f"run {result.run_id} ended as {result.status!r}: {result.status_details}",
                 result,
             )
-    elif result.run_id is not None:
-        try:
-            _fill_status(result, federation, flwr_home)
-        except FlwrRunError:
-            pass
     return result
+
+
+def start_flwr_run(
+    app_dir: Path,
+    federation: str,
+    run_config: Mapping[str, RunConfigValue] | Path | None,
+    flwr_home: Path,
+    timeout: float = 300.0,
+    extra_args: Sequence[str] = (),
+    *,
+    federation_config: Mapping[str, RunConfigValue] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> BackgroundRun:
+    """Start ``flwr run <app_dir> <federation> --stream`` and return at once.
+
+    Same command and parameters as :func:`run_flwr` (which is this function followed
+    by :meth:`BackgroundRun.wait`). ``flwr run`` leads its own process group; its
+    stdout and stderr go to files in a private temporary directory, so nothing has
+    to read them while the run is in progress.
+
+    Returns
+    -------
+    BackgroundRun
+        Handle: :attr:`BackgroundRun.run_id` once the run was submitted,
+        :meth:`BackgroundRun.wait` for the result.
+    """
+    app_dir = Path(app_dir).resolve()
+    _check_app_dir(app_dir)
+    scratch = tempfile.TemporaryDirectory(prefix="flwr-run-")
+    try:
+        cmd = [flower_executable("flwr"), "run", str(app_dir), federation, "--stream"]
+        cmd += _run_config_args(run_config, Path(scratch.name), app_dir)
+        if federation_config:
+            cmd += ["--federation-config", format_run_config(federation_config)]
+        cmd += list(extra_args)
+        stdout_path = Path(scratch.name) / "stdout.txt"
+        stderr_path = Path(scratch.name) / "stderr.txt"
+        with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+            popen = subprocess.Popen(  # noqa: S603
+                cmd,
+                cwd=cwd or app_dir,
+                env=child_env(flwr_home, env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+    except BaseException:
+        scratch.cleanup()
+        raise
+    return BackgroundRun(cmd, popen, scratch, federation, Path(flwr_home), timeout)
+
+
+class BackgroundRun:
+    """A ``flwr run --stream`` in progress, started by :func:`start_flwr_run`.
+
+    Parameters
+    ----------
+    cmd : list[str]
+        The command line.
+    popen : subprocess.Popen[bytes]
+        The ``flwr run`` process (leader of its own process group).
+    scratch : tempfile.TemporaryDirectory[str]
+        Directory holding ``stdout.txt``/``stderr.txt`` (removed by :meth:`wait`).
+    federation : str
+        SuperLink connection name, for the status query.
+    flwr_home : Path
+        ``FLWR_HOME`` of the CLI.
+    timeout : float
+        Seconds, counted from the start, after which :meth:`wait` gives up.
+    """
+
+    def __init__(
+        self,
+        cmd: list[str],
+        popen: subprocess.Popen[bytes],
+        scratch: tempfile.TemporaryDirectory[str],
+        federation: str,
+        flwr_home: Path,
+        timeout: float,
+    ) -> None:
+        self.args = cmd
+        self.popen = popen
+        self.federation = federation
+        self.flwr_home = flwr_home
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self._scratch: tempfile.TemporaryDirectory[str] | None = scratch
+        self._stdout_path = Path(scratch.name) / "stdout.txt"
+        self._stderr_path = Path(scratch.name) / "stderr.txt"
+        self._run_id: int | None = None
+        self._result: FlwrRun | None = None
+        self._ended: float | None = None
+
+    @property
+    def pid(self) -> int:
+        """Process id of ``flwr run`` (also its process-group id)."""
+        return self.popen.pid
+
+    def running(self) -> bool:
+        """True while ``flwr run`` has not exited (also notes when it was seen to exit)."""
+        if self.popen.poll() is None:
+            return True
+        if self._ended is None:
+            self._ended = time.monotonic()
+        return False
+
+    def output(self) -> str:
+        """Stdout and stderr so far (ANSI codes removed); the final output after :meth:`wait`."""
+        if self._result is not None:
+            return self._result.output
+        return strip_ansi(_read_text(self._stdout_path) + _read_text(self._stderr_path))
+
+    @property
+    def run_id(self) -> int | None:
+        """The run id once ``flwr run`` printed ``Successfully started run N``, else None."""
+        if self._run_id is None:
+            if self._result is not None:
+                self._run_id = self._result.run_id
+            elif match := _RUN_ID_RE.search(strip_ansi(_read_text(self._stdout_path))):
+                self._run_id = int(match.group(1))
+        return self._run_id
+
+    def wait_run_id(self, timeout: float = 60.0) -> int:
+        """Wait until the run was submitted and return its id.
+
+        Raises
+        ------
+        FlwrRunError
+            If ``flwr run`` exits without submitting a run.
+        TimeoutError
+            If no run id appears within ``timeout`` seconds.
+        """
+        wait_for(
+            lambda: self.run_id is not None or not self.running(),
+            timeout,
+            interval=0.1,
+            what="`flwr run` to print 'Successfully started run N'",
+        )
+        run_id = self.run_id
+        if run_id is None:
+            raise FlwrRunError("`flwr run` exited without starting a run", self.wait())
+        return run_id
+
+    def wait(self, timeout: float | None = None) -> FlwrRun:
+        """Wait for ``flwr run`` to exit and return its result (it is never checked).
+
+        The run's status is queried as in :func:`run_flwr` with ``check=False``:
+        :attr:`FlwrRun.status` is None when ``flwr run`` printed no run id or the
+        SuperLink could not be asked; it may still read ``running`` when the
+        SuperLink lost track of the run. Calling again returns the same result.
+        :attr:`FlwrRun.duration` runs until the exit was first seen (by
+        :meth:`running`, :meth:`wait_run_id` or this method).
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait; None waits until the ``timeout`` given at the start
+            (counted from the start) has passed.
+
+        Returns
+        -------
+        FlwrRun
+            Exit code, output, run id, status.
+
+        Raises
+        ------
+        FlwrRunError
+            When the time is up: ``flwr run`` is then killed and the run stopped
+            (best effort ``flwr stop``), as :func:`run_flwr` does on a timeout.
+        """
+        if self._result is not None:
+            return self._result
+        if timeout is None:
+            timeout = self.timeout - (time.monotonic() - self.started)
+        try:
+            self.popen.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            result = self._abort()
+            raise FlwrRunError(
+                f"`flwr run` timed out after {result.duration:.0f} s", result
+            ) from None
+        self.running()  # note the exit time
+        result = self._collect(self.popen.returncode)
+        if result.run_id is not None:
+            try:
+                _fill_status(result, self.federation, self.flwr_home)
+            except FlwrRunError:
+                pass
+        return result
+
+    def close(self) -> None:
+        """Kill ``flwr run`` if it is still running and stop its run (best effort)."""
+        if self._result is None:
+            if self.running():
+                self._abort()
+            else:
+                self._collect(self.popen.returncode)
+
+    def _abort(self) -> FlwrRun:
+        _signal_group(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+        self.running()
+        result = self._collect(-9)
+        if result.run_id is not None:
+            _stop_run(result.run_id, self.federation, self.flwr_home)
+        return result
+
+    def _collect(self, returncode: int) -> FlwrRun:
+        stdout, stderr = _read_text(self._stdout_path), _read_text(self._stderr_path)
+        duration = (self._ended or time.monotonic()) - self.started
+        self._result = FlwrRun(self.args, returncode, stdout, stderr, duration)
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+        return self._result
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _fill_status(result: FlwrRun, federation: str, flwr_home: Path, wait: float = 15.0) -> None:
@@ -900,6 +1390,19 @@ class Deployment:
         The SuperNodes, in ``node_configs`` order.
     node_ids : list[int]
         Node ids as logged by each SuperNode (``SuperNode ID: ...``).
+        :meth:`start_supernode` updates the entry: a restarted SuperNode registers
+        again with a fresh key pair and gets a NEW id (the old one stays on record,
+        ``offline`` once its heartbeat is overdue). A SuperNode that survives a
+        :meth:`restart_superlink` keeps its id.
+
+    Notes
+    -----
+    Fault injection: :meth:`kill_supernode`/:meth:`start_supernode`,
+    :meth:`kill_serverapp`, :meth:`kill_superlink`/:meth:`start_superlink`/
+    :meth:`restart_superlink`, with :meth:`run_in_background` to inject the fault
+    while a run is in progress and :func:`wait_for` to await its effect. Every kill
+    is a SIGKILL of the process and all its descendants (a crash: nothing is
+    deregistered or flushed).
     """
 
     app_dir: Path
@@ -911,6 +1414,7 @@ class Deployment:
     superlink: ManagedProcess
     supernodes: list[ManagedProcess]
     node_ids: list[int] = field(default_factory=list)
+    _background_runs: list[BackgroundRun] = field(default_factory=list, repr=False)
 
     @property
     def processes(self) -> list[ManagedProcess]:
@@ -944,6 +1448,176 @@ class Deployment:
             extra_args,
             check=check,
         )
+
+    def run_in_background(
+        self,
+        run_config: Mapping[str, RunConfigValue] | Path | None = None,
+        timeout: float = 300.0,
+        extra_args: Sequence[str] = (),
+    ) -> BackgroundRun:
+        """Submit :attr:`app_dir` like :meth:`run` but return at once.
+
+        Parameters
+        ----------
+        run_config : Mapping, Path or None
+            As in :func:`run_flwr`.
+        timeout : float, default 300.0
+            Seconds from now after which :meth:`BackgroundRun.wait` kills
+            ``flwr run`` and stops the run.
+        extra_args : Sequence[str], default ()
+            Appended to the command line.
+
+        Returns
+        -------
+        BackgroundRun
+            ``.wait_run_id()`` once submitted, ``.wait()`` for the unchecked result.
+            A run still in progress when the deployment exits is killed first.
+        """
+        background = start_flwr_run(
+            self.app_dir, self.federation, run_config, self.flwr_home, timeout, extra_args
+        )
+        self._background_runs.append(background)
+        return background
+
+    def _close_background_runs(self) -> None:
+        for background in self._background_runs:
+            background.close()
+
+    # ------------------------------------------------------------- fault injection
+
+    def kill_supernode(self, index: int) -> None:
+        """SIGKILL SuperNode ``index`` and all its descendants; return once all are gone.
+
+        Its ``flwr-clientapp`` (and SuperExec) processes die with it. The SuperLink is
+        not told: it keeps the node ``online`` until the heartbeat is overdue, 60 s
+        after the last one (38-60 s after the kill); only then does a message sent to
+        it get its ``Node Unavailable`` error reply (see :meth:`node_statuses`).
+
+        Raises
+        ------
+        FlowerProcessError
+            If it is not running, or something survived.
+        """
+        node = self.supernodes[index]
+        if not node.alive():
+            raise FlowerProcessError(f"{node.name} is not running")
+        _kill_tree(node)
+
+    def start_supernode(self, index: int, timeout: float = 60.0) -> None:
+        """Start a killed SuperNode again and wait until it is registered.
+
+        Same command line, port, ``HOME``/``FLWR_HOME`` and ``--node-config``; its log
+        is appended to. Returns once it answers ``/health`` and has logged a new
+        ``SuperNode ID``, which replaces ``node_ids[index]`` (a restarted SuperNode
+        generates a new key pair and is a new node to the SuperLink; a stable id would
+        need ``--auth-supernode-private-key``, which Flower refuses with ``--insecure``,
+        exit code 303). The old id stays ``online`` until its heartbeat is overdue:
+        :meth:`unregister_node` forgets it at once.
+
+        Raises
+        ------
+        FlowerProcessError
+            If it is still running, exits, or is not ready within ``timeout``.
+        """
+        node = self.supernodes[index]
+        offset = node.log_size()
+        node.relaunch()
+        deadline = time.monotonic() + timeout
+        _wait_http_ready([node], deadline, self.processes)
+        self.node_ids[index] = _wait_registered([node], deadline, self.processes, offset)[0]
+
+    def serverapp_pids(self) -> list[int]:
+        """Pids of the running ``flwr-serverapp`` processes (descendants of the SuperLink)."""
+        return sorted(
+            pid
+            for pid, starttime in _descendants(self.superlink.pid).items()
+            if _same_process_running(pid, starttime)
+            and any(Path(arg).name == "flwr-serverapp" for arg in _cmdline(pid)[:2])
+        )
+
+    def kill_serverapp(self) -> int:
+        """SIGKILL every running ``flwr-serverapp`` (and its descendants).
+
+        Returns
+        -------
+        int
+            How many ``flwr-serverapp`` processes were killed.
+
+        Raises
+        ------
+        FlowerProcessError
+            If none is running.
+        """
+        pids = self.serverapp_pids()
+        if not pids:
+            raise FlowerProcessError("no flwr-serverapp process is running")
+        for pid in pids:
+            _kill_tree(pid)
+        return len(pids)
+
+    def kill_superlink(self) -> None:
+        """SIGKILL the SuperLink and all its descendants (SuperExec, ``flwr-serverapp``).
+
+        The SuperNodes keep running and retry in the background.
+
+        Raises
+        ------
+        FlowerProcessError
+            If it is not running, or something survived.
+        """
+        if not self.superlink.alive():
+            raise FlowerProcessError("superlink is not running")
+        _kill_tree(self.superlink)
+
+    def start_superlink(self, timeout: float = 60.0) -> None:
+        """Start the killed SuperLink again: same port and ``--database`` file.
+
+        Returns once it answers ``/health``; the log is appended to. The SuperNodes
+        are not awaited (see :meth:`restart_superlink`).
+
+        Raises
+        ------
+        FlowerProcessError
+            If it is still running, exits, or is not ready within ``timeout``.
+        """
+        self.superlink.relaunch()
+        _wait_http_ready([self.superlink], time.monotonic() + timeout, self.processes)
+
+    def restart_superlink(self, down_seconds: float = 0.0, timeout: float = 60.0) -> None:
+        """:meth:`kill_superlink`, wait ``down_seconds``, then :meth:`start_superlink`.
+
+        What follows (Flower 1.41, measured): a ``flwr run --stream`` in progress exits
+        with 1 as soon as the SuperLink dies; the run is not resumed: it reads
+        ``running`` until ~60 s after the last task heartbeat, then
+        ``finished:failed`` (``No heartbeat received from the task``). The SuperNodes
+        keep their ids: after a short outage they are still ``online``; after one
+        longer than 60 s they are ``offline`` until their next retry gets through
+        (back-off at most 20 s; measured 4 and 9 s). Await them with
+        ``wait_for(lambda: dep.online_node_ids() >= set(dep.node_ids), ...)``.
+
+        Parameters
+        ----------
+        down_seconds : float, default 0.0
+            How long the SuperLink stays down.
+        timeout : float, default 60.0
+            Seconds allowed for ``/health`` after the start.
+        """
+        self.kill_superlink()
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self.start_superlink(timeout)
+
+    def node_statuses(self) -> dict[int, str]:
+        """``{node_id: status}`` of every node the SuperLink knows (:func:`supernode_statuses`)."""
+        return supernode_statuses(self.federation, self.flwr_home)
+
+    def online_node_ids(self) -> set[int]:
+        """Ids of the ``online`` nodes: what ``grid.get_node_ids()`` returns right now."""
+        return {node for node, status in self.node_statuses().items() if status == "online"}
+
+    def unregister_node(self, node_id: int) -> None:
+        """Make the SuperLink forget ``node_id`` at once (:func:`unregister_supernode`)."""
+        unregister_supernode(node_id, self.federation, self.flwr_home)
 
 
 @dataclass
@@ -1176,7 +1850,7 @@ def local_deployment(
         _wait_http_ready(supernodes, deadline, started)
         node_ids = _wait_registered(supernodes, deadline, started)
         stack.enter_context(_connection(flwr_home, federation, address))
-        yield Deployment(
+        deployment = Deployment(
             app_dir=app_dir,
             flwr_home=flwr_home,
             federation=federation,
@@ -1187,11 +1861,18 @@ def local_deployment(
             supernodes=supernodes,
             node_ids=node_ids,
         )
+        # Runs left in the background are killed first, while the SuperLink still runs.
+        stack.callback(deployment._close_background_runs)
+        yield deployment
 
 
 def _wait_registered(
-    nodes: Sequence[ManagedProcess], deadline: float, all_procs: Sequence[ManagedProcess]
+    nodes: Sequence[ManagedProcess],
+    deadline: float,
+    all_procs: Sequence[ManagedProcess],
+    log_offset: int = 0,
 ) -> list[int]:
+    """Node ids logged by ``nodes`` (after byte ``log_offset`` of each log)."""
     ids: dict[str, int] = {}
     while len(ids) < len(nodes):
         for node in nodes:
@@ -1199,7 +1880,7 @@ def _wait_registered(
                 continue
             if not node.alive():
                 raise _startup_error(f"{node.name} exited during start-up", all_procs)
-            match = _NODE_ID_RE.search(node.log_text())
+            match = _NODE_ID_RE.search(node.log_text_since(log_offset))
             if match:
                 ids[node.name] = int(match.group(1))
         if len(ids) == len(nodes):
