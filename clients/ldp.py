@@ -257,7 +257,8 @@ def ldp_audit_handler(
                         "allow-ephemeral-ledger)"
                     )
                 log(
-                    logging.WARNING,
+                    # simulated users in Flower's simulation engine: not worth a warning
+                    logging.DEBUG if in_flower_simulation() else logging.WARNING,
                     "ldp_audit: this node's ledger lives only as long as the run "
                     "(allow-ephemeral-ledger, policy: %s): its users' spending is forgotten "
                     "after it",

@@ -7,6 +7,8 @@ Every job writes ``output-dir/status.json`` before it does any work and keeps it
   (with ``error``) when the ServerApp raised, ``interrupted`` when it was stopped. A run
   killed outright (``kill -9``, a crashed host) cannot write anything more: its file still
   says ``running``, with ``pid`` and ``updated``, which is how a reader tells it died.
+* ``results_file``: the results, once the job has written them (null before, and for a run
+  that failed or died: no estimate came out of what it released).
 * ``releases``: every privacy-relevant release, each recorded durably *before* it is sent
   (an LDP audit's epsilon, FedEvalFair's decryption round; FPFL keeps its own per-round
   ledger and the count of released rounds here). A run that died therefore still says what
@@ -140,6 +142,9 @@ class RunRecord:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "releases": [],
+            # null until the job writes its results: a run that died says here that no
+            # estimate came out of what it released
+            "results_file": None,
             "attempts": 1,
         }
         if resume and earlier is not None:
@@ -176,6 +181,8 @@ class RunRecord:
         self.payload.update(fields)
         self.payload["status"] = status
         self.payload["ended"] = _now()
+        results = self.folder / "results.json"
+        self.payload["results_file"] = str(results) if results.is_file() else None
         self._write()
 
     def fail(self, error: BaseException) -> None:

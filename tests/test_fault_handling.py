@@ -201,7 +201,7 @@ def test_a_failed_ldp_run_says_what_it_released(
     assert status is not None and status["status"] == "failed"
     assert "injected crash during the audit" in status["error"]
     assert status["releases"][0]["epsilon"] == pytest.approx(0.5, abs=1e-9)
-    assert not (tmp_path / "results.json").exists()
+    assert not (tmp_path / "results.json").exists() and status["results_file"] is None
     # and the folder is not reused by the next run
     with pytest.raises(ConfigError, match="already holds a run"):
         run_job(None, {"output-dir": str(tmp_path)})  # type: ignore[arg-type]
@@ -245,9 +245,3 @@ def test_fpfl_that_one_dropout_would_ruin_warns_or_refuses(tmp_path: Path) -> No
     status = json.loads((tmp_path / "refuse" / STATUS_FILE).read_text())
     assert status["status"] == "failed" and "fpfl-require-dropout-tolerance" in status["error"]
     assert not (tmp_path / "refuse" / "privacy-ledger.json").exists()  # nothing released
-
-    tolerant = run_simulation_job(
-        {**SMALL_FPFL, "output-dir": str(tmp_path / "ok"), "fpfl-dropout-tolerance": 0.34},
-        num_supernodes=3,
-    )
-    assert not any("single lost node" in c for c in tolerant["privacy"]["caveats"])
