@@ -919,29 +919,11 @@ def run_status(
     FlwrRunError
         If the CLI fails or its JSON cannot be read.
     """
-    cmd = [
-        flower_executable("flwr"),
-        "list",
-        federation,
-        "--run-id",
-        str(run_id),
-        "--format",
-        "json",
-    ]
-    proc = subprocess.run(  # noqa: S603
-        cmd,
-        env=child_env(flwr_home),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
+    proc = _flwr_cli(
+        flwr_home, ["list", federation, "--run-id", str(run_id), "--format", "json"], timeout
     )
-    text = proc.stdout
-    start = text.find("{")
     try:
-        payload = json.loads(text[start:]) if start >= 0 else {}
-        run = payload["runs"][0]
+        run = _cli_json(proc)["runs"][0]
         return str(run["status"]), str(run.get("status-details", ""))
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise FlwrRunError(
@@ -977,11 +959,9 @@ def supernode_statuses(federation: str, flwr_home: Path, timeout: float = 60.0) 
         If the CLI fails or its JSON cannot be read.
     """
     proc = _flwr_cli(flwr_home, ["supernode", "list", federation, "--format", "json"], timeout)
-    text = proc.stdout
-    start = text.find("{")
     try:
-        payload = json.loads(text[start:]) if start >= 0 else {}
-        return {int(node["node-id"]): str(node["status"]) for node in payload["nodes"]}
+        nodes = _cli_json(proc)["nodes"]
+        return {int(node["node-id"]): str(node["status"]) for node in nodes}
     except (ValueError, KeyError, TypeError) as err:
         raise FlwrRunError(
             f"could not list the SuperNodes (exit {proc.returncode}):\n"
@@ -1026,17 +1006,16 @@ def _flwr_cli(
     )
 
 
+def _cli_json(proc: subprocess.CompletedProcess[str]) -> dict:
+    """The JSON object a ``flwr ... --format json`` call printed (``{}`` if none)."""
+    start = proc.stdout.find("{")
+    return json.loads(proc.stdout[start:]) if start >= 0 else {}
+
+
 def _stop_run(run_id: int, federation: str, flwr_home: Path) -> None:
     """Best effort ``flwr stop`` of a run left behind by a timed-out ``flwr run``."""
     try:
-        subprocess.run(  # noqa: S603
-            [flower_executable("flwr"), "stop", str(run_id), federation],
-            env=child_env(flwr_home),
-            capture_output=True,
-            timeout=30,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
+        _flwr_cli(flwr_home, ["stop", str(run_id), federation], 30)
     except (subprocess.TimeoutExpired, OSError):
         pass
 

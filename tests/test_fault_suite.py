@@ -61,6 +61,12 @@ def _releases(folder: Path) -> int:
     return 0 if status is None else len(status["releases"])
 
 
+def _rounds_released(folder: Path) -> int:
+    """FPFL rounds the run in ``folder`` has released (its privacy ledger; 0 before any)."""
+    ledger = folder / "privacy-ledger.json"
+    return json.loads(ledger.read_text())["rounds_released"] if ledger.exists() else 0
+
+
 def _results(folder: Path) -> dict:
     return json.loads((folder / "results.json").read_text())
 
@@ -194,15 +200,14 @@ def test_fpfl_faults(tmp_path: Path) -> None:
             "output-dir": str(folder),
         }
         background = deployment.run_in_background(config, timeout=300)
-        ledger = folder / "privacy-ledger.json"
         wait_for(
-            lambda: ledger.exists() and json.loads(ledger.read_text())["rounds_released"] >= 3,
+            lambda: _rounds_released(folder) >= 3,
             240,
             what="round 3 to be released (after the round-2 checkpoint)",
         )
         deployment.kill_serverapp()
         background.close()
-        released = json.loads(ledger.read_text())["rounds_released"]
+        released = _rounds_released(folder)
         status = read_status(folder)
         assert status is not None and status["status"] == "running"
         assert status["fpfl_rounds_released"] == released
@@ -239,12 +244,7 @@ def test_fpfl_faults(tmp_path: Path) -> None:
             "output-dir": str(folder),
         }
         background = deployment.run_in_background(config, timeout=300)
-        ledger = folder / "privacy-ledger.json"
-        wait_for(
-            lambda: ledger.exists() and json.loads(ledger.read_text())["rounds_released"] >= 2,
-            240,
-            what="two FPFL rounds to be released",
-        )
+        wait_for(lambda: _rounds_released(folder) >= 2, 240, what="two FPFL rounds to be released")
         dead = deployment.node_ids[2]
         deployment.kill_supernode(2)
         run = background.wait()
