@@ -252,6 +252,37 @@ def test_generate_keys_does_not_overwrite(tmp_path: Path) -> None:
         generate_keys(tmp_path / "x", parameters=(8192, (60, 40, 40, 60), 40))  # type: ignore[arg-type]
 
 
+def test_a_secret_context_others_can_read_is_refused(keys: KeyPaths, tmp_path: Path) -> None:
+    """Key hygiene (review L3): the loader took a secret context whatever its mode. A copy
+    its group or others may read is now refused, naming the file, the mode and the fix."""
+    exposed = tmp_path / "secret_context.tenseal"
+    exposed.write_bytes(keys.secret.read_bytes())
+    for mode in (0o644, 0o640, 0o604, 0o620):
+        exposed.chmod(mode)
+        with pytest.raises(KeyMaterialError, match=f"mode {mode:04o}.*chmod 600"):
+            load_secret_context(exposed)
+    exposed.chmod(0o600)
+    assert context_has_secret_key(load_secret_context(exposed))
+
+
+def test_generate_keys_makes_the_secret_folder_private_and_can_part_the_contexts(
+    tmp_path: Path,
+) -> None:
+    """mkdir's mode does not tighten a folder that exists: the secret's folder was left as
+    it was (e.g. 0755, listable by all). It is now made 0700; and the public context can go
+    to a folder of its own (to ship to the server) instead of sitting beside the secret."""
+    folder = tmp_path / "holder"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    paths = generate_keys(
+        folder, CkksParameters(4096, (60, 49), 40), public_directory=tmp_path / "server"
+    )
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert paths.secret.parent == folder and paths.public.parent == tmp_path / "server"
+    assert not (folder / paths.public.name).exists()
+    assert not context_has_secret_key(load_public_context(paths.public))
+
+
 def test_secret_context_path_default_folder(keys: KeyPaths, tmp_path: Path) -> None:
     """Last resort: the node's own default key folder (never a path from the server)."""
     assert secret_context_path({}, {}, default_dir=keys.secret.parent) == keys.secret

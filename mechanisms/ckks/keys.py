@@ -265,17 +265,26 @@ def generate_keys(
     parameters: CkksParameters | None = None,
     *,
     overwrite: bool = False,
+    public_directory: str | os.PathLike[str] | None = None,
 ) -> KeyPaths:
-    """Generate a key pair and write the secret and the public context to ``directory``.
+    """Generate a key pair and write the secret context to ``directory`` and the public one
+    to ``public_directory`` (default: ``directory``).
+
+    Run it on a key holder (or a key authority), never on the server's host, and ship only
+    the public context to the server: whoever can read the secret file can decrypt every
+    holder's statistics.
 
     Parameters
     ----------
     directory
-        Created (mode 0700) if absent.
+        The secret context's folder: created with mode 0700, or tightened to 0700 if it exists
+        (only its owner may list or enter it).
     parameters
         CKKS parameters; default :class:`CkksParameters()`.
     overwrite
         Replace existing files; otherwise an existing file raises ``FileExistsError``.
+    public_directory
+        Where the public context goes (e.g. a folder to copy to the server).
 
     Returns
     -------
@@ -289,7 +298,12 @@ def generate_keys(
         raise ValueError(f"parameters must be a CkksParameters, got {type(parameters).__name__}")
     folder = Path(directory)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    paths = KeyPaths(secret=folder / SECRET_CONTEXT_FILE, public=folder / PUBLIC_CONTEXT_FILE)
+    folder.chmod(0o700)  # mkdir's mode does not tighten a folder that already exists
+    public_folder = folder if public_directory is None else Path(public_directory)
+    public_folder.mkdir(parents=True, exist_ok=True)
+    paths = KeyPaths(
+        secret=folder / SECRET_CONTEXT_FILE, public=public_folder / PUBLIC_CONTEXT_FILE
+    )
     if not overwrite:
         for path in (paths.secret, paths.public):
             if path.exists():
@@ -328,13 +342,31 @@ def _load_context(path: str | os.PathLike[str], n_threads: int) -> ts.Context:
     return context
 
 
+def check_private_file(path: str | os.PathLike[str]) -> None:
+    """Refuse (``KeyMaterialError``) a secret file that its group or others may read or write
+    (POSIX permission bits ``0o077``): whoever reads it decrypts every holder's statistics.
+    ``generate_keys`` writes it with mode 0600."""
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+    except OSError as error:
+        raise KeyMaterialError(f"cannot read TenSEAL context {file}: {error}") from None
+    if os.name == "posix" and mode & 0o077:
+        raise KeyMaterialError(
+            f"{file} holds a secret key but has mode {mode & 0o777:04o}: its group or others "
+            f"may read it; refusing to use it (make it private: chmod 600 {file})"
+        )
+
+
 def load_secret_context(path: str | os.PathLike[str], *, n_threads: int = 1) -> ts.Context:
-    """Load a client's / key holder's context; it must hold the secret key.
+    """Load a client's / key holder's context; it must hold the secret key and be private to
+    its owner (:func:`check_private_file`).
 
     Raises
     ------
     KeyMaterialError
-        The file is unreadable, not a TenSEAL context, or has no secret key.
+        The file is readable by group or others, unreadable, not a TenSEAL context, or has no
+        secret key.
     ValueError
         The parameters are not 128-bit secure CKKS parameters.
     """
@@ -343,6 +375,7 @@ def load_secret_context(path: str | os.PathLike[str], *, n_threads: int = 1) -> 
         raise KeyMaterialError(
             f"{path} holds no secret key: clients need the secret context from generate_keys"
         )
+    check_private_file(path)
     return context
 
 

@@ -28,7 +28,12 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     scale = _int_at_least("--scale-bits", args.scale_bits, 1)
     parameters = CkksParameters(degree, moduli, scale)
     try:
-        paths = generate_keys(args.out or DEFAULT_KEY_DIR, parameters, overwrite=args.overwrite)
+        paths = generate_keys(
+            args.out or DEFAULT_KEY_DIR,
+            parameters,
+            overwrite=args.overwrite,
+            public_directory=args.public_out,
+        )
     except FileExistsError as error:
         raise UsageError(f"--out: {error} (use --overwrite to replace)") from None
     payload = {
@@ -45,7 +50,9 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
         f"CKKS N={degree}, moduli {list(moduli)} ({sum(moduli)} bits), scale 2^{scale}: "
         f"{parameters.security_bits}-bit security\n"
         f"give each node the secret path: --node-config \"fef-secret-context='{paths.secret}'\" "
-        f"(or FEDPARITY_SECRET_CONTEXT in a simulation's environment)"
+        f"(or FEDPARITY_SECRET_CONTEXT in a simulation's environment)\n"
+        "run this on a key holder, not on the server's host, and copy only the public "
+        "context to the server (--public-out writes it to a folder of its own)"
     )
     _emit(payload, text, args.json, out)
     return 0
@@ -55,7 +62,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``fedparity keys`` and its options."""
     keys = commands.add_parser("keys", help="write a CKKS key pair for FedEvalFair")
     keys.add_argument(
-        "--out", default=None, help="folder for the two contexts (default ~/.fedparity/keys)"
+        "--out",
+        default=None,
+        help="folder for the secret context, made private to you (default ~/.fedparity/keys)",
+    )
+    keys.add_argument(
+        "--public-out",
+        default=None,
+        help="folder for the public context, to copy to the server (default: --out)",
     )
     keys.add_argument("--poly-modulus-degree", default="8192")
     keys.add_argument("--coeff-mod-bit-sizes", default="60,40,40,60")
