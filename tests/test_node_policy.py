@@ -401,3 +401,14 @@ def test_a_one_user_device_describes_its_users_but_not_its_samples(tmp_path: Pat
         reply = describe(request, context, RunConfig.from_mapping({"task": task}))
         metrics = reply.content.metric_records["metrics"]
         assert metrics["num-users"] == 1 and "num-train-samples" not in metrics
+
+
+def test_every_policy_key_is_documented() -> None:
+    """docs/privacy-policy.md lists every key an operator can set (and the module docstring's
+    table too), so a new key cannot ship undocumented."""
+    import fedparity.clients.policy as policy_module
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "privacy-policy.md").read_text()
+    for key in NodePrivacyPolicy.keys():
+        assert f"`{key}`" in page, key
+        assert f"``{key}``" in (policy_module.__doc__ or ""), key
