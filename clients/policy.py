@@ -47,6 +47,9 @@ key                            default     meaning
                                            in clear
 ``allow-ephemeral-ledger``     false       LDP audits with a ledger kept only for the run
                                            (forgotten after it; logged at every audit)
+``require-roster``             false       FPFL masking only with peers whose masking keys
+                                           are signed by members of the node's roster
+                                           (node config ``roster``, ``identity-key``)
 =============================  ==========  ===============================================
 """
 
@@ -112,6 +115,7 @@ class NodePrivacyPolicy:
     min_holders: int = field(default=2, metadata=_number(2, integer=True))
     min_users_for_counts: int = field(default=10, metadata=_number(1, integer=True))
     allow_ephemeral_ledger: bool = field(default=False, metadata=_BOOLEAN)
+    require_roster: bool = field(default=False, metadata=_BOOLEAN)
     #: Where the policy came from (reported in the node's logs; not a policy key).
     source: str = field(default="built-in defaults", compare=False)
 

@@ -16,6 +16,7 @@ import numpy as np
 if TYPE_CHECKING:
     import tenseal as ts
 
+from .._files import private_file_problem, write_file_atomic
 from .errors import KeyMaterialError
 
 #: Maximum total coefficient-modulus bits log2(q) per polynomial modulus degree N for 128-bit
@@ -246,20 +247,6 @@ def context_has_secret_key(context: ts.Context) -> bool:
     return bool(context.has_secret_key())
 
 
-def _write_file(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` atomically to ``path`` with permission bits ``mode`` from the start."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(descriptor, mode)  # the umask may have removed bits; never adds any
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
 def generate_keys(
     directory: str | os.PathLike[str],
     parameters: CkksParameters | None = None,
@@ -321,8 +308,8 @@ def generate_keys(
         save_galois_keys=False,
         save_relin_keys=False,
     )
-    _write_file(paths.secret, secret, 0o600)
-    _write_file(paths.public, public, 0o644)
+    write_file_atomic(paths.secret, secret, 0o600)
+    write_file_atomic(paths.public, public, 0o644)
     return paths
 
 
@@ -346,16 +333,9 @@ def check_private_file(path: str | os.PathLike[str]) -> None:
     """Refuse (``KeyMaterialError``) a secret file that its group or others may read or write
     (POSIX permission bits ``0o077``): whoever reads it decrypts every holder's statistics.
     ``generate_keys`` writes it with mode 0600."""
-    file = Path(path)
-    try:
-        mode = file.stat().st_mode
-    except OSError as error:
-        raise KeyMaterialError(f"cannot read TenSEAL context {file}: {error}") from None
-    if os.name == "posix" and mode & 0o077:
-        raise KeyMaterialError(
-            f"{file} holds a secret key but has mode {mode & 0o777:04o}: its group or others "
-            f"may read it; refusing to use it (make it private: chmod 600 {file})"
-        )
+    problem = private_file_problem(path, "a secret key")
+    if problem is not None:
+        raise KeyMaterialError(problem)
 
 
 def load_secret_context(path: str | os.PathLike[str], *, n_threads: int = 1) -> ts.Context:

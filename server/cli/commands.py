@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from . import fairtest, federations, keys, measure, plan, privacy
+from . import fairtest, federations, identity, keys, measure, plan, privacy
 from ._common import EXIT_USAGE, UsageError, _Parser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -21,6 +21,7 @@ _MODULES = {
     "measure": measure,
     "fairtest": fairtest,
     "keys": keys,
+    "identity": identity,
     "federations": federations,
 }
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
@@ -30,6 +31,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "fairtest": fairtest.run_fairtest,
     "federations": federations.run_federations,
     "keys": keys.run_keys,
+    "identity": identity.run_identity,
 }
 
 

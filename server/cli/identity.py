@@ -1,0 +1,84 @@
+"""``fedparity identity``: write node identity keys and the roster that lists them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TextIO
+
+from ._common import UsageError, _emit, _int_at_least
+
+
+def run_identity(args: argparse.Namespace, out: TextIO) -> int:
+    """Write one identity key per node (mode 0600, for the node only) and the roster of their
+    public keys (public: give every node a copy, out of band)."""
+    from ...clients.identity import ROSTER_FILE, identity_key_file
+    from ...mechanisms.identity import IdentityKey, Roster
+
+    folder = Path(args.out).expanduser()
+    if args.nodes is not None and args.name is not None:
+        raise UsageError("--nodes and --name: give one of them")
+    if args.nodes is not None:
+        count = _int_at_least("--nodes", args.nodes, 1)
+        names = [f"node-{index}" for index in range(count)]
+        files = {name: folder / identity_key_file(index) for index, name in enumerate(names)}
+    else:
+        name = args.name or "node"
+        files = {name: folder / f"{name}.key"}
+    roster_path = Path(args.roster).expanduser() if args.roster else folder / ROSTER_FILE
+    existing: dict[str, bytes] = {}
+    if roster_path.exists():
+        existing = dict(Roster.from_file(roster_path).members)
+    for name, file in files.items():
+        if file.exists() and not args.overwrite:
+            raise UsageError(f"--out: {file} exists (use --overwrite to replace it)")
+        if name in existing and not args.overwrite:
+            raise UsageError(f"--roster: {roster_path} already lists {name!r} (use --overwrite)")
+    keys = {}
+    for name, file in files.items():
+        keys[name] = IdentityKey.generate()
+        keys[name].write(file, overwrite=args.overwrite)
+    roster = Roster({**existing, **{name: key.public_bytes() for name, key in keys.items()}})
+    roster.write(roster_path)
+    payload = {
+        "keys": {name: str(file) for name, file in files.items()},
+        "public_keys": {name: key.public_bytes().hex() for name, key in keys.items()},
+        "roster": str(roster_path),
+        "roster_members": len(roster),
+    }
+    lines = [
+        f"identity key of {name} (that node only, keep private): {file}"
+        for name, file in files.items()
+    ]
+    lines += [
+        f"roster ({len(roster)} member(s); copy it to every node): {roster_path}",
+        "give each node its key and the roster: --node-config \"identity-key='<key file>' "
+        f"roster='<roster file>'\" (or FEDPARITY_IDENTITY_DIR={folder} in a simulation's "
+        "environment)",
+    ]
+    _emit(payload, "\n".join(lines), args.json, out)
+    return 0
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register ``fedparity identity`` and its options."""
+    parser = commands.add_parser(
+        "identity",
+        help="write node identity keys (Ed25519) and the roster of members",
+        description=(
+            "Write node identity keys and add them to a roster. Example: fedparity identity "
+            "--nodes 3 --out ~/.fedparity/identity (node-0.key .. node-2.key and roster.toml, "
+            "for a simulation or a test), or on each silo: fedparity identity --name "
+            "hospital-a --out /etc/fedparity --roster roster.toml, then merge the rosters."
+        ),
+    )
+    parser.add_argument("--out", required=True, help="folder for the key file(s)")
+    parser.add_argument("--name", default=None, help="the member's name (one key: NAME.key)")
+    parser.add_argument(
+        "--nodes", default=None, help="write N keys node-0.key .. node-<N-1>.key instead"
+    )
+    parser.add_argument(
+        "--roster", default=None, help="roster file to add to (default OUT/roster.toml)"
+    )
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
