@@ -50,7 +50,10 @@ GROUP_SIZE_MODES = ("estimated", "known")
 
 
 class ConfigError(ValueError):
-    """A run-config key is missing, unknown or out of range."""
+    """A run-config key is missing, unknown or out of range. The text names the key and the
+    value the run config gave: nothing of the node's, so it may reach the server."""
+
+    fixed_text = True
 
 
 def _as_bool(key: str, value: Any) -> bool:

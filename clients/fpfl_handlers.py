@@ -1,11 +1,15 @@
 """FPFL training on a node, as handlers for your own Flower ``ClientApp``.
 
-The server's :class:`~fedparity.strategies.fpfl.FPFLProtocol` sends a setup message (the run's
-masking keys) and then one message per round with the model weights; each node samples its
-cohort (Poisson), sums the users' clipped statistic vectors for *your* torch model, adds its
-share of the Gaussian noise and replies with the sum masked (Rodriguez-Galvez, Granqvist, van
-Dalen and Seigel, "Enforcing fairness in private federated learning via the modified method
-of differential multipliers", 2021, Algorithm 1). Register them with::
+The server's :class:`~fedparity.strategies.fpfl.FPFLProtocol` runs a setup (``fpfl_setup``:
+each node makes its masking key pair; ``fpfl_keys``: the key table, which the node checks and
+pins for the run) and then, per round, one message with the model weights (``fpfl_round``) and
+one unmask request (``fpfl_reveal``). On a round each node samples its cohort (Poisson), sums
+the users' clipped statistic vectors for *your* torch model, adds its share of the Gaussian
+noise and replies with the sum double-masked, with Shamir shares of its self-mask sealed for
+its peers (Rodriguez-Galvez, Granqvist, van Dalen and Seigel, "Enforcing fairness in private
+federated learning via the modified method of differential multipliers", 2021, Algorithm 1;
+Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning", CCS
+2017). Register them with::
 
     from fedparity.clients import FPFLNodeSettings, fpfl_handlers
 
@@ -25,61 +29,98 @@ refused before anything is computed; the population size ``K`` and the node coun
 sends are bounded by the policy; the noise share is sized for the policy's tolerated
 colluders; masks are revealed only for at least the policy's ``min-survivors``; and a node
 releases at most ``settings.rounds`` noisy sums in a run (``sigma`` is calibrated for them).
+
+Against a server that reads late replies, replays and edits messages (each rule is a test in
+``tests/test_secure_sum_attacks.py``):
+
+* the key table is pinned once per run (``fpfl_keys``); a second table, or a round member
+  whose key was not pinned, is refused; with a roster (node config ``roster`` and
+  ``identity-key``, or policy ``require-roster``) every key must be signed by a distinct
+  roster member, so keys can be neither substituted nor invented;
+* a round number is masked at most once, in increasing order; an unmask request is answered
+  once, for the round masked last, and only for survivors and dropped nodes that are exactly
+  that round's members;
+* every vector carries a self-mask whose seed only ``t`` survivors' shares rebuild
+  (:func:`~fedparity.mechanisms.secure_sum.share_threshold`): a node called "dropped" keeps
+  its vector hidden even when its late reply arrives, since no honest node gives both its
+  pair seed and a share of its self-mask;
+* the quantisation is the node's own (:func:`~fedparity.mechanisms.secure_sum.contribution_codec`
+  of values it checks), its step at most ``2^-10`` of the node's noise-share std;
+* every refusal reaches the server as a fixed sentence
+  (:func:`~fedparity.clients.messages.fixed_error_texts`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.common import log
 
+from ..mechanisms.identity import IdentityError
 from ..mechanisms.protocol import FPFL_KEY
 from ..mechanisms.secure_sum import (
-    FixedPointCodec,
     MaskingKeyPair,
+    check_signed_key_table,
+    contribution_codec,
     mask_vector,
+    masking_key_transcript,
     minimum_survivors,
+    new_self_seed,
+    open_share,
     pair_secrets,
     reveal_round_seeds,
+    seal_share,
+    share_self_seed,
+    share_threshold,
 )
 from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
 from .fpfl_task import set_flat_parameters
+from .identity import NodeIdentity, node_identity
 from .messages import (
     MessageError,
+    NodeRefusal,
     bytes_field,
     bytes_list_field,
-    float_field,
+    fixed_error_texts,
     int_field,
     int_list_field,
 )
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
-__all__ = ["FPFL_STATE_KEY", "ROUNDS_STATE_KEY", "fpfl_handlers"]
+__all__ = ["FPFL_STATE_KEY", "MAX_STEP_TO_SHARE_STD", "ROUNDS_STATE_KEY", "fpfl_handlers"]
 
-#: Node run-state record of the run's masking key pair and revealed rounds.
+#: Node run-state record of the run's masking keys, pinned key table and last masked round.
 FPFL_STATE_KEY = "fpfl-masking"
 #: Node run-state record of how many noisy round contributions the node has released.
 ROUNDS_STATE_KEY = "fpfl-rounds"
+#: The largest quantisation step a node accepts, as a fraction of its noise-share std: the
+#: deterministic rounding must stay far below the noise that hides the sum.
+MAX_STEP_TO_SHARE_STD = 2.0**-10
 Handler = Callable[[Message, Context], Message]
 
 
-def _masking_secrets(msg_config: Any, context: Context) -> dict[int, bytes]:
-    """This node's pair secrets with the round's peers (its key pair is in its state)."""
+def _state(context: Context) -> ConfigRecord:
     state = context.state.config_records.get(FPFL_STATE_KEY)
-    salt = bytes_field(msg_config, "run-salt")
-    if state is None or bytes(state["run-salt"]) != salt:  # type: ignore[arg-type]
-        raise ValueError("fpfl: no masking key for this run (the setup message was not received)")
-    own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
-    peer_ids = int_list_field(msg_config, "peer-ids")
-    peer_keys = bytes_list_field(msg_config, "peer-keys")
-    if len(peer_ids) != len(peer_keys):
-        raise MessageError("message fields 'peer-ids' and 'peer-keys' must have equal lengths")
-    peers = dict(zip(peer_ids, peer_keys, strict=True))
-    return pair_secrets(int(context.node_id), own, peers, salt)
+    if state is None:
+        raise NodeRefusal("fpfl: no masking key for this run (the setup message was not received)")
+    return state
+
+
+def _pinned_secrets(context: Context) -> dict[int, bytes]:
+    """The pair secrets of the key table pinned at setup (``fpfl_keys``)."""
+    state = _state(context)
+    if not state.get("pinned", False):
+        raise NodeRefusal(
+            "fpfl: no pinned key table for this run (the keys message was not received)"
+        )
+    peers = [int(peer) for peer in state["peer-ids"]]  # type: ignore[union-attr]
+    secrets = [bytes(secret) for secret in state["pair-secrets"]]  # type: ignore[union-attr]
+    return dict(zip(peers, secrets, strict=True))
 
 
 def fpfl_handlers(
@@ -89,9 +130,10 @@ def fpfl_handlers(
     *,
     stream: Callable[[Context], int] = lambda context: int(context.node_id),
     policy: NodePrivacyPolicy | None = None,
+    identity: Callable[[Context], NodeIdentity] | None = None,
 ) -> dict[str, Handler]:
-    """The three FPFL handlers (``fpfl_setup``, ``fpfl_round``, ``fpfl_reveal``), keyed by
-    the action to register with ``app.query``.
+    """The four FPFL handlers (``fpfl_setup``, ``fpfl_keys``, ``fpfl_round``,
+    ``fpfl_reveal``), keyed by the action to register with ``app.query``.
 
     Parameters
     ----------
@@ -107,6 +149,9 @@ def fpfl_handlers(
     policy : NodePrivacyPolicy, optional
         The node's privacy policy; default: read for each message from the node's own config
         or environment (:func:`~fedparity.clients.policy.node_policy`).
+    identity : callable, optional
+        ``identity(context) -> NodeIdentity``: the node's identity key and roster; default
+        :func:`~fedparity.clients.identity.node_identity` of its node config.
     """
     if not isinstance(settings, FPFLNodeSettings):
         raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
@@ -125,47 +170,138 @@ def fpfl_handlers(
         )
         return current
 
+    def own_identity(context: Context) -> NodeIdentity:
+        try:
+            return identity(context) if identity is not None else node_identity(context.node_config)
+        except IdentityError as error:  # names the node's files: it stays in the node's log
+            log(logging.ERROR, "fpfl: %s", error)
+            raise NodeRefusal("fpfl: this node's identity key or roster cannot be read") from None
+
     def setup(msg: Message, context: Context) -> Message:
         """Generate this run's masking key pair (kept in the node state); reply with the
-        public key only."""
+        public key only, signed with the node's identity key when it has one."""
         limits(context)
         salt = bytes_field(msg.content.config_records.get(FPFL_KEY, {}), "run-salt")
+        if len(salt) < 16:
+            raise MessageError("message field 'run-salt' must hold at least 16 bytes")
+        if FPFL_STATE_KEY in context.state.config_records:
+            raise NodeRefusal(
+                "fpfl: this run's masking key was made already; refusing a second setup"
+            )
         keys = MaskingKeyPair.generate()
         context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
             {"run-salt": salt, "private-key": keys.private_bytes()}
         )
+        reply = {"public-key": keys.public_bytes()}
+        key = own_identity(context).key
+        if key is not None:
+            transcript = masking_key_transcript(salt, int(context.node_id), keys.public_bytes())
+            reply |= {"identity-key": key.public_bytes(), "signature": key.sign(transcript)}
+        return Message(content=RecordDict({FPFL_KEY: ConfigRecord(reply)}), reply_to=msg)
+
+    def keys(msg: Message, context: Context) -> Message:
+        """Check the run's key table and pin it: its pair secrets are the only ones this node
+        masks with for the rest of the run."""
+        node_limits = limits(context)
+        record = msg.content.config_records.get(FPFL_KEY, {})
+        state = _state(context)
+        salt = bytes_field(record, "run-salt")
+        if bytes(state["run-salt"]) != salt:  # type: ignore[arg-type]
+            raise NodeRefusal("fpfl: the key table is for another run")
+        if state.get("pinned", False):
+            raise NodeRefusal("fpfl: the key table is pinned for this run; refusing a change")
+        ids = int_list_field(record, "peer-ids")
+        public_keys = bytes_list_field(record, "peer-keys")
+        if len(ids) != len(public_keys) or len(set(ids)) != len(ids):
+            raise MessageError("message fields 'peer-ids' and 'peer-keys' must list distinct ids")
+        own_id = int(context.node_id)
+        own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
+        table = dict(zip(ids, public_keys, strict=True))
+        if table.get(own_id) != own.public_bytes():
+            raise NodeRefusal("fpfl: the key table does not hold this node's own masking key")
+        node_limits.check_nodes(len(table))
+        node_identity_ = own_identity(context)
+        if node_identity_.roster is not None or node_limits.require_roster:
+            try:
+                _, roster = node_identity_.require("FPFL masking with a roster")
+            except IdentityError as error:
+                log(logging.ERROR, "fpfl: %s", error)
+                raise NodeRefusal(
+                    "fpfl: this node needs its identity-key and roster (node config) to check "
+                    "the key table"
+                ) from None
+            identities = bytes_list_field(record, "identity-keys")
+            signatures = bytes_list_field(record, "signatures")
+            if len(identities) != len(ids) or len(signatures) != len(ids):
+                raise MessageError(
+                    "message fields 'identity-keys' and 'signatures' must match 'peer-ids'"
+                )
+            try:
+                check_signed_key_table(
+                    salt,
+                    table,
+                    dict(zip(ids, identities, strict=True)),
+                    dict(zip(ids, signatures, strict=True)),
+                    roster,
+                )
+            except ValueError as error:
+                raise NodeRefusal(f"fpfl: {error}") from None
+        try:
+            secrets = pair_secrets(own_id, own, table, salt)
+        except ValueError:
+            raise NodeRefusal("fpfl: the key table holds a repeated or unusable key") from None
+        peers = sorted(secrets)
+        state["peer-ids"] = peers
+        state["pair-secrets"] = [secrets[peer] for peer in peers]
+        state["pinned"] = True
         return Message(
-            content=RecordDict({FPFL_KEY: ConfigRecord({"public-key": keys.public_bytes()})}),
-            reply_to=msg,
+            content=RecordDict({FPFL_KEY: ConfigRecord({"pinned": len(peers) + 1})}), reply_to=msg
         )
 
     def round_(msg: Message, context: Context) -> Message:
         """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
-        reply with the sum masked (or in the clear without masking)."""
+        reply with the sum double-masked and the sealed shares of its self-mask (or in the
+        clear without masking)."""
         node_limits = limits(context)
         settings_record = msg.content.config_records.get("config", {})
         weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
         if weights.ndim != 1 or weights.dtype.kind != "f" or not np.isfinite(weights).all():
             raise MessageError("message array 'weights' must be a 1-d array of finite floats")
         round_number = int_field(settings_record, "round", minimum=0)
-        # K and the node count come from the server: bounded by the node's policy.
+        # K and the members come from the server: bounded and checked by the node.
         population_size = node_limits.bounded_population(
             int_field(settings_record, "population-size", minimum=1)
         )
         if settings.epsilon is not None and settings.delta is None:
             if not 1.0 / population_size <= node_limits.fpfl_max_delta:
                 raise PolicyRefusal("the training's delta is above fpfl-max-delta")
-        num_nodes = int_field(settings_record, "num-nodes", minimum=1)
-        peers = set(int_list_field(settings_record, "peer-ids"))
-        if len(peers) != num_nodes or int(context.node_id) not in peers:
-            # The noise share shrinks with num-nodes: never take it from the server unchecked.
-            raise ValueError(
-                f"fpfl: the round says num-nodes = {num_nodes} but lists {len(peers)} distinct "
-                f"peer(s){'' if int(context.node_id) in peers else ' without this node'}; "
-                "refusing to scale the noise share"
-            )
+        own_id = int(context.node_id)
+        members = int_list_field(settings_record, "peer-ids")
+        if len(set(members)) != len(members) or own_id not in members:
+            raise NodeRefusal("fpfl: the round's members must be distinct and include this node")
+        num_nodes = len(members)
         if settings.masking or settings.distributed_noise:
             node_limits.check_nodes(num_nodes)
+        secrets: dict[int, bytes] = {}
+        if settings.masking:
+            secrets = _pinned_secrets(context)
+            if not set(members) - {own_id} <= set(secrets):
+                raise NodeRefusal("fpfl: the round lists a node whose key was not pinned at setup")
+            state = _state(context)
+            if round_number <= int(state.get("last-round", -1)):  # type: ignore[arg-type]
+                raise NodeRefusal("fpfl: this round number was masked already; refusing a replay")
+        shard = node_users(context)
+        if population_size < shard.num_users:
+            raise NodeRefusal("fpfl: the population size is below this node's own users")
+        sigma = settings.noise_multiplier(population_size)
+        try:
+            share_std = settings.noise_share_std(
+                population_size, num_nodes, colluders=node_limits.tolerated_colluders
+            )
+        except ValueError:
+            raise PolicyRefusal(
+                "the round's guaranteed survivors do not outnumber tolerated-colluders"
+            ) from None
         if settings.epsilon is not None:
             # sigma is calibrated for T rounds: a server asking for more would spend more than
             # epsilon. Counted (in this run's node state) before anything is released.
@@ -175,7 +311,16 @@ def fpfl_handlers(
             context.state.config_records[ROUNDS_STATE_KEY] = ConfigRecord(
                 {"answered": int(answered) + 1}  # type: ignore[arg-type]
             )
-        shard = node_users(context)
+        codec = None
+        if settings.masking:
+            codec = contribution_codec(
+                per_user_bound=settings.clipping_bound,
+                population_size=population_size,
+                noise_std=(settings.clipping_bound or 0.0) * sigma if share_std > 0 else 0.0,
+                num_nodes=num_nodes,
+            )
+            if share_std > 0 and codec.step > MAX_STEP_TO_SHARE_STD * share_std:
+                raise NodeRefusal("fpfl: the quantisation step is not far below the noise share")
         model = make_model()
         set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
         rng = round_rng(settings.client_seed, stream(context), round_number)
@@ -185,53 +330,119 @@ def fpfl_handlers(
             constraint=settings.constraint,
             clipping_bound=settings.clipping_bound,
             sample_rate=min(1.0, settings.cohort_size / population_size),
-            noise_share_std=settings.noise_share_std(
-                population_size, num_nodes, colluders=node_limits.tolerated_colluders
-            ),
+            noise_share_std=share_std,
             rng=rng,
         )
-        if not settings.masking:
-            record = ArrayRecord({"sum": Array(total)})
-        else:
-            limit = float_field(settings_record, "codec-range")
-            codec = FixedPointCodec(clip_range=limit, max_nodes=max(2, num_nodes))
-            encoded = codec.encode(np.clip(total, -limit, limit))
-            secrets = _masking_secrets(settings_record, context)
-            masked = mask_vector(encoded, int(context.node_id), secrets, round_number)
-            record = ArrayRecord({"masked": Array(masked)})
-        return Message(content=RecordDict({FPFL_KEY: record}), reply_to=msg)
+        if codec is None:
+            return Message(
+                content=RecordDict({FPFL_KEY: ArrayRecord({"sum": Array(total)})}), reply_to=msg
+            )
+        threshold = share_threshold(
+            num_nodes,
+            min_survivors=node_limits.min_survivors,
+            noise_survivors=minimum_survivors(num_nodes, settings.dropout_tolerance)
+            if share_std > 0
+            else 0,
+            colluders=node_limits.tolerated_colluders,
+        )
+        self_seed = new_self_seed()
+        shares = share_self_seed(self_seed, members, threshold)
+        recipients = sorted(set(members) - {own_id})
+        sealed = [
+            seal_share(secrets[peer], round_number, own_id, peer, shares[peer])
+            for peer in recipients
+        ]
+        encoded = codec.encode(np.clip(total, -codec.clip_range, codec.clip_range))
+        masked = mask_vector(
+            encoded, own_id, secrets, round_number, cohort=members, self_seed=self_seed
+        )
+        state = _state(context)
+        state["last-round"] = round_number
+        state["last-members"] = sorted(members)
+        state["own-share"] = shares[own_id]
+        state["unmasked"] = False
+        return Message(
+            content=RecordDict(
+                {
+                    FPFL_KEY: ArrayRecord({"masked": Array(masked)}),
+                    "shares": ConfigRecord({"recipients": recipients, "sealed": sealed}),
+                }
+            ),
+            reply_to=msg,
+        )
 
     def reveal(msg: Message, context: Context) -> Message:
-        """Reveal this round's mask seeds with the dropped nodes, only if enough nodes survive
-        for the noise shares to add up to the run's noise (refuse otherwise)."""
+        """Unmask the round this node masked last, once: the shares of the survivors'
+        self-masks and the pair seeds with the dropped nodes, only if enough nodes survive for
+        the noise shares to add up to the run's noise (refuse otherwise)."""
         record = msg.content.config_records.get(FPFL_KEY, {})
         round_number = int_field(record, "round", minimum=0)
         survivors = int_list_field(record, "survivors")
         dropped = int_list_field(record, "dropped")
-        members = len(survivors) + len(dropped)
+        senders = int_list_field(record, "share-senders")
+        sealed = bytes_list_field(record, "shares")
         node_limits = limits(context)
-        noise_survivors = minimum_survivors(members, settings.dropout_tolerance)
+        secrets = _pinned_secrets(context)
+        state = _state(context)
+        own_id = int(context.node_id)
+        if int(state.get("last-round", -1)) != round_number or state.get("unmasked", True):  # type: ignore[arg-type]
+            raise NodeRefusal(
+                "fpfl: unmasking only once, for the round this node masked last; refusing"
+            )
+        members = [int(node) for node in state["last-members"]]  # type: ignore[union-attr]
+        if (
+            len(set(survivors)) != len(survivors)
+            or len(set(dropped)) != len(dropped)
+            or set(survivors) & set(dropped)
+            or set(survivors) | set(dropped) != set(members)
+            or own_id not in survivors
+        ):
+            raise NodeRefusal(
+                "fpfl: survivors and dropped nodes must split the round's members, with this "
+                "node a survivor; refusing to unmask"
+            )
+        noise_survivors = minimum_survivors(len(members), settings.dropout_tolerance)
         if settings.epsilon is not None and settings.distributed_noise:
             if len(survivors) < noise_survivors:
                 # The true reason (not the masking rule below): too few noise shares.
-                raise ValueError(
-                    f"fpfl: refusing to reveal: {len(survivors)} survivor(s), fewer than "
-                    f"n_min = {noise_survivors} whose noise shares add up to the run's noise "
-                    "(the sum would carry less noise than accounted)"
+                raise NodeRefusal(
+                    "fpfl: refusing to unmask: fewer survivors than n_min, whose noise shares "
+                    "add up to the run's noise (the sum would carry less noise than accounted)"
                 )
         needed = max(node_limits.min_survivors, noise_survivors)
-        secrets = _masking_secrets(record, context)
-        state = context.state.config_records[FPFL_STATE_KEY]
-        revealed_rounds = [int(r) for r in state.get("revealed-rounds", [])]  # type: ignore[union-attr]
-        if round_number in revealed_rounds:
-            raise ValueError(
-                f"fpfl: already revealed seeds for round {round_number}; refusing again"
-            )
+        if len(survivors) < needed:
+            raise NodeRefusal("fpfl: refusing to unmask: fewer survivors than min-survivors")
+        if sorted(senders) != sorted(set(survivors) - {own_id}) or len(sealed) != len(senders):
+            raise NodeRefusal("fpfl: the unmask request must carry one share from each survivor")
+        state["unmasked"] = True  # before anything is released: one answer per round
+        try:
+            shares = {
+                sender: open_share(secrets[sender], round_number, sender, own_id, box)
+                for sender, box in zip(senders, sealed, strict=True)
+            }
+        except ValueError:
+            raise NodeRefusal(
+                "fpfl: a share does not open (altered or replayed); refusing"
+            ) from None
+        shares[own_id] = bytes(state["own-share"])  # type: ignore[arg-type]
         seeds = reveal_round_seeds(
-            int(context.node_id), secrets, round_number, dropped, survivors, min_survivors=needed
+            own_id, secrets, round_number, dropped, survivors, min_survivors=needed
         )
-        state["revealed-rounds"] = [*revealed_rounds, round_number]
-        reply = ConfigRecord({"dropped": list(seeds), "seeds": list(seeds.values())})
+        owners = sorted(shares)
+        reply = ConfigRecord(
+            {
+                "share-owners": owners,
+                "self-shares": [shares[owner] for owner in owners],
+                "dropped": list(seeds),
+                "seeds": list(seeds.values()),
+            }
+        )
         return Message(content=RecordDict({FPFL_KEY: reply}), reply_to=msg)
 
-    return {"fpfl_setup": setup, "fpfl_round": round_, "fpfl_reveal": reveal}
+    handlers = {
+        "fpfl_setup": setup,
+        "fpfl_keys": keys,
+        "fpfl_round": round_,
+        "fpfl_reveal": reveal,
+    }
+    return {action: fixed_error_texts(handler) for action, handler in handlers.items()}

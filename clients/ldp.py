@@ -46,7 +46,7 @@ from flwr.common import log
 from numpy.typing import ArrayLike, NDArray
 
 from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
-from ..mechanisms.accounting import BUDGET_TOLERANCE
+from ..mechanisms.accounting import BUDGET_TOLERANCE, LedgerFileError
 from ..mechanisms.metrics import METRIC_NAMES, user_rates
 from ..mechanisms.protocol import (
     EPSILON_SPENT_KEY,
@@ -56,11 +56,12 @@ from ..mechanisms.protocol import (
     VALUES_KEY,
 )
 from ..mechanisms.secure_random import secure_generator
-from .messages import MessageError, float_field, int_field, str_field
+from .messages import MessageError, NodeRefusal, float_field, int_field, str_field
 from .policy import NodePrivacyPolicy, PolicyRefusal, in_flower_simulation, node_policy
 
 __all__ = [
     "DEFAULT_LEDGER_DIR",
+    "LEDGER_UNUSABLE_REPLY",
     "LEDGER_STATE_KEY",
     "LedgerPathFn",
     "LocalUsers",
@@ -69,6 +70,12 @@ __all__ = [
     "node_ledger_dir",
 ]
 
+#: What the server reads from a node whose ledger is lost or damaged (the node's log says
+#: which file and how to recover).
+LEDGER_UNUSABLE_REPLY = (
+    "ldp_audit: this node's privacy ledger is lost or damaged; it answers no audit until its "
+    "operator restores it (the node's log names the file and the recovery)"
+)
 #: Node run-state record of the ledger when no ledger file is configured.
 LEDGER_STATE_KEY = "ldp-ledger"
 #: Node config key of the folder of a persistent ledger (set by whoever starts the SuperNode).
@@ -264,7 +271,12 @@ def ldp_audit_handler(
                     "after it",
                     limits.source,
                 )
-            ledger = _ledger(context, path, limits.ldp_user_budget, users.num_users)
+            try:
+                ledger = _ledger(context, path, limits.ldp_user_budget, users.num_users)
+            except LedgerFileError as error:
+                # The detail names the node's files: it stays in the node's log.
+                log(logging.ERROR, "ldp_audit: %s", error)
+                raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
             answering = ledger.spend(mechanism.epsilon)  # every user reports, or refuses
             refused = int((~answering).sum())
             spent_max = float(ledger.spent.max())

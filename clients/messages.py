@@ -1,15 +1,29 @@
 """Reading the fields of a server's message on a node: each reader returns the typed value or
 raises :class:`MessageError` naming the field, so a hostile or corrupt message is refused with
-a clear sentence (never an ``OverflowError`` from ``int(inf)`` or an ``AttributeError``)."""
+a clear sentence (never an ``OverflowError`` from ``int(inf)`` or an ``AttributeError``).
+
+What a handler raises reaches the server: Flower sends ``str(type(ex)) + str(ex)`` as the
+error reply's reason. :func:`fixed_error_texts` therefore lets only exceptions whose text is a
+fixed sentence through (classes with ``fixed_text = True``: :class:`MessageError`,
+:class:`NodeRefusal`, the policy's refusals, the CKKS checks); any other exception, whose text
+could hold a data value, is logged on the node and replaced by one fixed sentence.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from flwr.common import log
 
 __all__ = [
+    "INTERNAL_ERROR_TEXT",
     "MessageError",
+    "NodeRefusal",
+    "fixed_error_texts",
     "bytes_field",
     "bytes_list_field",
     "float_field",
@@ -20,7 +34,40 @@ __all__ = [
 
 
 class MessageError(ValueError):
-    """A field of a received message is missing or malformed."""
+    """A field of a received message is missing or malformed (the text names the field only)."""
+
+    fixed_text = True
+
+
+class NodeRefusal(Exception):
+    """The node refuses a request that breaks the protocol's rules. The message is a fixed
+    sentence naming the rule, never a value, so it is safe to reach the server."""
+
+    fixed_text = True
+
+
+#: What the server reads when a handler failed for a reason whose text is not fixed.
+INTERNAL_ERROR_TEXT = "the node could not handle this message (the reason is in the node's log)"
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def fixed_error_texts(handler: Handler) -> Handler:
+    """``handler`` whose exceptions reach the server with fixed texts only (module docstring):
+    an exception class without ``fixed_text = True`` is logged here and re-raised as a
+    :class:`NodeRefusal` carrying :data:`INTERNAL_ERROR_TEXT`."""
+
+    @functools.wraps(handler)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except Exception as error:
+            if getattr(type(error), "fixed_text", False):
+                raise
+            log(logging.ERROR, "%s failed: %r", getattr(handler, "__name__", "handler"), error)
+            raise NodeRefusal(INTERNAL_ERROR_TEXT) from None
+
+    return guarded  # type: ignore[return-value]
 
 
 def _get(record: Mapping[str, Any], key: str) -> Any:

@@ -84,6 +84,8 @@ class PolicyRefusal(Exception):
     """A request beyond the node's privacy policy. The message is a fixed sentence naming
     the rule (never a value), so it is safe to reach the server."""
 
+    fixed_text = True
+
     def __init__(self, rule: str) -> None:
         super().__init__(f"refused by this node's privacy policy: {rule}")
         self.rule = rule

@@ -1,80 +1,81 @@
-"""Pairwise-masking secure sum for FPFL training (Bonawitz et al. 2017, semi-honest variant).
+"""Double-masking secure sum for FPFL training (Bonawitz et al. 2017), pinned and authenticated.
 
 The FPFL training job sums the nodes' clipped statistic vectors; with this module the server
-sees only the sum. It is the pairwise-masking core of SecAgg (Bonawitz et al., "Practical
-Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017) and of
-Flower's SecAgg+ (Bell et al., CCS 2020), without their double masking. Pure numpy plus the
-``cryptography`` package (a Flower dependency); the Flower adapters call these functions.
+sees only the sum. It is the secure aggregation of Bonawitz et al., "Practical Secure
+Aggregation for Privacy-Preserving Machine Learning", CCS 2017 (pairwise masks, a self-mask
+per node shared t-of-n, and its PKI variant), arranged so that keys are agreed once per run
+and a round costs two exchanges. Pure numpy plus the ``cryptography`` package (X25519, HKDF,
+HMAC, ChaCha20, ChaCha20-Poly1305) and pycryptodome's Shamir secret sharing; no primitive is
+written here. The Flower adapters (:mod:`fedparity.clients.fpfl_handlers`,
+:mod:`fedparity.strategies.fpfl`) call these functions.
 
 **Why not Flower's SecAgg+.** In Flower 1.41, ``SecAggPlusWorkflow`` only runs inside the
-legacy workflow (it requires a ``LegacyContext`` and a legacy ``Strategy``, and masks
-``FitIns``/``FitRes`` parameters) and spends 4 message exchanges per round (setup, share
-keys, collect masked vectors, unmask). The FPFL job uses the Message API with *one*
-exchange per training round. Here the keys are agreed once per run, a round costs one
-exchange, plus one reveal exchange only in rounds where nodes drop out. (Flower's
-``pseudo_rand_gen`` also seeds ``np.random.RandomState`` with a 32-bit fold of the seed.)
+legacy workflow (a ``LegacyContext``, a legacy ``Strategy``, ``FitIns``/``FitRes``), spends
+four exchanges per round, has no key authentication either, and seeds its mask generator with
+a 32-bit fold of the seed (``np.random.RandomState``). Here keys are pinned for the run (with
+an optional roster of signed keys), a round costs two exchanges, and masks come from ChaCha20.
 
 Protocol
 --------
-1. *Setup (once per run).* Every node makes an X25519 key pair (:class:`MaskingKeyPair`, OS
-   entropy) and sends its 32-byte public key; the server broadcasts ``{node_id: key}``. Nodes
-   ``u, v`` derive a pair secret ``s_uv = HKDF-SHA256(X25519(u, v), salt=run_salt,
-   info=label || min(u, v) || max(u, v))`` (:func:`pair_secrets`; RFC 7748, RFC 5869).
-2. *Round r.* The pair's round seed is ``k_uvr = HMAC-SHA256(s_uv, label || r)``
-   (:func:`round_seed`): a PRF output, so revealing one round's seed says nothing about the
-   other rounds' seeds. The mask ``m_uvr`` is the ChaCha20 keystream (RFC 8439, key
-   ``k_uvr``, zero nonce and counter; a key is used once) read as little-endian uint64
-   (:func:`expand_mask`). ChaCha20 rather than numpy's PCG64 or Philox: those are
-   statistical generators, not cryptographic ones (PCG's state can be recovered from its
-   output, Bouillaguet et al., ToSC 2020), and the hiding argument needs masks that are
-   indistinguishable from uniform. Node ``u`` sends ``y_u = enc(x_u) + sum_{v > u} m_uvr -
-   sum_{v < u} m_uvr (mod 2^64)`` (:func:`mask_vector`).
-3. *Sum.* The server adds the ``y_u`` modulo ``2^64``; the masks of every pair that both
-   replied cancel (:func:`unmask_sum`) and :meth:`FixedPointCodec.decode` gives the floats.
-4. *Dropouts.* If nodes ``D`` of the round's cohort do not reply, the server sends the
-   survivors ``S`` and ``D`` to the survivors; each reveals ``{d: k_udr}`` for that round only
-   (:func:`reveal_round_seeds`), and :func:`unmask_sum` removes the leftover masks.
+1. *Setup (once per run).* Every node makes an X25519 key pair (:class:`MaskingKeyPair`) and
+   sends its public key, signed with its identity key when it has one
+   (:func:`masking_key_transcript`; :mod:`fedparity.mechanisms.identity`). The server
+   broadcasts the key table; each node checks it (own key present, at most ``max-nodes``
+   entries, distinct keys; with a roster, every key signed by a distinct roster member:
+   :func:`check_signed_key_table`) and **pins** it: the pair secrets
+   ``s_uv = HKDF-SHA256(X25519(u, v), salt=run_salt, info=label || min id || max id)``
+   (:func:`pair_secrets`; RFC 7748, RFC 5869) are the only ones it uses for the rest of the
+   run, and any later table is refused.
+2. *Round r, masked vectors.* The round's members are a subset of the pinned table. Node
+   ``u`` draws a fresh self-mask seed ``b_u`` (:func:`new_self_seed`), splits it into Shamir
+   shares with threshold ``t`` (:func:`share_threshold`, :func:`share_self_seed`), seals each
+   peer's share (:func:`seal_share`: ChaCha20-Poly1305 under a key derived from the pair
+   secret, the round and the direction) and sends ``y_u = enc(x_u) + PRG(b_u) +
+   sum_{v > u} m_uvr - sum_{v < u} m_uvr (mod 2^64)`` (:func:`mask_vector`), where the pair
+   mask ``m_uvr`` is the ChaCha20 keystream keyed by ``k_uvr = HMAC-SHA256(s_uv, label ||
+   r)`` (:func:`round_seed`, :func:`expand_mask`) and ``PRG(b)`` is :func:`self_mask`. A node
+   masks a round number at most once, in increasing order.
+3. *Round r, unmask.* The server names the survivors ``S`` (vectors received) and the dropped
+   ``D``; each survivor opens the shares sealed for it and returns the shares of ``b_u`` for
+   ``u`` in ``S`` and its pair seeds ``k_vdr`` for ``d`` in ``D`` (:func:`reveal_round_seeds`)
+   -- once per round, only for the round it masked last, only if ``S`` and ``D`` split that
+   round's members and ``S`` holds at least ``max(min-survivors, n_min)`` nodes. The server
+   rebuilds each ``b_u`` (:func:`combine_self_seed`) and removes every mask
+   (:func:`unmask_sum`); :meth:`FixedPointCodec.decode` gives the floats.
 
-Fixed point (:class:`FixedPointCodec`): ``enc(x) = rint(x * scale)`` (deterministic
-round-half-to-even, error <= ``0.5 / scale`` per coordinate and node) as int64, viewed as
-uint64. A sum of at most ``max_nodes`` vectors with ``|x_i| <= clip_range`` cannot wrap as
-long as ``max_nodes * clip_range * scale < 2^63``; :func:`fixed_point_scale` picks the largest
-power of two with ``max_nodes * clip_range * scale <= 2^52``, so the integer sum also stays
-below ``2^53`` and converts to float64 exactly (the ``2^10`` headroom below ``2^63`` absorbs
-the rounding). Decoding views the sum as int64 and divides by ``scale``; its error is at most
-``nodes * 0.5 / scale``.
+Fixed point (:class:`FixedPointCodec`, :func:`contribution_codec`): ``enc(x) = rint(x *
+scale)`` as int64 viewed as uint64, with a power-of-two scale such that the sum of
+``max_nodes`` vectors bounded by ``clip_range`` stays below ``2^52`` (exact in float64, no
+wrap-around). Each node derives the range from values it checks itself -- ``R = K b + 12 C
+sigma + 1`` for ``K`` users with per-user bound ``b`` -- and refuses a step above ``2^-10`` of
+its noise share's std: the server never chooses the quantisation.
 
-Threat model and limits
------------------------
-* **Semi-honest server.** The server follows the protocol but tries to learn individual
-  vectors from what it receives. It then learns only the sum of the survivors' vectors (and,
-  with ``t`` colluding nodes, the sum of the honest survivors' vectors: the honest nodes'
-  masks among themselves stay secret). A sum of one honest vector reveals it; hence the
-  ``min_survivors >= 2`` rules. The sum itself is not hidden: its privacy is the job of the
-  DP noise (outside this module).
-* **Weaker than SecAgg+ against a malicious server.** No double masking (self-masks plus
-  Shamir shares), no key authentication, no consistency round. A malicious server can
-  substitute public keys (man in the middle), send different survivor sets to different
-  nodes, or call a node that did reply "dropped" and obtain the seeds that unmask its
-  vector. The node-side checks of :func:`reveal_round_seeds` (survivors and dropped disjoint,
-  known peers, at least ``min_survivors`` survivors including the node itself) only stop a
-  server that errs, not one that lies.
-* **Late replies.** If node ``d``'s masked vector of round ``r`` arrives after the survivors
-  revealed their round-``r`` seeds with ``d``, only ``d``'s masks with the other dropped nodes
-  still hide it: if ``d`` was the only node dropped, the server could unmask ``x_d``.
-  Mitigation: the server discards replies that arrive after it sent the reveal request, and
-  a round's seeds are single use (the next round uses fresh seeds).
-* **No recovery.** A survivor that drops during the reveal makes the round unrecoverable
-  (SecAgg recovers through threshold secret sharing); the adapter abandons that round.
-* **One vector per round.** Two vectors masked with the same round's seeds leak their
-  difference: concatenate everything a node sends in a round into one vector.
-* **Cost.** Every pair of the cohort is masked (complete graph; SecAgg+ uses a sparse graph):
-  ``n - 1`` keystreams per node and round, fine for the tens to hundreds of nodes of a job.
-* The adapters keep the key pair (:meth:`MaskingKeyPair.private_bytes`) or the pair secrets
-  in node state, and refuse a second reveal for the same round.
+Threat model (see also the project's threat-model page)
+--------------------------------------------------------
+* **Curious server** (follows the protocol, reads everything, keeps late replies): learns only
+  the sum of the survivors' vectors. A vector that arrives late, or that the server calls
+  malformed, stays hidden by its self-mask: the survivors revealed its pair seeds but no
+  share of its self-mask.
+* **Active server** (replays, edits, splits views): an honest node answers one unmask request
+  per round, so for any node the server gets either ``t`` shares of its self-mask (from nodes
+  told it survived) or every pair seed (each given by a node told it dropped), never both
+  while ``t >= c + 2`` (``c`` tolerated colluders); replays, pre-reveals and key changes are
+  refused; the quantisation is the node's.
+* **What is not protected without a roster.** Keys exchanged without authentication can be
+  replaced by a server that is active *at setup*, and a server can invent up to ``max-nodes``
+  peers (sybils) whose masks it knows: the honest nodes' privacy then rests on their own noise
+  shares. With a roster (node config ``roster``, ``identity-key``; policy ``require-roster``)
+  neither is possible. There is no consistency round: a server may send different survivor
+  lists to different nodes, which the threshold argument above covers.
+* **Colluding nodes.** ``c`` colluders learn nothing of the honest nodes' vectors beyond the
+  sum; they do know their own noise shares, so each node sizes its share for ``n_min - c``
+  honest survivors (:func:`noise_share_std`). The sum itself is not hidden: its privacy is the
+  job of the DP noise.
+* **No recovery.** A survivor that fails during the unmask exchange loses the round (it still
+  counts as spent privacy).
 
-Everything is deterministic given the keys; only :meth:`MaskingKeyPair.generate` draws
-entropy (from the OS).
+Everything is deterministic given the keys; only :meth:`MaskingKeyPair.generate` and
+:func:`new_self_seed` draw entropy (from the OS).
 """
 
 from __future__ import annotations
@@ -82,24 +83,42 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import secrets
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ._validation import check_int_at_least, check_positive_finite
+from .identity import Roster, transcript, verify_signature
 
 __all__ = [
     "KEY_BYTES",
     "MAX_MASKING_NODES",
+    "NOISE_RANGE_STDS",
+    "SELF_SEED_BYTES",
+    "UNCLIPPED_RANGE",
     "FixedPointCodec",
     "MaskingKeyPair",
     "check_masked_vector",
+    "check_signed_key_table",
+    "combine_self_seed",
+    "contribution_codec",
+    "masking_key_transcript",
+    "new_self_seed",
+    "open_share",
+    "seal_share",
+    "self_mask",
+    "share_self_seed",
+    "share_threshold",
     "decode_id_table",
     "encode_id_table",
     "expand_mask",
@@ -108,6 +127,8 @@ __all__ = [
     "pair_secrets",
     "reveal_round_seeds",
     "round_seed",
+    "minimum_survivors",
+    "noise_share_std",
     "unmask_sum",
 ]
 
@@ -120,6 +141,17 @@ SUM_BITS = 52
 _UINT64_MAX = 2**64 - 1
 _PAIR_LABEL = b"fedparity/secure-sum/v1/pair"
 _ROUND_LABEL = b"fedparity/secure-sum/v1/round"
+_SELF_LABEL = b"fedparity/secure-sum/v2/self-mask"
+_SHARE_LABEL = b"fedparity/secure-sum/v2/share"
+_KEY_SIGNATURE_LABEL = "fedparity/secure-sum/v2/masking-key"
+#: Length of a self-mask seed (bytes): one GF(2^128) element of the Shamir sharing.
+SELF_SEED_BYTES = 16
+#: A node's noise is clamped by the codec beyond this many standard deviations of the full
+#: noise ``C sigma`` (probability < 2e-32 per coordinate): the fixed-point range is finite.
+NOISE_RANGE_STDS = 12.0
+#: Per-user coordinate bound assumed for the unclipped baselines (FL, FFL): their vectors
+#: have no norm bound, but a fixed-point sum needs one; larger values are clamped.
+UNCLIPPED_RANGE = 1.0e4
 
 
 def _check_uint64(name: str, value: int) -> int:
@@ -402,19 +434,23 @@ def mask_vector(
     round_number: int,
     *,
     cohort: Collection[int] | None = None,
+    self_seed: bytes | None = None,
 ) -> np.ndarray:
-    """``enc + sum_{v > u} m_uvr - sum_{v < u} m_uvr (mod 2^64)`` over the round's peers.
+    """``enc + PRG(b) + sum_{v > u} m_uvr - sum_{v < u} m_uvr (mod 2^64)`` over the round's
+    peers.
 
     ``cohort`` (the round's participants, containing ``own_id``) restricts the peers; by
-    default every node of ``pair_secrets``. Refuses (``ValueError``) to send a vector with no
-    peer to mask it, or with a cohort member it holds no pair secret for.
+    default every node of ``pair_secrets``. ``self_seed`` ``b`` adds the self-mask of double
+    masking (:func:`self_mask`; Bonawitz et al. 2017): the vector then stays hidden even from
+    a server that obtains every pair seed of the node. Refuses (``ValueError``) to send a
+    vector with no peer to mask it, or with a cohort member it holds no pair secret for.
 
     References
     ----------
     .. [1] K. Bonawitz, V. Ivanov, B. Kreuter, A. Marcedone, H. B. McMahan, S. Patel,
            D. Ramage, A. Segal and K. Seth, "Practical Secure Aggregation for
-           Privacy-Preserving Machine Learning", ACM CCS 2017 (its pairwise masking; this
-           module omits the double masking and the secret sharing).
+           Privacy-Preserving Machine Learning", ACM CCS 2017 (pairwise masks and the
+           self-mask of its double masking).
     """
     own_id = _check_uint64("own_id", own_id)
     vector = check_masked_vector(encoded, name="encoded")
@@ -432,6 +468,8 @@ def mask_vector(
             raise ValueError(f"cohort holds nodes without a pair secret: {_format_ids(unknown)}")
     if not peers:
         raise ValueError("the round has no peer to mask with (need at least 2 nodes)")
+    if self_seed is not None:
+        vector += self_mask(self_seed, vector.size)
     for peer in sorted(peers):
         mask = expand_mask(round_seed(secrets[peer], round_number), vector.size)
         if peer > own_id:
@@ -490,16 +528,20 @@ def unmask_sum(
     *,
     participants: Collection[int],
     min_survivors: int = 2,
+    self_seeds: Mapping[int, bytes] | None = None,
 ) -> np.ndarray:
     """Server side: the uint64 sum of the survivors' encodings (decode with the codec).
+
+    ``self_seeds`` (``{survivor: b}``, rebuilt with :func:`combine_self_seed`) removes the
+    survivors' self-masks; it must then name exactly the survivors.
 
     Adds ``masked_vectors`` (``{survivor: y}``) modulo ``2^64`` and removes the leftover
     masks of every (survivor, dropped) pair with the sign convention of :func:`mask_vector`.
     ``participants`` is the round's cohort; the dropped nodes are the participants without
     a masked vector. ``revealed`` must hold ``{(survivor, dropped): seed}`` for exactly those
     pairs (the reveals of round ``round_number``). Raises ``ValueError`` otherwise, or with
-    fewer than ``min_survivors`` vectors. The unmasking of Bonawitz et al. 2017 without its
-    double masking (reference at :func:`mask_vector`).
+    fewer than ``min_survivors`` vectors. The unmasking of Bonawitz et al. 2017 (reference at
+    :func:`mask_vector`).
     """
     if not isinstance(masked_vectors, Mapping):
         raise ValueError(
@@ -546,6 +588,11 @@ def unmask_sum(
     total = np.zeros(length, dtype=np.uint64)
     for node in sorted(vectors):
         total += vectors[node]
+    if self_seeds is not None:
+        if set(self_seeds) != set(survivors):
+            raise ValueError("self_seeds must hold exactly the survivors' seeds")
+        for node in sorted(self_seeds):
+            total -= self_mask(self_seeds[node], length)
     for (survivor, gone), seed in sorted(given.items()):
         mask = expand_mask(seed, length)
         if gone > survivor:  # the survivor added this mask
@@ -553,6 +600,171 @@ def unmask_sum(
         else:
             total += mask
     return total
+
+
+# -- double masking (Bonawitz et al. 2017, Section 4: self-masks with t-of-n shares) ----------
+
+
+def new_self_seed() -> bytes:
+    """A fresh 16-byte self-mask seed from OS entropy (one per node and round)."""
+    return secrets.token_bytes(SELF_SEED_BYTES)
+
+
+def self_mask(seed: bytes, length: int) -> np.ndarray:
+    """The self-mask ``PRG(b)``: the ChaCha20 keystream (RFC 8439) keyed by
+    ``HKDF-SHA256(b, info=label)`` read as ``length`` little-endian uint64."""
+    seed = _check_seed(seed)
+    key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_SELF_LABEL).derive(
+        seed
+    )
+    return expand_mask(key, length)
+
+
+def _check_seed(seed: bytes) -> bytes:
+    if not isinstance(seed, (bytes, bytearray)) or len(seed) != SELF_SEED_BYTES:
+        raise ValueError(f"self-mask seed must be {SELF_SEED_BYTES} bytes")
+    return bytes(seed)
+
+
+def share_threshold(
+    num_members: int, *, min_survivors: int, noise_survivors: int = 0, colluders: int = 0
+) -> int:
+    """``t``: how many shares rebuild a self-mask seed, ``max(min_survivors, n_min, c + 2)``.
+
+    The server unmasks a vector only with its self-mask (``t`` shares, given by nodes told the
+    owner survived) *and* every pair seed of its owner (given by each other member told it
+    dropped). An honest node answers one unmask request per round, so for a node the server
+    calls "dropped" to everyone else, it gets at most the owner's own share plus the ``c``
+    colluders' shares: ``t >= c + 2`` keeps the self-mask hidden. ``t`` never exceeds the
+    round's members (``ValueError``: the round could never be unmasked).
+    """
+    threshold = max(min_survivors, noise_survivors, colluders + 2, 2)
+    if threshold > num_members:
+        raise ValueError(
+            f"a round of {num_members} member(s) cannot be unmasked with a share threshold of "
+            f"{threshold} (min-survivors, n_min, tolerated colluders + 2)"
+        )
+    return threshold
+
+
+def share_self_seed(seed: bytes, members: Collection[int], threshold: int) -> dict[int, bytes]:
+    """``{member: share}``: Shamir ``threshold``-of-``n`` shares of ``seed`` for the round's
+    sorted members (pycryptodome's ``Shamir`` over GF(2^128); share ``i`` of the ``i``-th
+    member). Each share is 4 bytes of index and 16 bytes of value."""
+    seed = _check_seed(seed)
+    ids = sorted(_check_ids("members", members))
+    threshold = check_int_at_least("threshold", threshold, 2)
+    if threshold > len(ids):
+        raise ValueError(f"threshold must be at most the {len(ids)} members, got {threshold}")
+    shares = Shamir.split(threshold, len(ids), seed)
+    return {
+        member: index.to_bytes(4, "big") + value
+        for member, (index, value) in zip(ids, shares, strict=True)
+    }
+
+
+def combine_self_seed(shares: Collection[bytes]) -> bytes:
+    """The seed rebuilt from at least ``threshold`` distinct shares of :func:`share_self_seed`
+    (Lagrange interpolation at 0; more shares than needed give the same seed)."""
+    points: dict[int, bytes] = {}
+    for share in shares:
+        if not isinstance(share, (bytes, bytearray)) or len(share) != 4 + SELF_SEED_BYTES:
+            raise ValueError(f"a share must be {4 + SELF_SEED_BYTES} bytes")
+        index = int.from_bytes(bytes(share[:4]), "big")
+        if index < 1 or index in points:
+            raise ValueError("shares must have distinct indices >= 1")
+        points[index] = bytes(share[4:])
+    if len(points) < 2:
+        raise ValueError("at least 2 shares are needed")
+    return Shamir.combine(sorted(points.items()))
+
+
+def _share_cipher(pair_secret: bytes, round_number: int, sender: int, receiver: int) -> bytes:
+    info = (
+        _SHARE_LABEL
+        + _check_uint64("round_number", round_number).to_bytes(8, "big")
+        + _check_uint64("sender", sender).to_bytes(8, "big")
+        + _check_uint64("receiver", receiver).to_bytes(8, "big")
+    )
+    secret = _check_key_bytes("pair_secret", pair_secret)
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
+
+
+def seal_share(
+    pair_secret: bytes, round_number: int, sender: int, receiver: int, share: bytes
+) -> bytes:
+    """``share`` encrypted and authenticated for ``receiver`` (ChaCha20-Poly1305, RFC 8439):
+    the key is derived from the pair secret, the round and the direction, so it is used once
+    and the all-zero nonce is safe; the server that relays it can neither read nor alter it."""
+    key = _share_cipher(pair_secret, round_number, sender, receiver)
+    return ChaCha20Poly1305(key).encrypt(bytes(12), bytes(share), None)
+
+
+def open_share(
+    pair_secret: bytes, round_number: int, sender: int, receiver: int, sealed: bytes
+) -> bytes:
+    """The share :func:`seal_share` sealed; ``ValueError`` if it was altered, replayed from
+    another round or pair, or not sealed for this receiver."""
+    key = _share_cipher(pair_secret, round_number, sender, receiver)
+    try:
+        return ChaCha20Poly1305(key).decrypt(bytes(12), bytes(sealed), None)
+    except (InvalidTag, TypeError, ValueError):
+        raise ValueError(
+            "a sealed share does not open (altered, replayed or misaddressed)"
+        ) from None
+
+
+def masking_key_transcript(run_salt: bytes, node_id: int, public_key: bytes) -> bytes:
+    """What a node's identity key signs about its masking key: the run, the node, the key."""
+    return transcript(
+        _KEY_SIGNATURE_LABEL,
+        bytes(run_salt),
+        _check_uint64("node_id", node_id),
+        _check_key_bytes("public_key", public_key),
+    )
+
+
+def check_signed_key_table(
+    run_salt: bytes,
+    public_keys: Mapping[int, bytes],
+    identity_keys: Mapping[int, bytes],
+    signatures: Mapping[int, bytes],
+    roster: Roster,
+) -> None:
+    """Refuse (``ValueError``, fixed text) a key table unless every masking key is signed, for
+    this run and node id, by a distinct member of ``roster`` (authenticated key agreement: the
+    server can neither substitute a key nor invent a peer)."""
+    if set(identity_keys) != set(public_keys) or set(signatures) != set(public_keys):
+        raise ValueError("the key table lacks an identity key or signature for some node")
+    if len({bytes(key) for key in identity_keys.values()}) != len(identity_keys):
+        raise ValueError("two nodes of the key table claim the same identity")
+    for node, key in public_keys.items():
+        identity = bytes(identity_keys[node])
+        if identity not in roster:
+            raise ValueError("a node of the key table is not on this node's roster")
+        if not verify_signature(
+            identity, signatures[node], masking_key_transcript(run_salt, node, key)
+        ):
+            raise ValueError("a masking key of the key table is not signed by its node")
+
+
+def contribution_codec(
+    *, per_user_bound: float | None, population_size: int, noise_std: float, num_nodes: int
+) -> FixedPointCodec:
+    """The fixed-point codec of a round, derived by every node from values it checks itself
+    (never a range the server sends): a node's sum of at most ``K`` users with per-coordinate
+    bound ``b`` plus noise, ``R = K b + 12 C sigma + 1`` (``noise_std = C sigma``, the full
+    noise's std, which bounds any share's; beyond 12 stds has probability < 2e-32), for a sum
+    of ``num_nodes`` vectors. ``per_user_bound`` None (the unclipped baselines FL and FFL,
+    whose vectors have no bound) assumes :data:`UNCLIPPED_RANGE`; larger values are clamped."""
+    per_user_bound = check_positive_finite(
+        "per_user_bound", UNCLIPPED_RANGE if per_user_bound is None else per_user_bound
+    )
+    population_size = check_int_at_least("population_size", population_size, 1)
+    if not math.isfinite(noise_std) or noise_std < 0:
+        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    limit = population_size * per_user_bound + NOISE_RANGE_STDS * noise_std + 1.0
+    return FixedPointCodec(clip_range=limit, max_nodes=max(2, int(num_nodes)))
 
 
 def encode_id_table(table: Mapping[int, bytes]) -> np.ndarray:

@@ -165,7 +165,6 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
         node_ids=active,
         vector_size=layout.size,
         population_size=population_size,
-        max_node_users=max(nodes.users_by_node.values()),
         noise_multiplier=sigma,
         clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
         masking=config.fpfl_secure_sum == "masking",

@@ -1,21 +1,22 @@
-"""FPFL on the server: one Flower message exchange per training round.
+"""FPFL on the server: two Flower message exchanges per training round.
 
 FPFL is Algorithm 1 of Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt
 Seigel, "Enforcing fairness in private federated learning via the modified method of
 differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
 arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021).
 
-Round ``t`` (``query.fpfl_round``): the server sends the current weights to every member node;
-each node samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic
-vectors, adds its noise share and replies with that sum **masked** (pairwise masks,
-:mod:`fedparity.mechanisms.secure_sum`), so the server reads only the sum over all nodes. Nodes that
-did not reply are handled by one extra exchange (``query.fpfl_reveal``): the survivors reveal
-that round's mask seeds with the dropped nodes, provided enough of them survive for the noise
-to be complete; otherwise the round is lost (the weights do not move, the round still counts
-as spent privacy).
+Setup (once per run): ``query.fpfl_setup`` collects the nodes' masking public keys (signed
+with their identity keys when they have them) and ``query.fpfl_keys`` sends the key table,
+which each node checks and pins; the member list is fixed from then on.
 
-Setup (``query.fpfl_setup``, once per run): the nodes' masking public keys; the member list
-is fixed from then on.
+Round ``t``: ``query.fpfl_round`` sends the current weights to every member node; each node
+samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic vectors, adds
+its noise share and replies with that sum **double-masked** and sealed Shamir shares of its
+self-mask (:mod:`fedparity.mechanisms.secure_sum`). ``query.fpfl_reveal`` then asks the
+survivors for the shares of the survivors' self-masks and their pair seeds with the nodes
+that did not reply, provided enough of them survive for the noise to be complete; the server
+removes every mask and reads only the sum over all survivors. Otherwise the round is lost
+(the weights do not move, the round still counts as spent privacy).
 
 The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`; the updates,
 model selection and accounting are done by the caller (:mod:`fedparity.server.fpfl_job`) with
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ from ..mechanisms.mmdm import (
 )
 from ..mechanisms.protocol import (
     FPFL_KEY,
+    FPFL_KEYS_MESSAGE_TYPE,
     FPFL_REVEAL_MESSAGE_TYPE,
     FPFL_ROUND_MESSAGE_TYPE,
     FPFL_SETUP_MESSAGE_TYPE,
@@ -63,6 +65,8 @@ from ..mechanisms.protocol import (
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import (
     FixedPointCodec,
+    combine_self_seed,
+    contribution_codec,
     minimum_survivors,
     noise_share_std,
     unmask_sum,
@@ -75,13 +79,6 @@ __all__ = [
     "FPFLTrainingResult",
     "RoundOutcome",
 ]
-
-#: Gaussian noise shares are clamped by the codec beyond this many standard deviations
-#: (probability < 2e-32 per coordinate): the fixed-point range must be finite.
-NOISE_RANGE_STDS = 12.0
-#: Per-user coordinate bound assumed for the unclipped baselines (FL, FFL): their vectors
-#: have no norm bound, but a fixed-point sum needs one; larger values are clamped.
-UNCLIPPED_RANGE = 1.0e4
 
 
 @dataclass
@@ -111,8 +108,6 @@ class FPFLProtocol:
         Length of the statistic vector (``StatisticsLayout.size``).
     population_size : int
         ``K``: users over all nodes.
-    max_node_users : int
-        Users on the largest node (bounds a node's sum for the fixed-point codec).
     noise_multiplier : float
         ``sigma`` (0 without noise).
     clipping_bound : float or None
@@ -137,7 +132,6 @@ class FPFLProtocol:
         node_ids: list[int],
         vector_size: int,
         population_size: int,
-        max_node_users: int,
         noise_multiplier: float,
         clipping_bound: float | None,
         masking: bool,
@@ -154,7 +148,6 @@ class FPFLProtocol:
         self.members = sorted(node_ids)
         self.vector_size = vector_size
         self.population_size = population_size
-        self.max_node_users = max_node_users
         self.noise_multiplier = noise_multiplier
         self.public_keys: dict[int, bytes] = {}
         self.run_salt = secrets.token_bytes(16)
@@ -168,7 +161,9 @@ class FPFLProtocol:
         return self._masking
 
     def setup(self) -> None:
-        """Collect the nodes' masking public keys; nodes that fail leave the run."""
+        """Collect the nodes' masking public keys (signed when the nodes have identity keys),
+        then send the key table, which every node checks and pins for the run; nodes that
+        fail either step leave the run."""
         if not self.masking:
             return
         messages = [
@@ -180,8 +175,11 @@ class FPFLProtocol:
             for node in self.members
         ]
         keys: dict[int, bytes] = {}
+        identities: dict[int, tuple[bytes, bytes]] = {}
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
+            if node not in self.members or node in keys:
+                continue
             if reply.has_error():
                 self.setup_failed.append((node, reply.error.reason))
                 continue
@@ -191,14 +189,53 @@ class FPFLProtocol:
                 self.setup_failed.append((node, "malformed setup reply (no 32-byte public key)"))
                 continue
             keys[node] = key
-        missing = sorted(set(self.members) - set(keys) - {n for n, _ in self.setup_failed})
-        self.setup_failed += [(node, "no setup reply") for node in missing]
-        self.public_keys = keys
+            identity, signature = record.get("identity-key"), record.get("signature")
+            if isinstance(identity, bytes) and isinstance(signature, bytes):
+                identities[node] = (identity, signature)
+        self._record_missing(keys, "no setup reply")
         self.members = sorted(keys)
+        self._check_members("the setup")
+        table: dict[str, object] = {
+            "run-salt": self.run_salt,
+            "peer-ids": list(self.members),
+            "peer-keys": [keys[node] for node in self.members],
+        }
+        if set(identities) == set(self.members):
+            table["identity-keys"] = [identities[node][0] for node in self.members]
+            table["signatures"] = [identities[node][1] for node in self.members]
+        messages = [
+            Message(
+                content=RecordDict({FPFL_KEY: ConfigRecord(table)}),  # type: ignore[arg-type]
+                dst_node_id=node,
+                message_type=FPFL_KEYS_MESSAGE_TYPE,
+            )
+            for node in self.members
+        ]
+        pinned: set[int] = set()
+        for reply in send_and_receive(self.grid, messages, self.reply_timeout):
+            node = int(reply.metadata.src_node_id)
+            if node not in self.members or node in pinned:
+                continue
+            if reply.has_error():
+                self.setup_failed.append((node, reply.error.reason))
+                continue
+            pinned.add(node)
+        self._record_missing(pinned, "no reply to the key table")
+        self.public_keys = {node: keys[node] for node in sorted(pinned)}
+        self.members = sorted(pinned)
+        self._check_members("the key table")
+
+    def _record_missing(self, answered: Collection[int], reason: str) -> None:
+        failed = {node for node, _ in self.setup_failed}
+        self.setup_failed += [
+            (node, reason) for node in self.members if node not in answered and node not in failed
+        ]
+
+    def _check_members(self, step: str) -> None:
         if len(self.members) < 2:
             raise RuntimeError(
-                f"secure aggregation needs at least 2 nodes; {len(self.members)} answered the "
-                f"setup ({self.setup_failed})"
+                f"secure aggregation needs at least 2 nodes; {len(self.members)} answered "
+                f"{step} ({self.setup_failed})"
             )
 
     # -- fixed point -----------------------------------------------------------------------
@@ -217,14 +254,20 @@ class FPFLProtocol:
             raise ValueError("distributed noise needs a clipping bound (clipping_bound is None)")
         return noise_share_std(self.clipping_bound, self.noise_multiplier, self.min_survivors())
 
-    def codec_range(self) -> float:
-        """Bound on every coordinate of a node's message: ``users * C + 12 share stds``."""
-        per_user = UNCLIPPED_RANGE if self.clipping_bound is None else self.clipping_bound
-        return self.max_node_users * per_user + NOISE_RANGE_STDS * self.noise_share_std() + 1.0
-
     def codec(self) -> FixedPointCodec:
-        """The fixed-point encoding shared by nodes and server for this run."""
-        return FixedPointCodec(clip_range=self.codec_range(), max_nodes=max(2, len(self.members)))
+        """The fixed-point encoding of a round, by the nodes' own rule
+        (:func:`~fedparity.mechanisms.secure_sum.contribution_codec`; never sent to them)."""
+        noise_std = (
+            (self.clipping_bound or 0.0) * self.noise_multiplier
+            if self.noise_share_std() > 0
+            else 0.0
+        )
+        return contribution_codec(
+            per_user_bound=self.clipping_bound,
+            population_size=self.population_size,
+            noise_std=noise_std,
+            num_nodes=len(self.members),
+        )
 
     # -- one round -------------------------------------------------------------------------
 
@@ -233,13 +276,8 @@ class FPFLProtocol:
         values: dict[str, object] = {
             "round": round_number,
             "population-size": self.population_size,
-            "num-nodes": len(self.members),
-            "codec-range": self.codec_range(),
             "peer-ids": list(self.members),
         }
-        if self.masking:
-            values["run-salt"] = self.run_salt
-            values["peer-keys"] = [self.public_keys[node] for node in self.members]
         return ConfigRecord(values)  # type: ignore[arg-type]
 
     def run_round(self, round_number: int, weights: NDArray[np.float64]) -> RoundOutcome:
@@ -256,6 +294,7 @@ class FPFLProtocol:
         ]
         outcome = RoundOutcome(round=round_number, total=None)
         received: dict[int, NDArray] = {}
+        sealed: dict[int, dict[int, bytes]] = {}
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if node not in self.members or node in received:
@@ -264,10 +303,15 @@ class FPFLProtocol:
                 outcome.rejected.append((node, reply.error.reason))
                 continue
             vector, reason = self._read_reply(reply)
+            if vector is not None and self.masking:
+                shares, reason = self._read_shares(reply, node)
+                vector = vector if shares is not None else None
             if vector is None:
                 outcome.rejected.append((node, reason))
                 continue
             received[node] = vector
+            if self.masking:
+                sealed[node] = shares  # type: ignore[assignment]
         outcome.replied = sorted(received)
         outcome.missing = sorted(set(self.members) - set(received))
         if not received:
@@ -286,7 +330,21 @@ class FPFLProtocol:
         if not self.masking:
             outcome.total = np.sum([received[node] for node in outcome.replied], axis=0)
             return outcome
-        return self._unmask(round_number, received, outcome)
+        return self._unmask(round_number, received, sealed, outcome)
+
+    def _read_shares(self, reply: Message, node: int) -> tuple[dict[int, bytes] | None, str]:
+        """``{recipient: sealed share}`` of a masked reply: one for every other member."""
+        record = reply.content.config_records.get("shares")
+        try:
+            recipients = [int(peer) for peer in record["recipients"]]  # type: ignore[index]
+            boxes = [bytes(box) for box in record["sealed"]]  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):
+            return None, "malformed reply: no sealed shares"
+        if sorted(recipients) != sorted(set(self.members) - {node}) or len(boxes) != len(
+            recipients
+        ):
+            return None, "malformed reply: the sealed shares are not one per other member"
+        return dict(zip(recipients, boxes, strict=True)), ""
 
     def _read_reply(self, reply: Message) -> tuple[NDArray | None, str]:
         record = reply.content.array_records.get(FPFL_KEY)
@@ -307,76 +365,111 @@ class FPFLProtocol:
         return vector, ""
 
     def _unmask(
-        self, round_number: int, received: dict[int, NDArray], outcome: RoundOutcome
+        self,
+        round_number: int,
+        received: dict[int, NDArray],
+        sealed: dict[int, dict[int, bytes]],
+        outcome: RoundOutcome,
     ) -> RoundOutcome:
-        revealed: dict[tuple[int, int], bytes] = {}
+        """The unmask exchange (every masked round): each survivor returns the shares of the
+        survivors' self-masks and its pair seeds with the dropped nodes; the server rebuilds
+        the self-mask seeds (Shamir) and removes every mask (Bonawitz et al. 2017)."""
+        survivors = outcome.replied
         dropped = outcome.missing
-        if dropped:
-            revealed, failures = self._reveal(round_number, outcome.replied, dropped)
-            if failures:
-                outcome.reason = (
-                    f"{len(dropped)} node(s) dropped and the survivors did not unmask the sum "
-                    f"({failures[0][1]})"
-                )
-                outcome.rejected += failures
-                return outcome
-        masked_total = unmask_sum(
-            received,
-            revealed,
-            round_number,
-            self.vector_size,
-            participants=self.members,
-            min_survivors=min(2, len(self.members)),
-        )
-        outcome.total = self.codec().decode(masked_total)
+        answers, failures = self._reveal(round_number, survivors, dropped, sealed)
+        if failures:
+            outcome.reason = (
+                f"{len(dropped)} node(s) dropped and the survivors did not unmask the sum "
+                f"({failures[0][1]})"
+                if dropped
+                else f"the survivors did not unmask the sum ({failures[0][1]})"
+            )
+            outcome.rejected += failures
+            return outcome
+        revealed = {pair: seed for _, seeds in answers.values() for pair, seed in seeds.items()}
+        try:
+            self_seeds = {
+                owner: combine_self_seed([shares[owner] for shares, _ in answers.values()])
+                for owner in survivors
+            }
+            masked_total = unmask_sum(
+                received,
+                revealed,
+                round_number,
+                self.vector_size,
+                participants=self.members,
+                min_survivors=min(2, len(self.members)),
+                self_seeds=self_seeds,
+            )
+            outcome.total = self.codec().decode(masked_total)
+        except ValueError as error:
+            outcome.reason = f"the unmasked sum is not a sum of encodings ({error})"
         return outcome
 
     def _reveal(
-        self, round_number: int, survivors: list[int], dropped: list[int]
-    ) -> tuple[dict[tuple[int, int], bytes], list[tuple[int, str]]]:
-        settings = ConfigRecord(
-            {
-                "round": round_number,
-                "survivors": list(survivors),
-                "dropped": list(dropped),
-                "run-salt": self.run_salt,
-                "peer-ids": list(self.members),
-                "peer-keys": [self.public_keys[node] for node in self.members],
-            }
-        )
-        messages = [
-            Message(
-                content=RecordDict({FPFL_KEY: settings}),
-                dst_node_id=node,
-                message_type=FPFL_REVEAL_MESSAGE_TYPE,
+        self,
+        round_number: int,
+        survivors: list[int],
+        dropped: list[int],
+        sealed: dict[int, dict[int, bytes]],
+    ) -> tuple[
+        dict[int, tuple[dict[int, bytes], dict[tuple[int, int], bytes]]], list[tuple[int, str]]
+    ]:
+        """``{survivor: ({owner: self-mask share}, {(survivor, dropped): pair seed})}`` and the
+        survivors that failed to answer."""
+        messages = []
+        for node in survivors:
+            senders = [peer for peer in survivors if peer != node]
+            settings = ConfigRecord(
+                {
+                    "round": round_number,
+                    "survivors": list(survivors),
+                    "dropped": list(dropped),
+                    "share-senders": senders,
+                    "shares": [sealed[peer][node] for peer in senders],
+                }
             )
-            for node in survivors
-        ]
-        revealed: dict[tuple[int, int], bytes] = {}
+            messages.append(
+                Message(
+                    content=RecordDict({FPFL_KEY: settings}),
+                    dst_node_id=node,
+                    message_type=FPFL_REVEAL_MESSAGE_TYPE,
+                )
+            )
+        answers: dict[int, tuple[dict[int, bytes], dict[tuple[int, int], bytes]]] = {}
         failures: list[tuple[int, str]] = []
-        answered: set[int] = set()
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
+            if node not in survivors or node in answers:
+                continue
             if reply.has_error():
-                failures.append((node, f"reveal refused or failed: {reply.error.reason}"))
+                failures.append((node, f"unmask refused or failed: {reply.error.reason}"))
                 continue
             record = reply.content.config_records.get(FPFL_KEY)
             try:
+                owners = [int(owner) for owner in record["share-owners"]]  # type: ignore[index]
+                shares = [bytes(share) for share in record["self-shares"]]  # type: ignore[index]
                 peers = [int(peer) for peer in record["dropped"]]  # type: ignore[index]
-                seeds = list(record["seeds"])  # type: ignore[index]
+                seeds = [bytes(seed) for seed in record["seeds"]]  # type: ignore[index]
             except (KeyError, TypeError, ValueError) as error:
-                failures.append((node, f"malformed reveal reply: {error!r}"))
+                failures.append((node, f"malformed unmask reply: {error!r}"))
                 continue
-            if sorted(peers) != sorted(dropped) or len(seeds) != len(peers):
-                failures.append((node, "malformed reveal reply: wrong peers"))
+            if (
+                sorted(owners) != sorted(survivors)
+                or len(shares) != len(owners)
+                or sorted(peers) != sorted(dropped)
+                or len(seeds) != len(peers)
+            ):
+                failures.append((node, "malformed unmask reply: wrong owners or peers"))
                 continue
-            for peer, seed in zip(peers, seeds, strict=True):
-                revealed[(node, peer)] = bytes(seed)
-            answered.add(node)
-        failures += [(node, "no reveal reply") for node in survivors if node not in answered]
+            answers[node] = (
+                dict(zip(owners, shares, strict=True)),
+                {(node, peer): seed for peer, seed in zip(peers, seeds, strict=True)},
+            )
+        failures += [(node, "no unmask reply") for node in survivors if node not in answers]
         if failures:
             log(logging.WARNING, "FPFL round %d: unmasking failed: %s", round_number, failures)
-        return revealed, failures
+        return answers, failures
 
 
 # -- training ------------------------------------------------------------------------------

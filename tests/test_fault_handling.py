@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +29,11 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients.config import ConfigError, RunConfig
-from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
+from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY, LocalUsers, ldp_audit_handler
+from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, ShardLedger
-from fedparity.mechanisms.accounting import LedgerFileError, ledger_marker
+from fedparity.mechanisms.accounting import ledger_marker
 from fedparity.mechanisms.protocol import EPSILON_SPENT_KEY, METRICS_KEY
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import run_job
@@ -44,6 +48,17 @@ from fedparity.strategies.ldp_audit import LdpGapAudit
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 MECHANISM = RandomizedResponseMechanism(1.0, 1.0)
+
+
+@contextmanager
+def node_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Capture what the node logs (Flower's logger does not propagate to the root)."""
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
 
 
 def _users(num_users: int) -> LocalUsers:
@@ -63,7 +78,9 @@ def _context(node_config: dict) -> Context:
 # --- the node's ledger ---------------------------------------------------------------------
 
 
-def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(tmp_path: Path) -> None:
+def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The fault of the trial: with ledger-dir set, a deleted ledger file was recreated at zero
     (users at 7 epsilon against a budget of 5). Now the marker the ledger left beside itself
     tells the node the ledger was lost; only the operator, by deleting the marker, can accept
@@ -76,9 +93,10 @@ def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(tmp_pat
     assert ledger_marker(ledger).is_file()
 
     ledger.unlink()  # the fault: the file is gone
-    with pytest.raises(LedgerFileError) as raised:
+    with node_log(caplog), pytest.raises(NodeRefusal, match=re.escape(LEDGER_UNUSABLE_REPLY)):
         handler(_audit(), _context(config))
-    message = str(raised.value)
+    # the server reads a fixed sentence; the node's log names the file and the recovery
+    message = caplog.text
     assert str(ledger) in message and "Restore it from a backup" in message
     assert str(ledger_marker(ledger)) in message  # how the operator accepts a restart
     assert not ledger.exists()  # nothing was recreated, nothing was released
@@ -93,15 +111,17 @@ def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(tmp_pat
     [b"", b"PK\x03\x04 truncated", b"not a ledger at all"],
     ids=["empty", "truncated-zip", "garbage"],
 )
-def test_a_damaged_ledger_names_the_file_and_the_recovery(tmp_path: Path, damage: bytes) -> None:
+def test_a_damaged_ledger_names_the_file_and_the_recovery(
+    tmp_path: Path, damage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
     handler = ldp_audit_handler(lambda *_: _users(20), num_groups=2)
     config = {"ledger-dir": str(tmp_path)}
     handler(_audit(), _context(config))
     ledger = tmp_path / "ldp-ledger.npz"
     ledger.write_bytes(damage)
-    with pytest.raises(LedgerFileError) as raised:
+    with node_log(caplog), pytest.raises(NodeRefusal, match=re.escape(LEDGER_UNUSABLE_REPLY)):
         handler(_audit(), _context(config))
-    assert str(ledger) in str(raised.value) and "restore it from a backup" in str(raised.value)
+    assert str(ledger) in caplog.text and "restore it from a backup" in caplog.text
     assert ledger.read_bytes() == damage  # left for the operator, never reset
 
 
@@ -116,12 +136,8 @@ def test_a_node_without_a_persistent_ledger_refuses_unless_its_policy_opts_in(
     )
     with pytest.raises(PolicyRefusal, match="persistent privacy ledger is required"):
         handler(_audit(), _context({}))
-    flwr_logger = logging.getLogger("flwr")
-    flwr_logger.addHandler(caplog.handler)
-    try:
+    with node_log(caplog):
         reply = handler(_audit(), _context({"allow-ephemeral-ledger": True}))
-    finally:
-        flwr_logger.removeHandler(caplog.handler)
     assert reply.content.array_records["reports"]["groups"].numpy().size == 20
     assert "lives only as long as the run" in caplog.text
 

@@ -108,7 +108,7 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
         dropout_tolerance=0.0,
     )
     client_app = ClientApp()
-    for action in ("fpfl_setup", "fpfl_round", "fpfl_reveal"):
+    for action in ("fpfl_setup", "fpfl_keys", "fpfl_round", "fpfl_reveal"):
 
         def handle(msg, context: Context, action: str = action):  # noqa: ANN001, ANN202
             partition = int(context.node_config["partition-id"])
@@ -133,7 +133,6 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
             node_ids=sorted(grid.get_node_ids()),
             vector_size=layout.size,
             population_size=NUM_NODES * 25,
-            max_node_users=25,
             noise_multiplier=0.0,
             clipping_bound=CLIP,
             masking=True,

@@ -10,6 +10,7 @@ own policy.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from fedparity.clients import FPFLNodeSettings, FPFLShard, LocalUsers, fpfl_hand
 from fedparity.clients.fpfl_node import cohort_contribution, round_rng
 from fedparity.clients.fpfl_task import get_flat_parameters, set_flat_parameters
 from fedparity.clients.ldp import ldp_audit_handler
+from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import (
     POLICY_ENV,
     NodePrivacyPolicy,
@@ -31,8 +33,9 @@ from fedparity.clients.policy import (
 )
 from fedparity.mechanisms import RandomizedResponseMechanism, ShardLedger
 from fedparity.mechanisms.protocol import FPFL_KEY
-from fedparity.mechanisms.secure_sum import MaskingKeyPair, noise_share_std
+from fedparity.mechanisms.secure_sum import noise_share_std
 from fedparity.strategies.ldp_audit import LdpGapAudit
+from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -285,7 +288,6 @@ def round_message(population: int, peers: list[int], round_number: int = 1) -> M
         {
             "round": round_number,
             "population-size": population,
-            "num-nodes": len(peers),
             "peer-ids": peers,
         }
     )
@@ -356,37 +358,25 @@ def test_the_noise_share_is_sized_for_the_tolerated_colluders() -> None:
     np.testing.assert_allclose(sent, expected_reply(node, 5000, std), rtol=0, atol=1e-12)
     # with as many colluders as guaranteed survivors no share is sent at all
     context = _context({**OBSERVABLE, "tolerated-colluders": 4})
-    with pytest.raises(ValueError, match="cannot outnumber 4 tolerated colluder"):
+    with pytest.raises(PolicyRefusal, match="do not outnumber tolerated-colluders"):
         handlers["fpfl_round"](round_message(5000, [3, 4, 5, 6]), context)
 
 
 def test_masks_are_revealed_only_for_the_policys_minimum_survivors() -> None:
-    node = settings(dropout_tolerance=0.5)  # n_min = 2 of 3: the run alone would allow it
-    handlers = fpfl_handlers(make_model, node_users, node)
-    context = _context({"min-survivors": 3})
-    handlers["fpfl_setup"](setup_message(), context)
-    own = context.state.config_records["fpfl-masking"]
-    peers = {4: MaskingKeyPair.generate(), 5: MaskingKeyPair.generate()}
-    own_key = MaskingKeyPair.from_private_bytes(bytes(own["private-key"]))
-    record = ConfigRecord(
-        {
-            "round": 1,
-            "survivors": [3, 4],
-            "dropped": [5],
-            "run-salt": b"s" * 16,
-            "peer-ids": [3, 4, 5],
-            "peer-keys": [own_key.public_bytes(), *(k.public_bytes() for k in peers.values())],
-        }
-    )
-    reveal = Message(
-        RecordDict({FPFL_KEY: record}), dst_node_id=3, message_type="query.fpfl_reveal"
-    )
-    with pytest.raises(ValueError, match="at least min_survivors=3"):
-        handlers["fpfl_reveal"](reveal, context)
-    lenient = _context({"min-survivors": 2})
-    lenient.state.config_records["fpfl-masking"] = own
-    reply = handlers["fpfl_reveal"](reveal, lenient)
-    assert list(reply.content.config_records[FPFL_KEY]["dropped"]) == [5]
+    # n_min = 2 of 3 members: the run alone would let two survivors unmask a round.
+    exact = replace(EXACT, dropout_tolerance=0.5)
+    strict = MaskingNodes([3, 4, 5], exact, policy=replace(EXACT_POLICY, min_survivors=3))
+    strict.setup()
+    strict.pin()
+    replies = strict.round(1, nodes=[3, 4])
+    with pytest.raises(NodeRefusal, match="fewer survivors than min-survivors"):
+        strict.unmask(1, 3, [3, 4], [5], replies.sealed)
+    lenient = MaskingNodes([3, 4, 5], exact, policy=replace(EXACT_POLICY, min_survivors=2))
+    lenient.setup()
+    lenient.pin()
+    replies = lenient.round(1, nodes=[3, 4])
+    _, seeds = lenient.unmask(1, 3, [3, 4], [5], replies.sealed)
+    assert list(seeds) == [(3, 5)]
 
 
 def test_a_one_user_device_describes_its_users_but_not_its_samples(tmp_path: Path) -> None:

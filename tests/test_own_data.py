@@ -238,7 +238,7 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
     }
     config = RunConfig.from_mapping(run_config)
     client_app = ClientApp()
-    for action in ("fpfl_setup", "fpfl_round", "fpfl_reveal"):
+    for action in ("fpfl_setup", "fpfl_keys", "fpfl_round", "fpfl_reveal"):
 
         def handle(msg: Message, context: Context, action: str = action) -> Message:
             partition = int(context.node_config["partition-id"])
@@ -260,7 +260,6 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
             node_ids=wait_for_nodes(grid, 3, timeout=60),
             vector_size=layout.size,
             population_size=20 + 25 + 30,
-            max_node_users=30,
             noise_multiplier=0.0,
             clipping_bound=config.fpfl_clipping_bound,
             masking=True,

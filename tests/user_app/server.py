@@ -57,7 +57,6 @@ def main(grid: Grid, context: Context) -> None:
         node_ids=node_ids,
         vector_size=layout.size,
         population_size=population,
-        max_node_users=int(config["fpfl-max-node-users"]),
         noise_multiplier=calibration.noise_multiplier,
         clipping_bound=1.0,
         masking=True,

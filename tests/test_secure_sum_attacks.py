@@ -1,0 +1,340 @@
+"""The FPFL secure sum against an active server: each attack of the security review (findings
+H1-H3, M1) run against the real node handlers, as the server would run it.
+
+On the previous main (commit 183bf29) every one of these succeeded: there was no self-mask, the
+node took the round's keys, peer list and quantisation range from each message, and it masked
+any round number it was sent. Each test below states what the attack would have recovered and
+checks that it now recovers nothing, or is refused with a fixed sentence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedparity.clients.identity import NodeIdentity
+from fedparity.clients.messages import NodeRefusal
+from fedparity.clients.policy import PolicyRefusal
+from fedparity.mechanisms.identity import IdentityKey, Roster
+from fedparity.mechanisms.secure_sum import (
+    MaskingKeyPair,
+    combine_self_seed,
+    expand_mask,
+    round_seed,
+    unmask_sum,
+)
+from tests.fpfl_nodes import EXACT, EXACT_POLICY, SALT, MaskingNodes
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+MEMBERS = [3, 4, 5, 6]
+
+
+def pinned(**kwargs: object) -> MaskingNodes:
+    nodes = MaskingNodes(MEMBERS, **kwargs)  # type: ignore[arg-type]
+    nodes.setup()
+    nodes.pin()
+    return nodes
+
+
+def strip_pair_masks(
+    vector: np.ndarray, owner: int, seeds: dict[tuple[int, int], bytes], round_number: int
+) -> np.ndarray:
+    """What the server computes from a node's masked vector once it holds every pair seed of
+    that node: the vector minus its pair masks (all that hid it before double masking)."""
+    result = vector.copy()
+    for (peer, gone), seed in seeds.items():
+        assert gone == owner
+        mask = expand_mask(seed, vector.size)
+        if peer > owner:  # the owner added the mask it shares with a higher id
+            result -= mask
+        else:
+            result += mask
+    return result
+
+
+# --- 1. a slow node is unmasked passively (review H1) -------------------------------------------
+
+
+def test_a_node_called_dropped_stays_hidden_when_its_reply_arrives() -> None:
+    # The server holds node 6's masked vector (it arrived late, or the server called it
+    # malformed: the same to the nodes) but tells the others that 6 dropped, so they reveal
+    # their pair seeds with 6.
+    nodes = pinned()
+    replies = nodes.round(1)
+    late = replies.masked.pop(6)
+    survivors, dropped = [3, 4, 5], [6]
+    answers = {
+        node: nodes.unmask(1, node, survivors, dropped, replies.sealed) for node in survivors
+    }
+    seeds = {pair: seed for _, pairs in answers.values() for pair, seed in pairs.items()}
+    assert set(seeds) == {(3, 6), (4, 6), (5, 6)}  # every pair seed of node 6
+
+    # On the previous main that was all that hid x_6: it decoded exactly. Now its self-mask
+    # is left in, and no survivor gave a share of it (shares are given for survivors only).
+    codec = nodes.codec(len(MEMBERS))
+    leftover = strip_pair_masks(late, 6, seeds, 1)
+    with pytest.raises(ValueError, match="not a sum"):
+        codec.decode(leftover)
+    assert all(6 not in shares for shares, _ in answers.values())
+    # Asking again, now with 6 among the survivors, is refused by every node: one answer a round.
+    for node in survivors:
+        with pytest.raises(NodeRefusal, match="only once"):
+            nodes.unmask(1, node, MEMBERS, [], replies.sealed)
+    # The honest result of the round is unaffected: the three survivors' sum.
+    self_seeds = {
+        owner: combine_self_seed([shares[owner] for shares, _ in answers.values()])
+        for owner in survivors
+    }
+    total = unmask_sum(
+        replies.masked, seeds, 1, late.size, participants=MEMBERS, self_seeds=self_seeds
+    )
+    np.testing.assert_allclose(codec.decode(total), 3 * nodes.true_vector(), atol=1e-9)
+
+
+def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> None:
+    # Node 5 colludes with the server (the policy tolerates one colluder), so the server has
+    # 5's pair secrets and can open the shares sealed for 5. It tells nodes 3 and 4 that 6
+    # dropped (their pair seeds with 6, so it now holds every pair seed of 6) and tells 6 it
+    # survived (6's own share of its self-mask). With the colluder's share that makes 2 shares.
+    # n_min = 2 here, so only the "colluders + 2" term makes t = 3: with t = 2 the server
+    # would rebuild 6's self-mask and read x_6.
+    from dataclasses import replace
+
+    from fedparity.mechanisms.secure_sum import open_share, self_mask
+
+    nodes = pinned(
+        settings=replace(EXACT, dropout_tolerance=0.5),
+        policy=replace(EXACT_POLICY, tolerated_colluders=1),
+    )
+    replies = nodes.round(1)
+    seeds: dict[tuple[int, int], bytes] = {}
+    for node in (3, 4):
+        _, given = nodes.unmask(1, node, [3, 4, 5], [6], replies.sealed)
+        seeds |= given
+    seeds[(5, 6)] = round_seed(pair_secret(nodes, 5, 6), 1)  # the colluder's own
+    own_shares, _ = nodes.unmask(1, 6, MEMBERS, [], replies.sealed)
+    colluders_share = open_share(pair_secret(nodes, 5, 6), 1, 6, 5, replies.sealed[6][5])
+    guessed = combine_self_seed([own_shares[6], colluders_share])
+    leftover = strip_pair_masks(replies.masked[6], 6, seeds, 1) - self_mask(
+        guessed, replies.masked[6].size
+    )
+    with pytest.raises(ValueError, match="not a sum"):
+        nodes.codec(len(MEMBERS)).decode(leftover)
+
+
+def pair_secret(nodes: MaskingNodes, node: int, peer: int) -> bytes:
+    """A node's pinned pair secret with ``peer`` (what a colluding node hands the server)."""
+    state = nodes.contexts[node].state.config_records["fpfl-masking"]
+    peers = [int(p) for p in state["peer-ids"]]
+    return bytes(state["pair-secrets"][peers.index(peer)])
+
+
+# --- 2. replayed rounds and reveals (review H2) --------------------------------------------------
+
+
+def test_a_round_is_masked_at_most_once_and_in_order() -> None:
+    nodes = pinned()
+    nodes.round(2)
+    for replayed in (2, 1):  # the same round again, or an older one
+        with pytest.raises(NodeRefusal, match="masked already; refusing a replay"):
+            nodes.round(replayed, nodes=[3])
+    nodes.round(3, nodes=[3])  # the next round is answered
+
+
+def test_the_attack_a_replay_enabled_on_pair_masks_alone() -> None:
+    # Why the rule: two vectors masked with the same round's pair masks (no self-mask, as on
+    # the previous main) differ by exactly the difference of the values.
+    from fedparity.mechanisms.secure_sum import mask_vector, pair_secrets
+
+    keys = {node: MaskingKeyPair.generate() for node in (1, 2)}
+    table = {node: key.public_bytes() for node, key in keys.items()}
+    secrets = pair_secrets(1, keys[1], table, SALT)
+    first = mask_vector(np.array([5, 7], dtype=np.uint64), 1, secrets, 4)
+    second = mask_vector(np.array([2, 7], dtype=np.uint64), 1, secrets, 4)
+    assert list(first - second) == [3, 0]
+
+
+def test_an_unmask_is_given_once_and_only_for_the_round_masked_last() -> None:
+    nodes = pinned()
+    boxes = {peer: {3: b"sealed"} for peer in MEMBERS}
+    with pytest.raises(NodeRefusal, match="only once, for the round this node masked last"):
+        nodes.unmask(1, 3, [3, 4, 5], [6], boxes)  # nothing masked yet: a "pre-reveal"
+    replies = nodes.round(1)
+    with pytest.raises(NodeRefusal, match="only once, for the round this node masked last"):
+        nodes.unmask(2, 3, [3, 4, 5], [6], replies.sealed)  # a round not masked yet
+    nodes.unmask(1, 3, MEMBERS, [], replies.sealed)
+    with pytest.raises(NodeRefusal, match="only once"):
+        nodes.unmask(1, 3, [3, 4, 5], [6], replies.sealed)  # the same round, again
+
+
+def test_an_unmask_request_must_split_the_round_members_truly() -> None:
+    nodes = pinned()
+    replies = nodes.round(1, members=[3, 4, 5])
+    for survivors, dropped in (
+        ([3, 4, 5], [6]),  # 6 was not a member of round 1
+        ([3, 4], []),  # 5 is in neither list
+        ([3, 4, 5], [5]),  # in both
+        ([4, 5], [3]),  # this node is not a survivor
+    ):
+        with pytest.raises(NodeRefusal, match="split the round's members"):
+            nodes.unmask(1, 3, survivors, dropped, {**replies.sealed, 6: {3: b""}})
+
+
+def test_an_altered_share_is_refused() -> None:
+    nodes = pinned()
+    replies = nodes.round(1)
+    box = bytearray(replies.sealed[4][3])
+    box[0] ^= 1
+    altered = {**replies.sealed, 4: {**replies.sealed[4], 3: bytes(box)}}
+    with pytest.raises(NodeRefusal, match="does not open"):
+        nodes.unmask(1, 3, MEMBERS, [], altered)
+    # a share sealed for another node does not open here either
+    swapped = {**replies.sealed, 4: {**replies.sealed[4], 3: replies.sealed[4][5]}}
+    fresh = pinned()
+    fresh_replies = fresh.round(1)
+    with pytest.raises(NodeRefusal, match="does not open"):
+        fresh.unmask(
+            1, 3, MEMBERS, [], {**fresh_replies.sealed, 4: {3: fresh_replies.sealed[4][5]}}
+        )
+    assert swapped  # (built from the first federation's boxes: the same rule)
+
+
+# --- 3. keys are pinned and, with a roster, authenticated (review H3) ----------------------------
+
+
+def test_the_key_table_is_pinned_for_the_run() -> None:
+    nodes = pinned()
+    substituted = nodes.key_table()
+    substituted["peer-keys"] = [
+        key if node != 4 else MaskingKeyPair.generate().public_bytes()
+        for node, key in zip(MEMBERS, substituted["peer-keys"], strict=True)  # type: ignore[arg-type]
+    ]
+    with pytest.raises(NodeRefusal, match="pinned for this run; refusing a change"):
+        nodes.pin(substituted, nodes=[3])
+    # a round member whose key was not pinned is refused: no per-round keys to substitute
+    with pytest.raises(NodeRefusal, match="whose key was not pinned"):
+        nodes.round(1, members=[3, 4, 99], nodes=[3])
+
+
+def test_a_claimed_crowd_of_peers_is_bounded_by_the_policy() -> None:
+    # The attack: 1,000 claimed peers shrink each node's noise share 16-fold (n_min = 800).
+    nodes = MaskingNodes([3], policy=EXACT_POLICY.__class__(allow_non_private=True, max_nodes=100))
+    nodes.setup()
+    table = nodes.key_table()
+    crowd = list(range(1000, 1999))
+    table["peer-ids"] = [3, *crowd]
+    table["peer-keys"] = [
+        table["peer-keys"][0],  # type: ignore[index]
+        *(MaskingKeyPair.generate().public_bytes() for _ in crowd),
+    ]
+    with pytest.raises(PolicyRefusal, match="node count is outside"):
+        nodes.pin(table)
+
+
+def roster_nodes() -> MaskingNodes:
+    keys = {node: IdentityKey.generate() for node in MEMBERS}
+    roster = Roster.from_keys({f"node-{node}": key for node, key in keys.items()})
+    identities = {node: NodeIdentity(keys[node], roster) for node in MEMBERS}
+    nodes = MaskingNodes(MEMBERS, identities=identities)
+    nodes.setup()
+    return nodes
+
+
+def test_with_a_roster_every_key_is_signed_by_a_distinct_member() -> None:
+    honest = roster_nodes()
+    honest.pin()  # the honest table passes
+    np.testing.assert_allclose(
+        honest.honest_sum(1, honest.round(1), MEMBERS), 4 * honest.true_vector(), atol=1e-9
+    )
+
+    # The server substitutes its own masking key for node 4 (and signs it with its own key).
+    nodes = roster_nodes()
+    impostor_identity, impostor = IdentityKey.generate(), MaskingKeyPair.generate()
+    table = nodes.key_table()
+    index = MEMBERS.index(4)
+    from fedparity.mechanisms.secure_sum import masking_key_transcript
+
+    table["peer-keys"][index] = impostor.public_bytes()  # type: ignore[index]
+    for signer, refusal in (
+        (IdentityKey.generate(), "not on this node's roster"),  # a key of its own
+        (None, "not signed by its node"),  # node 4's true identity, old signature
+    ):
+        forged = dict(table)
+        forged["identity-keys"] = list(table["identity-keys"])  # type: ignore[arg-type]
+        forged["signatures"] = list(table["signatures"])  # type: ignore[arg-type]
+        if signer is not None:
+            forged["identity-keys"][index] = signer.public_bytes()
+            forged["signatures"][index] = signer.sign(
+                masking_key_transcript(SALT, 4, impostor.public_bytes())
+            )
+        with pytest.raises(NodeRefusal, match=refusal):
+            nodes.pin(forged, nodes=[3])
+    # An invented extra peer with an identity of the server's own is refused the same way.
+    invented = nodes.key_table()
+    invented["peer-ids"] = [*MEMBERS, 99]
+    invented["peer-keys"] = [*invented["peer-keys"], impostor.public_bytes()]  # type: ignore[misc]
+    invented["identity-keys"] = [*invented["identity-keys"], impostor_identity.public_bytes()]  # type: ignore[misc]
+    invented["signatures"] = [
+        *invented["signatures"],  # type: ignore[misc]
+        impostor_identity.sign(masking_key_transcript(SALT, 99, impostor.public_bytes())),
+    ]
+    with pytest.raises(NodeRefusal, match="not on this node's roster"):
+        nodes.pin(invented, nodes=[3])
+    # and an unsigned table is refused by a node that has a roster
+    unsigned = {
+        k: v for k, v in nodes.key_table().items() if k not in ("identity-keys", "signatures")
+    }
+    with pytest.raises(Exception, match="identity-keys"):
+        nodes.pin(unsigned, nodes=[3])
+
+
+def test_require_roster_refuses_a_node_without_one() -> None:
+    policy = EXACT_POLICY.__class__(allow_non_private=True, require_roster=True)
+    nodes = MaskingNodes(MEMBERS, policy=policy)
+    nodes.setup()
+    with pytest.raises(NodeRefusal, match="needs its identity-key and roster"):
+        nodes.pin(nodes=[3])
+
+
+# --- 4. the quantisation is the node's own (review M1) -------------------------------------------
+
+
+def test_a_range_in_the_message_changes_nothing() -> None:
+    # On the previous main, "codec-range" = 1e16 gave a step of 32 (swamping the noise) and
+    # 1e-3 clamped every value to its sign. The node now ignores such a field.
+    nodes = pinned()
+    for round_number, hostile in ((1, 1e16), (2, 1e-3)):
+        replies = nodes.round(round_number)
+        content = nodes.round_message(round_number + 10, MEMBERS)
+        content.config_records["config"]["codec-range"] = hostile
+        total = nodes.honest_sum(round_number, replies, MEMBERS)
+        np.testing.assert_allclose(total, 4 * nodes.true_vector(), atol=1e-9)
+
+
+def test_a_population_that_would_coarsen_the_step_or_clamp_is_refused() -> None:
+    from fedparity.clients import FPFLNodeSettings
+    from fedparity.clients.fpfl_handlers import MAX_STEP_TO_SHARE_STD
+    from fedparity.clients.policy import NodePrivacyPolicy
+    from fedparity.mechanisms.secure_sum import contribution_codec
+
+    # A private run, whose noise share is what the step must stay far below.
+    private = FPFLNodeSettings(
+        constraint="fnr", cohort_size=10, rounds=5, clipping_bound=1.0, epsilon=2.0, delta=1e-5
+    )
+    policy = NodePrivacyPolicy(max_population=10**15)
+    nodes = MaskingNodes(MEMBERS, private, policy=policy)
+    nodes.setup()
+    nodes.pin()
+    huge = 10**15
+    sigma = private.noise_multiplier(huge)
+    codec = contribution_codec(
+        per_user_bound=1.0, population_size=huge, noise_std=sigma, num_nodes=len(MEMBERS)
+    )
+    share = private.noise_share_std(huge, len(MEMBERS))
+    assert codec.step > MAX_STEP_TO_SHARE_STD * share  # what the attack would have obtained
+    with pytest.raises(NodeRefusal, match="quantisation step is not far below"):
+        nodes.round(1, nodes=[3], population=huge)
+    with pytest.raises(NodeRefusal, match="below this node's own users"):
+        nodes.round(2, nodes=[3], population=5)
+    assert EXACT.clipping_bound == 1.0
