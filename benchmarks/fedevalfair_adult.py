@@ -18,8 +18,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from fedparity.mechanisms.ckks import SECRET_CONTEXT_ENV, generate_keys
-from fedparity.server.api import run_simulation_job
+from fedparity.server.api import fedevalfair_simulation_keys, run_simulation_job
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -36,14 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        keys = generate_keys(Path(folder) / "keys")
+        most = max(nodes for _, _, nodes in RUNS)
+        keys = fedevalfair_simulation_keys(Path(folder) / "keys", most)
         for label, name, nodes in RUNS:
             with (REPO / "configs" / name).open("rb") as handle:
                 run_config = tomllib.load(handle)
             run_config.update(
                 {
                     "data-dir": str(Path(args.adult_dir).resolve()),
-                    "fef-public-context": str(keys.public),
+                    "fef-public-context": str(keys.public_context),
                     "output-dir": str(Path(folder) / name),
                 }
             )
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             results = run_simulation_job(
                 run_config,
                 num_supernodes=nodes,
-                environment={SECRET_CONTEXT_ENV: str(keys.secret)},
+                environment=keys.environment,
             )
             elapsed = time.perf_counter() - started
             for test in results["fedevalfair"]["tests"]:

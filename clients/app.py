@@ -36,7 +36,6 @@ from ..mechanisms.ckks import (
 from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
-    UNABLE_REPLY,
 )
 from .config import RunConfig
 from .data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
@@ -44,7 +43,9 @@ from .fedevalfair import (
     holder_statistics,
 )
 from .fedevalfair_handlers import (
+    CannotTakePart,
     fedevalfair_handlers,
+    holder_identity,
     load_secret_context_cached,
     round1_reply,
 )
@@ -53,7 +54,7 @@ from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
 from .fpfl_task import build_model_for
 from .ldp import LocalUsers, ldp_audit_handler, node_ledger_dir
-from .messages import int_field
+from .messages import fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .policy import node_policy
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
@@ -247,7 +248,9 @@ def _node_secret_context_path(context: Context) -> Path:
 
 
 def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], Message]]:
-    """Rounds 2 and 3: the library's handlers with the run's fef-mu0 and fef-tolerance."""
+    """Endorsement and rounds 2 and 3: the library's handlers with the run's fef-mu0 and
+    fef-tolerance (identity key and roster from the node config or
+    ``$FEDPARITY_IDENTITY_DIR``)."""
     return fedevalfair_handlers(
         None,
         secret_context=_node_secret_context_path,
@@ -260,7 +263,8 @@ def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], M
 
 def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     """Bootstrap dp/eo on the holder's test set (seeded, so the simulation harness recomputes
-    the same statistics); reply with one ciphertext."""
+    the same statistics); reply with one ciphertext signed with the node's identity key."""
+    holder_identity(context)
     secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
@@ -278,19 +282,26 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     except InsufficientGroupData as error:
         # The detailed reason holds this node's cell counts: it stays in the node's log.
         log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-        raise InsufficientGroupData(UNABLE_REPLY) from None
+        raise CannotTakePart from None
     return round1_reply(
         msg, context, statistics, secret, mu0=config.fef_mu0, tolerance=config.fef_tolerance
     )
 
 
+def fef_endorse(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Verifier: recompute the round-1 sum from the signed ciphertexts and endorse it."""
+    return _fef_handlers(config)["fef_endorse"](msg, context)
+
+
 def fef_round2(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Decrypt the round-1 sum, add this client's stage-1 terms; one ciphertext back."""
+    """Decrypt the endorsed round-1 sum, add this client's stage-1 terms; one signed
+    ciphertext back."""
     return _fef_handlers(config)["fef_round2"](msg, context)
 
 
 def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Key holder: decrypt both sums, release the aggregate statistics (plaintext)."""
+    """Key holder: recompute and decrypt both sums, release the aggregate statistics
+    (noise-flooded plaintext)."""
     return _fef_handlers(config)["fef_round3"](msg, context)
 
 
@@ -328,6 +339,7 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
 
 
 fpfl_setup = _fpfl_handler("fpfl_setup")
+fpfl_keys = _fpfl_handler("fpfl_keys")
 fpfl_round = _fpfl_handler("fpfl_round")
 fpfl_reveal = _fpfl_handler("fpfl_reveal")
 
@@ -340,9 +352,11 @@ HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
     "train": train_handler,
     "query.ldp_audit": ldp_audit,
     "query.fef_round1": fef_round1,
+    "query.fef_endorse": fef_endorse,
     "query.fef_round2": fef_round2,
     "query.fef_round3": fef_round3,
     "query.fpfl_setup": fpfl_setup,
+    "query.fpfl_keys": fpfl_keys,
     "query.fpfl_round": fpfl_round,
     "query.fpfl_reveal": fpfl_reveal,
 }
@@ -367,7 +381,7 @@ def build_client_app(
             return handler(msg, context, RunConfig.from_mapping({**context.run_config, **extra}))
 
         bound.__name__ = handler.__name__
-        return bound
+        return fixed_error_texts(bound)
 
     for message_type, handler in table.items():
         kind, _, action = message_type.partition(".")

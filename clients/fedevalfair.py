@@ -40,11 +40,15 @@ import tenseal as ts
 import torch
 
 from ..mechanisms.ckks import (
+    CkksParameters,
     KeyMaterialError,
     append_count_slot,
     check_count_slot,
     check_magnitude,
     decrypt_vector,
+    decryption_error_bound,
+    flood,
+    flooding_std,
 )
 from ..mechanisms.fairtest import (
     BootstrapDisparity,
@@ -65,6 +69,11 @@ from .data import UserShard
 
 #: Largest magnitude a decrypted sum may have (a sum under a foreign key decrypts to ~1e30).
 MAX_MAGNITUDE = 1e12
+#: Round-2 vectors are encrypted times 2^ROUND2_PRECISION_BITS (and, slot by slot, divided by
+#: a power of two near the slot's natural size, :func:`round2_scales`): the CKKS noise then
+#: sits far below the precision the test needs, which leaves room for the noise that floods
+#: it before a key holder releases anything (:mod:`fedparity.mechanisms.ckks.flooding`).
+ROUND2_PRECISION_BITS = 24
 
 
 class CorruptSumError(ValueError):
@@ -72,6 +81,9 @@ class CorruptSumError(ValueError):
 
     Some node encrypted under another key, or sent out-of-range values. Neither the server
     (no secret key) nor this node (it only sees the sum) can tell which node it was."""
+
+    #: Its text is a fixed sentence (:func:`fedparity.clients.messages.fixed_error_texts`).
+    fixed_text = True
 
 
 @dataclass(frozen=True)
@@ -241,16 +253,25 @@ def round1_vector(
     return append_count_slot(statistics.contribution(mu0=mu0, tolerance=tolerance))
 
 
-def open_sum(context: ts.Context, payload: bytes, size: int, count: int) -> np.ndarray:
+def open_sum(
+    context: ts.Context,
+    payload: bytes,
+    size: int,
+    count: int,
+    *,
+    max_magnitude: float = MAX_MAGNITUDE,
+) -> np.ndarray:
     """Decrypt a sum, check its magnitude and message-count slot; return it without the slot.
 
     Raises :class:`CorruptSumError` (fixed message: no decrypted value leaves the node) when
     the payload is not a ciphertext of ``size`` slots under this key, decrypts to a value
-    beyond :data:`MAX_MAGNITUDE` or non-finite, or its count slot is not ``count``.
+    beyond ``max_magnitude`` or non-finite, or its count slot is not ``count``. ``count`` must
+    come from the holder's own verification of the sum's signed contributors
+    (:mod:`fedparity.mechanisms.ckks.signing`), never from the server.
     """
     try:
         decrypted = decrypt_vector(context, payload, expected_size=size)
-        checked = check_magnitude(decrypted, max_magnitude=MAX_MAGNITUDE, name="decrypted sum")
+        checked = check_magnitude(decrypted, max_magnitude=max_magnitude, name="decrypted sum")
         return check_count_slot(checked, count)
     except KeyMaterialError:
         raise  # this node's own key file is wrong: not the sum's fault
@@ -285,6 +306,89 @@ def round2_vector(
         )
     fresh = statistics.contribution(mu0=mu0, tolerance=tolerance)
     return append_count_slot(np.concatenate([*parts, fresh]))
+
+
+def round2_scales(round1_sum: np.ndarray) -> np.ndarray:
+    """The factor of every round-2 slot (count slot excluded) before encryption.
+
+    Per block, with ``a`` the binary exponent of the block's round-1 sum of weights (every
+    holder and the key holders decrypt the same round-1 sum, so they agree on it): the
+    stage-1 parts ``[sum u (Y - c)^2, sum u, sum u (Y - c)]`` get ``[1, 2^-a, 2^-(a // 2)]``
+    (the paper's ``[T1, 0, 0]`` gets ``[2^-(a // 2), ...]``: T1 grows with its weights) and
+    the contribution ``[w, w Y, w Y^2, w^2 Var, w^2 V x 3, count]`` gets
+    ``[2^-a, 2^-(a // 2), 2^-a x 5, 1]``: every slot lands near its own precision need (sums of
+    weights relative, sum w Y relative to sqrt(sum w), Q absolute), so that one flooding noise
+    fits all of them. Everything but the count slots is then multiplied by
+    2^:data:`ROUND2_PRECISION_BITS`. Powers of two: scaling and unscaling are exact.
+    """
+    precision = 2.0**ROUND2_PRECISION_BITS
+    parts, contributions = [], []
+    totals_per_block = _blocks(np.asarray(round1_sum, dtype=np.float64))
+    for totals, (_, mode) in zip(totals_per_block, BLOCKS, strict=True):
+        weight = float(totals[0])
+        exponent = math.frexp(weight)[1] if weight > 1.0 and math.isfinite(weight) else 0
+        full, half = 2.0**-exponent, 2.0 ** -(exponent // 2)
+        # The paper's T1 grows with its weights n_i / S_i^2 (often 1e3-1e4): it needs relative
+        # precision only, and left unscaled it would set the decoding error of every slot.
+        first = half if mode == "paper" else 1.0
+        parts.append(np.array([first, full, half]) * precision)
+        contribution = np.full(BLOCK_WIDTH, full * precision)
+        contribution[1] = half * precision
+        contribution[-1] = 1.0
+        contributions.append(contribution)
+    return np.concatenate([*parts, *contributions])
+
+
+def round2_payload(
+    statistics: ClientStatistics,
+    round1_sum: np.ndarray,
+    *,
+    mu0: float,
+    tolerance: float | None,
+) -> np.ndarray:
+    """What a holder encrypts in round 2: :func:`round2_vector` scaled by
+    :func:`round2_scales` (count slot 1)."""
+    vector = round2_vector(statistics, round1_sum, mu0=mu0, tolerance=tolerance)
+    return np.append(vector[:-1] * round2_scales(round1_sum), vector[-1])
+
+
+def _count_slots() -> np.ndarray:
+    """Mask of the per-block count slots in a round-2 sum without its count slot."""
+    mask = np.zeros(len(BLOCKS) * (STAGE1_WIDTH + BLOCK_WIDTH), dtype=bool)
+    split = len(BLOCKS) * STAGE1_WIDTH
+    mask[split + BLOCK_WIDTH - 1 :: BLOCK_WIDTH] = True
+    return mask
+
+
+def flooded_round2_sum(
+    round1_sum: np.ndarray,
+    scaled_round2_sum: np.ndarray,
+    *,
+    num_ciphertexts: int,
+    parameters: CkksParameters,
+    key: bytes,
+    message: bytes,
+) -> np.ndarray:
+    """The round-2 sum a key holder may release from, in natural units.
+
+    ``scaled_round2_sum`` is the decrypted round-2 sum (count slot removed) of
+    ``num_ciphertexts`` ciphertexts made by :func:`round2_payload`. The per-block count slots
+    (integers, error far below 1/2) are rounded to integers; every other slot gets the keyed
+    flooding noise of :func:`fedparity.mechanisms.ckks.flood` -- standard deviation
+    :func:`~fedparity.mechanisms.ckks.flooding_std` of the
+    :func:`~fedparity.mechanisms.ckks.decryption_error_bound` of this sum -- and is then
+    divided by its :func:`round2_scales` factor.
+    """
+    raw = np.asarray(scaled_round2_sum, dtype=np.float64)
+    counts = _count_slots()
+    bound = decryption_error_bound(
+        parameters, num_ciphertexts=num_ciphertexts, max_magnitude=float(np.max(np.abs(raw)))
+    )
+    std = flooding_std(bound, num_values=int((~counts).sum()))
+    result = raw.copy()
+    result[~counts] = flood(raw[~counts], std=std, key=key, message=message)
+    result[counts] = np.round(raw[counts])
+    return result / round2_scales(round1_sum)
 
 
 def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray:

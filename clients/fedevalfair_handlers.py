@@ -20,11 +20,23 @@ Register them with::
 The secret context (made by ``fedparity keys``, handed out of band) is the node's own: its
 path is an argument here, never something the server sends. ``mu0`` and ``tolerance`` must be
 the values the server's protocol object uses.
+
+Against an active server (threat model: docs/threat-model.md) every holder also needs its
+Ed25519 identity key and the roster of the holders (node config ``identity-key`` and
+``roster``, or ``FEDPARITY_IDENTITY_DIR`` in a simulation; ``fedparity keys --holders N``
+writes both with the secret context). Every ciphertext it uploads is signed for this run and
+round; it decrypts a round-1 sum only with an endorsement by a roster member naming at least
+``min-holders`` distinct signed contributors, itself among them (``fef_endorse``: the key
+holders recompute and endorse the sum), and a key holder recomputes both sums itself from
+the signed ciphertexts and releases them only noise-flooded
+(:mod:`fedparity.mechanisms.ckks.signing`, :mod:`fedparity.mechanisms.ckks.flooding`). A
+holder signs one ciphertext per round and releases at most once per run.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -33,21 +45,50 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import log
 
-from ..mechanisms.ckks import encrypt_vector, from_array, load_secret_context, to_array
+from ..mechanisms.ckks import (
+    CkksParameters,
+    SignedCiphertext,
+    UnverifiedSumError,
+    ciphertext_transcript,
+    contributors_digest,
+    encrypt_vector,
+    endorsement_transcript,
+    flood_key,
+    from_array,
+    load_secret_context,
+    signed_from_arrays,
+    sum_ciphertexts,
+    to_array,
+    unpack_keys,
+    verify_contributions,
+    verify_endorsements,
+)
 from ..mechanisms.fairtest import InsufficientGroupData
-from ..mechanisms.protocol import FEF_KEY, RELEASE_SIZE, ROUND1_SIZE, ROUND2_SIZE, UNABLE_REPLY
+from ..mechanisms.identity import SIGNATURE_BYTES, IdentityError, IdentityKey, Roster, transcript
+from ..mechanisms.protocol import (
+    BLOCK_WIDTH,
+    FEF_IDENTITY_REFUSAL,
+    FEF_KEY,
+    RELEASE_SIZE,
+    ROUND1_SIZE,
+    ROUND2_SIZE,
+    UNABLE_REPLY,
+)
 from .fedevalfair import (
+    MAX_MAGNITUDE,
+    ROUND2_PRECISION_BITS,
     ClientStatistics,
+    flooded_round2_sum,
     open_sum,
     release_vector,
     round1_vector,
-    round2_vector,
+    round2_payload,
     rows_statistics,
 )
-from .messages import int_field
+from .identity import NodeIdentity, node_identity
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
@@ -55,15 +96,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FEF_STATE_KEY",
+    "CannotTakePart",
+    "HolderIdentityRefusal",
+    "FLOOD_LABEL",
     "HolderRows",
     "HolderRowsFn",
     "fedevalfair_handlers",
+    "holder_identity",
     "load_secret_context_cached",
     "round1_reply",
 ]
 
 #: Node run-state record of the round-1 statistics (read again in round 2).
 FEF_STATE_KEY = "fef-statistics"
+#: Node run-state record of the steps this node took in the run (each at most once).
+FEF_STEPS_KEY = "fef-steps"
+#: Label of the transcript that keys a release's flooding noise.
+FLOOD_LABEL = "fedparity/fedevalfair/flood/v1"
 Handler = Callable[[Message, Context], Message]
 
 
@@ -96,6 +145,23 @@ class HolderRows:
 HolderRowsFn = Callable[[ArrayRecord, Context], HolderRows]
 
 
+class HolderIdentityRefusal(IdentityError):
+    """This holder has no usable identity key or roster (text:
+    :data:`~fedparity.mechanisms.protocol.FEF_IDENTITY_REFUSAL`, a fixed sentence)."""
+
+    fixed_text = True
+
+
+class CannotTakePart(InsufficientGroupData):
+    """This holder cannot bootstrap any metric (text:
+    :data:`~fedparity.mechanisms.protocol.UNABLE_REPLY`, a fixed sentence without counts)."""
+
+    fixed_text = True
+
+    def __init__(self) -> None:
+        super().__init__(UNABLE_REPLY)
+
+
 @functools.lru_cache(maxsize=4)
 def _cached_secret_context(path: str) -> ts.Context:
     return load_secret_context(path)
@@ -106,8 +172,69 @@ def load_secret_context_cached(path: str | os.PathLike[str]) -> ts.Context:
     return _cached_secret_context(os.fspath(Path(path)))
 
 
-def _ciphertext_reply(msg: Message, payload: bytes) -> Message:
-    record = ArrayRecord({"ciphertext": Array(to_array(payload))})
+@functools.lru_cache(maxsize=4)
+def _flood_key(path: str) -> bytes:
+    return flood_key(_cached_secret_context(path))
+
+
+def holder_identity(
+    context: Context, identity: Callable[[Context], NodeIdentity] | None = None
+) -> tuple[IdentityKey, Roster]:
+    """This holder's identity key and roster (``identity(context)``, default its node config
+    or ``FEDPARITY_IDENTITY_DIR``: :func:`fedparity.clients.identity.node_identity`).
+
+    Raises IdentityError with :data:`~fedparity.mechanisms.protocol.FEF_IDENTITY_REFUSAL` (a
+    fixed sentence naming the node config keys; the detail stays in the node's log) when
+    either is missing, unreadable or the key is not on the roster.
+    """
+    try:
+        found = identity(context) if identity is not None else node_identity(context.node_config)
+        return found.require("FedEvalFair")
+    except IdentityError as error:
+        log(logging.WARNING, "FedEvalFair: no usable identity on this node: %s", error)
+        raise HolderIdentityRefusal(FEF_IDENTITY_REFUSAL) from None
+
+
+def _take_step(context: Context, step: str) -> None:
+    """Refuse a step (a round's signature, a release) this node already took in this run."""
+    record = context.state.config_records.get(FEF_STEPS_KEY)
+    if record is None:
+        record = ConfigRecord()
+        context.state.config_records[FEF_STEPS_KEY] = record
+    if step in record:
+        raise PolicyRefusal(
+            "a holder signs one ciphertext per round and releases at most once per run"
+        )
+    record[step] = True
+
+
+def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def _keys_or_none(array: np.ndarray, width: int = 32) -> list[bytes]:
+    """:func:`~fedparity.mechanisms.ckks.unpack_keys`, with an empty array read as no keys."""
+    return [] if array.size == 0 else unpack_keys(array, width=width)
+
+
+def _signed_reply(
+    msg: Message,
+    payload: bytes,
+    key: IdentityKey,
+    *,
+    run_id: int,
+    round_number: int,
+    reference: bytes = b"",
+) -> Message:
+    digest = hashlib.sha256(payload).digest()
+    signature = key.sign(ciphertext_transcript(run_id, round_number, digest, reference))
+    record = ArrayRecord(
+        {
+            "ciphertext": Array(to_array(payload)),
+            "signature": Array(to_array(signature)),
+            "signer": Array(to_array(key.public_bytes())),
+        }
+    )
     return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
 
 
@@ -119,14 +246,33 @@ def round1_reply(
     *,
     mu0: float,
     tolerance: float | None,
+    identity: Callable[[Context], NodeIdentity] | None = None,
 ) -> Message:
     """Keep ``statistics`` in the node's state for round 2 and reply with the round-1
-    ciphertext (one CKKS vector)."""
+    ciphertext (one CKKS vector) signed with the node's identity key for this run and round 1
+    (refused if the node has no identity, or already signed a round-1 ciphertext this run)."""
+    key, _ = holder_identity(context, identity)
+    _take_step(context, "round1")
     context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
         {"summaries": Array(statistics.to_array())}
     )
     vector = round1_vector(statistics, mu0=mu0, tolerance=tolerance)
-    return _ciphertext_reply(msg, encrypt_vector(secret, vector))
+    payload = encrypt_vector(secret, vector)
+    return _signed_reply(msg, payload, key, run_id=context.run_id, round_number=1)
+
+
+def _release_reference(round1_sum: np.ndarray) -> np.ndarray:
+    """The round-1 sum as :func:`release_vector` may see it: only its per-block counts
+    (rounded to integers), every other value zero -- the round-1 sum is never released."""
+    reference = np.zeros_like(round1_sum)
+    counts = slice(BLOCK_WIDTH - 1, None, BLOCK_WIDTH)
+    reference[counts] = np.round(round1_sum[counts])
+    return reference
+
+
+def _set_digest(entries: list[SignedCiphertext]) -> bytes:
+    ordered = sorted(entries, key=lambda entry: entry.signer)
+    return hashlib.sha256(b"".join(entry.signer + entry.digest for entry in ordered)).digest()
 
 
 def fedevalfair_handlers(
@@ -139,8 +285,10 @@ def fedevalfair_handlers(
     tolerance: float | None = None,
     bootstrap_rng: Callable[[Context], np.random.Generator] | None = None,
     policy: NodePrivacyPolicy | None = None,
+    identity: Callable[[Context], NodeIdentity] | None = None,
 ) -> dict[str, Handler]:
-    """The three FedEvalFair handlers, keyed by the action to register with ``app.query``.
+    """The four FedEvalFair handlers, keyed by the action to register with ``app.query``
+    (``fef_round1``, ``fef_endorse``, ``fef_round2``, ``fef_round3``).
 
     Parameters
     ----------
@@ -160,9 +308,13 @@ def fedevalfair_handlers(
         ``bootstrap_rng(context) -> numpy Generator`` for the bootstrap resamples (not a
         privacy mechanism: a seed makes the statistics reproducible). Default: OS entropy.
     policy : NodePrivacyPolicy, optional
-        The node's privacy policy: a sum of fewer than its ``min-holders`` holders is never
-        decrypted. Default: read for each message from the node's own config or environment
-        (:func:`~fedparity.clients.policy.node_policy`).
+        The node's privacy policy: a sum of fewer than its ``min-holders`` distinct signed
+        holders is never decrypted. Default: read for each message from the node's own
+        config or environment (:func:`~fedparity.clients.policy.node_policy`).
+    identity : callable, optional
+        ``identity(context) -> NodeIdentity``: the holder's identity key and roster. Default
+        :func:`fedparity.clients.identity.node_identity` of the node config (keys
+        ``identity-key`` and ``roster``) or ``FEDPARITY_IDENTITY_DIR``.
     """
     if isinstance(num_resamples, bool) or not isinstance(num_resamples, int) or num_resamples < 2:
         raise ValueError(f"num_resamples must be an integer >= 2, got {num_resamples!r}")
@@ -178,19 +330,20 @@ def fedevalfair_handlers(
     if policy is not None and not isinstance(policy, NodePrivacyPolicy):
         raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
 
-    def check_holders(context: Context, *counts: int) -> None:
-        """Refuse to open a sum of fewer holders than the policy's ``min-holders`` (the sum of
-        one holder is that holder's statistics)."""
+    def min_holders(context: Context) -> int:
         limits = policy if policy is not None else node_policy(context.node_config)
-        if min(counts) < limits.min_holders:
-            raise PolicyRefusal("a sum of fewer than min-holders holders is never decrypted")
+        return limits.min_holders
+
+    def secret_path(context: Context) -> str:
+        path = secret_context(context) if callable(secret_context) else secret_context
+        return os.fspath(Path(path))
 
     def secret(context: Context) -> ts.Context:
-        path = secret_context(context) if callable(secret_context) else secret_context
-        return load_secret_context_cached(path)
+        return load_secret_context_cached(secret_path(context))
 
     def round1(msg: Message, context: Context) -> Message:
-        """Bootstrap dp/eo on the holder's rows; reply with one ciphertext."""
+        """Bootstrap dp/eo on the holder's rows; reply with one signed ciphertext."""
+        holder_identity(context, identity)
         key = secret(context)
         assert holder_rows is not None
         rows = holder_rows(msg.content["arrays"], context)
@@ -208,48 +361,133 @@ def fedevalfair_handlers(
         except InsufficientGroupData as error:
             # The detailed reason holds this node's cell counts: it stays in the node's log.
             log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-            raise InsufficientGroupData(UNABLE_REPLY) from None
-        return round1_reply(msg, context, statistics, key, mu0=mu0, tolerance=tolerance)
+            raise CannotTakePart from None
+        return round1_reply(
+            msg, context, statistics, key, mu0=mu0, tolerance=tolerance, identity=identity
+        )
+
+    def endorse(msg: Message, context: Context) -> Message:
+        """Verifier: recompute the round-1 sum from the signed ciphertexts and endorse it
+        (nothing is decrypted)."""
+        key, roster = holder_identity(context, identity)
+        entries = signed_from_arrays(_arrays(msg.content.array_records[FEF_KEY]))
+        contributors = verify_contributions(
+            entries,
+            roster,
+            run_id=context.run_id,
+            round_number=1,
+            min_holders=min_holders(context),
+        )
+        ordered = sorted(entries, key=lambda entry: entry.signer)
+        total = sum_ciphertexts(
+            secret(context), [entry.payload for entry in ordered], expected_size=ROUND1_SIZE
+        )
+        signature = key.sign(
+            endorsement_transcript(context.run_id, 1, hashlib.sha256(total).digest(), contributors)
+        )
+        record = ArrayRecord(
+            {
+                "sum": Array(to_array(total)),
+                "endorsement": Array(to_array(signature)),
+                "endorser": Array(to_array(key.public_bytes())),
+            }
+        )
+        return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
 
     def round2(msg: Message, context: Context) -> Message:
-        """Decrypt the round-1 sum, add this holder's stage-1 terms; one ciphertext back."""
-        counts = msg.content.config_records.get("config", {})
-        round1_count = int_field(counts, "round1-count", minimum=1)
-        check_holders(context, round1_count)
-        key = secret(context)
+        """Decrypt the endorsed round-1 sum, add this holder's stage-1 terms; one signed
+        ciphertext back."""
+        own, roster = holder_identity(context, identity)
         record = msg.content.array_records[FEF_KEY]
-        round1_sum = open_sum(
-            key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, round1_count
+        total = from_array(record["round1-sum"].numpy())
+        endorsers = _keys_or_none(record["endorsers"].numpy())
+        signatures = _keys_or_none(record["endorsements"].numpy(), width=SIGNATURE_BYTES)
+        if len(endorsers) != len(signatures):
+            raise UnverifiedSumError("the numbers of endorsers and endorsements differ")
+        contributors = verify_endorsements(
+            total,
+            unpack_keys(record["contributors"].numpy()),
+            list(zip(endorsers, signatures, strict=True)),
+            roster,
+            run_id=context.run_id,
+            round_number=1,
+            min_holders=min_holders(context),
+            own_key=own.public_bytes(),
         )
         if FEF_STATE_KEY not in context.state.array_records:
             raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
+        _take_step(context, "round2")
+        key = secret(context)
+        round1_sum = open_sum(key, total, ROUND1_SIZE, len(contributors))
         statistics = ClientStatistics.from_array(
             context.state.array_records[FEF_STATE_KEY]["summaries"].numpy()
         )
-        vector = round2_vector(statistics, round1_sum, mu0=mu0, tolerance=tolerance)
-        return _ciphertext_reply(msg, encrypt_vector(key, vector))
+        vector = round2_payload(statistics, round1_sum, mu0=mu0, tolerance=tolerance)
+        return _signed_reply(
+            msg,
+            encrypt_vector(key, vector),
+            own,
+            run_id=context.run_id,
+            round_number=2,
+            reference=contributors_digest(contributors),
+        )
 
     def round3(msg: Message, context: Context) -> Message:
-        """Key holder: decrypt both sums, release the aggregate statistics (plaintext)."""
-        counts = msg.content.config_records.get("config", {})
-        round1_count = int_field(counts, "round1-count", minimum=1)
-        round2_count = int_field(counts, "round2-count", minimum=1)
-        check_holders(context, round1_count, round2_count)
+        """Key holder: verify both signed ciphertext sets, recompute both sums, decrypt them
+        and release the aggregate statistics, noise-flooded (plaintext)."""
+        _, roster = holder_identity(context, identity)
+        arrays = _arrays(msg.content.array_records[FEF_KEY])
+        first = signed_from_arrays(arrays, "round1-")
+        second = signed_from_arrays(arrays, "round2-")
+        minimum = min_holders(context)
+        run_id = context.run_id
+        round1_keys = verify_contributions(
+            first, roster, run_id=run_id, round_number=1, min_holders=minimum
+        )
+        round2_keys = verify_contributions(
+            second,
+            roster,
+            run_id=run_id,
+            round_number=2,
+            reference=contributors_digest(round1_keys),
+            min_holders=minimum,
+        )
+        if not set(round2_keys) <= set(round1_keys):
+            raise UnverifiedSumError("a round-2 contributor did not contribute to round 1")
+        _take_step(context, "release")
         key = secret(context)
-        record = msg.content.array_records[FEF_KEY]
-        round1_sum = open_sum(
-            key, from_array(record["round1-sum"].numpy()), ROUND1_SIZE, round1_count
+        sums = []
+        for entries, size in ((first, ROUND1_SIZE), (second, ROUND2_SIZE)):
+            ordered = sorted(entries, key=lambda entry: entry.signer)
+            sums.append(sum_ciphertexts(key, [e.payload for e in ordered], expected_size=size))
+        round1_sum = open_sum(key, sums[0], ROUND1_SIZE, len(round1_keys))
+        scaled = open_sum(
+            key,
+            sums[1],
+            ROUND2_SIZE,
+            len(round2_keys),
+            max_magnitude=MAX_MAGNITUDE * 2.0**ROUND2_PRECISION_BITS,
         )
-        round2_sum = open_sum(
-            key, from_array(record["round2-sum"].numpy()), ROUND2_SIZE, round2_count
+        message = transcript(FLOOD_LABEL, run_id, _set_digest(first), _set_digest(second))
+        round2_sum = flooded_round2_sum(
+            round1_sum,
+            scaled,
+            num_ciphertexts=len(round2_keys),
+            parameters=CkksParameters.from_context(key),
+            key=_flood_key(secret_path(context)),
+            message=message,
         )
-        released = release_vector(round1_sum, round2_sum)
+        released = release_vector(_release_reference(round1_sum), round2_sum)
         if released.size != RELEASE_SIZE:
             raise ValueError(f"release has {released.size} values, expected {RELEASE_SIZE}")
         reply = ArrayRecord({"release": Array(released)})
         return Message(content=RecordDict({FEF_KEY: reply}), reply_to=msg)
 
-    handlers: dict[str, Handler] = {"fef_round2": round2, "fef_round3": round3}
+    handlers: dict[str, Handler] = {
+        "fef_endorse": endorse,
+        "fef_round2": round2,
+        "fef_round3": round3,
+    }
     if holder_rows is not None:
         handlers = {"fef_round1": round1, **handlers}
     return handlers

@@ -16,9 +16,12 @@ __all__ = [
     "CONTRIBUTION_SIZE",
     "CORRUPT_SUM_MARKER",
     "EPSILON_SPENT_KEY",
+    "FEF_ENDORSE_MESSAGE_TYPE",
+    "FEF_IDENTITY_REFUSAL",
     "FEF_KEY",
     "FEF_ROUND_MESSAGE_TYPES",
     "FPFL_KEY",
+    "FPFL_KEYS_MESSAGE_TYPE",
     "FPFL_REVEAL_MESSAGE_TYPE",
     "FPFL_ROUND_MESSAGE_TYPE",
     "FPFL_SETUP_MESSAGE_TYPE",
@@ -55,6 +58,15 @@ USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
 FEF_KEY = "fef"
 #: The three rounds, handled with ``@app.query("fef_round1")`` and so on.
 FEF_ROUND_MESSAGE_TYPES = ("query.fef_round1", "query.fef_round2", "query.fef_round3")
+#: Between rounds 1 and 2: the designated verifiers (the key holders) recompute the round-1
+#: sum from the signed ciphertexts and endorse it (``@app.query("fef_endorse")``).
+FEF_ENDORSE_MESSAGE_TYPE = "query.fef_endorse"
+#: What a holder without an identity key or roster answers (a fixed sentence).
+FEF_IDENTITY_REFUSAL = (
+    "FedEvalFair needs this node's identity key and roster: set the node config keys "
+    "identity-key and roster (files made by fedparity identity or fedparity keys --holders), "
+    "or FEDPARITY_IDENTITY_DIR in a simulation's environment"
+)
 #: (metric, mode) of each block, in message order.
 BLOCKS: tuple[tuple[str, str], ...] = (
     ("dp", "calibrated"),
@@ -83,5 +95,6 @@ UNABLE_REPLY = (
 
 FPFL_KEY = "fpfl"
 FPFL_SETUP_MESSAGE_TYPE = "query.fpfl_setup"
+FPFL_KEYS_MESSAGE_TYPE = "query.fpfl_keys"
 FPFL_ROUND_MESSAGE_TYPE = "query.fpfl_round"
 FPFL_REVEAL_MESSAGE_TYPE = "query.fpfl_reveal"

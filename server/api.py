@@ -5,8 +5,16 @@
 
 The same ServerApp and ClientApp as ``flwr run .``; the run config given here is merged over
 the defaults of pyproject.toml and validated before anything starts. Node-side settings
-that Flower's simulation cannot set per node (e.g. FedEvalFair's secret-context path) are
-passed as environment variables of the simulation (``environment=``).
+that Flower's simulation cannot set per node (e.g. FedEvalFair's secret-context path and the
+holders' identity keys) are passed as environment variables of the simulation
+(``environment=``); :func:`fedevalfair_simulation_keys` makes both for a FedEvalFair run::
+
+    keys = fedevalfair_simulation_keys(folder, num_supernodes=4)
+    run_simulation_job(
+        {"task": "fedevalfair", "fef-public-context": str(keys.public_context)},
+        num_supernodes=4,
+        environment=keys.environment,
+    )
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,37 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@dataclass(frozen=True)
+class SimulationKeys:
+    """Key material of a simulated FedEvalFair run (:func:`fedevalfair_simulation_keys`)."""
+
+    #: The public TenSEAL context, for run config ``fef-public-context`` (the server's).
+    public_context: Path
+    #: The nodes' environment: ``FEDPARITY_SECRET_CONTEXT`` (the shared secret context) and
+    #: ``FEDPARITY_IDENTITY_DIR`` (``node-<i>.key`` per partition and ``roster.toml``).
+    environment: dict[str, str]
+
+
+def fedevalfair_simulation_keys(
+    folder: str | os.PathLike[str], num_supernodes: int
+) -> SimulationKeys:
+    """Write, under ``folder``, a CKKS key pair (``ckks/``, the public context apart in
+    ``public/``) and an identity key per simulated node with their roster (``identity/``):
+    what every FedEvalFair holder needs (docs/threat-model.md). For simulations and tests;
+    real holders get theirs from ``fedparity keys --holders N``."""
+    from ..clients.identity import IDENTITY_DIR_ENV
+    from ..mechanisms.ckks import SECRET_CONTEXT_ENV, generate_keys
+    from .cli.identity import write_node_identities
+
+    base = Path(folder).expanduser()
+    paths = generate_keys(base / "ckks", public_directory=base / "public")
+    identities = write_node_identities(base / "identity", num_supernodes)
+    return SimulationKeys(
+        public_context=paths.public,
+        environment={SECRET_CONTEXT_ENV: str(paths.secret), IDENTITY_DIR_ENV: str(identities)},
+    )
+
+
 def run_simulation_job(
     run_config: Mapping[str, Any],
     *,
@@ -58,7 +98,8 @@ def run_simulation_job(
     client_cpus : int
         CPUs per ClientApp (1 lets two run at once on two cores).
     environment : mapping, optional
-        Environment variables for the run, e.g. ``{"FEDPARITY_SECRET_CONTEXT": path}``.
+        Environment variables for the run, e.g. ``{"FEDPARITY_SECRET_CONTEXT": path,
+        "FEDPARITY_IDENTITY_DIR": folder}`` (:func:`fedevalfair_simulation_keys`).
     """
     from flwr.simulation import run_simulation
 

@@ -6,11 +6,17 @@ version), Algorithms 1-2; the encryption layer and its threat model are in
 :mod:`fedparity.mechanisms.ckks`.
 
 The server holds only the *public* TenSEAL context (no secret key; checked at construction).
-Round 1: every node uploads one ciphertext of its bootstrap contributions; the server adds
-the valid ones. Round 2: the round-1 participants get the encrypted sum, decrypt it
-themselves and upload one ciphertext of their stage-1 terms; the server adds. Round 3: a few
-key-holder nodes get both sums, decrypt, and release the aggregate statistics; the server
-checks they agree and computes the two stages' p-values (``mechanisms.fairtest``).
+Round 1: every node uploads one ciphertext of its bootstrap contributions, signed with its
+identity key for this run and round; the server checks the signature (so that a faulty node
+is left out, not the whole round) and adds the valid ones. Endorsement: a few verifiers (the
+first ``key_holders`` round-1 participants) get the signed ciphertexts, recompute the sum and
+sign it. Round 2: the round-1 participants get the endorsed sum with its contributor list and
+endorsements, check them against their own roster, decrypt it and upload one signed
+ciphertext of their stage-1 terms. Round 3: a few key-holder nodes get both signed ciphertext
+sets, recompute both sums, decrypt, and release the aggregate statistics, noise-flooded; the
+server checks they agree and computes the two stages' p-values (``mechanisms.fairtest``).
+Nothing the server asserts (a count, a sum) is believed by a node: see
+:mod:`fedparity.mechanisms.ckks.signing` and docs/threat-model.md.
 
 Replies that are errors, undecodable, not a ciphertext of the expected context or of the
 wrong length are rejected and counted; nodes that do not answer are reported as dropped;
@@ -26,6 +32,7 @@ report; the server then withholds the result and says so -- it does not list the
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections import Counter
@@ -34,21 +41,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tenseal as ts
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms.ckks import (
     NoValidCiphertextError,
+    SignedCiphertext,
     add_ciphertexts,
+    ciphertext_transcript,
     context_has_secret_key,
+    contributors_digest,
+    endorsement_transcript,
     from_array,
+    pack_keys,
+    signed_arrays,
     to_array,
 )
 from ..mechanisms.fairtest import FairnessReport, report_from_sums
+from ..mechanisms.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, verify_signature
 from ..mechanisms.protocol import (
     BLOCKS,
     CORRUPT_SUM_MARKER,
+    FEF_ENDORSE_MESSAGE_TYPE,
     FEF_KEY,
     FEF_ROUND_MESSAGE_TYPES,
     RELEASE_SIZE,
@@ -97,6 +112,9 @@ class FedEvalFairOutcome:
     released: tuple[float, ...] = field(default=())
     #: (round, report) of nodes that found the sum they were sent corrupt (see module doc).
     corrupt_sum_reports: tuple[tuple[int, RejectedReply], ...] = field(default=())
+    #: Nodes asked to endorse the round-1 sum, and those whose endorsement went to round 2.
+    verifiers: tuple[int, ...] = field(default=())
+    endorsers: tuple[int, ...] = field(default=())
 
     def block(self, metric: str, mode: str) -> BlockResult:
         return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
@@ -119,6 +137,8 @@ class FedEvalFairOutcome:
                 for rnd, item in self.corrupt_sum_reports
             ],
             "key_holders": list(self.key_holders),
+            "verifiers": list(self.verifiers),
+            "endorsers": list(self.endorsers),
             "uploaded_bytes_per_round": [
                 {str(node): size for node, size in sizes.items()} for sizes in self.uploaded_bytes
             ],
@@ -177,31 +197,40 @@ class FedEvalFairProtocol:
     # --- rounds ---------------------------------------------------------------------------
 
     def _send(
-        self, grid: Grid, round_index: int, node_ids: Sequence[int], content: RecordDict
+        self, grid: Grid, message_type: str, node_ids: Sequence[int], content: RecordDict
     ) -> list[Message]:
         messages = [
-            Message(
-                content=content,
-                dst_node_id=node,
-                message_type=FEF_ROUND_MESSAGE_TYPES[round_index],
-            )
+            Message(content=content, dst_node_id=node, message_type=message_type)
             for node in node_ids
         ]
         return send_and_receive(grid, messages, self.timeout)
 
-    def collect_ciphertexts(
-        self, round_number: int, sent_to: Sequence[int], replies: Iterable[Message], size: int
-    ) -> tuple[bytes | None, list[int], list[RejectedReply], list[RejectedReply], dict[int, int]]:
-        """Validate replies and add their ciphertexts.
+    def collect_round(
+        self,
+        round_number: int,
+        sent_to: Sequence[int],
+        replies: Iterable[Message],
+        size: int,
+        *,
+        run_id: int | None = None,
+        reference: bytes = b"",
+    ) -> RoundCollection:
+        """Validate signed replies and add their ciphertexts.
 
-        Returns (sum or None, accepted nodes, rejected, unable, uploaded bytes per node).
+        A reply needs a 1-D uint8 ``ciphertext``, a 64-byte ``signature`` and a 32-byte
+        ``signer``; a second reply with a signer already seen is rejected (two nodes with one
+        identity); with ``run_id`` the signature must verify over this run, round and
+        ``reference`` (the nodes check it again against their rosters: the server's check
+        only keeps a faulty node from spoiling the round).
         """
         payloads: list[bytes] = []
         senders: list[int] = []
+        entries: list[SignedCiphertext] = []
         rejected: list[RejectedReply] = []
         unable: list[RejectedReply] = []
         uploaded: dict[int, int] = {}
         seen: set[int] = set()
+        signers: set[bytes] = set()
         for reply in replies:
             node = int(reply.metadata.src_node_id)
             if node in seen or node not in sent_to:
@@ -221,6 +250,8 @@ class FedEvalFairProtocol:
                 continue
             try:
                 array = record["ciphertext"].numpy()
+                signature = _raw(record, "signature", SIGNATURE_BYTES)
+                signer = _raw(record, "signer", IDENTITY_KEY_BYTES)
             except Exception as error:  # a corrupt Array must not end the run
                 rejected.append(RejectedReply(node, f"cannot decode the array: {error}"))
                 continue
@@ -229,19 +260,39 @@ class FedEvalFairProtocol:
                     RejectedReply(node, f"expected a 1-D uint8 ciphertext, got {array.dtype}")
                 )
                 continue
+            if signature is None or signer is None:
+                rejected.append(RejectedReply(node, "the ciphertext is not signed"))
+                continue
+            if signer in signers:
+                rejected.append(RejectedReply(node, "identity key already used by another node"))
+                continue
+            payload = from_array(array)
+            entry = SignedCiphertext(payload, signer, signature)
+            if run_id is not None and not verify_signature(
+                signer,
+                signature,
+                ciphertext_transcript(run_id, round_number, entry.digest, reference),
+            ):
+                rejected.append(RejectedReply(node, "signature does not verify for this round"))
+                continue
+            signers.add(signer)
             uploaded[node] = int(array.nbytes)
-            payloads.append(from_array(array))
+            payloads.append(payload)
             senders.append(node)
-        if not payloads:
-            return None, [], rejected, unable, uploaded
-        try:
-            total, rejections = add_ciphertexts(self.public_context, payloads, expected_size=size)
-        except NoValidCiphertextError as error:
-            rejections, total = list(error.rejections), None
-        bad = {item.index for item in rejections}
-        for item in rejections:
-            rejected.append(RejectedReply(senders[item.index], f"{item.kind}: {item.reason}"))
-        accepted = [node for index, node in enumerate(senders) if index not in bad]
+            entries.append(entry)
+        total = None
+        if payloads:
+            try:
+                total, rejections = add_ciphertexts(
+                    self.public_context, payloads, expected_size=size
+                )
+            except NoValidCiphertextError as error:
+                rejections, total = list(error.rejections), None
+            bad = {item.index for item in rejections}
+            for item in rejections:
+                rejected.append(RejectedReply(senders[item.index], f"{item.kind}: {item.reason}"))
+            senders = [node for index, node in enumerate(senders) if index not in bad]
+            entries = [entry for index, entry in enumerate(entries) if index not in bad]
         for item in rejected:
             log(
                 logging.WARNING,
@@ -250,7 +301,32 @@ class FedEvalFairProtocol:
                 item.node_id,
                 item.reason,
             )
-        return total, accepted, rejected, unable, uploaded
+        return RoundCollection(
+            total, tuple(senders), tuple(entries), tuple(rejected), tuple(unable), uploaded
+        )
+
+    def collect_ciphertexts(
+        self,
+        round_number: int,
+        sent_to: Sequence[int],
+        replies: Iterable[Message],
+        size: int,
+        *,
+        run_id: int | None = None,
+        reference: bytes = b"",
+    ) -> tuple[bytes | None, list[int], list[RejectedReply], list[RejectedReply], dict[int, int]]:
+        """:meth:`collect_round` as (sum or None, accepted nodes, rejected, unable, uploaded
+        bytes per node)."""
+        collected = self.collect_round(
+            round_number, sent_to, replies, size, run_id=run_id, reference=reference
+        )
+        return (
+            collected.total,
+            list(collected.accepted),
+            list(collected.rejected),
+            list(collected.unable),
+            collected.uploaded,
+        )
 
     def collect_releases(
         self, replies: Iterable[Message], holders: Sequence[int]
@@ -283,33 +359,84 @@ class FedEvalFairProtocol:
         return RecordDict({"arrays": arrays})
 
     @staticmethod
-    def round2_content(round1_sum: bytes, round1_count: int) -> RecordDict:
-        """Round 2: the encrypted round-1 sum and how many ciphertexts it adds up."""
+    def endorse_content(entries: Sequence[SignedCiphertext]) -> RecordDict:
+        """Endorsement: the signed round-1 ciphertexts, for a verifier to recompute the sum."""
+        return RecordDict({FEF_KEY: _record(signed_arrays(entries))})
+
+    def collect_endorsements(
+        self,
+        replies: Iterable[Message],
+        verifiers: Sequence[int],
+        contributors: Sequence[bytes],
+        *,
+        run_id: int | None = None,
+    ) -> tuple[bytes | None, list[tuple[int, bytes, bytes]], list[RejectedReply]]:
+        """The endorsed sum (the first valid one) and every endorsement of those same bytes
+        as (node, endorser key, signature); replies that are not a valid endorsement of the
+        ``contributors``' sum are rejected."""
+        chosen: bytes | None = None
+        endorsements: list[tuple[int, bytes, bytes]] = []
+        rejected: list[RejectedReply] = []
+        keys = sorted(bytes(key) for key in contributors)
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            if node not in verifiers:
+                rejected.append(RejectedReply(node, "unsolicited endorsement"))
+                continue
+            if reply.has_error():
+                rejected.append(RejectedReply(node, short_reason(reply.error.reason)))
+                continue
+            record = reply.content.array_records.get(FEF_KEY)
+            try:
+                total = from_array(record["sum"].numpy())  # type: ignore[index]
+                signature = _raw(record, "endorsement", SIGNATURE_BYTES)  # type: ignore[arg-type]
+                endorser = _raw(record, "endorser", IDENTITY_KEY_BYTES)  # type: ignore[arg-type]
+            except Exception as error:  # noqa: BLE001 - any malformed reply is rejected
+                rejected.append(RejectedReply(node, f"malformed endorsement: {error!r}"))
+                continue
+            if signature is None or endorser is None:
+                rejected.append(RejectedReply(node, "malformed endorsement"))
+                continue
+            digest = hashlib.sha256(total).digest()
+            if run_id is not None and not verify_signature(
+                endorser, signature, endorsement_transcript(run_id, 1, digest, keys)
+            ):
+                rejected.append(RejectedReply(node, "endorsement does not verify"))
+                continue
+            if chosen is None:
+                chosen = total
+            if total == chosen and all(endorser != known for _, known, _ in endorsements):
+                endorsements.append((node, endorser, signature))
+        return chosen, endorsements, rejected
+
+    @staticmethod
+    def round2_content(
+        round1_sum: bytes,
+        contributors: Sequence[bytes],
+        endorsements: Sequence[tuple[bytes, bytes]],
+    ) -> RecordDict:
+        """Round 2: the endorsed round-1 sum, its sorted contributor keys and the
+        ``(endorser, signature)`` endorsements (the count is the contributors' number)."""
         return RecordDict(
             {
-                FEF_KEY: ArrayRecord({"round1-sum": Array(to_array(round1_sum))}),
-                "config": ConfigRecord({"round1-count": round1_count}),
+                FEF_KEY: _record(
+                    {
+                        "round1-sum": to_array(round1_sum),
+                        "contributors": _bytes_array(pack_keys(sorted(contributors))),
+                        "endorsers": _bytes_array(pack_keys([e for e, _ in endorsements])),
+                        "endorsements": _bytes_array(pack_keys([s for _, s in endorsements])),
+                    }
+                )
             }
         )
 
     @staticmethod
     def round3_content(
-        round1_sum: bytes, round1_count: int, round2_sum: bytes, round2_count: int
+        round1: Sequence[SignedCiphertext], round2: Sequence[SignedCiphertext]
     ) -> RecordDict:
-        """Round 3 (key holders): both encrypted sums and their counts."""
-        return RecordDict(
-            {
-                FEF_KEY: ArrayRecord(
-                    {
-                        "round1-sum": Array(to_array(round1_sum)),
-                        "round2-sum": Array(to_array(round2_sum)),
-                    }
-                ),
-                "config": ConfigRecord(
-                    {"round1-count": round1_count, "round2-count": round2_count}
-                ),
-            }
-        )
+        """Round 3 (key holders): both signed ciphertext sets (they recompute the sums)."""
+        arrays = {**signed_arrays(round1, "round1-"), **signed_arrays(round2, "round2-")}
+        return RecordDict({FEF_KEY: _record(arrays)})
 
     def reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
         """The (metric, mode) tests from a key holder's release."""
@@ -339,7 +466,8 @@ class FedEvalFairProtocol:
         return tuple(results)
 
     def start(self, grid: Grid, arrays: ArrayRecord, node_ids: Sequence[int]) -> FedEvalFairOutcome:
-        """Run the three rounds on ``node_ids``; never raises on bad or missing replies."""
+        """Run the rounds on ``node_ids``; never raises on bad or missing replies."""
+        run_id = int(grid.run.run_id)
         participants: list[tuple[int, ...]] = []
         dropped: list[tuple[int, ...]] = []
         rejected_all: list[tuple[int, RejectedReply]] = []
@@ -348,6 +476,8 @@ class FedEvalFairProtocol:
         #: Per round, the most ciphertexts accepted from one node (each accepted payload was
         #: checked to hold exactly one CKKS ciphertext by mechanisms.ckks.add_ciphertexts).
         ciphertexts_all: list[int] = []
+        verifiers: list[int] = []
+        endorsers: list[int] = []
 
         def corrupt_error(
             round_number: int, reports: list[RejectedReply], senders: Sequence[int]
@@ -381,43 +511,68 @@ class FedEvalFairProtocol:
                 error=error,
                 released=() if released is None else tuple(float(x) for x in released),
                 corrupt_sum_reports=tuple(corrupt_all),
+                verifiers=tuple(verifiers),
+                endorsers=tuple(endorsers),
             )
 
         # Round 1
         log(logging.INFO, "[FedEvalFair round 1/3] %d node(s)", len(node_ids))
-        replies = self._send(grid, 0, node_ids, self.round1_content(arrays))
-        sum1, round1, rejected, unable, uploaded = self.collect_ciphertexts(
-            1, node_ids, replies, ROUND1_SIZE
+        replies = self._send(
+            grid, FEF_ROUND_MESSAGE_TYPES[0], node_ids, self.round1_content(arrays)
         )
-        rejected_all += [(1, item) for item in rejected]
-        uploaded_all.append(uploaded)
+        first = self.collect_round(1, node_ids, replies, ROUND1_SIZE, run_id=run_id)
+        round1, unable = list(first.accepted), list(first.unable)
+        rejected_all += [(1, item) for item in first.rejected]
+        uploaded_all.append(first.uploaded)
         ciphertexts_all.append(max(Counter(round1).values(), default=0))
         participants.append(tuple(round1))
-        answered = {item.node_id for item in rejected + unable} | set(round1)
+        answered = {item.node_id for item in first.rejected + first.unable} | set(round1)
         dropped.append(tuple(node for node in node_ids if node not in answered))
-        if sum1 is None or len(round1) < self.min_clients:
+        if first.total is None or len(round1) < self.min_clients:
             return finish(
                 f"round 1: {len(round1)} valid ciphertext(s), need {self.min_clients}", unable
             )
 
+        # Endorsement of the round-1 sum by the verifiers
+        verifiers.extend(sorted(round1)[: self.key_holders])
+        contributors = [entry.signer for entry in first.entries]
+        log(logging.INFO, "[FedEvalFair endorsement] verifier(s) %s", verifiers)
+        replies = self._send(
+            grid, FEF_ENDORSE_MESSAGE_TYPE, verifiers, self.endorse_content(first.entries)
+        )
+        sum1, endorsements, rejected = self.collect_endorsements(
+            replies, verifiers, contributors, run_id=run_id
+        )
+        rejected_all += [(1, item) for item in rejected]
+        endorsers.extend(node for node, _, _ in endorsements)
+        if sum1 is None:
+            return finish("endorsement: no verifier endorsed the round-1 sum", unable)
+
         # Round 2
         log(logging.INFO, "[FedEvalFair round 2/3] %d node(s)", len(round1))
-        replies = self._send(grid, 1, round1, self.round2_content(sum1, len(round1)))
-        sum2, round2, rejected, unable2, uploaded = self.collect_ciphertexts(
-            2, round1, replies, ROUND2_SIZE
+        content = self.round2_content(sum1, contributors, [(e, s) for _, e, s in endorsements])
+        replies = self._send(grid, FEF_ROUND_MESSAGE_TYPES[1], round1, content)
+        second = self.collect_round(
+            2,
+            round1,
+            replies,
+            ROUND2_SIZE,
+            run_id=run_id,
+            reference=contributors_digest(contributors),
         )
-        corrupt = [item for item in unable2 if CORRUPT_SUM_MARKER in item.reason]
-        other = [item for item in unable2 if CORRUPT_SUM_MARKER not in item.reason]
-        rejected_all += [(2, item) for item in rejected + other]
+        round2 = list(second.accepted)
+        corrupt = [item for item in second.unable if CORRUPT_SUM_MARKER in item.reason]
+        other = [item for item in second.unable if CORRUPT_SUM_MARKER not in item.reason]
+        rejected_all += [(2, item) for item in [*second.rejected, *other]]
         corrupt_all += [(2, item) for item in corrupt]
-        uploaded_all.append(uploaded)
+        uploaded_all.append(second.uploaded)
         ciphertexts_all.append(max(Counter(round2).values(), default=0))
         participants.append(tuple(round2))
-        answered = {item.node_id for item in rejected + unable2} | set(round2)
+        answered = {item.node_id for item in second.rejected + second.unable} | set(round2)
         dropped.append(tuple(node for node in round1 if node not in answered))
         if corrupt:
             return finish(corrupt_error(2, corrupt, round1), unable)
-        if sum2 is None or len(round2) < self.min_clients:
+        if second.total is None or len(round2) < self.min_clients:
             return finish(
                 f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}", unable
             )
@@ -425,15 +580,8 @@ class FedEvalFairProtocol:
         # Round 3
         holders = sorted(round2)[: self.key_holders]
         log(logging.INFO, "[FedEvalFair round 3/3] key holder(s) %s", holders)
-        content = RecordDict(
-            {
-                FEF_KEY: ArrayRecord(
-                    {"round1-sum": Array(to_array(sum1)), "round2-sum": Array(to_array(sum2))}
-                ),
-                "config": ConfigRecord({"round1-count": len(round1), "round2-count": len(round2)}),
-            }
-        )
-        replies = self._send(grid, 2, holders, content)
+        content = self.round3_content(first.entries, second.entries)
+        replies = self._send(grid, FEF_ROUND_MESSAGE_TYPES[2], holders, content)
         releases, rejected = self.collect_releases(replies, holders)
         corrupt = [item for item in rejected if CORRUPT_SUM_MARKER in item.reason]
         rejected_all += [(3, item) for item in rejected if item not in corrupt]
@@ -445,13 +593,51 @@ class FedEvalFairProtocol:
             return finish(corrupt_error(3, corrupt, round2), unable, holders)
         if not releases:
             return finish("round 3: no key holder released the statistics", unable, holders)
-        first = releases[0]
-        for other in releases[1:]:
+        first_release = releases[0]
+        for other_release in releases[1:]:
             same = np.isclose(
-                other, first, rtol=AGREEMENT_TOLERANCE, atol=AGREEMENT_TOLERANCE, equal_nan=True
+                other_release,
+                first_release,
+                rtol=AGREEMENT_TOLERANCE,
+                atol=AGREEMENT_TOLERANCE,
+                equal_nan=True,
             )
             if not same.all():
                 return finish(
                     "round 3: the key holders' releases disagree; result withheld", unable, holders
                 )
-        return finish(None, unable, holders, self.reports(first), first)
+        return finish(None, unable, holders, self.reports(first_release), first_release)
+
+
+@dataclass(frozen=True)
+class RoundCollection:
+    """What :meth:`FedEvalFairProtocol.collect_round` kept of one round's replies."""
+
+    #: The server's sum of the accepted ciphertexts (None when none was accepted).
+    total: bytes | None
+    #: Accepted nodes and their signed ciphertexts, in reply order.
+    accepted: tuple[int, ...]
+    entries: tuple[SignedCiphertext, ...]
+    rejected: tuple[RejectedReply, ...]
+    unable: tuple[RejectedReply, ...]
+    #: Ciphertext bytes per accepted node.
+    uploaded: dict[int, int]
+
+
+def _raw(record: ArrayRecord, name: str, size: int) -> bytes | None:
+    """The bytes of a ``size``-byte uint8 entry of ``record``, or None when it is absent or
+    has another shape."""
+    if name not in record:
+        return None
+    array = record[name].numpy()
+    if array.dtype != np.uint8 or array.shape != (size,):
+        return None
+    return array.tobytes()
+
+
+def _bytes_array(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8).copy()
+
+
+def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(array) for name, array in arrays.items()})

@@ -608,3 +608,119 @@ def test_key_holders_must_agree(secret_ctx: ts.Context, public_ctx: ts.Context) 
             public_ctx,
             tamper=lying_key_holder,
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Against an active server: recomputed sums, signatures, flooding of releases
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_holder_recomputes_the_servers_sum_bit_for_bit(
+    secret_ctx: ts.Context, public_ctx: ts.Context
+) -> None:
+    """The verifiers' endorsement covers the SHA-256 of the sum they recomputed: it must be
+    the same bytes whatever the order, and a bad payload is refused, not skipped."""
+    from fedparity.mechanisms.ckks import sum_ciphertexts
+
+    payloads = [encrypt_vector(secret_ctx, np.full(6, float(i))) for i in range(4)]
+    server, rejections = add_ciphertexts(public_ctx, payloads, expected_size=6)
+    assert not rejections
+    assert sum_ciphertexts(secret_ctx, payloads[::-1], expected_size=6) == server
+    with pytest.raises(ValueError, match="not a valid ciphertext"):
+        sum_ciphertexts(secret_ctx, [*payloads, b"junk"], expected_size=6)
+    with pytest.raises(ValueError, match="wrong number of slots"):
+        sum_ciphertexts(secret_ctx, payloads, expected_size=5)
+
+
+def test_signed_contributions_are_checked_against_the_roster() -> None:
+    import hashlib
+
+    from fedparity.mechanisms.ckks import (
+        SignedCiphertext,
+        UnverifiedSumError,
+        ciphertext_transcript,
+        signed_arrays,
+        signed_from_arrays,
+        verify_contributions,
+    )
+    from fedparity.mechanisms.identity import IdentityKey, Roster
+
+    keys = [IdentityKey.generate() for _ in range(3)]
+    roster = Roster.from_keys({f"h{i}": key for i, key in enumerate(keys)})
+
+    def entry(key: IdentityKey, payload: bytes, run: int = 5, rnd: int = 1) -> SignedCiphertext:
+        digest = hashlib.sha256(payload).digest()
+        return SignedCiphertext(
+            payload, key.public_bytes(), key.sign(ciphertext_transcript(run, rnd, digest, b""))
+        )
+
+    good = [entry(key, bytes([i]) * 10) for i, key in enumerate(keys)]
+    assert signed_from_arrays(signed_arrays(good, "x-"), "x-") == good
+    signers = verify_contributions(good, roster, run_id=5, round_number=1, min_holders=2)
+    assert signers == sorted(key.public_bytes() for key in keys)
+    cases = {
+        "not on the roster": [good[0], entry(IdentityKey.generate(), b"z")],
+        "same member": [good[0], entry(keys[0], b"other")],
+        "does not verify": [good[0], entry(keys[1], b"y", run=6)],
+        "fewer than min-holders": [good[0]],
+    }
+    for needle, entries in cases.items():
+        with pytest.raises(UnverifiedSumError, match=needle):
+            verify_contributions(entries, roster, run_id=5, round_number=1, min_holders=2)
+    with pytest.raises(UnverifiedSumError, match="does not verify"):
+        verify_contributions(good, roster, run_id=5, round_number=2, min_holders=2)
+
+
+@pytest.mark.parametrize("k", [1, 20])
+def test_the_decryption_error_estimate_matches_tenseal(
+    secret_ctx: ts.Context, public_ctx: ts.Context, k: int
+) -> None:
+    """The per-slot error model of the flooding (SEAL's rounding noise, sqrt(k) for a sum)
+    against measured decryptions: std within 25% (1,000+ slots), every error below the bound."""
+    from fedparity.mechanisms.ckks import decryption_error_bound, encryption_noise_std
+
+    rng = np.random.default_rng(k)
+    errors = []
+    for _ in range(4):
+        values = rng.uniform(-1.0, 1.0, size=(k, 400))
+        payloads = [encrypt_vector(secret_ctx, row) for row in values]
+        total, _ = add_ciphertexts(public_ctx, payloads, expected_size=400)
+        errors.append(decrypt_vector(secret_ctx, total) - values.sum(axis=0))
+    error = np.concatenate(errors)
+    expected = encryption_noise_std(CkksParameters()) * math.sqrt(k)
+    assert 0.75 * expected < error.std() < 1.25 * expected, (error.std(), expected)
+    bound = decryption_error_bound(CkksParameters(), num_ciphertexts=k, max_magnitude=float(k))
+    assert np.abs(error).max() < bound
+
+
+def test_flooding_noise_is_keyed_gaussian_and_rounded() -> None:
+    from fedparity.mechanisms.ckks import flood, flooding_std, keyed_gaussian
+
+    draws = keyed_gaussian(b"k" * 32, b"message", 200_000)
+    assert draws.size == 200_000
+    # mean within 5 standard errors, variance within 5 standard errors (sd of s^2 ~ sqrt(2/n))
+    assert abs(draws.mean()) < 5 / math.sqrt(draws.size)
+    assert abs(draws.var() - 1.0) < 5 * math.sqrt(2 / draws.size)
+    assert stats.kstest(draws[:20_000], "norm").pvalue > 1e-4
+    np.testing.assert_array_equal(draws[:100], keyed_gaussian(b"k" * 32, b"message", 100))
+    assert not np.array_equal(draws[:100], keyed_gaussian(b"k" * 32, b"other", 100))
+    assert not np.array_equal(draws[:100], keyed_gaussian(b"j" * 32, b"message", 100))
+    assert flooding_std(1e-9, num_values=40, security_bits=30) == pytest.approx(
+        2**15 * math.sqrt(80) * 1e-9
+    )
+    values = np.linspace(-3.0, 3.0, 50)
+    flooded = flood(values, std=1e-3, key=b"k", message=b"m")
+    grid = 2.0**-10
+    np.testing.assert_array_equal(flooded, np.round(flooded / grid) * grid)
+    assert 0 < np.abs(flooded - values).max() < 6e-3
+
+
+def test_flood_keys_come_from_the_secret_key(keys: KeyPaths, tmp_path: Path) -> None:
+    """Every holder of one secret context derives the same flooding key; another key pair
+    derives another (and the public context has nothing to derive it from)."""
+    from fedparity.mechanisms.ckks import flood_key
+
+    first = flood_key(load_secret_context(keys.secret))
+    assert first == flood_key(load_secret_context(keys.secret))
+    other = generate_keys(tmp_path / "other")
+    assert flood_key(load_secret_context(other.secret)) != first

@@ -295,3 +295,49 @@ def test_keys_refuses_parameters_below_128_bit_security(
     for needle in needles:
         assert needle in err, (needle, err)
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_keys_for_holders_writes_private_folders_a_roster_and_the_public_context_apart(
+    tmp_path: Path,
+) -> None:
+    """`fedparity keys --holders 3`: one private folder per holder (the shared secret
+    context and its own identity key), the roster of the three keys, and the public context
+    only in --public-out; a node loads its material from the folder."""
+    import stat
+
+    from fedparity.clients.identity import node_identity
+    from fedparity.mechanisms.ckks import load_public_context, load_secret_context
+    from fedparity.mechanisms.identity import Roster
+
+    out, public = tmp_path / "holders", tmp_path / "server"
+    payload = run_json(["keys", "--holders", "3", "--out", str(out), "--public-out", str(public)])
+    roster = Roster.from_file(payload["roster"])
+    assert len(roster) == 3
+    keys = set()
+    for index, holder in enumerate(payload["holders"]):
+        folder = Path(holder["folder"])
+        assert folder == (out / f"holder-{index}").resolve()
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        for name in ("secret_context", "identity_key"):
+            assert stat.S_IMODE(Path(holder[name]).stat().st_mode) == 0o600
+        load_secret_context(holder["secret_context"])
+        identity = node_identity(
+            {"identity-key": holder["identity_key"], "roster": holder["roster"]}
+        )
+        key, own_roster = identity.require("test")
+        assert own_roster == roster
+        keys.add(key.public_bytes())
+    assert len(keys) == 3  # one identity per holder, one shared secret context
+    secrets = {Path(h["secret_context"]).read_bytes() for h in payload["holders"]}
+    assert len(secrets) == 1
+    assert [p.name for p in public.iterdir()] == ["public_context.tenseal"]
+    load_public_context(payload["public_context"])  # no secret key in it
+    assert not list(out.rglob("public_context.tenseal"))
+    # Without --public-out, or with it inside --out, or again without --overwrite: refused.
+    for argv in (
+        ["keys", "--holders", "3", "--out", str(tmp_path / "x")],
+        ["keys", "--holders", "3", "--out", str(out), "--public-out", str(out / "pub")],
+        ["keys", "--holders", "3", "--out", str(out), "--public-out", str(public)],
+    ):
+        code, _ = run(argv)
+        assert code == 2

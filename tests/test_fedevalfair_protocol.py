@@ -6,20 +6,29 @@ FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Feder
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
 version).
 
-What is checked: a node's round-1/2 replies carry one uint8 ciphertext and nothing else; the
-server's context has no secret key and cannot decrypt; the three rounds give the same
-p-values as the plaintext computation (1e-6); bad ciphertexts are rejected, not fatal.
+What is checked: a node's round-1/2 replies carry one uint8 ciphertext with its signature
+and signer and nothing else; the server's context has no secret key and cannot decrypt; the
+rounds (with the endorsement between rounds 1 and 2) give the same p-values as the plaintext
+computation (1e-6, with the key holders' flooding noise); bad ciphertexts are rejected, not
+fatal. The attacks of an active server are in tests/test_ckks_active_server.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from fedparity.clients.app import fef_round1, fef_round2, fef_round3, load_shard_for
+from fedparity.clients.app import (
+    fef_endorse,
+    fef_round1,
+    fef_round2,
+    fef_round3,
+    load_shard_for,
+)
 from fedparity.clients.config import RunConfig
 from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, holder_predictions
 from fedparity.clients.task import build_model, get_arrays, set_arrays
@@ -27,7 +36,10 @@ from fedparity.mechanisms.ckks import (
     NODE_CONFIG_KEY,
     CkksParameters,
     KeyPaths,
+    UnverifiedSumError,
+    ciphertext_transcript,
     context_has_secret_key,
+    contributors_digest,
     decrypt_vector,
     encrypt_vector,
     from_array,
@@ -37,13 +49,16 @@ from fedparity.mechanisms.ckks import (
     to_array,
 )
 from fedparity.mechanisms.fairtest import fedevalfair
+from fedparity.mechanisms.identity import IdentityKey
 from fedparity.mechanisms.protocol import (
     BLOCKS,
+    FEF_ENDORSE_MESSAGE_TYPE,
     FEF_KEY,
     FEF_ROUND_MESSAGE_TYPES,
     ROUND1_SIZE,
     ROUND2_SIZE,
 )
+from fedparity.server.cli.identity import write_node_identities
 from fedparity.strategies.fedevalfair import FedEvalFairProtocol
 
 NUM_HOLDERS = 3
@@ -53,19 +68,30 @@ RUN_CONFIG = {"task": "fedevalfair", "users-per-node": 1500, "fef-resamples": 60
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 
+RUN_ID = 1
+
+
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
     return generate_keys(tmp_path_factory.mktemp("keys"))
 
 
-def holder_context(partition_id: int, keys: KeyPaths) -> Context:
+@pytest.fixture(scope="module")
+def identities(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """node-<i>.key and roster.toml for the holders (what fedparity identity writes)."""
+    return write_node_identities(tmp_path_factory.mktemp("identity"), NUM_HOLDERS)
+
+
+def holder_context(partition_id: int, keys: KeyPaths, identities: Path) -> Context:
     return Context(
-        run_id=1,
+        run_id=RUN_ID,
         node_id=100 + partition_id,
         node_config={
             "partition-id": partition_id,
             "num-partitions": NUM_HOLDERS,
             NODE_CONFIG_KEY: str(keys.secret),
+            "identity-key": str(identities / f"node-{partition_id}.key"),
+            "roster": str(identities / "roster.toml"),
         },
         state=RecordDict(),
         run_config=dict(RUN_CONFIG),
@@ -73,9 +99,32 @@ def holder_context(partition_id: int, keys: KeyPaths) -> Context:
 
 
 def request(node_id: int, round_index: int, content: RecordDict) -> Message:
-    return Message(
-        content=content, dst_node_id=node_id, message_type=FEF_ROUND_MESSAGE_TYPES[round_index]
+    message_type = (
+        FEF_ENDORSE_MESSAGE_TYPE
+        if round_index == "endorse"
+        else FEF_ROUND_MESSAGE_TYPES[round_index]  # type: ignore[index]
     )
+    return Message(content=content, dst_node_id=node_id, message_type=message_type)
+
+
+def endorsed_round2_content(
+    protocol: FedEvalFairProtocol,
+    first,
+    verifier: Context,
+    config: RunConfig,  # noqa: ANN001
+) -> RecordDict:
+    """The endorsement exchange with one verifier, and the round-2 content it allows."""
+    reply = fef_endorse(
+        request(verifier.node_id, "endorse", protocol.endorse_content(first.entries)),  # type: ignore[arg-type]
+        verifier,
+        config,
+    )
+    contributors = [entry.signer for entry in first.entries]
+    total, endorsements, rejected = protocol.collect_endorsements(
+        [reply], [verifier.node_id], contributors, run_id=RUN_ID
+    )
+    assert total is not None and not rejected
+    return protocol.round2_content(total, contributors, [(e, s) for _, e, s in endorsements])
 
 
 def model_arrays(config: RunConfig) -> ArrayRecord:
@@ -115,14 +164,14 @@ def test_server_context_holds_no_secret_key(keys: KeyPaths) -> None:
         FedEvalFairProtocol(load_secret_context(keys.secret))
 
 
-def test_three_rounds_match_the_plaintext_test(keys: KeyPaths) -> None:
+def test_three_rounds_match_the_plaintext_test(keys: KeyPaths, identities: Path) -> None:
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
     protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    contexts = [holder_context(p, keys) for p in range(NUM_HOLDERS)]
+    contexts = [holder_context(p, keys, identities) for p in range(NUM_HOLDERS)]
     nodes = [c.node_id for c in contexts]
 
-    # Round 1: one ciphertext per node and nothing else.
+    # Round 1: one signed ciphertext per node and nothing else.
     replies = [
         fef_round1(request(c.node_id, 0, protocol.round1_content(arrays)), c, config)
         for c in contexts
@@ -131,34 +180,33 @@ def test_three_rounds_match_the_plaintext_test(keys: KeyPaths) -> None:
         content = reply.content
         assert list(content.array_records) == [FEF_KEY]
         assert not content.metric_records and not content.config_records
-        assert list(content.array_records[FEF_KEY]) == ["ciphertext"]
+        assert list(content.array_records[FEF_KEY]) == ["ciphertext", "signature", "signer"]
         assert content.array_records[FEF_KEY]["ciphertext"].numpy().dtype == np.uint8
-    sum1, round1, rejected, unable, uploaded = protocol.collect_ciphertexts(
-        1, nodes, replies, ROUND1_SIZE
-    )
-    assert round1 == nodes and not rejected and not unable
+    first = protocol.collect_round(1, nodes, replies, ROUND1_SIZE, run_id=RUN_ID)
+    assert list(first.accepted) == nodes and not first.rejected and not first.unable
     # The server cannot read what it added: decrypting needs the secret key.
     with pytest.raises(Exception):  # noqa: B017 - tenseal raises its own error types
-        decrypt_vector(load_public_context(keys.public), sum1)
+        decrypt_vector(load_public_context(keys.public), first.total)
 
-    # Round 2
-    replies = [
-        fef_round2(request(c.node_id, 1, protocol.round2_content(sum1, len(round1))), c, config)
-        for c in contexts
-    ]
+    # Endorsement (verifier: holder 0), then round 2
+    content = endorsed_round2_content(protocol, first, contexts[0], config)
+    replies = [fef_round2(request(c.node_id, 1, content), c, config) for c in contexts]
     for reply in replies:
-        assert list(reply.content.array_records[FEF_KEY]) == ["ciphertext"]
+        assert list(reply.content.array_records[FEF_KEY]) == ["ciphertext", "signature", "signer"]
         assert not reply.content.metric_records
-    sum2, round2, rejected, _, _ = protocol.collect_ciphertexts(2, round1, replies, ROUND2_SIZE)
-    assert round2 == nodes and not rejected
+    reference = contributors_digest(entry.signer for entry in first.entries)
+    second = protocol.collect_round(
+        2, nodes, replies, ROUND2_SIZE, run_id=RUN_ID, reference=reference
+    )
+    assert list(second.accepted) == nodes and not second.rejected
 
-    # Round 3: two key holders release the same aggregates.
+    # Round 3: two key holders release the same (noise-flooded) aggregates.
     holders = contexts[:2]
-    content = protocol.round3_content(sum1, len(round1), sum2, len(round2))
+    content = protocol.round3_content(first.entries, second.entries)
     replies = [fef_round3(request(c.node_id, 2, content), c, config) for c in holders]
     releases, rejected = protocol.collect_releases(replies, [c.node_id for c in holders])
     assert len(releases) == 2 and not rejected
-    np.testing.assert_allclose(releases[0], releases[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(releases[0], releases[1])  # the same keyed noise
 
     expected = plaintext_reports(config, arrays)
     for block in protocol.reports(releases[0]):
@@ -172,48 +220,58 @@ def test_three_rounds_match_the_plaintext_test(keys: KeyPaths) -> None:
             assert mine.statistic == pytest.approx(theirs.statistic, rel=1e-6, abs=1e-9)
 
 
-def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(keys: KeyPaths, tmp_path: Path) -> None:
+def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(
+    keys: KeyPaths, identities: Path, tmp_path: Path
+) -> None:
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
     protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    contexts = [holder_context(p, keys) for p in range(NUM_HOLDERS)]
+    contexts = [holder_context(p, keys, identities) for p in range(NUM_HOLDERS)]
     good = [
         fef_round1(request(c.node_id, 0, protocol.round1_content(arrays)), c, config)
         for c in contexts
     ]
-    garbage = Message(
-        content=RecordDict({FEF_KEY: ArrayRecord({"ciphertext": _array(b"not a ciphertext")})}),
-        reply_to=request(200, 0, RecordDict({})),
-    )
     other_keys = generate_keys(tmp_path / "other", None)
     foreign_parameters = CkksParameters(16384, (60, 40, 40, 60), 40)
     foreign = encrypt_vector(foreign_parameters.make_context(), np.ones(ROUND1_SIZE))
-    wrong_parameters = Message(
-        content=RecordDict({FEF_KEY: ArrayRecord({"ciphertext": _array(foreign)})}),
-        reply_to=request(201, 0, RecordDict({})),
+    short = encrypt_vector(load_secret_context(other_keys.secret), np.ones(5))
+    # Each bad payload is properly signed (by a key of its own), so it is rejected for what
+    # it carries, not for a missing signature.
+    bad = [
+        signed_reply(node, payload)
+        for node, payload in ((200, b"not a ciphertext"), (201, foreign), (202, short))
+    ]
+    unsigned = Message(
+        content=RecordDict({FEF_KEY: ArrayRecord({"ciphertext": _array(short)})}),
+        reply_to=request(203, 0, RecordDict({})),
     )
-    wrong_length = Message(
-        content=RecordDict(
-            {
-                FEF_KEY: ArrayRecord(
-                    {
-                        "ciphertext": _array(
-                            encrypt_vector(load_secret_context(other_keys.secret), np.ones(5))
-                        )
-                    }
-                )
-            }
-        ),
-        reply_to=request(202, 0, RecordDict({})),
-    )
-    nodes = [c.node_id for c in contexts] + [200, 201, 202]
+    nodes = [c.node_id for c in contexts] + [200, 201, 202, 203]
     total, accepted, rejected, _, _ = protocol.collect_ciphertexts(
-        1, nodes, [*good, garbage, wrong_parameters, wrong_length], ROUND1_SIZE
+        1, nodes, [*good, *bad, unsigned], ROUND1_SIZE, run_id=RUN_ID
     )
     assert accepted == [c.node_id for c in contexts]
-    assert sorted(item.node_id for item in rejected) == [200, 201, 202]
+    assert sorted(item.node_id for item in rejected) == [200, 201, 202, 203]
+    assert "not signed" in next(item.reason for item in rejected if item.node_id == 203)
     decrypted = decrypt_vector(load_secret_context(keys.secret), total, expected_size=ROUND1_SIZE)
     assert decrypted[-1] == pytest.approx(3.0, abs=1e-4)  # count slot: the three good ones
+
+
+def signed_reply(node: int, payload: bytes, round_number: int = 1) -> Message:
+    """A round reply from ``node`` carrying ``payload``, signed by a fresh identity key."""
+    key = IdentityKey.generate()
+    digest = hashlib.sha256(payload).digest()
+    signature = key.sign(ciphertext_transcript(RUN_ID, round_number, digest, b""))
+    record = ArrayRecord(
+        {
+            "ciphertext": _array(payload),
+            "signature": _array(signature),
+            "signer": _array(key.public_bytes()),
+        }
+    )
+    return Message(
+        content=RecordDict({FEF_KEY: record}),
+        reply_to=request(node, round_number - 1, RecordDict({})),
+    )
 
 
 def _array(data: bytes) -> Array:
@@ -225,22 +283,18 @@ def test_arrays_roundtrip_is_lossless() -> None:
     assert from_array(to_array(payload)) == payload
 
 
-def test_a_key_holder_never_opens_a_sum_of_fewer_than_min_holders(keys: KeyPaths) -> None:
-    """The attack (security review H4): the server calls one holder's own ciphertexts a "sum"
-    of count 1 and asks a key holder to release it -- that holder's individual statistics.
-    The node's policy (min-holders, built-in 2) refuses before anything is decrypted."""
-    from fedparity.clients.policy import PolicyRefusal
-
+def test_a_verifier_never_endorses_a_sum_of_fewer_than_min_holders(
+    keys: KeyPaths, identities: Path
+) -> None:
+    """The server asks a verifier to endorse one holder's own ciphertext as a "sum" (it would
+    then be decrypted by every holder): refused before anything is computed."""
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
     protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    victim, key_holder = holder_context(0, keys), holder_context(1, keys)
+    victim, verifier = holder_context(0, keys, identities), holder_context(1, keys, identities)
     reply = fef_round1(request(victim.node_id, 0, protocol.round1_content(arrays)), victim, config)
-    single, members, *_ = protocol.collect_ciphertexts(1, [victim.node_id], [reply], ROUND1_SIZE)
-    assert members == [victim.node_id]
-    content = protocol.round2_content(single, 1)
-    with pytest.raises(PolicyRefusal, match="fewer than min-holders holders is never decrypted"):
-        fef_round2(request(key_holder.node_id, 1, content), key_holder, config)
-    content = protocol.round3_content(single, 1, single, 1)
-    with pytest.raises(PolicyRefusal, match="fewer than min-holders"):
-        fef_round3(request(key_holder.node_id, 2, content), key_holder, config)
+    first = protocol.collect_round(1, [victim.node_id], [reply], ROUND1_SIZE, run_id=RUN_ID)
+    assert list(first.accepted) == [victim.node_id]
+    content = protocol.endorse_content(first.entries)
+    with pytest.raises(UnverifiedSumError, match="fewer than min-holders holders"):
+        fef_endorse(request(verifier.node_id, "endorse", content), verifier, config)  # type: ignore[arg-type]

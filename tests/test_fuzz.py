@@ -22,17 +22,19 @@ from hypothesis import strategies as st
 
 from fedparity.clients import FPFLNodeSettings, FPFLShard, LocalUsers, fpfl_handlers
 from fedparity.clients.ldp import ldp_audit_handler
+from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, build_mechanism
 from fedparity.mechanisms.laplace import LaplaceMechanism
 from fedparity.mechanisms.protocol import FPFL_KEY, METRICS_KEY, REPORTS_KEY
 from fedparity.server.cli import main as cli_main
 from fedparity.strategies.ldp_audit import LdpGapAudit
+from tests.fpfl_nodes import MaskingNodes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 #: What a node may raise for a message it refuses (Flower turns it into an error reply).
-REFUSALS = (ValueError, TypeError, KeyError, PolicyRefusal)
+REFUSALS = (ValueError, TypeError, KeyError, PolicyRefusal, NodeRefusal)
 FUZZ = settings(
     max_examples=120,
     deadline=None,
@@ -178,29 +180,23 @@ def set_up(handlers: dict, context: Context) -> bytes:
     return bytes(reply.content.config_records[FPFL_KEY]["public-key"])  # type: ignore[arg-type]
 
 
+def pinned_nodes() -> MaskingNodes:
+    """Nodes 3-6 with their keys pinned; node 3 is the one under test."""
+    nodes = MaskingNodes([3, 4, 5, 6], SETTINGS, policy=NodePrivacyPolicy(min_survivors=3))
+    nodes.setup()
+    nodes.pin()
+    return nodes
+
+
 @FUZZ
 @given(data=st.data())
 def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
     data: st.DataObject,
 ) -> None:
-    from fedparity.clients.fpfl_task import get_flat_parameters
-    from fedparity.mechanisms.secure_sum import MaskingKeyPair
-
-    handlers = fpfl_handlers(make_model, node_users, SETTINGS)
-    context = context_for({})
-    own_key = set_up(handlers, context)
-    peers = [MaskingKeyPair.generate().public_bytes() for _ in range(2)]
-    weights = get_flat_parameters(make_model())
-    valid = {
-        "round": 1,
-        "population-size": 1000,
-        "num-nodes": 3,
-        "peer-ids": [3, 4, 5],
-        "codec-range": 100.0,
-        "run-salt": SALT,
-        "peer-keys": [own_key, *peers],
-    }
+    nodes = pinned_nodes()
+    valid = {"round": 1, "population-size": 1000, "peer-ids": [3, 4, 5, 6]}
     config = config_record(mutate(valid, data))
+    weights = nodes.weights
     weight_choice = data.draw(st.sampled_from(["valid", "short", "nan", "text"]))
     sent = {
         "valid": weights,
@@ -208,57 +204,45 @@ def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
         "nan": np.full_like(weights, np.nan),
         "text": np.array(["x"] * weights.size),
     }[weight_choice]
-    message = Message(
-        RecordDict({FPFL_KEY: ArrayRecord({"weights": Array(sent)}), "config": config}),
-        dst_node_id=3,
-        message_type="query.fpfl_round",
-    )
+    content = RecordDict({FPFL_KEY: ArrayRecord({"weights": Array(sent)}), "config": config})
     try:
-        reply = handlers["fpfl_round"](message, context)
+        reply = nodes.send("fpfl_round", 3, content)
     except REFUSALS as refusal:
         event(f"refused: {type(refusal).__name__}")
         assert str(refusal)
         return
     event("answered")
-    # Answered: the node's policy requires masking, so what leaves it is a masked vector.
+    # Answered: the node's policy requires masking, so what leaves it is a masked vector
+    # and sealed shares, for pinned members only.
     record = reply.content.array_records[FPFL_KEY]
     assert set(record) == {"masked"}
     assert record["masked"].numpy().dtype == np.uint64
+    recipients = set(reply.content.config_records["shares"]["recipients"])  # type: ignore[arg-type]
+    assert recipients <= {4, 5, 6}
 
 
 @FUZZ
 @given(data=st.data())
 def test_an_fpfl_node_refuses_any_reveal_it_should_not_give(data: st.DataObject) -> None:
-    from fedparity.mechanisms.secure_sum import MaskingKeyPair
-
-    handlers = fpfl_handlers(make_model, node_users, SETTINGS)
-    context = context_for({"min-survivors": 3})
-    own_key = set_up(handlers, context)
-    peers = [MaskingKeyPair.generate().public_bytes() for _ in range(3)]
-    valid = {
-        "round": 1,
-        "survivors": [3, 4, 5],
-        "dropped": [6],
-        "run-salt": SALT,
-        "peer-ids": [3, 4, 5, 6],
-        "peer-keys": [own_key, *peers],
-    }
+    nodes = pinned_nodes()
+    replies = nodes.round(1, nodes=[3, 4, 5])
+    valid = dict(nodes.unmask_content(1, 3, [3, 4, 5], [6], replies.sealed)[FPFL_KEY])
     config = config_record(mutate(valid, data))
-    message = Message(
-        RecordDict({FPFL_KEY: config}), dst_node_id=3, message_type="query.fpfl_reveal"
-    )
     try:
-        reply = handlers["fpfl_reveal"](message, context)
+        reply = nodes.send("fpfl_reveal", 3, RecordDict({FPFL_KEY: config}))
     except REFUSALS as refusal:
         event(f"refused: {type(refusal).__name__}")
         assert str(refusal)
         return
     event("revealed")
-    # Revealed: only for dropped nodes, with at least min-survivors survivors, this node one.
+    # Revealed: only the round's true split, with at least min-survivors survivors, this node
+    # one; seeds only for dropped nodes and shares only of survivors.
     survivors = [int(n) for n in config["survivors"]]  # type: ignore[union-attr]
-    revealed = [int(n) for n in reply.content.config_records[FPFL_KEY]["dropped"]]  # type: ignore[union-attr]
+    record = reply.content.config_records[FPFL_KEY]
+    revealed = [int(n) for n in record["dropped"]]  # type: ignore[union-attr]
+    owners = [int(n) for n in record["share-owners"]]  # type: ignore[union-attr]
     assert len(set(survivors)) >= 3 and 3 in survivors
-    assert not set(revealed) & set(survivors)
+    assert not set(revealed) & set(survivors) and set(owners) == set(survivors)
 
 
 # --- the server: any reply to an audit is accepted or counted as rejected -----------------------
@@ -395,9 +379,17 @@ def test_a_key_holder_refuses_any_sum_it_cannot_verify(
     action: str, data: st.DataObject, holder_key: Path
 ) -> None:
     from fedparity.clients import fedevalfair_handlers
+    from fedparity.clients.identity import NodeIdentity
+    from fedparity.mechanisms.identity import IdentityKey, Roster
     from fedparity.mechanisms.protocol import FEF_KEY
 
-    handlers = fedevalfair_handlers(None, secret_context=holder_key)
+    # A holder with an identity and a roster, so the fuzzed message reaches the checks of the
+    # sum itself (signatures, contributors, endorsements) instead of the identity refusal.
+    key = IdentityKey.generate()
+    identity = NodeIdentity(key, Roster.from_keys({"holder": key}))
+    handlers = fedevalfair_handlers(
+        None, secret_context=holder_key, identity=lambda context: identity
+    )
     valid = {"round1-count": 3, "round2-count": 3}
     config = config_record(mutate(valid, data))
     arrays = {}
@@ -485,7 +477,6 @@ def test_the_server_rejects_every_malformed_fpfl_sum(data: st.DataObject) -> Non
         node_ids=[1, 2, 3],
         vector_size=5,
         population_size=100,
-        max_node_users=40,
         noise_multiplier=0.0,
         clipping_bound=1.0,
         masking=masking,

@@ -2,8 +2,8 @@
 adds all three of fedparity's capabilities through the public API -- the LDP audit, the
 FedEvalFair test and FPFL training -- and runs through ``flwr run`` on the simulation engine.
 
-The nodes' own data folder and secret key reach them through the environment their
-runtime was started with (a node-side setting), never through the run config.
+The nodes' own data folder, secret key and identity keys reach them through the environment
+their runtime was started with (a node-side setting), never through the run config.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import pytest
 
 from fedparity.clients import LocalUsers
 from fedparity.clients.fedevalfair import rows_statistics
+from fedparity.clients.identity import IDENTITY_DIR_ENV
 from fedparity.mechanisms.ckks import generate_keys
 from fedparity.mechanisms.fairtest import fedevalfair
 from fedparity.mechanisms.protocol import BLOCKS
+from fedparity.server.cli.identity import write_node_identities
 
 try:
     from tests.flower_processes import local_simulation
@@ -65,8 +67,14 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
     data.mkdir()
     task.write_population(data, NUM_NODES)
     keys = generate_keys(tmp_path / "keys")
+    identities = write_node_identities(tmp_path / "identity", NUM_NODES)
     output = tmp_path / "out"
-    env = {"USERAPP_DATA_DIR": str(data), "USERAPP_SECRET_CONTEXT": str(keys.secret)}
+    env = {
+        "USERAPP_DATA_DIR": str(data),
+        "USERAPP_SECRET_CONTEXT": str(keys.secret),
+        # the holders' identity keys and roster (FedEvalFair against an active server)
+        IDENTITY_DIR_ENV: str(identities),
+    }
     with local_simulation(APP, NUM_NODES, tmp_path / "flwr-home", env=env) as simulation:
         run = simulation.run(
             {

@@ -9,19 +9,26 @@ homomorphically encrypted and the server computes on ciphertexts only; here the 
 Pure numpy + TenSEAL, imported only inside the functions that need it (no Flower import): the
 Flower handlers and strategy call these functions. Modules: :mod:`.keys` (parameters, key
 files), :mod:`.vectors` (one-ciphertext messages and the checks after decryption),
-:mod:`.aggregation` (the server's sum), :mod:`.errors`.
+:mod:`.aggregation` (the server's sum, and a holder's own recomputation), :mod:`.signing`
+(signed ciphertexts and endorsed sums), :mod:`.flooding` (noise flooding of released
+decryptions), :mod:`.errors`.
 
 Threat model
 ------------
-* **Server**: honest-but-curious. It holds only the *public* TenSEAL context (no secret key;
+* **Server**: it holds only the *public* TenSEAL context (no secret key;
   :func:`load_public_context` refuses a file that has one and :func:`add_ciphertexts` refuses
-  a context that has one). It receives ciphertexts, adds them and forwards the sums; the only
-  plaintext it ever receives is the aggregate vector that the key holders release in round 3.
+  a context that has one). It receives ciphertexts, adds them and forwards them; the only
+  plaintext it ever receives is the aggregate vector that the key holders release in round 3,
+  noise-flooded (:mod:`.flooding`). Against an *active* server (forged sums, claimed counts,
+  replays) holders decrypt only sums of ciphertexts signed by distinct members of their roster
+  for the run and round (:mod:`.signing`); docs/threat-model.md has the whole model.
 * **Key holders**: the clients (one secret context shared by all of them, provisioned out of
   band, see :func:`secret_context_path`) or a separate key authority holding the same file.
   TenSEAL has no threshold decryption: a server that colludes with *one* key holder can decrypt
   every ciphertext it received. Transport encryption (TLS) must keep clients from reading
-  each other's uploads; the server never forwards an individual ciphertext, only sums.
+  each other's uploads. The verifiers and key holders receive the individual signed
+  ciphertexts (to recompute the sums they decrypt), so a curious key holder can read them:
+  make them a key authority where holders do not trust each other.
 
 Protocol (at most three communication rounds; one ciphertext per client per round)
 ----------------------------------------------------------------------------------

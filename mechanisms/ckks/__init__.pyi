@@ -1,4 +1,5 @@
 from .aggregation import add_ciphertexts as add_ciphertexts
+from .aggregation import sum_ciphertexts as sum_ciphertexts
 from .errors import CountSlotError as CountSlotError
 from .errors import DecryptionCheckError as DecryptionCheckError
 from .errors import KeyMaterialError as KeyMaterialError
@@ -6,6 +7,13 @@ from .errors import MagnitudeCheckError as MagnitudeCheckError
 from .errors import NoValidCiphertextError as NoValidCiphertextError
 from .errors import ProtocolError as ProtocolError
 from .errors import StaleReferenceError as StaleReferenceError
+from .flooding import STATISTICAL_SECURITY_BITS as STATISTICAL_SECURITY_BITS
+from .flooding import decryption_error_bound as decryption_error_bound
+from .flooding import encryption_noise_std as encryption_noise_std
+from .flooding import flood as flood
+from .flooding import flood_key as flood_key
+from .flooding import flooding_std as flooding_std
+from .flooding import keyed_gaussian as keyed_gaussian
 from .keys import DEFAULT_KEY_DIR as DEFAULT_KEY_DIR
 from .keys import MAX_COEFF_MODULUS_BITS_128 as MAX_COEFF_MODULUS_BITS_128
 from .keys import MAX_PRIME_BITS as MAX_PRIME_BITS
@@ -22,6 +30,17 @@ from .keys import generate_keys as generate_keys
 from .keys import load_public_context as load_public_context
 from .keys import load_secret_context as load_secret_context
 from .keys import secret_context_path as secret_context_path
+from .signing import SignedCiphertext as SignedCiphertext
+from .signing import UnverifiedSumError as UnverifiedSumError
+from .signing import ciphertext_transcript as ciphertext_transcript
+from .signing import contributors_digest as contributors_digest
+from .signing import endorsement_transcript as endorsement_transcript
+from .signing import pack_keys as pack_keys
+from .signing import signed_arrays as signed_arrays
+from .signing import signed_from_arrays as signed_from_arrays
+from .signing import unpack_keys as unpack_keys
+from .signing import verify_contributions as verify_contributions
+from .signing import verify_endorsements as verify_endorsements
 from .vectors import COUNT_BYTES as COUNT_BYTES
 from .vectors import DEFAULT_AGREEMENT_TOLERANCE as DEFAULT_AGREEMENT_TOLERANCE
 from .vectors import DEFAULT_COUNT_TOLERANCE as DEFAULT_COUNT_TOLERANCE

@@ -101,3 +101,27 @@ def add_ciphertexts(
         )
     rejections.sort(key=lambda rejection: rejection.index)
     return total.serialize(), rejections
+
+
+def sum_ciphertexts(context: ts.Context, payloads: Sequence[bytes], *, expected_size: int) -> bytes:
+    """A holder's own recomputation of a sum: every payload must be one fresh CKKS ciphertext
+    of ``context``'s parameters with ``expected_size`` slots (any other raises ``ValueError``
+    with a fixed sentence: a holder never sums around a bad ciphertext it was sent). Unlike
+    :func:`add_ciphertexts` it works with a secret context too; it decrypts nothing.
+    """
+    if not payloads:
+        raise ValueError("no ciphertexts to add")
+    total: ts.CKKSVector | None = None
+    for payload in payloads:
+        try:
+            vector = _load_vector(context, payload)
+        except _Invalid:
+            raise ValueError("a ciphertext of the sum is not a valid ciphertext") from None
+        if vector.size() != expected_size:
+            raise ValueError("a ciphertext of the sum has the wrong number of slots")
+        if total is None:
+            total = vector
+        else:
+            total.add_(vector)
+    assert total is not None
+    return total.serialize()

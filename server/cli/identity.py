@@ -3,17 +3,62 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ._common import UsageError, _emit, _int_at_least
+
+if TYPE_CHECKING:
+    from ...mechanisms.identity import IdentityKey, Roster
+
+
+def write_identities(
+    files: Mapping[str, Path], roster_path: Path, *, overwrite: bool = False
+) -> tuple[dict[str, IdentityKey], Roster]:
+    """Write a fresh identity key for every ``name: file`` (mode 0600, folder 0700) and add
+    their public keys to the roster at ``roster_path`` (created, or extended if it exists).
+
+    Raises
+    ------
+    FileExistsError
+        A key file exists, or the roster already lists a name, and not ``overwrite``.
+    """
+    from ...mechanisms.identity import IdentityKey, Roster
+
+    existing: dict[str, bytes] = {}
+    if roster_path.exists():
+        existing = dict(Roster.from_file(roster_path).members)
+    for name, file in files.items():
+        if file.exists() and not overwrite:
+            raise FileExistsError(f"{file} exists (use --overwrite to replace it)")
+        if name in existing and not overwrite:
+            raise FileExistsError(f"{roster_path} already lists {name!r} (use --overwrite)")
+    keys = {}
+    for name, file in files.items():
+        keys[name] = IdentityKey.generate()
+        keys[name].write(file, overwrite=overwrite)
+    roster = Roster({**existing, **{name: key.public_bytes() for name, key in keys.items()}})
+    roster.write(roster_path)
+    return keys, roster
+
+
+def write_node_identities(folder: str | Path, num_nodes: int, *, overwrite: bool = False) -> Path:
+    """``node-0.key`` .. ``node-<num_nodes - 1>.key`` and ``roster.toml`` in ``folder``: the
+    layout a simulation's ``FEDPARITY_IDENTITY_DIR`` names (what ``fedparity identity --nodes
+    N --out DIR`` writes). Returns ``folder``."""
+    from ...clients.identity import ROSTER_FILE, identity_key_file
+
+    path = Path(folder).expanduser()
+    files = {f"node-{index}": path / identity_key_file(index) for index in range(num_nodes)}
+    write_identities(files, path / ROSTER_FILE, overwrite=overwrite)
+    return path
 
 
 def run_identity(args: argparse.Namespace, out: TextIO) -> int:
     """Write one identity key per node (mode 0600, for the node only) and the roster of their
     public keys (public: give every node a copy, out of band)."""
     from ...clients.identity import ROSTER_FILE, identity_key_file
-    from ...mechanisms.identity import IdentityKey, Roster
 
     folder = Path(args.out).expanduser()
     if args.nodes is not None and args.name is not None:
@@ -26,20 +71,11 @@ def run_identity(args: argparse.Namespace, out: TextIO) -> int:
         name = args.name or "node"
         files = {name: folder / f"{name}.key"}
     roster_path = Path(args.roster).expanduser() if args.roster else folder / ROSTER_FILE
-    existing: dict[str, bytes] = {}
-    if roster_path.exists():
-        existing = dict(Roster.from_file(roster_path).members)
-    for name, file in files.items():
-        if file.exists() and not args.overwrite:
-            raise UsageError(f"--out: {file} exists (use --overwrite to replace it)")
-        if name in existing and not args.overwrite:
-            raise UsageError(f"--roster: {roster_path} already lists {name!r} (use --overwrite)")
-    keys = {}
-    for name, file in files.items():
-        keys[name] = IdentityKey.generate()
-        keys[name].write(file, overwrite=args.overwrite)
-    roster = Roster({**existing, **{name: key.public_bytes() for name, key in keys.items()}})
-    roster.write(roster_path)
+    try:
+        keys, roster = write_identities(files, roster_path, overwrite=args.overwrite)
+    except FileExistsError as error:
+        flag = "--roster" if "already lists" in str(error) else "--out"
+        raise UsageError(f"{flag}: {error}") from None
     payload = {
         "keys": {name: str(file) for name, file in files.items()},
         "public_keys": {name: key.public_bytes().hex() for name, key in keys.items()},

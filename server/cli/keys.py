@@ -1,8 +1,15 @@
-"""``fedparity keys``: write a CKKS key pair for the encrypted FedEvalFair protocol."""
+"""``fedparity keys``: write a CKKS key pair for the encrypted FedEvalFair protocol.
+
+With ``--holders N`` it writes everything N data holders need, each in a private folder of
+its own (``OUT/holder-<i>/``, mode 0700: the shared secret context and the holder's identity
+key, mode 0600, plus a copy of the roster), the roster of the holders' identity keys
+(``OUT/roster.toml``) and the public context alone in ``--public-out`` (the server's).
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TextIO
 
 from ._common import (
@@ -27,6 +34,8 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
         ) from None
     scale = _int_at_least("--scale-bits", args.scale_bits, 1)
     parameters = CkksParameters(degree, moduli, scale)
+    if args.holders is not None:
+        return _run_holders(args, parameters, out)
     try:
         paths = generate_keys(
             args.out or DEFAULT_KEY_DIR,
@@ -58,6 +67,74 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> int:
+    """``--holders N``: per-holder private folders, the roster, the public context apart."""
+    from ...mechanisms._files import write_file_atomic
+    from ...mechanisms.ckks import SECRET_CONTEXT_FILE, generate_keys
+    from .identity import write_identities
+
+    count = _int_at_least("--holders", args.holders, 2)
+    if not args.out or not args.public_out:
+        raise UsageError(
+            "--holders needs --out (the holders' private folders) and --public-out (the "
+            "server's public context, in a folder of its own)"
+        )
+    folder = Path(args.out).expanduser().resolve()
+    public_folder = Path(args.public_out).expanduser().resolve()
+    if public_folder == folder or folder in public_folder.parents:
+        raise UsageError("--public-out must be a folder apart from --out")
+    holders = [folder / f"holder-{index}" for index in range(count)]
+    roster_path = folder / "roster.toml"
+    identity_files = {holder.name: holder / "identity.key" for holder in holders}
+    if not args.overwrite:
+        for path in (roster_path, *(holder / SECRET_CONTEXT_FILE for holder in holders)):
+            if path.exists():
+                raise UsageError(f"--out: {path} exists (use --overwrite to replace)")
+    folder.mkdir(parents=True, exist_ok=True)
+    if roster_path.exists():  # --overwrite: a new roster of exactly these holders
+        roster_path.unlink()
+    try:
+        paths = generate_keys(
+            holders[0], parameters, overwrite=args.overwrite, public_directory=public_folder
+        )
+        _, roster = write_identities(identity_files, roster_path, overwrite=args.overwrite)
+    except FileExistsError as error:
+        raise UsageError(f"--out: {error} (use --overwrite to replace)") from None
+    secret = paths.secret.read_bytes()
+    for holder in holders:
+        holder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        holder.chmod(0o700)
+        if holder != holders[0]:
+            write_file_atomic(holder / SECRET_CONTEXT_FILE, secret, 0o600)
+        roster.write(holder / "roster.toml")
+    entries = [
+        {
+            "folder": str(holder),
+            "secret_context": str(holder / SECRET_CONTEXT_FILE),
+            "identity_key": str(identity_files[holder.name]),
+            "roster": str(holder / "roster.toml"),
+        }
+        for holder in holders
+    ]
+    payload = {
+        "holders": entries,
+        "roster": str(roster_path),
+        "public_context": str(paths.public),
+        "security_bits": parameters.security_bits,  # type: ignore[attr-defined]
+    }
+    lines = [
+        f"{count} holder folders (each private: hand holder i only OUT/holder-<i>): {folder}",
+        f"roster of the holders' identity keys: {roster_path} (a copy is in every folder)",
+        f"public context (server, run config fef-public-context): {paths.public}",
+        "start holder i with: --node-config \"fef-secret-context='<folder>/"
+        f"{SECRET_CONTEXT_FILE}' identity-key='<folder>/identity.key' "
+        "roster='<folder>/roster.toml'\"",
+        "run this on a key holder or key authority, not on the server's host",
+    ]
+    _emit(payload, "\n".join(lines), args.json, out)
+    return 0
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``fedparity keys`` and its options."""
     keys = commands.add_parser("keys", help="write a CKKS key pair for FedEvalFair")
@@ -70,6 +147,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--public-out",
         default=None,
         help="folder for the public context, to copy to the server (default: --out)",
+    )
+    keys.add_argument(
+        "--holders",
+        default=None,
+        help=(
+            "write N private holder folders OUT/holder-<i> (secret context + identity key), "
+            "the roster, and the public context only in --public-out"
+        ),
     )
     keys.add_argument("--poly-modulus-degree", default="8192")
     keys.add_argument("--coeff-mod-bit-sizes", default="60,40,40,60")

@@ -1,0 +1,239 @@
+"""Signed ciphertexts and endorsed sums: what a FedEvalFair holder checks before it decrypts.
+
+Against an *active* server a holder must never decrypt a ciphertext the server merely calls a
+"sum": the server holds the public key, so it can encrypt anything, add ``Enc(0, ..., 0, 1)``
+to one holder's ciphertext and present the result as the sum of two holders. Here every
+ciphertext a holder uploads is signed with its Ed25519 identity key
+(:mod:`fedparity.mechanisms.identity`) over :func:`ciphertext_transcript` -- a label, the run
+id, the round, the SHA-256 of the ciphertext bytes and, in round 2, the digest of the round-1
+contributors it built on -- so a signature is valid for one run and one round only. A holder
+decrypts only a sum of at least ``min_holders`` such ciphertexts, each signed by a *distinct*
+member of its own roster (:func:`verify_contributions`), and the count it checks the sum's
+count slot against is the number of verified signers, never a number from the server.
+
+Endorsements: round 2 needs the round-1 sum at every holder; sending all k ciphertexts to all
+k holders costs k^2 ciphertexts (~330 kB each). Instead a few designated verifiers recompute
+the sum from the signed ciphertexts and sign :func:`endorsement_transcript` (run, round,
+SHA-256 of the sum they computed, the sorted contributor keys); a holder decrypts a forwarded
+sum only with a valid endorsement by a roster member whose contributor list has at least
+``min_holders`` distinct roster members and includes the holder itself
+(:func:`verify_endorsements`).
+
+Pure Python plus ``cryptography``: no Flower import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, Roster, transcript, verify_signature
+
+__all__ = [
+    "CIPHERTEXT_LABEL",
+    "ENDORSEMENT_LABEL",
+    "SignedCiphertext",
+    "UnverifiedSumError",
+    "ciphertext_transcript",
+    "contributors_digest",
+    "endorsement_transcript",
+    "pack_keys",
+    "signed_arrays",
+    "signed_from_arrays",
+    "unpack_keys",
+    "verify_contributions",
+    "verify_endorsements",
+]
+
+#: Label of a holder's signature on one of its ciphertexts (versioned: a new layout is a new
+#: label, so an old signature never verifies under a new meaning).
+CIPHERTEXT_LABEL = "fedparity/fedevalfair/ciphertext/v1"
+#: Label of a verifier's endorsement of a sum it recomputed.
+ENDORSEMENT_LABEL = "fedparity/fedevalfair/endorsement/v1"
+
+
+class UnverifiedSumError(ValueError):
+    """A sum the holder cannot attribute to enough distinct, signed roster members; nothing is
+    decrypted. The message is a fixed sentence (safe to reach the server)."""
+
+    fixed_text = True
+
+
+@dataclass(frozen=True)
+class SignedCiphertext:
+    """One uploaded ciphertext with its signer's public key and signature."""
+
+    payload: bytes
+    signer: bytes
+    signature: bytes
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the ciphertext bytes (what the signature covers)."""
+        return hashlib.sha256(self.payload).digest()
+
+
+def ciphertext_transcript(run_id: int, round_number: int, digest: bytes, reference: bytes) -> bytes:
+    """What a holder signs for a ciphertext of SHA-256 ``digest`` in ``round_number`` of run
+    ``run_id``; ``reference`` is empty in round 1 and the :func:`contributors_digest` of the
+    round-1 sum the holder decrypted in round 2 (so every round-2 term refers to one sum)."""
+    return transcript(CIPHERTEXT_LABEL, int(run_id), int(round_number), digest, reference)
+
+
+def endorsement_transcript(
+    run_id: int, round_number: int, sum_digest: bytes, contributors: Sequence[bytes]
+) -> bytes:
+    """What a verifier signs for a sum of SHA-256 ``sum_digest`` it recomputed from the
+    ciphertexts of ``contributors`` (sorted public keys) in ``round_number`` of ``run_id``."""
+    return transcript(
+        ENDORSEMENT_LABEL, int(run_id), int(round_number), sum_digest, pack_keys(contributors)
+    )
+
+
+def contributors_digest(keys: Iterable[bytes]) -> bytes:
+    """SHA-256 of the sorted public keys of a sum's contributors (order-free)."""
+    return hashlib.sha256(pack_keys(sorted(bytes(key) for key in keys))).digest()
+
+
+def pack_keys(keys: Sequence[bytes]) -> bytes:
+    """Public keys (32 bytes each) concatenated, in the given order."""
+    return b"".join(bytes(key) for key in keys)
+
+
+def unpack_keys(data: bytes | np.ndarray, *, width: int = IDENTITY_KEY_BYTES) -> list[bytes]:
+    """The ``width``-byte items of :func:`pack_keys` output (``ValueError`` on a bad length)."""
+    raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
+    if not raw or len(raw) % width:
+        raise UnverifiedSumError("a list of keys or signatures has the wrong length")
+    return [raw[i : i + width] for i in range(0, len(raw), width)]
+
+
+def signed_arrays(entries: Sequence[SignedCiphertext], prefix: str = "") -> dict[str, np.ndarray]:
+    """``entries`` as uint8 arrays for a message record: ``<prefix>ciphertext-<i>`` each,
+    ``<prefix>signers`` (32 bytes each) and ``<prefix>signatures`` (64 bytes each)."""
+    arrays = {
+        f"{prefix}ciphertext-{index}": np.frombuffer(entry.payload, dtype=np.uint8).copy()
+        for index, entry in enumerate(entries)
+    }
+    arrays[f"{prefix}signers"] = np.frombuffer(
+        pack_keys([entry.signer for entry in entries]), dtype=np.uint8
+    ).copy()
+    arrays[f"{prefix}signatures"] = np.frombuffer(
+        pack_keys([entry.signature for entry in entries]), dtype=np.uint8
+    ).copy()
+    return arrays
+
+
+def signed_from_arrays(
+    arrays: Mapping[str, np.ndarray], prefix: str = ""
+) -> list[SignedCiphertext]:
+    """The entries :func:`signed_arrays` wrote (``UnverifiedSumError`` if they do not fit)."""
+    signers = unpack_keys(_uint8(arrays, f"{prefix}signers"))
+    signatures = unpack_keys(_uint8(arrays, f"{prefix}signatures"), width=SIGNATURE_BYTES)
+    if len(signers) != len(signatures):
+        raise UnverifiedSumError("the numbers of signers and signatures differ")
+    return [
+        SignedCiphertext(_uint8(arrays, f"{prefix}ciphertext-{index}").tobytes(), signer, signature)
+        for index, (signer, signature) in enumerate(zip(signers, signatures, strict=True))
+    ]
+
+
+def _uint8(arrays: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    array = arrays.get(name)
+    if not isinstance(array, np.ndarray) or array.dtype != np.uint8 or array.ndim != 1:
+        raise UnverifiedSumError("a signed ciphertext set is incomplete or malformed")
+    return array
+
+
+def verify_contributions(
+    entries: Sequence[SignedCiphertext],
+    roster: Roster,
+    *,
+    run_id: int,
+    round_number: int,
+    reference: bytes = b"",
+    min_holders: int,
+) -> list[bytes]:
+    """Check that ``entries`` are ciphertexts of this run and round, each signed by a distinct
+    member of ``roster``, at least ``min_holders`` of them; return the sorted signer keys.
+
+    Raises
+    ------
+    UnverifiedSumError
+        A signer is not on the roster, signs twice, a signature does not verify (another run,
+        round, reference or ciphertext), or there are fewer than ``min_holders`` signers.
+    """
+    signers: set[bytes] = set()
+    for entry in entries:
+        signer = bytes(entry.signer)
+        if signer not in roster:
+            raise UnverifiedSumError("a ciphertext is signed by a key that is not on the roster")
+        if signer in signers:
+            raise UnverifiedSumError("two ciphertexts of one sum are signed by the same member")
+        if len(entry.signature) != SIGNATURE_BYTES or not verify_signature(
+            signer,
+            entry.signature,
+            ciphertext_transcript(run_id, round_number, entry.digest, reference),
+        ):
+            raise UnverifiedSumError(
+                "a ciphertext's signature does not verify for this run and round"
+            )
+        signers.add(signer)
+    if len(signers) < min_holders:
+        raise UnverifiedSumError("a sum of fewer than min-holders holders is never decrypted")
+    return sorted(signers)
+
+
+def verify_endorsements(
+    sum_payload: bytes,
+    contributors: Sequence[bytes],
+    endorsements: Sequence[tuple[bytes, bytes]],
+    roster: Roster,
+    *,
+    run_id: int,
+    round_number: int,
+    min_holders: int,
+    own_key: bytes,
+) -> list[bytes]:
+    """Check a forwarded sum before decrypting it; return its sorted contributor keys.
+
+    The rule: ``contributors`` are distinct roster members, at least ``min_holders``, this
+    holder (``own_key``) among them; at least one endorsement ``(endorser, signature)`` is
+    given, and every one is by a distinct roster member and verifies over
+    :func:`endorsement_transcript` of this run, round, the sum's SHA-256 and the contributors.
+    An endorsement by any roster member suffices (the holder itself included): every holder
+    already holds the one shared secret key, so a verifier that lied on the server's behalf
+    could decrypt the individual ciphertexts directly -- requiring a second verifier would
+    not protect against it.
+
+    Raises
+    ------
+    UnverifiedSumError
+        Any of the above fails (fixed sentences).
+    """
+    keys = [bytes(key) for key in contributors]
+    if any(len(key) != IDENTITY_KEY_BYTES for key in keys) or keys != sorted(set(keys)):
+        raise UnverifiedSumError("the contributor list is not a sorted list of distinct keys")
+    if any(key not in roster for key in keys):
+        raise UnverifiedSumError("a contributor of the sum is not on the roster")
+    if len(keys) < min_holders:
+        raise UnverifiedSumError("a sum of fewer than min-holders holders is never decrypted")
+    if bytes(own_key) not in keys:
+        raise UnverifiedSumError("this node's own ciphertext is not in the sum it was sent")
+    if not endorsements:
+        raise UnverifiedSumError("the sum carries no endorsement by a roster member")
+    message = endorsement_transcript(
+        run_id, round_number, hashlib.sha256(sum_payload).digest(), keys
+    )
+    endorsers: set[bytes] = set()
+    for endorser, signature in endorsements:
+        endorser = bytes(endorser)
+        if endorser not in roster or endorser in endorsers:
+            raise UnverifiedSumError("an endorsement is not by a distinct roster member")
+        if not verify_signature(endorser, signature, message):
+            raise UnverifiedSumError("an endorsement does not verify for this sum, run and round")
+        endorsers.add(endorser)
+    return keys

@@ -1,0 +1,373 @@
+"""FedEvalFair's CKKS protocol against an *active* server (security review H4), with the real
+handlers (:func:`fedparity.clients.fedevalfair_handlers`) and real TenSEAL ciphertexts.
+
+The server holds the public key: it can encrypt anything, add it to a holder's ciphertext and
+call the result a sum. Each attack below is first shown to work on the path the previous
+protocol took -- a holder decrypted whatever "sum" it was sent and checked its count slot
+against the count the server claimed (``open_sum`` with the server's count) -- and then
+refused by today's handlers, which decrypt only sums they recompute (or that a roster member
+endorsed) from ciphertexts each signed by a distinct roster member for this run and round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+
+from fedparity.clients import HolderRows, fedevalfair_handlers
+from fedparity.clients.fedevalfair import ClientStatistics, open_sum, round1_vector
+from fedparity.clients.fedevalfair_handlers import FEF_STATE_KEY
+from fedparity.clients.identity import NodeIdentity
+from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
+from fedparity.mechanisms.ckks import (
+    KeyPaths,
+    SignedCiphertext,
+    UnverifiedSumError,
+    add_ciphertexts,
+    contributors_digest,
+    encrypt_vector,
+    endorsement_transcript,
+    generate_keys,
+    load_public_context,
+    load_secret_context,
+)
+from fedparity.mechanisms.identity import IdentityError, IdentityKey, Roster
+from fedparity.mechanisms.protocol import (
+    FEF_ENDORSE_MESSAGE_TYPE,
+    FEF_IDENTITY_REFUSAL,
+    FEF_KEY,
+    FEF_ROUND_MESSAGE_TYPES,
+    RELEASE_SIZE,
+    ROUND1_SIZE,
+    ROUND2_SIZE,
+)
+from fedparity.strategies.fedevalfair import FedEvalFairProtocol
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+RUN_ID = 7
+NAMES = ("a", "b", "c")
+
+
+@dataclass(frozen=True)
+class Federation:
+    keys: KeyPaths
+    identities: dict[str, IdentityKey]
+    roster: Roster
+
+    def handlers(self, name: str) -> dict:
+        identity = NodeIdentity(self.identities[name], self.roster)
+        return fedevalfair_handlers(
+            rows_of,
+            secret_context=self.keys.secret,
+            num_resamples=30,
+            bootstrap_rng=lambda context: np.random.default_rng(context.node_id),
+            policy=NodePrivacyPolicy(),  # min-holders 2
+            identity=lambda context: identity,
+        )
+
+
+def rows_of(arrays: ArrayRecord, context: Context) -> HolderRows:
+    """A holder's rows: 400 rows, both groups and both predictions present."""
+    rng = np.random.default_rng(1000 + context.node_id)
+    groups = np.arange(400) % 2
+    labels = rng.integers(0, 2, 400)
+    predictions = (rng.random(400) < 0.4 + 0.1 * groups).astype(int)
+    return HolderRows(labels=labels, predictions=predictions, groups=groups)
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Federation:
+    identities = {name: IdentityKey.generate() for name in NAMES}
+    return Federation(
+        generate_keys(tmp_path_factory.mktemp("keys")),
+        identities,
+        Roster.from_keys(identities),
+    )
+
+
+def context(name: str, run_id: int = RUN_ID) -> Context:
+    return Context(
+        run_id=run_id,
+        node_id=NAMES.index(name) + 1,
+        node_config={},
+        state=RecordDict(),
+        run_config={},
+    )
+
+
+def send(federation: Federation, name: str, node: Context, action: str, content: RecordDict):  # noqa: ANN201
+    message_type = {
+        "fef_round1": FEF_ROUND_MESSAGE_TYPES[0],
+        "fef_endorse": FEF_ENDORSE_MESSAGE_TYPE,
+        "fef_round2": FEF_ROUND_MESSAGE_TYPES[1],
+        "fef_round3": FEF_ROUND_MESSAGE_TYPES[2],
+    }[action]
+    message = Message(content=content, dst_node_id=node.node_id, message_type=message_type)
+    return federation.handlers(name)[action](message, node)
+
+
+def signed(reply: Message) -> SignedCiphertext:
+    record = reply.content.array_records[FEF_KEY]
+    return SignedCiphertext(
+        record["ciphertext"].numpy().tobytes(),
+        record["signer"].numpy().tobytes(),
+        record["signature"].numpy().tobytes(),
+    )
+
+
+@dataclass
+class Round1:
+    contexts: dict[str, Context]
+    entries: dict[str, SignedCiphertext]
+    protocol: FedEvalFairProtocol
+
+    def contribution(self, name: str) -> np.ndarray:
+        """What holder ``name`` encrypted in round 1 (the test may look; the server may not)."""
+        state = self.contexts[name].state.array_records[FEF_STATE_KEY]
+        statistics = ClientStatistics.from_array(state["summaries"].numpy())
+        return round1_vector(statistics, mu0=0.0, tolerance=None)
+
+
+def round1(federation: Federation, run_id: int = RUN_ID) -> Round1:
+    protocol = FedEvalFairProtocol(load_public_context(federation.keys.public))
+    contexts = {name: context(name, run_id) for name in NAMES}
+    content = protocol.round1_content(ArrayRecord())
+    entries = {
+        name: signed(send(federation, name, contexts[name], "fef_round1", content))
+        for name in NAMES
+    }
+    return Round1(contexts, entries, protocol)
+
+
+def old_path_releases(federation: Federation, payloads: list[bytes], claimed: int) -> np.ndarray:
+    """What a holder of the previous protocol did with a "sum" the server sent with a count:
+    decrypt it and check the count slot against the server's count, then use the values."""
+    public = load_public_context(federation.keys.public)
+    total, rejected = add_ciphertexts(public, payloads, expected_size=ROUND1_SIZE)
+    assert not rejected
+    secret = load_secret_context(federation.keys.secret)
+    return open_sum(secret, total, ROUND1_SIZE, claimed)
+
+
+def encrypt_last_slot(federation: Federation) -> bytes:
+    """``Enc_pk(0, ..., 0, 1)``: anyone with the public key (the server) can make it."""
+    public = load_public_context(federation.keys.public)
+    return encrypt_vector(public, np.eye(ROUND1_SIZE)[-1])
+
+
+# --- the attacks -----------------------------------------------------------------------------
+
+
+def test_enc_zero_one_added_to_one_ciphertext_is_refused(federation: Federation) -> None:
+    """The demonstrated attack: ``c_A + Enc(0, ..., 0, 1)`` called a sum of two holders."""
+    first = round1(federation)
+    victim = first.entries["a"]
+    forged = encrypt_last_slot(federation)
+    # Previous protocol: the count slot says 2, as claimed -> the key holder releases A's values.
+    leaked = old_path_releases(federation, [victim.payload, forged], claimed=2)
+    np.testing.assert_allclose(leaked, first.contribution("a")[:-1], rtol=1e-6, atol=1e-4)
+
+    # Now: the forged ciphertext carries no roster member's signature...
+    stranger = IdentityKey.generate()
+    fake = SignedCiphertext(forged, stranger.public_bytes(), stranger.sign(b"anything"))
+    content = first.protocol.endorse_content([victim, fake])
+    with pytest.raises(UnverifiedSumError, match="not on the roster"):
+        send(federation, "b", first.contexts["b"], "fef_endorse", content)
+    # ...and a round-2 holder sent the forged sum directly, with A and itself named as the
+    # contributors, finds no endorsement of it.
+    public = load_public_context(federation.keys.public)
+    total, _ = add_ciphertexts(public, [victim.payload, forged], expected_size=ROUND1_SIZE)
+    contributors = [victim.signer, first.entries["b"].signer]
+    content = first.protocol.round2_content(total, contributors, [])
+    with pytest.raises(UnverifiedSumError, match="no endorsement"):
+        send(federation, "b", first.contexts["b"], "fef_round2", content)
+
+
+def test_one_holders_ciphertext_as_a_sum_is_refused(federation: Federation) -> None:
+    first = round1(federation)
+    victim = first.entries["a"]
+    # Previous protocol (with the node's min-holders policy): a count of 1 was refused, but the
+    # server claimed any count it liked; with Enc(0..1) added, count 2 passed (test above).
+    np.testing.assert_allclose(
+        old_path_releases(federation, [victim.payload], claimed=1),
+        first.contribution("a")[:-1],
+        rtol=1e-6,
+        atol=1e-4,
+    )
+    with pytest.raises(UnverifiedSumError, match="fewer than min-holders"):
+        send(
+            federation,
+            "b",
+            first.contexts["b"],
+            "fef_endorse",
+            first.protocol.endorse_content([victim]),
+        )
+    # A key holder asked to release a "sum" of A alone (round 1 and round 2) refuses too.
+    content = first.protocol.round3_content([victim], [victim])
+    with pytest.raises(UnverifiedSumError, match="fewer than min-holders"):
+        send(federation, "b", first.contexts["b"], "fef_round3", content)
+
+
+def test_a_ciphertext_signed_by_a_key_off_the_roster_is_refused(federation: Federation) -> None:
+    """The server (or anyone) with an identity key of its own, not on the holders' roster,
+    signs ``Enc(0, ..., 0, 1)`` correctly for this run and round: still not a holder."""
+    from fedparity.mechanisms.ckks import ciphertext_transcript
+
+    first = round1(federation)
+    victim = first.entries["a"]
+    forged = encrypt_last_slot(federation)
+    intruder = IdentityKey.generate()
+    signature = intruder.sign(
+        ciphertext_transcript(RUN_ID, 1, hashlib.sha256(forged).digest(), b"")
+    )
+    fake = SignedCiphertext(forged, intruder.public_bytes(), signature)
+    np.testing.assert_allclose(  # without the roster check this sum opens A's values
+        old_path_releases(federation, [victim.payload, fake.payload], claimed=2),
+        first.contribution("a")[:-1],
+        rtol=1e-6,
+        atol=1e-4,
+    )
+    # A server-side check (signature valid) passes; the holders' roster check does not.
+    accepted = first.protocol.collect_round(
+        1, [1, 99], [reply_of(1, victim), reply_of(99, fake)], ROUND1_SIZE, run_id=RUN_ID
+    )
+    assert list(accepted.accepted) == [1, 99]
+    with pytest.raises(UnverifiedSumError, match="not on the roster"):
+        send(
+            federation,
+            "b",
+            first.contexts["b"],
+            "fef_endorse",
+            first.protocol.endorse_content([victim, fake]),
+        )
+    with pytest.raises(UnverifiedSumError, match="not on the roster"):
+        send(
+            federation,
+            "b",
+            first.contexts["b"],
+            "fef_round3",
+            first.protocol.round3_content([victim, fake], [victim, fake]),
+        )
+
+
+def test_a_ciphertext_replayed_from_another_run_is_refused(federation: Federation) -> None:
+    """Run 7's ciphertext of B, replayed into run 8 next to A's: were the server to know B's
+    run-7 values (e.g. by differencing two earlier releases), this sum would give A's."""
+    earlier = round1(federation, run_id=RUN_ID)
+    now = round1(federation, run_id=RUN_ID + 1)
+    victim, replayed = now.entries["a"], earlier.entries["b"]
+    opened = old_path_releases(federation, [victim.payload, replayed.payload], claimed=2)
+    np.testing.assert_allclose(
+        opened - earlier.contribution("b")[:-1], now.contribution("a")[:-1], rtol=1e-6, atol=1e-4
+    )
+    verifier = now.contexts["c"]
+    content = now.protocol.endorse_content([victim, replayed])
+    with pytest.raises(UnverifiedSumError, match="does not verify for this run and round"):
+        send(federation, "c", verifier, "fef_endorse", content)
+
+
+def test_a_ciphertext_replayed_from_another_round_is_refused(federation: Federation) -> None:
+    """A's round-1 ciphertext offered as one of round 2 (in round 3) and a round-2 signature
+    over another round-1 set: each signature holds for one round and one reference only."""
+    first = round1(federation)
+    entries = list(first.entries.values())
+    content = first.protocol.round3_content(entries, entries)
+    with pytest.raises(UnverifiedSumError, match="does not verify for this run and round"):
+        send(federation, "b", first.contexts["b"], "fef_round3", content)
+
+
+def test_a_duplicated_holder_is_refused(federation: Federation) -> None:
+    """A's ciphertext twice: a "sum of two" that is twice A's values."""
+    first = round1(federation)
+    victim = first.entries["a"]
+    doubled = old_path_releases(federation, [victim.payload, victim.payload], claimed=2)
+    np.testing.assert_allclose(doubled / 2, first.contribution("a")[:-1], rtol=1e-6, atol=1e-4)
+    with pytest.raises(UnverifiedSumError, match="same member"):
+        send(
+            federation,
+            "b",
+            first.contexts["b"],
+            "fef_endorse",
+            first.protocol.endorse_content([victim, victim]),
+        )
+    # The server itself also refuses a second node that uses an identity already seen.
+    collected = first.protocol.collect_round(
+        1, [1, 2], [reply_of(1, victim), reply_of(2, victim)], ROUND1_SIZE, run_id=RUN_ID
+    )
+    assert list(collected.accepted) == [1]
+    assert "already used" in collected.rejected[0].reason
+
+
+# --- what an honest run still does -------------------------------------------------------------
+
+
+def test_the_honest_exchange_completes_and_a_node_releases_once(federation: Federation) -> None:
+    first = round1(federation)
+    entries = list(first.entries.values())
+    reply = send(
+        federation, "c", first.contexts["c"], "fef_endorse", first.protocol.endorse_content(entries)
+    )
+    record = reply.content.array_records[FEF_KEY]
+    total = record["sum"].numpy().tobytes()
+    contributors = sorted(entry.signer for entry in entries)
+    endorsement = (record["endorser"].numpy().tobytes(), record["endorsement"].numpy().tobytes())
+    content = first.protocol.round2_content(total, contributors, [endorsement])
+    second = {
+        name: signed(send(federation, name, first.contexts[name], "fef_round2", content))
+        for name in NAMES
+    }
+    # A holder answers round 2 once per run, and only with its own ciphertext in the sum.
+    with pytest.raises(PolicyRefusal, match="one ciphertext per round"):
+        send(federation, "a", first.contexts["a"], "fef_round2", content)
+    content3 = first.protocol.round3_content(entries, list(second.values()))
+    release = send(federation, "b", first.contexts["b"], "fef_round3", content3)
+    released = release.content.array_records[FEF_KEY]["release"].numpy()
+    assert released.shape == (RELEASE_SIZE,)
+    # The other key holder releases the very same (keyed) noisy values; nobody releases twice.
+    again = send(federation, "c", first.contexts["c"], "fef_round3", content3)
+    np.testing.assert_array_equal(again.content.array_records[FEF_KEY]["release"].numpy(), released)
+    with pytest.raises(PolicyRefusal, match="releases at most once per run"):
+        send(federation, "b", first.contexts["b"], "fef_round3", content3)
+    # The endorsement is bound to the contributors: naming only two of them breaks it.
+    forged = first.protocol.round2_content(total, contributors[:2], [endorsement])
+    fresh = round1(federation)
+    with pytest.raises(UnverifiedSumError):
+        send(federation, "a", fresh.contexts["a"], "fef_round2", forged)
+    assert endorsement_transcript(RUN_ID, 1, hashlib.sha256(total).digest(), contributors)
+    assert contributors_digest(contributors) == contributors_digest(reversed(contributors))
+    assert ROUND2_SIZE > ROUND1_SIZE
+
+
+def test_a_holder_without_identity_refuses_with_a_fixed_sentence(
+    federation: Federation, tmp_path: Path
+) -> None:
+    handlers = fedevalfair_handlers(rows_of, secret_context=federation.keys.secret)
+    node = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    message = Message(RecordDict(), dst_node_id=1, message_type=FEF_ROUND_MESSAGE_TYPES[0])
+    for action in ("fef_round1", "fef_endorse", "fef_round2", "fef_round3"):
+        with pytest.raises(IdentityError) as error:
+            handlers[action](message, node)
+        assert str(error.value) == FEF_IDENTITY_REFUSAL
+        assert "identity-key" in str(error.value) and "roster" in str(error.value)
+
+
+def reply_of(node: int, entry: SignedCiphertext) -> Message:
+    from flwr.app import Array
+
+    from fedparity.mechanisms.ckks import to_array
+
+    record = ArrayRecord(
+        {
+            "ciphertext": Array(to_array(entry.payload)),
+            "signature": Array(to_array(entry.signature)),
+            "signer": Array(to_array(entry.signer)),
+        }
+    )
+    request = Message(RecordDict(), dst_node_id=node, message_type=FEF_ROUND_MESSAGE_TYPES[0])
+    return Message(content=RecordDict({FEF_KEY: record}), reply_to=request)
