@@ -18,6 +18,10 @@ What this module guarantees (measured facts are in ``/work/notes/flower-runtime.
   Flower 1.41 a SuperLink serves its Fleet, Control and Runtime (ServerAppIo) APIs
   on ONE HTTP port (``--port``) and each SuperNode serves its ClientAppIo API on its
   own ``--port``. Nothing uses the fixed default ports (8000, 9094, 39091).
+* Plain HTTP (``--insecure``) by default; ``local_deployment(..., tls=..., node_auth=True)``
+  serves the SuperLink over TLS with certificates from :mod:`tests.flower_tls` and admits
+  only SuperNodes whose keys were registered (``flwr supernode register``), see
+  ``docs/deployment-security.md``.
 * The managed local SuperLink of ``flwr run`` (fixed port 39091, detached, left
   running after the run, shared across ``FLWR_HOME`` values) is never used: the
   federations written to ``$FLWR_HOME/config.toml`` have explicit addresses.
@@ -53,6 +57,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -73,6 +78,15 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10 (tomli ships with flwr)
     import tomli as tomllib  # type: ignore[no-redef]
 
+try:
+    from tests.flower_tls import NodeKey, TlsMaterial, make_node_key
+except ImportError:  # pragma: no cover - tests/ itself on sys.path (benchmarks)
+    from flower_tls import (  # type: ignore[no-redef, import-not-found]
+        NodeKey,
+        TlsMaterial,
+        make_node_key,
+    )
+
 __all__ = [
     "DEPLOYMENT_FEDERATION",
     "SIMULATION_FEDERATION",
@@ -82,14 +96,17 @@ __all__ = [
     "FlwrRun",
     "FlwrRunError",
     "ManagedProcess",
+    "NodeKey",
     "RunConfigValue",
     "Simulation",
+    "TlsMaterial",
     "child_env",
     "flower_executable",
     "format_run_config",
     "free_port",
     "local_deployment",
     "local_simulation",
+    "register_supernode",
     "run_flwr",
     "run_status",
     "start_flwr_run",
@@ -304,9 +321,19 @@ def child_env(flwr_home: Path, extra: Mapping[str, str] | None = None) -> dict[s
 
 
 def write_connection(
-    flwr_home: Path, name: str, address: str, *, make_default: bool = False
+    flwr_home: Path,
+    name: str,
+    address: str,
+    *,
+    make_default: bool = False,
+    root_certificates: Path | None = None,
 ) -> Path:
     """Add or replace ``[superlink.<name>]`` in ``$FLWR_HOME/config.toml``.
+
+    Without ``root_certificates`` the connection is ``insecure = true`` (plain HTTP); with
+    it, ``root-certificates = "<absolute path>"`` and no ``insecure`` key, i.e. HTTPS with
+    the server certificate verified against that CA (Flower 1.41 requires the path to be
+    absolute, and refuses ``root-certificates`` together with ``insecure = true``).
 
     Other connections in the file are kept. The project's ``pyproject.toml`` is
     never touched (a ``[tool.flwr.federations]`` table there would be *migrated* by
@@ -323,6 +350,8 @@ def write_connection(
     make_default : bool, default False
         Also make it ``[superlink] default``. A default is set anyway when the file
         has none.
+    root_certificates : Path or None
+        CA certificate (PEM) that signed the SuperLink's TLS certificate.
 
     Returns
     -------
@@ -336,7 +365,11 @@ def write_connection(
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     superlink = data.setdefault("superlink", {})
     assert isinstance(superlink, dict)
-    superlink[name] = {"address": address, "insecure": True}
+    if root_certificates is None:
+        superlink[name] = {"address": address, "insecure": True}
+    else:
+        ca_path = str(Path(root_certificates).resolve())
+        superlink[name] = {"address": address, "root-certificates": ca_path}
     if make_default or "default" not in superlink:
         superlink["default"] = name
     path.write_text(tomli_w.dumps(data), encoding="utf-8")
@@ -370,9 +403,11 @@ def _read_default(flwr_home: Path) -> str | None:
 
 
 @contextmanager
-def _connection(flwr_home: Path, name: str, address: str) -> Iterator[Path]:
+def _connection(
+    flwr_home: Path, name: str, address: str, root_certificates: Path | None = None
+) -> Iterator[Path]:
     previous_default = _read_default(flwr_home)
-    path = write_connection(flwr_home, name, address)
+    path = write_connection(flwr_home, name, address, root_certificates=root_certificates)
     try:
         yield path
     finally:
@@ -404,6 +439,9 @@ class ManagedProcess:
         Its complete environment (``HOME``, ``FLWR_HOME``...).
     launches : int
         How many times it was started (1, plus one per :meth:`relaunch`).
+    tls_ca : Path or None
+        When its HTTP port serves HTTPS (a SuperLink with TLS): the CA certificate that
+        verifies it, used for the ``/health`` probe. None: plain HTTP.
     """
 
     name: str
@@ -414,6 +452,7 @@ class ManagedProcess:
     cwd: Path | None = None
     env: dict[str, str] = field(default_factory=dict, repr=False)
     launches: int = 1
+    tls_ca: Path | None = None
     _log_file: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -499,7 +538,13 @@ def _popen(
 
 
 def _start(
-    name: str, cmd: Sequence[str], log_path: Path, cwd: Path, env: Mapping[str, str], port: int
+    name: str,
+    cmd: Sequence[str],
+    log_path: Path,
+    cwd: Path,
+    env: Mapping[str, str],
+    port: int,
+    tls_ca: Path | None = None,
 ) -> ManagedProcess:
     log_file = log_path.open("wb")
     try:
@@ -508,7 +553,15 @@ def _start(
         log_file.close()
         raise
     return ManagedProcess(
-        name, popen, log_path, port, cmd=list(cmd), cwd=cwd, env=dict(env), _log_file=log_file
+        name,
+        popen,
+        log_path,
+        port,
+        cmd=list(cmd),
+        cwd=cwd,
+        env=dict(env),
+        tls_ca=tls_ca,
+        _log_file=log_file,
     )
 
 
@@ -693,9 +746,16 @@ def _stop_processes(processes: Sequence[ManagedProcess], grace: float) -> None:
             proc._log_file = None
 
 
-def _http_ok(port: int, path: str = "/health", timeout: float = 0.5) -> bool:
+def _http_ok(
+    port: int, path: str = "/health", timeout: float = 0.5, ca: Path | None = None
+) -> bool:
+    """GET ``http://127.0.0.1:port/path`` (``https://`` verified against ``ca`` if given)."""
+    scheme, context = "http", None
+    if ca is not None:
+        scheme, context = "https", ssl.create_default_context(cafile=str(ca))
+    url = f"{scheme}://{HOST}:{port}{path}"
     try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as resp:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
             return 200 <= int(resp.status) < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -753,7 +813,8 @@ def _wait_http_ready(
                 raise _startup_error(
                     f"{proc.name} exited during start-up (port {proc.port} taken?)", all_procs
                 )
-            if _http_ok(proc.port) and _owns_listening_port(proc.pid, proc.port) is not False:
+            ready = _http_ok(proc.port, ca=proc.tls_ca)
+            if ready and _owns_listening_port(proc.pid, proc.port) is not False:
                 pending.remove(proc)
         if not pending:
             return
@@ -990,6 +1051,49 @@ def unregister_supernode(
             f"could not unregister node {node_id} (exit {proc.returncode}):\n"
             f"{_tail_text(proc.stdout + proc.stderr, 20)}"
         )
+
+
+def register_supernode(
+    public_key: Path, federation: str, flwr_home: Path, timeout: float = 60.0
+) -> int:
+    """Authorise a SuperNode key via ``flwr supernode register <public_key> <fed>``.
+
+    Flower 1.41's SuperNode authentication (``flower-superlink --enable-supernode-auth``):
+    the SuperLink's Fleet API no longer lets a SuperNode register itself; the operator
+    registers each node's public key through the Control API, and the node created there
+    (status ``registered``) is activated when a SuperNode started with the matching
+    ``--auth-supernode-private-key`` connects (every Fleet request is signed with it).
+
+    Parameters
+    ----------
+    public_key : Path
+        OpenSSH public key on a NIST EC curve (``ecdsa-sha2-nistp384 ...``).
+    federation : str
+        SuperLink connection name in ``$FLWR_HOME/config.toml``.
+    flwr_home : Path
+        The ``FLWR_HOME`` holding that connection.
+    timeout : float, default 60.0
+        Seconds allowed for the CLI call.
+
+    Returns
+    -------
+    int
+        The node id the SuperLink assigned (the SuperNode logs the same ``SuperNode ID``).
+
+    Raises
+    ------
+    FlwrRunError
+        If the CLI fails (e.g. ``[code: 23] Public key already in use``).
+    """
+    args = ["supernode", "register", str(Path(public_key).resolve()), federation]
+    proc = _flwr_cli(flwr_home, [*args, "--format", "json"], timeout)
+    try:
+        return int(_cli_json(proc)["node-id"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise FlwrRunError(
+            f"could not register the SuperNode key {public_key} (exit {proc.returncode}):\n"
+            f"{_tail_text(proc.stdout + proc.stderr, 20)}"
+        ) from err
 
 
 def _flwr_cli(
@@ -1369,10 +1473,21 @@ class Deployment:
         The SuperNodes, in ``node_configs`` order.
     node_ids : list[int]
         Node ids as logged by each SuperNode (``SuperNode ID: ...``).
-        :meth:`start_supernode` updates the entry: a restarted SuperNode registers
-        again with a fresh key pair and gets a NEW id (the old one stays on record,
-        ``offline`` once its heartbeat is overdue). A SuperNode that survives a
+        :meth:`start_supernode` updates the entry: without node authentication a
+        restarted SuperNode registers again with a fresh key pair and gets a NEW id (the
+        old one stays on record, ``offline`` once its heartbeat is overdue); with it, the
+        node keeps its key and its id. A SuperNode that survives a
         :meth:`restart_superlink` keeps its id.
+    tls : TlsMaterial or None
+        The certificates the SuperLink serves HTTPS with (None: plain HTTP, ``--insecure``).
+    node_auth : bool
+        Whether the SuperLink runs with ``--enable-supernode-auth``.
+    node_keys : list[NodeKey]
+        With ``node_auth``: the authentication key pair of each SuperNode (registered
+        with ``flwr supernode register`` before the SuperNode started).
+    extra_supernodes : list[ManagedProcess]
+        SuperNodes started by :meth:`start_unauthorized_supernode` (stopped on exit
+        like the others).
 
     Notes
     -----
@@ -1393,12 +1508,18 @@ class Deployment:
     superlink: ManagedProcess
     supernodes: list[ManagedProcess]
     node_ids: list[int] = field(default_factory=list)
+    tls: TlsMaterial | None = None
+    node_auth: bool = False
+    node_keys: list[NodeKey] = field(default_factory=list)
+    extra_supernodes: list[ManagedProcess] = field(default_factory=list)
     _background_runs: list[BackgroundRun] = field(default_factory=list, repr=False)
+    # The list local_deployment stops on exit: processes started later are added to it.
+    _started: list[ManagedProcess] = field(default_factory=list, repr=False)
 
     @property
     def processes(self) -> list[ManagedProcess]:
-        """SuperLink first, then the SuperNodes."""
-        return [self.superlink, *self.supernodes]
+        """SuperLink first, then the SuperNodes, then the extra SuperNodes."""
+        return [self.superlink, *self.supernodes, *self.extra_supernodes]
 
     @property
     def log_paths(self) -> dict[str, Path]:
@@ -1487,11 +1608,16 @@ class Deployment:
 
         Same command line, port, ``HOME``/``FLWR_HOME`` and ``--node-config``; its log
         is appended to. Returns once it answers ``/health`` and has logged a new
-        ``SuperNode ID``, which replaces ``node_ids[index]`` (a restarted SuperNode
-        generates a new key pair and is a new node to the SuperLink; a stable id would
-        need ``--auth-supernode-private-key``, which Flower refuses with ``--insecure``,
-        exit code 303). The old id stays ``online`` until its heartbeat is overdue:
-        :meth:`unregister_node` forgets it at once.
+        ``SuperNode ID``, which replaces ``node_ids[index]``. Without node
+        authentication a restarted SuperNode generates a new key pair and is a new node
+        to the SuperLink (``--auth-supernode-private-key`` is refused with
+        ``--insecure``, exit code 303); the old id stays ``online`` until its heartbeat
+        is overdue: :meth:`unregister_node` forgets it at once. With node authentication
+        it comes back with its registered key, hence its id; but Flower 1.41 activates a
+        node only while it is ``registered`` or ``offline`` (an ``online`` one gets
+        ``[code: 2004] Failed to activate SuperNode.`` and the SuperNode exits with 305),
+        so after a kill this first waits until the SuperLink has marked the old id
+        ``offline`` (heartbeat overdue: up to 60 s after the kill).
 
         Raises
         ------
@@ -1499,6 +1625,14 @@ class Deployment:
             If it is still running, exits, or is not ready within ``timeout``.
         """
         node = self.supernodes[index]
+        if self.node_auth and not node.alive():
+            old_id = self.node_ids[index]
+            wait_for(
+                lambda: self.node_statuses().get(old_id) != "online",
+                90,
+                interval=2.0,
+                what=f"node {old_id} to go offline before its SuperNode restarts",
+            )
         offset = node.log_size()
         node.relaunch()
         deadline = time.monotonic() + timeout
@@ -1598,6 +1732,59 @@ class Deployment:
         """Make the SuperLink forget ``node_id`` at once (:func:`unregister_supernode`)."""
         unregister_supernode(node_id, self.federation, self.flwr_home)
 
+    # ---------------------------------------------------------- node authentication
+
+    def register_node_key(self, key: NodeKey | Path) -> int:
+        """Authorise a public key (:func:`register_supernode`); return the new node id."""
+        public_key = key.public_key if isinstance(key, NodeKey) else Path(key)
+        return register_supernode(public_key, self.federation, self.flwr_home)
+
+    def start_unauthorized_supernode(
+        self,
+        node_config: str = "partition-id=0 num-partitions=1",
+        key: NodeKey | None = None,
+        *,
+        without_key: bool = False,
+    ) -> ManagedProcess:
+        """Start one more SuperNode whose authentication key was never registered.
+
+        Same TLS options as the others plus ``--auth-supernode-private-key`` of ``key``
+        (default: a fresh P-384 key pair made in ``W/node-keys/<name>``; ``without_key``:
+        no key option at all, i.e. a SuperNode that tries to register itself). Returns at
+        once, without waiting: a SuperLink with ``--enable-supernode-auth`` refuses it
+        (Flower 1.41: ``ActivateNode`` answers ``[code: 2004] Failed to activate
+        SuperNode.``, or without a key ``RegisterNode`` answers ``[code: 2001] SuperNode
+        authentication is enabled...``; the SuperNode logs ``Exit Code: 305`` and exits
+        with status 1 within seconds). Its name is ``unauthorized-<n>``; it is stopped on
+        exit of :func:`local_deployment` if it is still running.
+
+        Raises
+        ------
+        FlowerProcessError
+            If this deployment has no TLS (Flower refuses a key over ``--insecure``).
+        """
+        if self.tls is None:
+            raise FlowerProcessError("an authentication key needs TLS (local_deployment(tls=...))")
+        index = len(self.extra_supernodes)
+        name = f"unauthorized-{index}"
+        node_home = self.work_dir / name
+        node_home.mkdir(exist_ok=True)
+        if key is None and not without_key:
+            key = make_node_key(self.work_dir / "node-keys", name)
+        port = free_port()
+        cmd = _supernode_cmd(self.address, port, node_config, self.tls, key)
+        node = _start(
+            name,
+            cmd,
+            self.work_dir / f"{name}.log",
+            self.cwd,
+            child_env(node_home, {"HOME": str(node_home)}),
+            port,
+        )
+        self._started.append(node)
+        self.extra_supernodes.append(node)
+        return node
+
 
 @dataclass
 class Simulation:
@@ -1676,10 +1863,33 @@ def _work_dir_cleanup(
     return cleanup
 
 
-def _superlink_cmd(port: int, database: Path, simulation: bool) -> list[str]:
+def _tls_args(tls: TlsMaterial | None) -> list[str]:
+    """SuperLink options: ``--insecure``, or the three certificate files."""
+    if tls is None:
+        return ["--insecure"]
+    return [
+        "--ssl-ca-certfile",
+        str(tls.ca_cert),
+        "--ssl-certfile",
+        str(tls.server_cert),
+        "--ssl-keyfile",
+        str(tls.server_key),
+    ]
+
+
+def _superlink_cmd(
+    port: int,
+    database: Path,
+    simulation: bool,
+    tls: TlsMaterial | None = None,
+    node_auth: bool = False,
+) -> list[str]:
+    if node_auth and tls is None:
+        raise ValueError("SuperNode authentication needs TLS (Flower 1.41 exits otherwise)")
     cmd = [
         flower_executable("flower-superlink"),
-        "--insecure",
+        *_tls_args(tls),
+        *(["--enable-supernode-auth"] if node_auth else []),
         "--host",
         HOST,
         "--port",
@@ -1691,6 +1901,33 @@ def _superlink_cmd(port: int, database: Path, simulation: bool) -> list[str]:
     if simulation:
         cmd.append("--simulation")
     return cmd
+
+
+def _supernode_cmd(
+    address: str,
+    port: int,
+    node_config: str,
+    tls: TlsMaterial | None = None,
+    auth_key: NodeKey | None = None,
+) -> list[str]:
+    cmd = [flower_executable("flower-supernode")]
+    if tls is None:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--root-certificates", str(tls.ca_cert)]
+    if auth_key is not None:
+        cmd += ["--auth-supernode-private-key", str(auth_key.private_key)]
+    return [
+        *cmd,
+        "--superlink",
+        address,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--node-config",
+        node_config,
+    ]
 
 
 @contextmanager
@@ -1707,6 +1944,8 @@ def local_deployment(
     stop_grace: float = 5.0,
     work_dir: Path | None = None,
     keep_work_dir: bool = False,
+    tls: TlsMaterial | None = None,
+    node_auth: bool = False,
 ) -> Iterator[Deployment]:
     """Start one SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1.
 
@@ -1716,6 +1955,16 @@ def local_deployment(
             --disable-runtime-dependency-installation
         flower-supernode --insecure --superlink 127.0.0.1:P --host 127.0.0.1 \\
             --port Q_i --node-config "<node_configs[i]>"      # FLWR_HOME=W/supernode-i
+
+    With ``tls`` (and ``node_auth``), ``--insecure`` becomes::
+
+        flower-superlink --ssl-ca-certfile CA --ssl-certfile CRT --ssl-keyfile KEY \\
+            [--enable-supernode-auth] ...
+        flwr supernode register KEY_i.pub <federation>         # node_auth: each node's key
+        flower-supernode --root-certificates CA [--auth-supernode-private-key KEY_i] ...
+
+    and the ``flwr`` connection has ``root-certificates = "CA"`` instead of
+    ``insecure = true``. The SuperLink's one port then serves HTTPS only.
 
     The block is entered once the SuperLink answers ``/health``, every SuperNode
     answers ``/health`` and has logged ``SuperNode ID: ...`` (i.e. registered).
@@ -1750,6 +1999,13 @@ def local_deployment(
         A given ``work_dir`` is never deleted.
     keep_work_dir : bool, default False
         Keep the temporary work directory after a clean exit too.
+    tls : TlsMaterial or None
+        Serve the SuperLink's APIs over TLS with these certificates
+        (:func:`tests.flower_tls.make_tls_material`). None (default): plain HTTP.
+    node_auth : bool, default False
+        SuperNode authentication (needs ``tls``): SuperNode ``i`` uses
+        ``tls.node_keys[i]`` (made in ``W/node-keys`` if ``tls`` has fewer keys), whose
+        public key is registered with ``flwr supernode register`` before it starts.
 
     Yields
     ------
@@ -1770,6 +2026,8 @@ def local_deployment(
         ]
     if len(node_configs) != num_supernodes:
         raise ValueError(f"{len(node_configs)} node_configs for {num_supernodes} supernodes")
+    if node_auth and tls is None:
+        raise ValueError("node_auth=True needs tls (Flower refuses node keys over --insecure)")
     app_dir = Path(app_dir).resolve()
     _check_app_dir(app_dir)
     flwr_home = Path(flwr_home).resolve()
@@ -1786,11 +2044,14 @@ def local_deployment(
         stack.callback(lambda: _stop_processes(list(reversed(started)), stop_grace))
         superlink = _start(
             "superlink",
-            _superlink_cmd(link_port, work / "state.db", simulation=False),
+            _superlink_cmd(
+                link_port, work / "state.db", simulation=False, tls=tls, node_auth=node_auth
+            ),
             work / "superlink.log",
             run_cwd,
             child_env(flwr_home, env),
             link_port,
+            tls_ca=None if tls is None else tls.ca_cert,
         )
         started.append(superlink)
         deadline = time.monotonic() + startup_timeout
@@ -1798,22 +2059,25 @@ def local_deployment(
         _wait_http_ready([superlink], deadline, started)
 
         address = f"{HOST}:{link_port}"
+        root_certificates = None if tls is None else tls.ca_cert
+        stack.enter_context(_connection(flwr_home, federation, address, root_certificates))
+        node_keys: list[NodeKey] = []
+        if node_auth:
+            assert tls is not None
+            node_keys = list(tls.node_keys[:num_supernodes])
+            node_keys += [
+                make_node_key(work / "node-keys", f"supernode-{i}")
+                for i in range(len(node_keys), num_supernodes)
+            ]
+            for key in node_keys:  # authorised before the SuperNodes first connect
+                register_supernode(key.public_key, federation, flwr_home)
         supernodes: list[ManagedProcess] = []
         for i, (port, node_config) in enumerate(zip(node_ports, node_configs, strict=True)):
             node_home = work / f"supernode-{i}"
             node_home.mkdir(exist_ok=True)
-            cmd = [
-                flower_executable("flower-supernode"),
-                "--insecure",
-                "--superlink",
-                address,
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--node-config",
-                node_config,
-            ]
+            cmd = _supernode_cmd(
+                address, port, node_config, tls, node_keys[i] if node_auth else None
+            )
             node = _start(
                 f"supernode-{i}",
                 cmd,
@@ -1828,7 +2092,6 @@ def local_deployment(
 
         _wait_http_ready(supernodes, deadline, started)
         node_ids = _wait_registered(supernodes, deadline, started)
-        stack.enter_context(_connection(flwr_home, federation, address))
         deployment = Deployment(
             app_dir=app_dir,
             flwr_home=flwr_home,
@@ -1839,6 +2102,10 @@ def local_deployment(
             superlink=superlink,
             supernodes=supernodes,
             node_ids=node_ids,
+            tls=tls,
+            node_auth=node_auth,
+            node_keys=node_keys,
+            _started=started,
         )
         # Runs left in the background are killed first, while the SuperLink still runs.
         stack.callback(deployment._close_background_runs)

@@ -1,0 +1,282 @@
+"""fedparity jobs over Flower's own TLS and SuperNode authentication (real processes).
+
+One SuperLink and three SuperNodes on 127.0.0.1, started by ``tests/flower_processes.py``
+with certificates and node keys made here (``tests/flower_tls.py``)::
+
+    flower-superlink --ssl-ca-certfile ca.crt --ssl-certfile server.crt \\
+        --ssl-keyfile server.key --enable-supernode-auth ...
+    flwr supernode register supernode-<i>.pub local-deployment     # each node's public key
+    flower-supernode --root-certificates ca.crt --auth-supernode-private-key supernode-<i> ...
+    # $FLWR_HOME/config.toml: root-certificates = ".../ca.crt" (no insecure = true)
+
+The deployment is shared by the module (one start-up): the checks that TLS is really on and
+that an unregistered key is refused, then an FPFL training (masked secure sum, distributed
+noise) and a FedEvalFair test through it. docs/deployment-security.md shows the same commands.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from fedparity.clients.identity import ROSTER_FILE, identity_key_file
+from fedparity.mechanisms.ckks import KeyPaths, generate_keys
+from fedparity.mechanisms.identity import IdentityKey, Roster
+
+try:
+    from tests.flower_processes import (
+        Deployment,
+        FlwrRunError,
+        local_deployment,
+        run_flwr,
+        supernode_statuses,
+        wait_for,
+        write_connection,
+    )
+    from tests.flower_tls import TlsMaterial, make_tls_material
+except ImportError:  # pragma: no cover
+    from flower_processes import (  # type: ignore[no-redef, import-not-found]
+        Deployment,
+        FlwrRunError,
+        local_deployment,
+        run_flwr,
+        supernode_statuses,
+        wait_for,
+        write_connection,
+    )
+    from flower_tls import (  # type: ignore[no-redef, import-not-found]
+        TlsMaterial,
+        make_tls_material,
+    )
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = 3
+
+
+@dataclass
+class Secure:
+    deployment: Deployment
+    tls: TlsMaterial
+    keys: KeyPaths
+    folder: Path
+
+
+def _write_identities(folder: Path, count: int) -> Path:
+    """A fedparity identity key per node and the roster listing them (what ``fedparity
+    identity --nodes N --out DIR`` writes)."""
+    keys = {f"node-{i}": IdentityKey.generate() for i in range(count)}
+    for i, key in enumerate(keys.values()):
+        key.write(folder / identity_key_file(i))
+    Roster({name: key.public_bytes() for name, key in keys.items()}).write(folder / ROSTER_FILE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
+    folder = tmp_path_factory.mktemp("secure-deployment")
+    tls = make_tls_material(folder / "tls", num_node_keys=NODES)
+    keys = generate_keys(folder / "fef-keys")
+    identities = _write_identities(tmp_path_factory.mktemp("identity"), NODES)
+    # 600 users: FPFL's delta = 1/K is above the built-in fpfl-max-delta (1e-3); each node's
+    # operator allows it in the node's own config. Every node holds the CKKS secret context,
+    # its fedparity identity key and the roster.
+    node_configs = [
+        f"partition-id={i} num-partitions={NODES} fpfl-max-delta=0.002 "
+        f"fef-secret-context='{keys.secret}' "
+        f"identity-key='{identities / identity_key_file(i)}' "
+        f"roster='{identities / ROSTER_FILE}'"
+        for i in range(NODES)
+    ]
+    with local_deployment(
+        REPO,
+        NODES,
+        node_configs,
+        folder / "flwr-home",
+        tls=tls,
+        node_auth=True,
+        work_dir=folder / "work",
+    ) as deployment:
+        yield Secure(deployment, tls, keys, folder)
+        processes = deployment.processes  # the unauthorised SuperNodes included
+    assert [p.name for p in processes if p.alive()] == []  # nothing left running
+
+
+def _get(url: str, context: ssl.SSLContext | None = None) -> int:
+    with urllib.request.urlopen(url, timeout=5, context=context) as response:
+        return int(response.status)
+
+
+def test_the_superlink_serves_tls_only(secure: Secure) -> None:
+    deployment, tls = secure.deployment, secure.tls
+    port = deployment.superlink.port
+    assert "--insecure" not in deployment.superlink.cmd
+    assert "--enable-supernode-auth" in deployment.superlink.cmd
+    assert "Uvicorn running on https://127.0.0.1" in deployment.superlink.log_text()
+    for node in deployment.supernodes:
+        assert "--insecure" not in node.cmd and "--root-certificates" in node.cmd
+
+    # It presents the server certificate made here, which verifies against our CA ...
+    presented = ssl.get_server_certificate(("127.0.0.1", port))
+    assert ssl.PEM_cert_to_DER_cert(presented) == ssl.PEM_cert_to_DER_cert(
+        tls.server_cert.read_text()
+    )
+    verified = ssl.create_default_context(cafile=str(tls.ca_cert))
+    assert _get(f"https://127.0.0.1:{port}/health", verified) == 200
+    # ... and not against the system's trust store,
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        _get(f"https://127.0.0.1:{port}/health", ssl.create_default_context())
+    # and a plain-HTTP client gets no answer at all.
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        _get(f"http://127.0.0.1:{port}/health")
+
+    # The flwr CLI with an `insecure = true` connection to the same address is refused; the
+    # deployment's own connection (root-certificates) lists exactly the three nodes, online.
+    flwr_home = deployment.flwr_home
+    config = tomllib.loads((flwr_home / "config.toml").read_text(encoding="utf-8"))
+    assert config["superlink"][deployment.federation] == {
+        "address": deployment.address,
+        "root-certificates": str(tls.ca_cert),
+    }
+    write_connection(flwr_home, "plain-http", deployment.address)
+    with pytest.raises(FlwrRunError, match="unavailable"):
+        supernode_statuses("plain-http", flwr_home)
+    statuses = deployment.node_statuses()
+    assert statuses == {node_id: "online" for node_id in deployment.node_ids}
+
+
+def test_only_registered_keys_can_join(secure: Secure) -> None:
+    deployment = secure.deployment
+    # A SuperNode with a fresh key the SuperLink never registered (same TLS options).
+    intruder = deployment.start_unauthorized_supernode(f"partition-id=0 num-partitions={NODES}")
+    wait_for(lambda: not intruder.alive(), 60, what="the unauthorised SuperNode to exit")
+    assert intruder.popen.returncode != 0
+    log = intruder.log_text()
+    assert "Exit Code: 305" in log and "[code: 2004] Failed to activate SuperNode." in log
+    assert "SuperNode ID" not in log
+    # The SuperLink refused it (its log names the key), and never lists it.
+    public_key = _pem_public_key(deployment.work_dir / "node-keys" / f"{intruder.name}.pub")
+    refusals = [
+        line
+        for line in deployment.superlink.log_text().splitlines()
+        if "/v1/fleet/activate-node][ApiError:2004]" in line
+    ]
+    assert any(public_key in line.replace("\\n", "\n") for line in refusals)
+    # Nor may a SuperNode without a key register itself.
+    keyless = deployment.start_unauthorized_supernode(
+        f"partition-id=1 num-partitions={NODES}", without_key=True
+    )
+    wait_for(lambda: not keyless.alive(), 60, what="the keyless SuperNode to exit")
+    assert "--auth-supernode-private-key" not in keyless.cmd
+    assert "[code: 2001] SuperNode authentication is enabled." in keyless.log_text()
+    assert "SuperNode ID" not in keyless.log_text()
+    statuses = deployment.node_statuses()
+    assert statuses == {node_id: "online" for node_id in deployment.node_ids}
+    # A second registration of an authorised node's key is refused as well.
+    with pytest.raises(FlwrRunError, match="already in use"):
+        deployment.register_node_key(deployment.node_keys[0])
+
+
+def test_fpfl_over_tls_with_node_auth(secure: Secure) -> None:
+    folder = secure.folder / "fpfl"
+    run = secure.deployment.run(
+        {
+            "task": "fpfl",
+            "dataset": "synthetic",
+            "users-per-node": 200,
+            "fpfl-cohort-size": 150,
+            "fpfl-algorithm": "fpfl",
+            "fpfl-rounds": 2,
+            "fpfl-secure-sum": "masking",
+            "fpfl-noise": "distributed",
+            "min-nodes": NODES,
+            "reply-timeout": 60.0,
+            "output-dir": str(folder),
+        },
+        timeout=240,
+    )
+    assert run.status == "finished:completed", run.output[-3000:]
+    results = json.loads((folder / "results.json").read_text())
+    assert results["status"] == "completed" and results["rounds_lost"] == 0
+    assert results["population"] == {"users": NODES * 200, "nodes": NODES, "setup_failed": []}
+    assert [entry["replied"] for entry in results["history"]] == [NODES] * 2
+    privacy = results["privacy"]
+    assert privacy["secure_sum"] == "masking" and privacy["noise"] == "distributed"
+    assert results["private"] is True and results["noise_multiplier"] > 0
+    assert results["epsilon"] is not None and results["epsilon"] <= 2.0 + 1e-9
+
+
+def test_fedevalfair_over_tls_with_node_auth(secure: Secure) -> None:
+    folder = secure.folder / "fedevalfair"
+    run = secure.deployment.run(
+        {
+            "task": "fedevalfair",
+            "fef-public-context": str(secure.keys.public),
+            "users-per-node": 1000,
+            "num-server-rounds": 0,
+            "min-nodes": NODES,
+            "reply-timeout": 60.0,
+            "output-dir": str(folder),
+        },
+        timeout=240,
+    )
+    assert run.status == "finished:completed", run.output[-3000:]
+    results = json.loads((folder / "results.json").read_text())
+    assert results["num_nodes"] == NODES
+    assert results["server_context_has_secret_key"] is False
+    outcome = results["fedevalfair"]
+    assert outcome["error"] is None and outcome["rejected_replies"] == [], outcome
+    assert set(outcome["round_participants"][0]) == set(secure.deployment.node_ids)
+
+
+def test_an_active_server_is_refused_by_the_nodes(secure: Secure) -> None:
+    """tests/attack_app's ServerApp against the real ClientApp on these nodes, whose node
+    config gives each its fedparity identity key and the roster: an invented peer (a node
+    missing from the roster) and a substituted key are refused before the key table is
+    pinned; the honest table is pinned and an honest round is recovered; the same round sent
+    again and a later key change are refused. Each refusal reaches the server as a fixed
+    sentence."""
+    deployment = secure.deployment
+    folder = secure.folder / "attacks"
+    run = run_flwr(
+        REPO / "tests" / "attack_app",
+        deployment.federation,
+        {"output-dir": str(folder)},
+        deployment.flwr_home,
+        timeout=240,
+    )
+    assert run.status == "finished:completed", run.output[-3000:]
+    report = json.loads((folder / "attacks.json").read_text())
+    nodes = {str(node) for node in deployment.node_ids}
+    target = str(min(deployment.node_ids))
+
+    def refused(attack: str, rule: str, expected: set[str]) -> None:
+        answers = report[attack]
+        assert set(answers) == expected, (attack, answers)
+        assert all(rule in reason for reason in answers.values()), (attack, answers)
+
+    refused("node missing from the roster", "not on this node's roster", nodes)
+    refused("substituted key", "not on this node's roster", nodes - {target})
+    assert report["honest key table"] == dict.fromkeys(nodes, "accepted")
+    assert report["honest round"] == {"total": "recovered"}
+    refused("replayed round", "masked already; refusing a replay", nodes)
+    refused("key change after pinning", "pinned for this run; refusing a change", nodes - {target})
+
+
+def _pem_public_key(openssh_public_key: Path) -> str:
+    """The key as the SuperLink logs it (SubjectPublicKeyInfo PEM)."""
+    key = serialization.load_ssh_public_key(openssh_public_key.read_bytes())
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode("ascii")
