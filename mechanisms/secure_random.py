@@ -23,10 +23,18 @@ from randomgen import AESCounter
 __all__ = ["is_secure_generator", "secure_generator"]
 
 
-def secure_generator() -> np.random.Generator:
-    """A new ``Generator`` over AES-128-CTR keyed from the operating system's entropy."""
-    key = int.from_bytes(os.urandom(16), "little")
-    return np.random.Generator(AESCounter(key=key))
+def secure_generator(key: bytes | None = None) -> np.random.Generator:
+    """A new ``Generator`` over AES-128-CTR keyed from the operating system's entropy, or
+    with the first 16 bytes of ``key``: a keyed stream that whoever holds the key (and only
+    they) can reproduce (e.g. the noise flooding of :mod:`fedparity.mechanisms.ckks.flooding`).
+    """
+    if key is None:
+        material = os.urandom(16)
+    elif isinstance(key, (bytes, bytearray)) and len(key) >= 16:
+        material = bytes(key[:16])
+    else:
+        raise ValueError("key must be at least 16 bytes")
+    return np.random.Generator(AESCounter(key=int.from_bytes(material, "little")))
 
 
 def is_secure_generator(rng: np.random.Generator) -> bool:

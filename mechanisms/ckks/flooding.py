@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..secure_random import secure_generator
+
 if TYPE_CHECKING:
     import tenseal as ts
 
@@ -135,20 +137,13 @@ def flood_key(context: ts.Context) -> bytes:
 
 
 def keyed_gaussian(key: bytes, message: bytes, size: int) -> np.ndarray:
-    """``size`` standard normal draws determined by ``key`` and ``message``: HMAC-SHA256 of
-    the message seeds a SHAKE-256 stream of 53-bit uniforms, turned into normals by the
-    Box-Muller transform. Without ``key`` the draws cannot be predicted."""
+    """``size`` standard normal draws determined by ``key`` and ``message``: the AES-CTR
+    generator of :func:`~fedparity.mechanisms.secure_random.secure_generator` keyed with
+    HMAC-SHA256(key, message). Without ``key`` the draws cannot be predicted."""
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size!r}")
     seed = hmac.new(bytes(key), bytes(message), hashlib.sha256).digest()
-    pairs = (size + 1) // 2
-    stream = np.frombuffer(hashlib.shake_256(seed).digest(16 * max(pairs, 1)), dtype="<u8")
-    uniforms = (stream >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    first, second = 1.0 - uniforms[0::2][:pairs], uniforms[1::2][:pairs]  # first in (0, 1]
-    radius = np.sqrt(-2.0 * np.log(first))
-    angle = 2 * np.pi * second
-    normals = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1).ravel()
-    return normals[:size]
+    return secure_generator(seed).standard_normal(size)
 
 
 def flood(values: np.ndarray, *, std: float, key: bytes, message: bytes) -> np.ndarray:
