@@ -51,6 +51,14 @@ Scale = Literal["metric", "value"]
 #: Search range for budgets (the paper's Table 1 reaches 178.89).
 MIN_PLANNED_EPSILON = 1e-6
 MAX_PLANNED_EPSILON = 1e4
+#: Most clients a plan is made for (beyond it the planner's floats lose the count).
+MAX_PLANNED_CLIENTS = 10**12
+#: Range of the group-size ratio n_A / n_B a plan accepts (a group of 1e-6 of the population).
+MIN_GROUP_RATIO = 1e-6
+MAX_GROUP_RATIO = 1e6
+#: The largest possible gap between two group means, per scale (metric in [0, 1], value in
+#: [-1, 1]): an error bound at least this large says nothing (vacuous).
+MAX_GAP = {"metric": 1.0, "value": 2.0}
 
 
 def group_fractions_from_ratio(group_ratio: float, num_groups: int = 2) -> np.ndarray:
@@ -93,6 +101,18 @@ class PlanResult:
         The (eps1, eps2) split used (true epsilon <= budget).
     """
 
+    @property
+    def vacuous(self) -> bool:
+        """The error bound is at least the largest possible gap (:data:`MAX_GAP`): it says
+        nothing about the gap."""
+        return self.alpha >= MAX_GAP[self.scale]
+
+    @property
+    def at_search_limit(self) -> bool:
+        """The minimum budget is the search's lower limit (:data:`MIN_PLANNED_EPSILON`): any
+        budget down to it reaches the target, and a smaller one may too."""
+        return self.epsilon is not None and self.epsilon <= MIN_PLANNED_EPSILON
+
     mechanism: MechanismName
     num_clients: int
     confidence: float
@@ -117,6 +137,8 @@ class PlanResult:
             "epsilon_group": None if split is None else split.epsilon_group,
             "epsilon_value": None if split is None else split.epsilon_value,
             "true_epsilon": None if split is None else split.epsilon,
+            "vacuous": self.vacuous,
+            "at_search_limit": self.at_search_limit,
         }
 
 

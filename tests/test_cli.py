@@ -204,6 +204,51 @@ def test_plan_bad_inputs(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        # values the math does not support: refused by name with the allowed range, before
+        # any work (the first used to fail inside the mechanism without naming the option,
+        # and with M_L in a division by zero)
+        (["--clients", "1000", "--epsilon", "1e-300"], ("--epsilon", "[1e-06, 10000]")),
+        (["--clients", "1000", "--epsilon", "1e-300", "--mechanism", "L"], ("--epsilon",)),
+        (["--clients", "1000", "--epsilon", "1e5"], ("--epsilon", "[1e-06, 10000]")),
+        # a 300-digit K and a minimum epsilon clamped at the search limit used to exit 0
+        (["--clients", "1e300", "--alpha", "0.1"], ("--clients", "1e+12")),
+        # a target any estimate meets
+        (["--clients", "1000", "--alpha", "2"], ("--alpha", "below 1", "metric scale")),
+        (["--clients", "1000", "--alpha", "2", "--scale", "value"], ("--alpha", "below 2")),
+        (["--clients", "1000", "--alpha", "0.1", "--group-ratio", "1e300"], ("--group-ratio",)),
+        (["--clients", "1000", "--alpha", "0.1", "--group-ratio", "0"], ("--group-ratio",)),
+    ],
+)
+def test_plan_refuses_values_outside_what_the_math_supports(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needles: tuple[str, ...]
+) -> None:
+    assert_usage_error(["plan", *argv], capsys, *needles)
+
+
+def test_plan_says_when_an_error_bound_is_vacuous() -> None:
+    # epsilon = 1e-5 with 1000 clients: an error bound of ~1e5 for a metric in [0, 1]
+    payload = run_json(["plan", "--clients", "1000", "--epsilon", "1e-5"])
+    assert payload["alpha"] > 1 and payload["vacuous"] is True
+    code, text = run(["plan", "--clients", "1000", "--epsilon", "1e-5"])
+    assert code == 0 and text.count("vacuous") == 2  # one line per mechanism
+    useful = run_json(["plan", "--clients", "1000000", "--epsilon", "1"])
+    assert useful["alpha"] < 1 and useful["vacuous"] is False
+    code, text = run(["plan", "--clients", "1000000", "--epsilon", "1"])
+    assert "vacuous" not in text
+
+
+def test_plan_help_is_plain_text_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run(["plan", "--help"])
+    text = capsys.readouterr().out
+    assert "fedparity plan --clients 100000 --alpha 0.05" in text  # an example
+    assert "randomized response" in text and "discrete Laplace" in text  # R and L explained
+    assert ":func:" not in text and "``" not in text  # no RST markup
+
+
 # --- measure --------------------------------------------------------------------------------------
 
 

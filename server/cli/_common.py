@@ -37,6 +37,13 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
+def _in_range(name: str, value: float, low: float, high: float) -> float:
+    """``value`` if ``low <= value <= high``; else a usage error naming ``name`` and the range."""
+    if not low <= value <= high:
+        raise UsageError(f"{name} must be a number in [{low:g}, {high:g}], got {value:g}")
+    return value
+
+
 def _unit_open(name: str, value: float) -> float:
     if not 0.0 < value < 1.0:
         raise UsageError(f"{name} must be in the open interval (0, 1), got {value:g}")
