@@ -178,7 +178,17 @@ def test_plan_epsilon_path() -> None:
     assert normal["alpha"] == pytest.approx(2.5758293035489 / 10 * chebyshev["alpha"], rel=1e-9)
 
 
-def test_plan_table_has_paper_and_valid_tables() -> None:
+def test_plan_table_has_paper_and_valid_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The valid table is a search per cell (~30 s): the text and JSON runs share one
+    # computation of each table (a cache around the real function, same arguments).
+    import copy
+    import functools
+
+    from fedparity.server.cli import plan
+
+    real = plan.table1
+    cached = functools.cache(lambda **kwargs: real(**kwargs))
+    monkeypatch.setattr(plan, "table1", lambda **kwargs: copy.deepcopy(cached(**kwargs)))
     code, text = run(["plan", "--table"])
     assert code == 0
     assert "1.86" in text and "178.89" in text  # paper's Table 1 cells
