@@ -67,9 +67,16 @@ def environment(keys: KeyPaths, tmp_path_factory: pytest.TempPathFactory) -> dic
     return {SECRET_CONTEXT_ENV: str(keys.secret), IDENTITY_DIR_ENV: str(identities)}
 
 
+#: How far the encrypted protocol's p-values may be from the plaintext harness's: the key
+#: holders' releases are noise-flooded (docs/threat-model.md), which moved the p-values of the
+#: Adult doctorate split by 3e-7 to 1.2e-6 over four runs (unflooded: ~1e-9); 1e-5 is far
+#: below any precision a verdict at alpha = 0.05 needs.
+PVALUE_TOLERANCE = 1e-5
+
+
 def assert_matches_plaintext(results: dict) -> None:
     assert results["max_abs_pvalue_difference_vs_plaintext"] is not None
-    assert results["max_abs_pvalue_difference_vs_plaintext"] <= 1e-6
+    assert results["max_abs_pvalue_difference_vs_plaintext"] <= PVALUE_TOLERANCE
     assert results["server_context_has_secret_key"] is False
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import subprocess
 import tomllib
 import urllib.error
 import urllib.request
@@ -99,6 +100,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         f"roster='{identities / ROSTER_FILE}'"
         for i in range(NODES)
     ]
+    project_before = _project_status()
     with local_deployment(
         REPO,
         NODES,
@@ -111,6 +113,29 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         yield Secure(deployment, tls, keys, folder)
         processes = deployment.processes  # the unauthorised SuperNodes included
     assert [p.name for p in processes if p.alive()] == []  # nothing left running
+    # Runs leave the project folder as they found it: no state, keys or bundles in it.
+    assert _project_status() == project_before
+
+
+def _project_status() -> str | None:
+    """``git status --porcelain --ignored`` of the project (None outside a git checkout)."""
+    try:
+        done = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # caches written by the test run itself (bytecode, pytest's) are not run state
+    return "\n".join(
+        line
+        for line in done.stdout.splitlines()
+        if "__pycache__" not in line and ".pytest_cache" not in line and ".hypothesis" not in line
+    )
 
 
 def _get(url: str, context: ssl.SSLContext | None = None) -> int:
