@@ -89,6 +89,7 @@ from .fedevalfair import (
     rows_statistics,
 )
 from .identity import NodeIdentity, node_identity
+from .messages import fixed_error_texts
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
@@ -490,4 +491,5 @@ def fedevalfair_handlers(
     }
     if holder_rows is not None:
         handlers = {"fef_round1": round1, **handlers}
-    return handlers
+    # what reaches the server is a fixed sentence (the node logs the rest)
+    return {action: fixed_error_texts(handler) for action, handler in handlers.items()}

@@ -56,7 +56,14 @@ from ..mechanisms.protocol import (
     VALUES_KEY,
 )
 from ..mechanisms.secure_random import secure_generator
-from .messages import MessageError, NodeRefusal, float_field, int_field, str_field
+from .messages import (
+    MessageError,
+    NodeRefusal,
+    fixed_error_texts,
+    float_field,
+    int_field,
+    str_field,
+)
 from .policy import NodePrivacyPolicy, PolicyRefusal, in_flower_simulation, node_policy
 
 __all__ = [
@@ -217,9 +224,9 @@ def ldp_audit_handler(
             raise MessageError("message field 'undefined-category' must be true or false")
         categories = num_groups + int(undefined_category)
         if requested_groups != categories:
-            raise ValueError(
-                f"audit asks for {requested_groups} categories, this node has {num_groups} "
-                f"groups{' and the undefined category' if undefined_category else ''}"
+            raise NodeRefusal(
+                "ldp_audit: the audit's number of group categories is not this node's number "
+                "of groups (plus the undefined category, if the audit has one); refusing"
             )
         mechanism = build_mechanism(
             str_field(audit, "mechanism"),  # type: ignore[arg-type]
@@ -231,9 +238,9 @@ def ldp_audit_handler(
         limits.check_ldp(mechanism.epsilon)
         budget = float_field(audit, "budget")
         if mechanism.epsilon > budget + BUDGET_TOLERANCE:
-            raise ValueError(
-                f"refusing: the requested mechanism's true epsilon {mechanism.epsilon:.6g} "
-                f"exceeds the audit budget {budget:g}"
+            raise NodeRefusal(
+                "ldp_audit: the requested mechanism's true epsilon exceeds the audit budget; "
+                "refusing"
             )
         metric = str_field(audit, "metric")
         if metric not in METRIC_NAMES:
@@ -247,9 +254,9 @@ def ldp_audit_handler(
         if not undefined_category and not defined.all():
             # Silence would tell the server which users have an undefined metric (a label
             # bit): without the undefined category in the audit, the node does not answer.
-            raise ValueError(
-                "refusing: the metric is undefined for some of this node's users and the audit "
-                "has no undefined category for them to report"
+            raise NodeRefusal(
+                "ldp_audit: refusing: the metric is undefined for some of this node's users and "
+                "the audit has no undefined category for them to report"
             )
         groups = np.zeros(0, dtype=np.int64)
         values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
@@ -315,4 +322,4 @@ def ldp_audit_handler(
         )
         return Message(content=content, reply_to=msg)
 
-    return handle
+    return fixed_error_texts(handle)  # what reaches the server is a fixed sentence

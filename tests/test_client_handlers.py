@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedparity.clients.app import describe, ldp_audit, load_shard, train_handler
 from fedparity.clients.config import RunConfig
+from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.task import build_model, get_arrays
 from fedparity.mechanisms import (
     RandomizedResponseMechanism,
@@ -161,7 +162,7 @@ def test_node_refuses_a_mechanism_above_the_audit_budget(ledger_dir: Path) -> No
         dst_node_id=7,
         message_type=AUDIT_MESSAGE_TYPE,
     )
-    with pytest.raises(ValueError, match="exceeds the audit budget"):
+    with pytest.raises(NodeRefusal, match="exceeds the audit budget"):
         ldp_audit(message, context, config_of(context))
     assert not ledger_dir.exists()  # nothing was charged
 

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
+from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, mechanism_for_budget
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
@@ -154,7 +155,7 @@ def test_handler_refuses_another_number_of_groups() -> None:
         ArrayRecord({"threshold": Array(np.array([0.5]))}), [1]
     )[0]
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    with pytest.raises(ValueError, match="asks for 2 categories, this node has 3 groups"):
+    with pytest.raises(NodeRefusal, match="number of group categories is not this node"):
         handler(message, context)
     assert "ldp-ledger" not in context.state.array_records
 

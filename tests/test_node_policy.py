@@ -192,7 +192,7 @@ def test_a_user_with_an_undefined_metric_reports_like_everyone_else(tmp_path: Pa
     )
     handler = ldp_audit_handler(lambda *_: one_user(np.nan), num_groups=2)
     message = plain.configure_audit(ArrayRecord({"w": Array(np.zeros(1))}), [3])[0]
-    with pytest.raises(ValueError, match="no undefined category"):
+    with pytest.raises(NodeRefusal, match="no undefined category"):
         handler(message, _context({"ledger-dir": str(tmp_path / "plain")}))
 
 
