@@ -30,6 +30,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
+from ..clients import _math_first  # noqa: F401 - before the math package
 from ..mechanisms.ckks import (
     secret_context_path,
 )

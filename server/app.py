@@ -26,6 +26,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from ..clients import _math_first  # noqa: F401 - before the math package
 from ..clients.config import RunConfig
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
