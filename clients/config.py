@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -54,6 +54,36 @@ class ConfigError(ValueError):
     value the run config gave: nothing of the node's, so it may reach the server."""
 
     fixed_text = True
+
+
+#: Where ``download = true`` puts UCI Adult when ``data-dir`` is empty (outside the project
+#: folder: ``flwr run`` packs that folder into the app bundle).
+DEFAULT_ADULT_DOWNLOAD_DIR = "~/.fedparity/data/adult"
+
+
+def _adult_folder(config: RunConfig) -> RunConfig:
+    """``dataset = "adult"`` needs the folder with the UCI files: ``data-dir`` (an absolute
+    path), or, with ``download = true`` and no ``data-dir``, :data:`DEFAULT_ADULT_DOWNLOAD_DIR`
+    (expanded here, so every app of the run on this machine reads the same folder). The run
+    config is the only way to name it for a run: the ServerApp and ClientApps of ``flwr run``
+    do not see the environment of the command that started it (Flower's managed SuperLink
+    keeps its own)."""
+    if config.dataset != "adult":
+        return config
+    if not config.data_dir:
+        if config.download:
+            return replace(config, data_dir=str(Path(DEFAULT_ADULT_DOWNLOAD_DIR).expanduser()))
+        raise ConfigError(
+            "data-dir must be the absolute path of the folder with adult.data and adult.test "
+            'for dataset = "adult", or set download = true to fetch them from UCI into '
+            f"{DEFAULT_ADULT_DOWNLOAD_DIR}; got an empty data-dir"
+        )
+    if not Path(config.data_dir).expanduser().is_absolute():
+        raise ConfigError(
+            f"data-dir must be an absolute path (the apps do not run in this folder), "
+            f"got {config.data_dir!r}"
+        )
+    return config
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -273,7 +303,12 @@ class RunConfig:
     dataset: str = _key(
         "synthetic", _choice(DATASETS + FPFL_ONLY_DATASETS), "population (digits: FPFL only)"
     )
-    data_dir: str = _key("", _text, "Adult: absolute path of the folder with adult.data/.test")
+    data_dir: str = _key(
+        "",
+        _text,
+        'Adult: absolute path of the folder with adult.data/.test ("" with download = true: '
+        f"{DEFAULT_ADULT_DOWNLOAD_DIR})",
+    )
     download: bool = _key(False, _boolean, "Adult: fetch from UCI into data-dir if absent")
     users_per_node: int = _key(5000, _integer(1), "users simulated by one node")
     num_groups: int = _key(2, _integer(2), "protected groups")
@@ -397,6 +432,7 @@ class RunConfig:
         config = cls(**values)
         if config.dataset == "adult" and config.num_groups != 2:
             raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')
+        config = _adult_folder(config)
         _check_fpfl(config)
         total = sum(config.epsilons)
         if total > config.user_budget + BUDGET_TOLERANCE:

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,13 +28,56 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients import _math_first  # noqa: F401 - before the math package
-from ..clients.config import RunConfig
+from ..clients.config import ConfigError, RunConfig
+from ..clients.data import ADULT_URL, load_adult
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
 from .run_record import open_run_record
 
 JOBS = {"ldp-audit": run_ldp_audit, "fedevalfair": run_fedevalfair, "fpfl": run_fpfl}
+
+
+class RunConfigErrorWithoutTraceback(logging.Filter):
+    """A run-config mistake is the user's, not a bug: Flower logs every exception leaving the
+    ServerApp with its traceback ("ServerApp raised an exception" + the stack); for a
+    :class:`ConfigError` this filter keeps one line, the error's own text (it names the key and
+    the allowed range), and drops the stack. The run still ends ``finished:failed``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, ConfigError):
+            record.msg = "%s refused the run config before any work: %s"
+            record.args = (*(record.args or ("ServerApp",))[:1], str(error))
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_FLWR_LOGGER = logging.getLogger("flwr")
+if not any(isinstance(item, RunConfigErrorWithoutTraceback) for item in _FLWR_LOGGER.filters):
+    _FLWR_LOGGER.addFilter(RunConfigErrorWithoutTraceback())
+
+
+def check_adult_files(config: RunConfig) -> None:
+    """``dataset = "adult"`` with the simulation harness on (``ground-truth``, which reads the
+    data on the server): find the UCI files in ``data-dir``, or fetch them once here with
+    ``download = true`` (rather than every simulated node at once). A folder without them, or
+    a failed download, is a :class:`ConfigError` naming the key, before any work."""
+    if config.dataset != "adult" or not config.ground_truth:
+        return
+    try:
+        load_adult(config.data_dir, download=config.download)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"data-dir = {config.data_dir!r} holds no adult.data and adult.test (set download = "
+            "true to fetch them from UCI, or data-dir to the folder that holds them)"
+        ) from None
+    except OSError as error:  # urllib's URLError and socket errors are OSErrors
+        raise ConfigError(
+            f"download = true could not fetch UCI Adult from {ADULT_URL} into "
+            f"data-dir = {config.data_dir!r}: {error}"
+        ) from None
 
 
 def run_job(grid: Grid, run_config: Mapping[str, Any]) -> None:
@@ -43,6 +87,7 @@ def run_job(grid: Grid, run_config: Mapping[str, Any]) -> None:
     that raises is recorded as failed (or interrupted), with what it had released, and an
     ERROR line says so on the console (``flwr run`` itself exits 0 either way)."""
     config = RunConfig.from_mapping(run_config)
+    check_adult_files(config)
     record = open_run_record(config)
     try:
         JOBS[config.task](grid, config, record)

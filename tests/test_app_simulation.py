@@ -70,6 +70,16 @@ def test_invalid_run_config_fails_before_any_work(tmp_path: Path) -> None:
         run = simulation.run(
             {"output-dir": str(output), "confidence": 1.5}, timeout=300, check=False
         )
+        # A dataset that needs a folder nobody gave: refused by name before any work (the
+        # nodes would otherwise each fail to find the files).
+        adult = simulation.run(
+            {"output-dir": str(output), "dataset": "adult"}, timeout=300, check=False
+        )
     assert run.status == "finished:failed"
     assert "confidence must be in (0, 1)" in run.output
+    assert adult.status == "finished:failed"
+    assert "refused the run config before any work: data-dir must be" in adult.output
+    for failed in (run, adult):
+        # one line naming the key, never a stack trace for a user's mistake
+        assert "Traceback" not in failed.output, failed.output[-3000:]
     assert not output.exists()

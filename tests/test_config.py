@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedparity.clients.config import ConfigError, RunConfig
+from fedparity.clients.config import DEFAULT_ADULT_DOWNLOAD_DIR, ConfigError, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,41 @@ def test_named_configs_are_valid(path: Path) -> None:
         overrides = tomllib.load(handle)
     # Flower rejects keys that are not in [tool.flwr.app.config].
     assert set(overrides) <= set(pyproject_defaults())
-    config = RunConfig.from_toml(path, pyproject_defaults())
+    base = pyproject_defaults()
+    config = RunConfig.from_toml(path, base)
+    if overrides.get("dataset") == "adult":
+        # As written, the Adult configs fetch UCI Adult once into a folder outside the project
+        # (flwr does not combine a TOML file with key=value pairs, so they must run as written).
+        assert overrides["download"] is True and overrides["data-dir"] == ""
+        assert config.data_dir == str(Path(DEFAULT_ADULT_DOWNLOAD_DIR).expanduser())
     assert config.task == overrides.get("task", "ldp-audit")
+
+
+@pytest.mark.parametrize(
+    ("data_dir", "download", "fragment"),
+    [
+        ("", False, "data-dir must be the absolute path"),
+        ("data/adult", False, "data-dir must be an absolute"),
+        ("data/adult", True, "data-dir must be an absolute"),
+    ],
+)
+def test_adult_needs_an_absolute_data_dir(data_dir: str, download: bool, fragment: str) -> None:
+    """Checked before any work, whatever the task: the apps run elsewhere than this folder and
+    do not see this shell's environment."""
+    for task in ("ldp-audit", "fedevalfair", "fpfl"):
+        with pytest.raises(ConfigError, match=fragment):
+            RunConfig.from_mapping(
+                {"task": task, "dataset": "adult", "data-dir": data_dir, "download": download}
+            )
+    accepted = RunConfig.from_mapping({"dataset": "adult", "data-dir": "/srv/adult"})
+    assert accepted.data_dir == "/srv/adult"
+
+
+def test_adult_download_without_data_dir_uses_the_home_folder() -> None:
+    config = RunConfig.from_mapping({"dataset": "adult", "download": True})
+    assert config.data_dir == str(Path(DEFAULT_ADULT_DOWNLOAD_DIR).expanduser())
+    assert Path(config.data_dir).is_absolute()
+    assert ".fedparity" in Path(config.data_dir).parts
 
 
 @pytest.mark.parametrize(
@@ -98,7 +131,7 @@ def test_known_group_sizes_need_the_harness() -> None:
 
 def test_adult_has_two_groups() -> None:
     with pytest.raises(ConfigError, match="num-groups must be 2"):
-        RunConfig.from_mapping({"dataset": "adult", "num-groups": 3})
+        RunConfig.from_mapping({"dataset": "adult", "num-groups": 3, "data-dir": "/srv/adult"})
 
 
 def test_federations_command_writes_connections_flower_reads(
@@ -196,3 +229,33 @@ def test_the_configuration_reference_is_generated_from_the_key_table() -> None:
     # the file in the repository is the generated one (regenerate it with the command it names)
     committed = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert committed == reference, "python -m fedparity.clients.config > docs/configuration.md"
+
+
+def test_server_checks_the_adult_folder_before_any_work(
+    tmp_path: Path, adult_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the harness on, the ServerApp finds (or fetches once) the files before any work; a
+    folder without them, or a failed download, is one ConfigError naming the key."""
+    import urllib.error
+    import urllib.request
+
+    from fedparity.server.app import check_adult_files
+
+    check_adult_files(RunConfig.from_mapping({"dataset": "adult", "data-dir": str(adult_path)}))
+    empty = str(tmp_path / "empty")
+    with pytest.raises(ConfigError, match=r"data-dir = '.*empty' holds no adult.data"):
+        check_adult_files(RunConfig.from_mapping({"dataset": "adult", "data-dir": empty}))
+
+    def offline(*args: object, **kwargs: object) -> None:  # a network fault
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(ConfigError, match="download = true could not fetch UCI Adult"):
+        check_adult_files(
+            RunConfig.from_mapping({"dataset": "adult", "data-dir": empty, "download": True})
+        )
+    assert not list((tmp_path / "empty").glob("*.part")), "no partial file left behind"
+    # without the harness, the server does not read the data (the nodes hold it)
+    check_adult_files(
+        RunConfig.from_mapping({"dataset": "adult", "data-dir": empty, "ground-truth": False})
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import tempfile
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,17 +134,24 @@ def load_adult(
 
 
 def _download_adult(target: Path, source_url: str = ADULT_URL) -> None:
-    """Fetch the missing Adult files into ``target`` (written atomically via a ``.part`` file)."""
+    """Fetch the missing Adult files into ``target`` (each written atomically via a ``.part``
+    file of its own)."""
     target.mkdir(parents=True, exist_ok=True)
     for name in ADULT_FILES:
         destination = target / name
         if destination.is_file():
             continue
-        partial = target / f"{name}.part"
-        with urllib.request.urlopen(source_url.rstrip("/") + "/" + name, timeout=60) as response:
-            with open(partial, "wb") as out:
-                shutil.copyfileobj(response, out)
-        os.replace(partial, destination)
+        # A partial file of this process's own: simulated nodes may fetch at the same time.
+        handle, partial_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target)
+        try:
+            with urllib.request.urlopen(
+                source_url.rstrip("/") + "/" + name, timeout=60
+            ) as response:
+                with os.fdopen(handle, "wb") as out:
+                    shutil.copyfileobj(response, out)
+            os.replace(partial_name, destination)
+        finally:
+            Path(partial_name).unlink(missing_ok=True)
 
 
 def _cache_key(folder: Path) -> tuple[str, int, int]:
