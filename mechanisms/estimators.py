@@ -211,9 +211,9 @@ class GapEstimate:
     differences, difference_stderrs : np.ndarray
         Signed m_hat_i - m_hat_j and standard errors.
     gaps : np.ndarray
-        |m_hat_i - m_hat_j| (the paper's gap estimator; note |.| is biased upwards near 0).
+        ``|m_hat_i - m_hat_j|`` (the paper's gap estimator; note ``|.|`` is biased upwards near 0).
     gap_intervals : tuple of ConfidenceInterval
-        Normal-approximation interval for each true gap |m_i - m_j| at ``confidence``.
+        Normal-approximation interval for each true gap ``|m_i - m_j|`` at ``confidence``.
     chebyshev_halfwidths : np.ndarray
         The paper's bound: sqrt(Var_worst / (1 - confidence)) with Var_worst the pair's
         variance at the worst-case sum of v^2 (Section 5).

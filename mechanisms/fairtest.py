@@ -199,10 +199,10 @@ class ClientSummary:
     Attributes
     ----------
     mean : float
-        Ybar_i: the mean |disparity| of the resamples (mode "paper") or the signed plug-in
+        Ybar_i: the mean ``|disparity|`` of the resamples (mode "paper") or the signed plug-in
         disparity (mode "calibrated").
     variance : float
-        S_i^2 > 0: the sample variance (ddof = 1) of the resamples (of |disparity| in mode
+        S_i^2 > 0: the sample variance (ddof = 1) of the resamples (of ``|disparity|`` in mode
         "paper", of the signed disparity in mode "calibrated", where it estimates
         Var(mean)).
     n : int
@@ -293,7 +293,7 @@ class BootstrapDisparity:
     def summary(self, mode: Mode = "calibrated") -> ClientSummary:
         """What the client reports in ``mode`` (``"paper"`` or ``"calibrated"``).
 
-        ``"paper"``: mean and S^2 of |Y_ij|, n = B. ``"calibrated"``: the signed plug-in
+        ``"paper"``: mean and S^2 of ``|Y_ij|``, n = B. ``"calibrated"``: the signed plug-in
         disparity, S^2 of the signed Y_ij, n = B (unused) and the :attr:`margins`.
 
         Raises
@@ -798,7 +798,7 @@ class TestResult:
     Attributes
     ----------
     statistic : float
-        T1 or Q (stage 1), W* (stage 2) or (tolerance - |mu_hat|) / stderr (TOST).
+        T1 or Q (stage 1), W* (stage 2) or ``(tolerance - |mu_hat|) / stderr`` (TOST).
     dof : int or None
         k - 1 for the chi-square statistic of stage 1; None for the normal ones.
     pvalue : float
@@ -877,7 +877,7 @@ class FairnessReport:
     """Both stages of FedEvalFair, the optional equivalence test, and the decisions at alpha.
 
     ``reject_homogeneity``: stage 1 rejects H0 mu_1 = ... = mu_k. ``reject_fairness``: stage 2
-    rejects H0 mu = mu0. ``certified_fair``: TOST rejects H0 |mu| >= tolerance (None when no
+    rejects H0 mu = mu0. ``certified_fair``: TOST rejects H0 ``|mu| >= tolerance`` (None when no
     tolerance was given). The decisions are reported side by side; none gates another.
     """
 
@@ -1032,7 +1032,7 @@ def fedevalfair(
     mu0 : float
         Stage 2's null value (Algorithm 2).
     tolerance : float, optional
-        >= 0: also test H0 |mu| >= tolerance (TOST). At 0 the null holds for every mu, so
+        >= 0: also test H0 ``|mu| >= tolerance`` (TOST). At 0 the null holds for every mu, so
         the p-value is 1 and fairness is never certified.
 
     References
@@ -1100,7 +1100,7 @@ def common_disparity_test(
 def equivalence_test(
     summaries: Sequence[ClientSummary], *, tolerance: float, mode: Mode = "calibrated"
 ) -> TestResult:
-    """TOST (two one-sided tests), H0: |mu| >= tolerance vs H1: |mu| < tolerance.
+    """TOST (two one-sided tests), H0: ``|mu| >= tolerance`` vs H1: ``|mu| < tolerance``.
 
     p = max(P(Z > (mu_hat + tol)/se(-tol)), P(Z < (mu_hat - tol)/se(+tol))) (module docstring);
     tolerance 0 gives p = 1 (the null covers every mu). Not in FedEvalFair [1]_, whose

@@ -222,7 +222,7 @@ class LaplaceMechanism:
 
     @property
     def report_bound(self) -> float:
-        """Largest |v'| a report can take."""
+        """Largest ``|v'|`` a report can take."""
         return self.clamp_steps * GRID_STEP
 
     @property

@@ -32,6 +32,8 @@ from ..clients.app import build_client_app
 from ..clients.config import RunConfig
 from .app import build_server_app
 
+__all__ = ["SimulationKeys", "fedevalfair_simulation_keys", "run_simulation_job"]
+
 
 @contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
