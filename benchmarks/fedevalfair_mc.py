@@ -66,6 +66,7 @@ from fedparity.mechanisms import (
     fedevalfair,
     stage_statistics,
 )
+from fedparity.server.progress import Progress
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +115,7 @@ def run_cell(
     rng: np.random.Generator,
     min_cell: int = 0,
     margins: bool = True,
+    progress: Progress | None = None,
 ) -> Rates:
     """``iterations`` draws of every client's test set -> both modes' p-values -> rates.
 
@@ -125,7 +127,7 @@ def run_cell(
     bootstrap is run for every client whatever ``min_cell`` is, so the random stream, and
     every client's test set, does not depend on ``min_cell``. ``margins=False`` runs the
     calibrated mode without the margins (weights 1 / S^2, the plain inverse-variance form) on
-    the same draws.
+    the same draws. ``progress`` counts the iterations.
     """
     k = len(samplers)
     means = {mode: np.full((iterations, k), np.nan) for mode in MODES}
@@ -154,6 +156,8 @@ def run_cell(
             for mode, summary in summaries.items():
                 means[mode][iteration, client] = summary.mean
                 variances[mode][iteration, client] = summary.variance
+        if progress is not None:
+            progress.advance()
     rejected = {mode: np.zeros((iterations, 3), dtype=bool) for mode in MODES}
     tested = np.zeros(iterations, dtype=bool)
     complete = ~np.isnan(means["paper"]).any(axis=1)
@@ -229,7 +233,12 @@ def synthetic_sampler(delta: float, minority: float = 0.3, base: float = 0.3) ->
 
 
 def synthetic_part(
-    sizes: list[int], deltas: list[float], spreads: list[float], k: int, args: argparse.Namespace
+    sizes: list[int],
+    deltas: list[float],
+    spreads: list[float],
+    k: int,
+    args: argparse.Namespace,
+    progress: Progress | None = None,
 ) -> list[dict]:
     rows = []
     scenarios = [("common", d) for d in deltas] + [("spread", d) for d in spreads]
@@ -248,6 +257,7 @@ def synthetic_part(
                 rng=rng,
                 min_cell=args.min_cell,
                 margins=not args.no_margins,
+                progress=progress,
             )
             rows.append(
                 {
@@ -340,9 +350,16 @@ def adult_sampler(pool: Pool, model: str, positive_rate: float) -> Sampler:
     return sample
 
 
-def adult_part(sizes: list[int], args: argparse.Namespace) -> list[dict]:
+def adult_present(args: argparse.Namespace) -> bool:
     data_dir = Path(args.adult_dir)
-    if not ((data_dir / "adult.data").is_file() and (data_dir / "adult.test").is_file()):
+    return (data_dir / "adult.data").is_file() and (data_dir / "adult.test").is_file()
+
+
+def adult_part(
+    sizes: list[int], args: argparse.Namespace, progress: Progress | None = None
+) -> list[dict]:
+    data_dir = Path(args.adult_dir)
+    if not adult_present(args):
         print(f"UCI Adult not found in {data_dir}: part (b) skipped", file=sys.stderr)
         return []
     rows = []
@@ -366,6 +383,7 @@ def adult_part(sizes: list[int], args: argparse.Namespace) -> list[dict]:
                         rng=rng,
                         min_cell=args.min_cell,
                         margins=not args.no_margins,
+                        progress=progress,
                     )
                     rows.append(
                         {
@@ -679,8 +697,11 @@ def main(argv: list[str] | None = None) -> int:
         sizes, adult_sizes = [50, 100, 200, 500, 1000, 2000], [100, 500, 2000]
         deltas, spreads = [0.0, 0.02, 0.05, 0.1], [0.05, 0.1]
     started = time.perf_counter()
-    rows = synthetic_part(sizes, deltas, spreads, args.clients, args)
-    rows += adult_part(adult_sizes, args)
+    cells = (len(deltas) + len(spreads)) * len(sizes)
+    cells += 2 * 2 * 2 * len(adult_sizes) if adult_present(args) else 0  # split, model, metric
+    with Progress("fedevalfair_mc", cells * args.iterations, units="iterations") as progress:
+        rows = synthetic_part(sizes, deltas, spreads, args.clients, args, progress)
+        rows += adult_part(adult_sizes, args, progress)
     elapsed = time.perf_counter() - started
     text = markdown(rows, sizes, adult_sizes, deltas, spreads, args, elapsed)
     if not args.no_write:

@@ -42,6 +42,7 @@ from fedparity.clients.fpfl_task import (
     user_statistics,
     user_statistics_loop,
 )
+from fedparity.server.progress import Progress
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +110,13 @@ def _adult_dir() -> Path:
     return Path(override) if override else REPO.parent / "shared" / "data" / "adult"
 
 
-def run(repeats: int, seed: int) -> tuple[list[Measurement], list[str]]:
+#: Adult: two architectures x two cohort sizes; then the digits CNN.
+ADULT_CASES, DIGITS_CASES = 4, 1
+
+
+def run(
+    repeats: int, seed: int, progress: Progress | None = None
+) -> tuple[list[Measurement], list[str]]:
     measurements: list[Measurement] = []
     notes: list[str] = []
     rng = np.random.default_rng(seed)
@@ -131,6 +138,8 @@ def run(repeats: int, seed: int) -> tuple[list[Measurement], list[str]]:
                         repeats,
                     )
                 )
+                if progress is not None:
+                    progress.advance()
     else:
         notes.append(f"Adult skipped: no adult.data in {folder} (set {ADULT_DIR_ENV})")
     try:
@@ -151,6 +160,8 @@ def run(repeats: int, seed: int) -> tuple[list[Measurement], list[str]]:
                 repeats,
             )
         )
+        if progress is not None:
+            progress.advance()
     return measurements, notes
 
 
@@ -202,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    measurements, notes = run(args.repeats, args.seed)
+    cases = (ADULT_CASES if (_adult_dir() / "adult.data").is_file() else 0) + DIGITS_CASES
+    with Progress("fpfl_statistics", cases, units="cases") as progress:
+        measurements, notes = run(args.repeats, args.seed, progress)
     text = to_markdown(measurements, notes, args.threads)
     print(text)
     if not args.no_write:

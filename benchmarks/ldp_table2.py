@@ -29,6 +29,7 @@ import numpy as np
 
 from fedparity.mechanisms import estimate_gap, summarize_stream
 from fedparity.mechanisms.calibration import optimal_split
+from fedparity.server.progress import Progress
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPSILONS = (0.01, 0.1, 1.0, 10.0)
@@ -61,43 +62,45 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed + 1)
     rows = []
     started = time.perf_counter()
-    for epsilon in EPSILONS:
-        for name in ("R", "L"):
-            mechanism = optimal_split(name, epsilon).build()  # type: ignore[arg-type]
-            errors, covered = [], 0
-            chebyshev = normal = 0.0
-            for _ in range(args.runs):
-                estimate = estimate_gap(
-                    summarize_stream(mechanism, chunks, rng), mechanism, confidence=0.99
+    with Progress("ldp_table2", len(EPSILONS) * 2 * args.runs, units="runs") as progress:
+        for epsilon in EPSILONS:
+            for name in ("R", "L"):
+                mechanism = optimal_split(name, epsilon).build()  # type: ignore[arg-type]
+                errors, covered = [], 0
+                chebyshev = normal = 0.0
+                for _ in range(args.runs):
+                    estimate = estimate_gap(
+                        summarize_stream(mechanism, chunks, rng), mechanism, confidence=0.99
+                    )
+                    errors.append(abs(estimate.gaps[0] - true_gap))
+                    interval = estimate.gap_intervals[0]
+                    covered += int(interval.low <= true_gap <= interval.high)
+                    chebyshev = float(estimate.chebyshev_halfwidths[0])
+                    normal = float(estimate.normal_halfwidths[0])
+                    progress.advance()
+                rows.append(
+                    {
+                        "epsilon": epsilon,
+                        "mechanism": name,
+                        "epsilon_group": mechanism.epsilon_group,
+                        "epsilon_value": mechanism.epsilon_value,
+                        "true_epsilon": mechanism.epsilon,
+                        "mean_abs_error": float(np.mean(errors)),
+                        "sd_abs_error": float(np.std(errors, ddof=1)) if args.runs > 1 else 0.0,
+                        "chebyshev_alpha_099": chebyshev,
+                        "normal_halfwidth_099": normal,
+                        "chebyshev_over_normal": chebyshev / normal,
+                        "covered_099": covered,
+                        "runs": args.runs,
+                    }
                 )
-                errors.append(abs(estimate.gaps[0] - true_gap))
-                interval = estimate.gap_intervals[0]
-                covered += int(interval.low <= true_gap <= interval.high)
-                chebyshev = float(estimate.chebyshev_halfwidths[0])
-                normal = float(estimate.normal_halfwidths[0])
-            rows.append(
-                {
-                    "epsilon": epsilon,
-                    "mechanism": name,
-                    "epsilon_group": mechanism.epsilon_group,
-                    "epsilon_value": mechanism.epsilon_value,
-                    "true_epsilon": mechanism.epsilon,
-                    "mean_abs_error": float(np.mean(errors)),
-                    "sd_abs_error": float(np.std(errors, ddof=1)) if args.runs > 1 else 0.0,
-                    "chebyshev_alpha_099": chebyshev,
-                    "normal_halfwidth_099": normal,
-                    "chebyshev_over_normal": chebyshev / normal,
-                    "covered_099": covered,
-                    "runs": args.runs,
-                }
-            )
-            row = rows[-1]
-            print(
-                f"eps={epsilon:<5g} M_{name}: |err| {row['mean_abs_error']:.4f} "
-                f"(+/-{row['sd_abs_error']:.4f})  Chebyshev {chebyshev:.4f}  "
-                f"normal {normal:.4f}  covered {covered}/{args.runs}",
-                flush=True,
-            )
+                row = rows[-1]
+                print(
+                    f"eps={epsilon:<5g} M_{name}: |err| {row['mean_abs_error']:.4f} "
+                    f"(+/-{row['sd_abs_error']:.4f})  Chebyshev {chebyshev:.4f}  "
+                    f"normal {normal:.4f}  covered {covered}/{args.runs}",
+                    flush=True,
+                )
     elapsed = time.perf_counter() - started
     lines = [
         f"# Table 2 setting: K = {num_clients:.0e}, {args.runs} runs per cell, metric units "

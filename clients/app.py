@@ -55,6 +55,7 @@ from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
 from .fpfl_task import build_model_for
 from .ldp import LocalUsers, ldp_audit_handler, node_ledger_dir
+from .logging_setup import quiet_known_noise
 from .messages import fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .policy import node_policy
@@ -392,4 +393,5 @@ def build_client_app(
     return client_app
 
 
+quiet_known_noise()  # Ray's and Flower's known harmless notices (see logging_setup)
 app = build_client_app()

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from ..clients import _math_first  # noqa: F401 - before the math package
 from ..clients.config import ConfigError, RunConfig
 from ..clients.data import ADULT_URL, load_adult
+from ..clients.logging_setup import quiet_known_noise
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
@@ -110,4 +111,5 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
     return server_app
 
 
+quiet_known_noise()  # Ray's and Flower's known harmless notices (see logging_setup)
 app = build_server_app()

@@ -36,13 +36,22 @@ from ..mechanisms.ckks import (
 from ..mechanisms.protocol import BLOCKS
 from ..strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
 from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
+from .html_report import write_report
 from .orchestration import (
     connect_nodes,
     harness_applies,
     train_global_model,
     training_report,
 )
-from .report import write_json
+from .report import (
+    PLOT_NEEDS_MATPLOTLIB,
+    fedevalfair_findings,
+    fedevalfair_report,
+    fedevalfair_warnings,
+    load_pyplot,
+    plain_tick_labels,
+    write_json,
+)
 from .run_record import RunRecord, open_run_record
 
 
@@ -82,13 +91,9 @@ def fedevalfair_table(outcome: FedEvalFairOutcome, primary_mode: str) -> str:
 
 def plot_bootstrap_distributions(path: Path, truth: FedEvalFairTruth) -> str | None:
     """Histograms of every holder's bootstrap disparities, dp and eo (paper Figures 4/5)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'fedparity[plot]'): no plot written"
+    plt = load_pyplot()
+    if plt is None:
+        return PLOT_NEEDS_MATPLOTLIB
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, metric in zip(axes, ("dp", "eo"), strict=True):
         for partition, values in truth.resamples[metric]:
@@ -96,6 +101,8 @@ def plot_bootstrap_distributions(path: Path, truth: FedEvalFairTruth) -> str | N
         axis.axvline(0.0, color="black", linewidth=0.8)
         axis.set_title(f"bootstrap {'ΔDP' if metric == 'dp' else 'ΔEO'} per holder (harness)")
         axis.set_xlabel("signed disparity, group 0 (White) minus group 1")
+        axis.set_ylabel("bootstrap resamples")
+        plain_tick_labels(axis)
         if truth.resamples[metric]:
             axis.legend(fontsize=7)
     figure.tight_layout()
@@ -186,16 +193,22 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         "server_context_has_secret_key": context_has_secret_key(protocol.public_context),
         "elapsed_seconds": time.perf_counter() - started,
     }
-    write_json(output_dir / "results.json", payload)
+    results = write_json(output_dir / "results.json", payload)
     plot_note = None
     if truth is not None:
         plot_note = plot_bootstrap_distributions(output_dir / "bootstrap_disparities.png", truth)
+    report_path = write_report(output_dir, fedevalfair_report(results, output_dir, plot_note))
     stages = [len(nodes) for nodes in outcome.round_participants[:2]] + [0, 0]
     title = (
         f"FedEvalFair ({config.fef_variant} model; of {len(node_ids)} holder(s) asked, "
         f"{stages[0]} contributed to stage 1 and {stages[1]} to stage 2; "
         f"alpha = {config.fef_alpha:g}, mu0 = {config.fef_mu0:g}):"
     )
+    log(logging.INFO, "")
+    for finding in fedevalfair_findings(results):
+        log(logging.INFO, "%s", finding.plain())
+    for warning in fedevalfair_warnings(results):
+        log(logging.WARNING, "%s", warning)
     for line in ("", title, *table.splitlines(), ""):
         log(logging.INFO, "%s", line)
     if outcome.error:
@@ -213,7 +226,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         )
     if plot_note:
         log(logging.WARNING, "%s", plot_note)
-    log(logging.INFO, "results written to %s", output_dir)
+    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
     assert len(outcome.blocks) in (0, len(BLOCKS))
     record.finish("completed", error=outcome.error)
     return output_dir

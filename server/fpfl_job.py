@@ -90,6 +90,8 @@ from .fpfl_checkpoint import (
     write_release_ledger,
 )
 from .fpfl_report import (
+    fairness_constraint,
+    fpfl_report,
     metrics_from_json,
     metrics_to_json,
     paper_row,
@@ -100,7 +102,9 @@ from .fpfl_report import (
     training_caveats,
 )
 from .harness import HARNESS_LABEL
+from .html_report import write_report
 from .orchestration import connect_nodes, harness_applies
+from .progress import Progress
 from .report import write_json
 from .run_record import RunRecord, open_run_record
 
@@ -292,6 +296,13 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
     stop_reason = ""
     lost_in_a_row = 0
     trained_to = first_round - 1
+    progress = Progress(
+        "fpfl",
+        last_round,
+        units="rounds",
+        initial=min(first_round - 1, last_round),
+        log=lambda line: log(logging.INFO, "%s", line),
+    ).start()
     for round_number in range(first_round, last_round + 1):
         stop_reason = _cannot_reach_n_min(grid, protocol) if sigma else ""
         if stop_reason:
@@ -324,6 +335,7 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
         history.append(entry)
         trained_to = round_number
         log(logging.INFO, "%s", progress_line(entry))
+        progress.advance()
         if lost_in_a_row >= config.fpfl_max_consecutive_lost and round_number < last_round:
             stop_reason = (
                 f"{lost_in_a_row} round(s) in a row were lost (last: {outcome.reason}); every "
@@ -346,6 +358,7 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
             )
         if stop_reason:
             break
+    progress.close()
     if stop_reason:
         log(
             logging.ERROR,
@@ -453,6 +466,7 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
             **{name: asdict(gaps) for name, gaps in evaluation.items()},
         },
         "paper": paper_row(config),
+        "fairness_constraint": fairness_constraint(config, headline),
         "population": {
             "users": population_size,
             "nodes": len(protocol.members),
@@ -465,15 +479,16 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
         "history": history,
         "run_config": asdict(config),
     }
-    write_json(output_dir / "results.json", payload)
+    results = write_json(output_dir / "results.json", payload)
     note = (
         plot_training(output_dir / "training.png", history, config.fpfl_alpha) if history else None
     )
+    report_path = write_report(output_dir, fpfl_report(results, output_dir, note))
     for line in ("", *summary_text(payload).splitlines(), ""):
         log(logging.INFO, "%s", line)
     if note:
         log(logging.WARNING, "%s", note)
-    log(logging.INFO, "results written to %s", output_dir)
+    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
     record.finish(
         status,
         reason=stop_reason or None,

@@ -1,15 +1,18 @@
 """FPFL output: the progress line per round, the training plot, results.json helpers, the
-privacy caveats and the summary printed at the end."""
+privacy caveats, the summary printed at the end and the content of the HTML report."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..clients.config import RunConfig
+from .html_report import Figure, Finding, Report, Section, Table, Value
+from .report import NOISY_RATES_NOTE, PLOT_NEEDS_MATPLOTLIB, load_pyplot, plain_tick_labels
 
 # Reporting helpers
 
@@ -48,13 +51,9 @@ def _fmt(value: float | None) -> str:
 
 def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> str | None:
     """Training curves (cohort loss and accuracy, constraint gap, multipliers, epsilon); PNG."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'fedparity[plot]'): no plot written"
+    plt = load_pyplot()
+    if plt is None:
+        return PLOT_NEEDS_MATPLOTLIB
     rounds = [entry["round"] for entry in history]
 
     def series(key: str) -> list[float]:
@@ -79,6 +78,8 @@ def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> st
     axes[1, 1].set_ylabel("epsilon spent")
     for axis in axes[1]:
         axis.set_xlabel("round")
+    for axis in axes.flat:
+        plain_tick_labels(axis)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -179,11 +180,238 @@ def paper_row(config: RunConfig) -> dict[str, Any] | None:
     }
 
 
+#: The unconstrained algorithm of the paper's Table 2 for each constrained one (same clipping
+#: and noise, no MMDM).
+UNCONSTRAINED_COUNTERPART = {"ffl": "fl", "ffl-clip": "fl-clip", "fpfl": "pfl"}
+
+#: The FairnessGaps field that each fpfl-constraint bounds by alpha, and its name.
+CONSTRAINT_GAPS = {"fnr": ("fnr_gap", "FNR gap"), "accuracy": ("accuracy_gap", "accuracy gap")}
+
+
+def unconstrained_baseline(config: RunConfig) -> dict[str, Any] | None:
+    """The unconstrained counterpart's row of the paper's Table 2 (FNR parity on Adult with the
+    shallow network, at the same cohort size), or None where the paper has none."""
+    counterpart = UNCONSTRAINED_COUNTERPART.get(config.fpfl_algorithm)
+    if counterpart is None or config.fpfl_constraint != "fnr":
+        return None
+    if config.dataset != "adult" or config.fpfl_architecture != "shallow":
+        return None
+    row = PAPER_TABLE2.get((counterpart, config.fpfl_cohort_size))
+    if row is None:
+        return None
+    return {
+        "algorithm": counterpart,
+        "source": "Rodriguez-Galvez et al. 2021, Table 2 (shallow)",
+        "accuracy": row[0],
+        "fnr_gap": row[1],
+    }
+
+
+def fairness_constraint(config: RunConfig, test_gaps: Any | None) -> dict[str, Any]:
+    """The ``fairness_constraint`` section of results.json: alpha, the selected model's gap on
+    the held-out test set (``test_gaps``: FairnessGaps, None without a test set), whether
+    the constraint holds there, and the unconstrained baseline's gap where it is known."""
+    field, _ = CONSTRAINT_GAPS[config.fpfl_constraint]
+    gap = None if test_gaps is None else float(getattr(test_gaps, field))
+    if gap is not None and not math.isfinite(gap):
+        gap = None
+    return {
+        "metric": config.fpfl_constraint,
+        "gap_field": field,
+        "alpha": config.fpfl_alpha,
+        "trained_with_constraint": config.fpfl_uses_mmdm,
+        "test_gap": gap,
+        "holds_on_test_set": None if gap is None else gap <= config.fpfl_alpha,
+        "unconstrained_baseline": unconstrained_baseline(config),
+    }
+
+
+def _noisy_cohort_rates(history: list[dict[str, Any]]) -> bool:
+    return any(
+        rate is not None and not 0.0 <= rate <= 1.0
+        for entry in history
+        for rate in entry.get("group_error_rates") or []
+    )
+
+
+def fpfl_findings(results: Mapping[str, Any]) -> list[Finding]:
+    """The headline of an FPFL run (from its results.json or payload): the test-set gap
+    against alpha and whether the constraint holds, the accuracy, and the unconstrained
+    baseline's gap where known."""
+    constraint = results["fairness_constraint"]
+    algorithm = results["algorithm"]
+    _, name = CONSTRAINT_GAPS[constraint["metric"]]
+    alpha = Value("alpha", constraint["alpha"], "g")
+    findings: list[Finding] = []
+    if results["status"] != "completed":
+        reason = f" ({results['stop_reason']})" if results.get("stop_reason") else ""
+        findings.append(Finding((f"Training {results['status']}{reason}",), "warn"))
+    trained = "trained with" if constraint["trained_with_constraint"] else "trained without"
+    if constraint["test_gap"] is None:
+        findings.append(
+            Finding(
+                (
+                    f"{algorithm} ({trained} the {name} constraint, alpha = ",
+                    alpha,
+                    "): no held-out test set on the server (ground-truth = false or the nodes "
+                    "read their own data), so whether the constraint holds is not known",
+                ),
+                "warn",
+            )
+        )
+    else:
+        holds = constraint["holds_on_test_set"]
+        findings.append(
+            Finding(
+                (
+                    f"{algorithm} ({trained} the constraint): {name} on the test set ",
+                    Value("test-gap", constraint["test_gap"]),
+                    " against alpha = ",
+                    alpha,
+                    ": the constraint ",
+                    Value("constraint-holds", holds, words=("holds", "is violated")),
+                ),
+                "good" if holds else "bad",
+            )
+        )
+        findings.append(
+            Finding(
+                (
+                    "Test accuracy ",
+                    Value("accuracy", results["accuracy"]),
+                    f" (model of round {results['selected_round']}, "
+                    f"{results['model_selection']} selection)",
+                )
+            )
+        )
+    baseline = constraint["unconstrained_baseline"]
+    counterpart = UNCONSTRAINED_COUNTERPART.get(algorithm)
+    if baseline is not None:
+        findings.append(
+            Finding(
+                (
+                    f"Unconstrained baseline ({baseline['algorithm']}, {baseline['source']}): "
+                    f"{name} ",
+                    Value("baseline-gap", baseline["fnr_gap"]),
+                    ", accuracy ",
+                    Value("baseline-accuracy", baseline["accuracy"]),
+                )
+            )
+        )
+    elif counterpart is not None:
+        findings.append(
+            Finding(
+                (
+                    "Unconstrained baseline: not known for this setting (train the same run "
+                    f"config with fpfl-algorithm = {counterpart} to compare)",
+                )
+            )
+        )
+    else:
+        findings.append(Finding((f"{algorithm} is itself an unconstrained baseline",)))
+    return findings
+
+
+def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
+    """The HTML report of an FPFL run, built from its results.json."""
+    constraint = results["fairness_constraint"]
+    _, name = CONSTRAINT_GAPS[constraint["metric"]]
+    columns = ["accuracy", "fnr_gap", "eo_gap", "demp_gap", "pp_gap", "accuracy_gap"]
+    header = ["model", "accuracy", "FNR gap", "EO gap", "DemP gap", "PP gap", "accuracy gap"]
+    evaluation = results["evaluation"]
+    rows: list[list[Any]] = []
+    for label, key in (("selected (headline)", "selected"), ("after the last round", "final")):
+        if key in evaluation:
+            rows.append([label, *(evaluation[key][column] for column in columns)])
+    paper = results.get("paper")
+    if paper:
+        rows.append([f"paper ({paper['table']})", paper["accuracy"], paper["fnr_gap"]])
+    baseline = constraint["unconstrained_baseline"]
+    if baseline:
+        rows.append(
+            [
+                f"unconstrained {baseline['algorithm']} (paper)",
+                baseline["accuracy"],
+                baseline["fnr_gap"],
+            ]
+        )
+    rows = [row + [None] * (len(header) - len(row)) for row in rows]
+    detail: list[Any] = [
+        f"{results['algorithm']} on {results['population']['users']} user(s) at "
+        f"{results['population']['nodes']} node(s); {results['status']} after "
+        f"{results['privacy']['rounds_trained']} of {results['privacy']['rounds_planned']} "
+        f"round(s), {results['rounds_lost']} lost. The {name} is the largest |rate(all) - "
+        f"rate(group)| over the groups; the constraint asks it to stay <= alpha = "
+        f"{constraint['alpha']:g} (Rodriguez-Galvez et al. 2021).",
+        Table(header, rows, caption=f"Test set: {evaluation['source']}"),
+    ]
+    selected = evaluation.get("selected")
+    if selected:
+        detail.append(
+            Table(
+                ["group", "size", "accuracy", "FNR", "FPR", "positive rate", "precision"],
+                [
+                    [group, *values]
+                    for group, values in enumerate(
+                        zip(
+                            selected["group_sizes"],
+                            selected["group_accuracy"],
+                            selected["group_fnr"],
+                            selected["group_fpr"],
+                            selected["group_positive_rate"],
+                            selected["group_precision"],
+                            strict=True,
+                        )
+                    )
+                ],
+                caption="Selected model per group (test set)",
+            )
+        )
+    if _noisy_cohort_rates(results["history"]):
+        detail.append(
+            "Note: the per-round group rates of the training plot come from noisy cohort "
+            f"statistics; {NOISY_RATES_NOTE}."
+        )
+    detail.append(
+        Figure(folder / "training.png", "training curves (cohort statistics)", missing=plot_note)
+    )
+    privacy = results["privacy"]
+    if results["private"]:
+        privacy_rows = [
+            ["epsilon spent", results["epsilon"]],
+            ["delta", results["delta"]],
+            ["target epsilon (fpfl-epsilon)", privacy["target_epsilon"]],
+            ["noise multiplier sigma", results["noise_multiplier"]],
+            ["rounds released (every round sent counts)", privacy["rounds_released_total"]],
+            ["sample rate q = m / K", privacy["sample_rate"]],
+            ["accountant", privacy["accountant"]],
+            ["noise", privacy["noise"]],
+            ["secure sum", privacy["secure_sum"]],
+        ]
+        lead = "User-level differential privacy (Gaussian noise on clipped user statistics):"
+    else:
+        privacy_rows = [["secure sum", privacy["secure_sum"]]]
+        lead = "This run adds no noise: it is not differentially private."
+    privacy_blocks: list[Any] = [lead, Table(["quantity", "value"], privacy_rows)]
+    privacy_blocks += [f"Note: {note}." for note in privacy["caveats"]]
+    return Report(
+        title=f"fedparity FPFL training ({results['algorithm']})",
+        question=f"Does the trained model meet the fairness constraint ({name} <= alpha) on "
+        "held-out data, at what accuracy and privacy cost, compared with an unconstrained "
+        "model?",
+        headline=fpfl_findings(results),
+        sections=[Section("Result", detail)],
+        privacy=Section("Privacy spent", privacy_blocks),
+    )
+
+
 def summary_text(payload: dict[str, Any]) -> str:
     def cell(value: Any) -> str:
         return "n/a" if value is None else f"{value:.4f}"
 
     lines = [
+        *(finding.plain() for finding in fpfl_findings(payload)),
+        "",
         f"FPFL training: {payload['status']}"
         + (f" ({payload['stop_reason']})" if payload.get("stop_reason") else "")
         + f"; {payload['rounds_lost']} round(s) lost",
@@ -209,4 +437,8 @@ def summary_text(payload: dict[str, Any]) -> str:
         )
     for note in payload["privacy"]["caveats"]:
         lines.append(f"note: {note}")
+    if _noisy_cohort_rates(payload["history"]):
+        lines.append(
+            f"note: the per-round group rates above use noisy statistics; {NOISY_RATES_NOTE}"
+        )
     return "\n".join(lines)

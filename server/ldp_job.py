@@ -25,13 +25,14 @@ from flwr.serverapp import Grid
 from ..clients.config import RunConfig
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from .harness import GroundTruth, ground_truth
+from .html_report import write_report
 from .orchestration import (
     connect_nodes,
     harness_applies,
     train_global_model,
     training_report,
 )
-from .report import audit_table, plot_audits, write_json
+from .report import audit_table, ldp_findings, ldp_report, plot_audits, write_json
 from .run_record import RunRecord, open_run_record
 
 
@@ -133,13 +134,16 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
         },
         "elapsed_seconds": time.perf_counter() - started,
     }
-    write_json(output_dir / "results.json", payload)
+    results = write_json(output_dir / "results.json", payload)
     plot_note = plot_audits(
         output_dir / "gap_vs_epsilon.png", config.epsilons, outcomes, truth, config.metric
     )
+    report_path = write_report(output_dir, ldp_report(results, output_dir, plot_note))
     contributed = max((o.accepted_nodes for o in outcomes), default=0)
     reports = max((o.summary.num_reports for o in outcomes), default=0)
     for line in (
+        "",
+        *(finding.plain() for finding in ldp_findings(results)),
         "",
         f"LDP audit of the {config.metric} gap (reports from up to {contributed} of "
         f"{len(node_ids)} node(s) and {reports} of {nodes.num_users} user(s); per audit in the "
@@ -164,5 +168,5 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
             spent_total,
         )
     record.finish("completed")
-    log(logging.INFO, "results written to %s", output_dir)
+    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
     return output_dir

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.config import RunConfig
+from ..clients.logging_setup import quiet_strategy_banner
 from ..clients.task import build_model, get_arrays
 from ..mechanisms.protocol import METRICS_KEY
 from ..strategies.replies import send_and_receive
 from ..strategies.robust_fedavg import RobustFedAvg
+from .progress import Progress
 
 DESCRIBE_MESSAGE_TYPE = "query.describe"
 
@@ -135,21 +138,42 @@ def connect_nodes(
     return node_ids, nodes
 
 
+class _FedAvgWithProgress(RobustFedAvg):
+    """:class:`RobustFedAvg` that counts each aggregated round on :attr:`progress`."""
+
+    progress: Progress | None = None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        aggregated = super().aggregate_train(server_round, replies)
+        if self.progress is not None:
+            self.progress.advance()
+        return aggregated
+
+
 def train_global_model(
     grid: Grid, config: RunConfig, num_features: int
 ) -> tuple[ArrayRecord, dict[int, float], RobustFedAvg]:
     """``num-server-rounds`` rounds of FedAvg from a seeded initial model."""
     arrays = ArrayRecord(get_arrays(build_model(num_features, seed=config.seed)))
-    strategy = RobustFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
+    strategy = _FedAvgWithProgress(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
     losses: dict[int, float] = {}
     if config.num_server_rounds:
-        result = strategy.start(
-            grid=grid,
-            initial_arrays=arrays,
-            num_rounds=config.num_server_rounds,
-            timeout=config.reply_timeout,
-            train_config=ConfigRecord({"learning-rate": config.learning_rate}),
+        strategy.progress = Progress(
+            f"{config.task} training",
+            config.num_server_rounds,
+            units="rounds",
+            log=lambda line: log(logging.INFO, "%s", line),
         )
+        with quiet_strategy_banner(), strategy.progress:
+            result = strategy.start(
+                grid=grid,
+                initial_arrays=arrays,
+                num_rounds=config.num_server_rounds,
+                timeout=config.reply_timeout,
+                train_config=ConfigRecord({"learning-rate": config.learning_rate}),
+            )
         arrays = result.arrays
         losses = {
             int(rnd): float(metrics.get("train-loss", float("nan")))

@@ -1,15 +1,56 @@
-"""Human- and machine-readable output of a run: table, results.json, plot."""
+"""Human- and machine-readable output of a run: table, results.json, plots, and the content of
+the HTML report (headline findings and detail) of the LDP audit and FedEvalFair jobs."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..strategies.ldp_audit import AuditOutcome
 from .harness import GroundTruth
+from .html_report import Figure, Finding, Report, Section, Table, Value
+
+#: What a plot function returns when matplotlib (the optional extra ``plot``) is missing.
+PLOT_NEEDS_MATPLOTLIB = (
+    "matplotlib is not installed (pip install 'fedparity[plot]'): no plot written"
+)
+
+#: Why a private rate can print below 0 or above 1.
+NOISY_RATES_NOTE = (
+    "rates estimated from noisy (differentially private) statistics can fall below 0 or above "
+    "1: the noise is unbiased, so a small rate plus noise can be negative; the estimate stays "
+    "valid and its interval says how far the noise reaches"
+)
+
+
+def load_pyplot() -> Any | None:
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plain_tick_labels(axes: Any) -> None:
+    """Label both axes of ``axes`` in plain numbers: 0.5, 1, 2, 4 on a log axis (not
+    "6x10^-1"), and no offset or scientific factor on a linear one."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter, ScalarFormatter
+
+    for axis, scale in ((axes.xaxis, axes.get_xscale()), (axes.yaxis, axes.get_yscale())):
+        if scale == "log":
+            axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        elif scale == "linear":
+            formatter = ScalarFormatter(useOffset=False)
+            formatter.set_scientific(False)
+            axis.set_major_formatter(formatter)
 
 
 def _clean(value: Any) -> Any:
@@ -23,9 +64,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
+def write_json(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """Write ``payload`` as JSON (NaN and infinity as null); returns what was written."""
+    cleaned = _clean(payload)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_clean(payload), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(cleaned, indent=2, allow_nan=False) + "\n")
+    return cleaned
 
 
 def audit_table(
@@ -74,13 +118,9 @@ def plot_audits(
     metric: str,
 ) -> str | None:
     """Estimate and interval per epsilon (PNG). Returns None, or why no plot was written."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'fedparity[plot]'): no plot written"
+    plt = load_pyplot()
+    if plt is None:
+        return PLOT_NEEDS_MATPLOTLIB
     points = [
         (budget, outcome.estimate)
         for budget, outcome in zip(budgets, outcomes, strict=True)
@@ -124,6 +164,8 @@ def plot_audits(
     if truth is not None and math.isfinite(truth.max_gap):
         axes.axhline(truth.max_gap, color="C3", linestyle="--", label="true gap (harness only)")
     axes.set_xscale("log")
+    axes.set_xticks(sorted(set(budgets)))
+    plain_tick_labels(axes)
     axes.set_xlabel("LDP budget epsilon per user")
     axes.set_ylabel(f"{metric} gap between groups")
     axes.set_title("Private measurement of the performance gap")
@@ -133,3 +175,425 @@ def plot_audits(
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return None
+
+
+# The HTML report: LDP audit
+# --------------------------------------------------------------------------------------------
+
+
+def _interval(estimate: Mapping[str, Any]) -> tuple[float, float]:
+    """The interval of the largest gap (for two groups, the pair's interval)."""
+    low, high = estimate["max_gap_interval"]
+    return float(low), float(high)
+
+
+def _noisy_rates(estimates: Sequence[Mapping[str, Any]]) -> bool:
+    return any(
+        mean is not None and not 0.0 <= mean <= 1.0
+        for estimate in estimates
+        for mean in estimate["group_means"]
+    )
+
+
+def ldp_findings(results: Mapping[str, Any]) -> list[Finding]:
+    """The headline of an LDP audit (from its results.json): the gap and its interval per
+    audit, and the true gap where the simulation harness knows it."""
+    metric = results["run_config"]["metric"]
+    findings: list[Finding] = []
+    for number, audit in enumerate(results["audits"], start=1):
+        budget = Value(f"audit-{number}-budget", audit["budget"], "g")
+        estimate = audit["estimate"]
+        if estimate is None:
+            findings.append(
+                Finding(("At epsilon = ", budget, f": no estimate ({audit['error']})"), "bad")
+            )
+            continue
+        low, high = _interval(estimate)
+        first, second = estimate["max_gap_pair"]
+        detected = low > 0
+        findings.append(
+            Finding(
+                (
+                    "At epsilon = ",
+                    budget,
+                    f": the {metric} gap between groups {first} and {second} is ",
+                    Value(f"audit-{number}-gap", estimate["max_gap"]),
+                    f", {100 * estimate['confidence']:g}% interval [",
+                    Value(f"audit-{number}-low", low),
+                    ", ",
+                    Value(f"audit-{number}-high", high),
+                    "]: "
+                    + (
+                        "the groups differ"
+                        if detected
+                        else "no gap detectable at this budget (the interval reaches 0)"
+                    ),
+                ),
+                "bad" if detected else "info",
+            )
+        )
+    truth = results.get("ground_truth")
+    if truth is not None and truth.get("max_gap") is not None:
+        findings.append(
+            Finding(
+                (
+                    f"True {metric} gap (simulation harness only, not private): ",
+                    Value("true-gap", truth["max_gap"]),
+                )
+            )
+        )
+    return findings
+
+
+def ldp_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
+    """The HTML report of an LDP audit, built from its results.json."""
+    config = results["run_config"]
+    metric = config["metric"]
+    estimates = [a["estimate"] for a in results["audits"] if a["estimate"] is not None]
+    rows = []
+    for audit in results["audits"]:
+        estimate = audit["estimate"]
+        counts = [
+            audit["num_reports"],
+            len(audit["rejected_replies"]),
+            len(audit["missing_nodes"]),
+            audit["refused_users"],
+        ]
+        if estimate is None:
+            rows.append([audit["budget"], "-", None, None, None, "n/a", None, None, None, *counts])
+            continue
+        low, high = _interval(estimate)
+        index = [list(p) for p in estimate["pairs"]].index(list(estimate["max_gap_pair"]))
+        rows.append(
+            [
+                audit["budget"],
+                f"M_{estimate['mechanism']}",
+                estimate["epsilon"],
+                estimate["epsilon_group"],
+                estimate["epsilon_value"],
+                estimate["max_gap"],
+                f"[{low:.4f},\u00a0{high:.4f}]",
+                estimate["normal_halfwidths"][index],
+                estimate["chebyshev_halfwidths"][index],
+                *counts,
+            ]
+        )
+    audits = Table(
+        [
+            "budget epsilon",
+            "mechanism",
+            "true epsilon",
+            "epsilon group",
+            "epsilon value",
+            "gap",
+            "interval",
+            "+/- normal",
+            "+/- Chebyshev",
+            "reports",
+            "rejected replies",
+            "missing nodes",
+            "refused users",
+        ],
+        rows,
+        caption=f"One LDP audit per budget: private estimate of the largest {metric} gap",
+    )
+    group_rows = []
+    for audit in results["audits"]:
+        estimate = audit["estimate"]
+        if estimate is None:
+            continue
+        for group, (mean, stderr, size) in enumerate(
+            zip(
+                estimate["group_means"],
+                estimate["group_stderrs"],
+                estimate["group_sizes"],
+                strict=True,
+            )
+        ):
+            sized = f"{size:.0f}" + (" (estimated)" if estimate["sizes_estimated"] else "")
+            group_rows.append([audit["budget"], group, mean, stderr, sized])
+    truth = results.get("ground_truth")
+    detail: list[Any] = [
+        f"{results['num_nodes']} node(s), {results['num_users']} user(s); model trained with "
+        f"FedAvg for {results['training']['rounds']} round(s). Each audit perturbs every "
+        "user's group and metric value on the user's side (local differential privacy; Juarez "
+        "and Korolova 2022), and the server estimates the group means and their gaps.",
+        audits,
+        "Interval: normal approximation (simultaneous over the group pairs when there are more "
+        "than two groups); the Chebyshev half width is the paper's worst-case bound.",
+        Table(
+            ["budget epsilon", "group", f"mean {metric}", "std. error", "group size"],
+            group_rows,
+            caption="Private group means",
+        ),
+    ]
+    if _noisy_rates(estimates):
+        detail.append(f"Note: {NOISY_RATES_NOTE}.")
+    for note in sorted({note for estimate in estimates for note in estimate["notes"]}):
+        detail.append(f"Note: {note}.")
+    if truth is not None:
+        detail.append(
+            Table(
+                ["group", f"true mean {metric}", "users"],
+                [
+                    [group, mean, count]
+                    for group, (mean, count) in enumerate(
+                        zip(truth["group_means"], truth["group_counts"], strict=True)
+                    )
+                ],
+                caption=f"Ground truth ({truth['label']})",
+            )
+        )
+    detail.append(
+        Figure(
+            folder / "gap_vs_epsilon.png",
+            "private estimate and interval per epsilon",
+            missing=plot_note,
+        )
+    )
+    privacy = results["privacy"]
+    spent_total = privacy["epsilon_spent_total_max_reported_by_nodes"]
+    privacy_blocks: list[Any] = [
+        Table(
+            ["quantity", "value"],
+            [
+                ["epsilon spent per user by this run", privacy["epsilon_spent_per_user"]],
+                ["planned per-user budget (ldp-user-budget)", privacy["user_budget"]],
+                [
+                    "most any user has spent over every run the nodes recorded",
+                    "not reported" if spent_total is None else spent_total,
+                ],
+            ],
+        ),
+        f"Composition: {privacy['composition']}. Each node enforces its own budget from its "
+        "users' ledgers; the true gap (if shown) is computed by the simulation harness from "
+        "raw data and is not private.",
+    ]
+    return Report(
+        title=f"fedparity LDP audit of the {metric} gap",
+        question=f"How large is the {metric} gap between the groups, measured under local "
+        "differential privacy?",
+        headline=ldp_findings(results),
+        sections=[Section("Audits", detail)],
+        privacy=Section("Privacy spent", privacy_blocks),
+        notes=[f"{config['confidence'] * 100:g}% intervals; results.json holds every number."],
+    )
+
+
+# The HTML report: FedEvalFair
+# --------------------------------------------------------------------------------------------
+
+#: What each FedEvalFair metric measures.
+FEDEVALFAIR_METRICS = {"dp": "Demographic parity", "eo": "Equal opportunity"}
+
+#: Why the rows of FedEvalFair's "paper" mode are not evidence.
+PAPER_MODE_WARNING = (
+    "the 'paper' mode rows follow FedEvalFair (anonymous, 2024) as published and are not "
+    "evidence: they average absolute bootstrap disparities, which are positive even for a fair "
+    "model, so their stage 2 rejects fairness almost always, and their stage 1 rejects a true "
+    "null too often; they are shown to compare with the paper. Read the 'calibrated' rows"
+)
+
+
+def _ordered_tests(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    primary = results["primary_mode"]
+    tests = results["fedevalfair"]["tests"]
+    return [t for t in tests if t["mode"] == primary] + [t for t in tests if t["mode"] != primary]
+
+
+def fedevalfair_findings(results: Mapping[str, Any]) -> list[Finding]:
+    """The headline of a FedEvalFair run (from its results.json): one verdict per metric and
+    test (stage 1, stage 2 and, with a tolerance, the equivalence test), primary mode first;
+    the "paper" mode's lines say they are not evidence."""
+    findings: list[Finding] = []
+    error = results["fedevalfair"]["error"]
+    if error:
+        findings.append(Finding((f"FedEvalFair gave no result: {error}",), "bad"))
+    for test in _ordered_tests(results):
+        metric, mode = test["metric"], test["mode"]
+        key = f"{metric}-{mode}"
+        label = f"{FEDEVALFAIR_METRICS.get(metric, metric)} ({mode} mode"
+        label += ", not evidence)" if mode == "paper" else ")"
+        report = test["report"]
+        if report is None:
+            findings.append(Finding((f"{label}: unavailable: {test['unavailable']}",), "warn"))
+            continue
+        alpha = report["alpha"]
+        quiet = mode == "paper"
+        reject1 = report["reject_homogeneity"]
+        findings.append(
+            Finding(
+                (
+                    f"{label}, stage 1 (same disparity at every holder?): ",
+                    Value(
+                        f"{key}-reject-homogeneity",
+                        reject1,
+                        words=("no, the holders differ", "no evidence that the holders differ"),
+                    ),
+                    ", p = ",
+                    Value(f"{key}-stage1-pvalue", report["homogeneity"]["pvalue"], ".3g"),
+                    f" (alpha = {alpha:g})",
+                ),
+                "muted" if quiet else ("warn" if reject1 else "info"),
+            )
+        )
+        reject2 = report["reject_fairness"]
+        low, high = report["confidence_interval"]
+        findings.append(
+            Finding(
+                (
+                    f"{label}, stage 2 (common disparity = {report['mu0']:g}?): ",
+                    Value(
+                        f"{key}-reject-fairness",
+                        reject2,
+                        words=("UNFAIR", "no evidence of unfairness"),
+                    ),
+                    "; common disparity ",
+                    Value(f"{key}-estimate", report["estimate"]),
+                    f", {100 * report['confidence_level']:g}% interval [",
+                    Value(f"{key}-low", low),
+                    ", ",
+                    Value(f"{key}-high", high),
+                    "], p = ",
+                    Value(f"{key}-stage2-pvalue", report["common_disparity"]["pvalue"], ".3g"),
+                ),
+                "muted" if quiet else ("bad" if reject2 else "good"),
+            )
+        )
+        if report["equivalence"] is not None:
+            certified = report["certified_fair"]
+            findings.append(
+                Finding(
+                    (
+                        f"{label}, equivalence (|disparity| < {report['tolerance']:g}?): ",
+                        Value(
+                            f"{key}-certified-fair",
+                            certified,
+                            words=("yes, certified fair", "not certified"),
+                        ),
+                        ", p = ",
+                        Value(f"{key}-equivalence-pvalue", report["equivalence"]["pvalue"], ".3g"),
+                    ),
+                    "muted" if quiet else ("good" if certified else "info"),
+                )
+            )
+    return findings
+
+
+def fedevalfair_warnings(results: Mapping[str, Any]) -> list[str]:
+    """Warnings a reader of a FedEvalFair result must see next to the verdicts."""
+    tests = results["fedevalfair"]["tests"]
+    if any(t["mode"] == "paper" and t["report"] is not None for t in tests):
+        return [PAPER_MODE_WARNING]
+    return []
+
+
+def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
+    """The HTML report of a FedEvalFair run, built from its results.json."""
+    config = results["run_config"]
+    outcome = results["fedevalfair"]
+    rows = []
+    for test in _ordered_tests(results):
+        report = test["report"]
+        if report is None:
+            rows.append([test["metric"], test["mode"], *([None] * 10), test["unavailable"]])
+            continue
+        equivalence = report["equivalence"]
+        rows.append(
+            [
+                test["metric"],
+                test["mode"] + (" (not evidence)" if test["mode"] == "paper" else ""),
+                report["k"],
+                report["homogeneity"]["statistic"],
+                report["homogeneity"]["dof"],
+                report["homogeneity"]["pvalue"],
+                report["reject_homogeneity"],
+                report["common_disparity"]["statistic"],
+                report["common_disparity"]["pvalue"],
+                report["reject_fairness"],
+                report["estimate"],
+                report["stderr"],
+                "" if equivalence is None else f"p = {equivalence['pvalue']:.3g}",
+            ]
+        )
+    participants = outcome["round_participants"]
+    detail: list[Any] = [
+        f"{results['num_nodes']} holder(s) asked; {config['fef_variant']} model; tests at "
+        f"alpha = {config['fef_alpha']:g}, stage 2 null mu0 = {config['fef_mu0']:g}. Stage 1 "
+        "asks whether every holder has the same disparity (H0: equal), stage 2 whether the "
+        "common disparity equals mu0 (H0: fair); the statistics are summed over CKKS "
+        "ciphertexts (FedEvalFair, anonymous 2024) and only the sums are decrypted.",
+        Table(
+            [
+                "metric",
+                "mode",
+                "holders",
+                "stage 1 statistic",
+                "dof",
+                "stage 1 p",
+                "stage 1 rejects",
+                "W*",
+                "stage 2 p",
+                "stage 2 rejects",
+                "common disparity",
+                "std. error",
+                "equivalence",
+            ],
+            rows,
+            caption="Two-stage test per metric and mode (primary mode first)",
+        ),
+        Table(
+            ["protocol round", "holders taking part"],
+            [[number, len(nodes)] for number, nodes in enumerate(participants, start=1)],
+            caption="Participation",
+        ),
+    ]
+    for item in outcome["unable_to_take_part"]:
+        detail.append(f"Holder {item['node_id']} did not take part: {item['reason']}.")
+    for item in outcome["rejected_replies"]:
+        detail.append(
+            f"Round {item['round']}: reply of node {item['node_id']} rejected: {item['reason']}."
+        )
+    difference = results["max_abs_pvalue_difference_vs_plaintext"]
+    if difference is not None:
+        detail.append(
+            "Simulation harness (not private): the p-values match a plaintext computation on "
+            f"the same data to {difference:.1e}."
+        )
+    detail.append(
+        Figure(
+            folder / "bootstrap_disparities.png",
+            "every holder's bootstrap disparities (simulation harness only)",
+            missing=plot_note
+            if plot_note or results["harness_plaintext"] is not None
+            else "the holders' bootstrap distributions are only known to the simulation "
+            "harness (ground-truth = true, embedded data)",
+        )
+    )
+    privacy_blocks = [
+        "FedEvalFair's releases are not differentially private: every holder encrypts its "
+        "statistics under a shared CKKS key, the server only adds ciphertexts, and the key "
+        f"holders ({len(outcome['key_holders'])}) decrypt the sums over at least two holders. "
+        "A sum over a set of holders can still be differenced against another run.",
+        Table(
+            ["quantity", "value"],
+            [
+                ["holders asked", results["num_nodes"]],
+                ["key holders (decrypt the sums)", len(outcome["key_holders"])],
+                ["server's context holds the secret key", results["server_context_has_secret_key"]],
+            ],
+        ),
+    ]
+    return Report(
+        title="fedparity FedEvalFair fairness test",
+        question="Is the model fair across the protected groups, on every holder's private "
+        "test set, without revealing any holder's statistics?",
+        headline=fedevalfair_findings(results),
+        warnings=fedevalfair_warnings(results),
+        notes=[
+            "Disparities are signed in the calibrated mode: group 0's rate minus group 1's "
+            "(negative: group 1 has the higher rate). The paper mode averages absolute values."
+        ],
+        sections=[Section("Tests", detail)],
+        privacy=Section("Privacy spent", privacy_blocks),
+    )

@@ -14,8 +14,12 @@ import pytest
 
 try:
     from tests.flower_processes import local_simulation
+    from tests.test_html_report import assert_report_matches_results
 except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
     from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+    from test_html_report import (  # type: ignore[no-redef, import-not-found]
+        assert_report_matches_results,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -60,6 +64,9 @@ def test_default_job_ten_thousand_users(tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == PNG_SIGNATURE
     assert "true gap: simulation harness only" in run.output
     assert f"results written to {output}" in run.output
+    # report.html: the gap and interval of every audit first, equal to results.json's, and
+    # the same lines open the log's final block.
+    assert_report_matches_results(output, run.output)
 
 
 @pytest.mark.slow

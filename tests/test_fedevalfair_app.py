@@ -44,8 +44,12 @@ from fedparity.server.cli.identity import write_node_identities
 
 try:
     from tests.flower_processes import local_simulation
+    from tests.test_html_report import assert_report_matches_results
 except ImportError:  # pragma: no cover
     from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+    from test_html_report import (  # type: ignore[no-redef, import-not-found]
+        assert_report_matches_results,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,6 +113,7 @@ def test_python_api_runs_the_encrypted_test(
     # The synthetic task is harder for group 1: equal opportunity is clearly violated.
     assert tests[("eo", "calibrated")]["report"]["reject_fairness"] is True
     assert (tmp_path / "run" / "bootstrap_disparities.png").read_bytes()[:4] == b"\x89PNG"
+    assert_report_matches_results(tmp_path / "run")
 
 
 @pytest.mark.slow
@@ -263,6 +268,12 @@ def test_flwr_run_on_adult_doctorate_split(
     )
     assert dp["report"]["k"] == 2 and dp["report"]["homogeneity"]["dof"] == 1
     assert "stage1 stat" in run.output and "contributed to stage 1" in run.output
+    # report.html and the log: one verdict per metric and test, equal to results.json's; the
+    # paper mode's rows say they are not evidence, and a warning says why.
+    parsed = assert_report_matches_results(output, run.output)
+    paper_lines = [line for line in parsed.headline_lines if "paper mode" in line]
+    assert paper_lines and all("not evidence" in line for line in paper_lines)
+    assert "are not evidence" in run.output and "are not evidence" in "".join(parsed.text)
 
 
 def _toml(path: Path) -> dict:

@@ -34,6 +34,13 @@ from fedparity.server.api import run_simulation_job
 from fedparity.server.app import build_server_app
 from fedparity.server.fpfl_checkpoint import load_checkpoint
 
+try:
+    from tests.test_html_report import assert_report_matches_results
+except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
+    from test_html_report import (  # type: ignore[no-redef, import-not-found]
+        assert_report_matches_results,
+    )
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {
     "task": "fpfl",
@@ -259,6 +266,11 @@ def test_fpfl_reduces_the_fnr_gap_of_fl_on_adult(adult_path: Path, tmp_path: Pat
     assert fpfl["fnr_gap"] < fl["fnr_gap"] - 0.05
     assert fpfl["accuracy"] > 0.78
     assert (tmp_path / "fpfl" / "training.png").read_bytes()[:4] == b"\x89PNG"
+    # report.html: the test-set FNR gap against alpha, and the paper's unconstrained baseline
+    # (PFL at m = 1000); FL itself is the unconstrained baseline.
+    assert fpfl["fairness_constraint"]["unconstrained_baseline"]["algorithm"] == "pfl"
+    assert assert_report_matches_results(tmp_path / "fpfl").values["baseline-gap"][0] == 0.148
+    assert_report_matches_results(tmp_path / "fl")
 
 
 @pytest.mark.slow
@@ -293,6 +305,11 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     assert results["population"]["nodes"] == 3 and results["population"]["users"] == 3000
     assert "round    8: cohort loss" in run.output and "FPFL result (fpfl" in run.output
     assert (output / "training.png").read_bytes()[:4] == b"\x89PNG"
+    # report.html and the log: alpha, the test-set FNR gap and whether the constraint holds.
+    constraint = results["fairness_constraint"]
+    assert constraint["alpha"] == 0.02 and constraint["test_gap"] == results["fnr_gap"]
+    assert constraint["holds_on_test_set"] == (results["fnr_gap"] <= 0.02)
+    assert_report_matches_results(output, run.output)
 
 
 @pytest.mark.slow

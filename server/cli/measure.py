@@ -4,6 +4,7 @@ estimate the per-group means and gaps from the perturbed reports, streaming the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from ...mechanisms import (
 )
 from ...mechanisms.calibration import best_split
 from ...mechanisms.secure_random import secure_generator
+from ..progress import Progress
 from ._common import (
     UsageError,
     _emit,
@@ -32,6 +34,8 @@ from ._common import (
 
 #: Rows parsed per chunk by ``measure`` (bounded memory for files of any length).
 DEFAULT_CHUNK_ROWS = 1 << 18
+#: Files larger than this show their progress on stderr (about 2 million rows, a second or more).
+PROGRESS_MIN_BYTES = 8 << 20
 
 
 def _csv_columns(path: Path, group_column: str, metric_column: str) -> tuple[int, int]:
@@ -55,12 +59,16 @@ def _read_chunks(
     group_counts: np.ndarray,
     raw_sums: np.ndarray,
     args: argparse.Namespace,
+    progress: Progress | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield (groups, values) chunks, checking every row; tally true group sizes."""
+    """Yield (groups, values) chunks, checking every row; tally true group sizes; count the
+    bytes read on ``progress``."""
     row = 1  # header is line 1
     with path.open("rb") as handle:
         handle.readline()
         while True:
+            if progress is not None:  # the chunks yielded so far have been processed
+                progress.advance(handle.tell() - progress.done)
             lines = handle.readlines(chunk_rows * 24)
             if not lines:
                 return
@@ -157,11 +165,17 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
     counts = np.zeros(groups, dtype=np.int64)
     raw_sums = np.zeros(groups)
     started = time.perf_counter()
-    summary = summarize_stream(
-        mechanism,
-        _read_chunks(path, group_index, metric_index, groups, chunk_rows, counts, raw_sums, args),
-        rng,
+    size = path.stat().st_size
+    # A large file shows its progress on stderr (a bar on a terminal, else a plain line per
+    # ~10 %); stdout keeps only the result.
+    progress = (
+        Progress("measure", size, units="MB", scale=1e-6) if size > PROGRESS_MIN_BYTES else None
     )
+    with progress or contextlib.nullcontext():
+        chunks = _read_chunks(
+            path, group_index, metric_index, groups, chunk_rows, counts, raw_sums, args, progress
+        )
+        summary = summarize_stream(mechanism, chunks, rng)
     if summary.num_reports < groups:
         raise UsageError(
             f"--input: {summary.num_reports} rows is fewer than the number of groups ({groups})"

@@ -1,0 +1,106 @@
+"""Known, harmless noise of the apps' runtime, silenced narrowly and in one place.
+
+Both apps call :func:`quiet_known_noise` when they are imported (the ServerApp's process, the
+simulation's driver before it starts Ray, every Ray worker and ``flwr-clientapp`` process):
+
+* warnings in :data:`HARMLESS_WARNINGS`, each matched by the start of its message *and* its
+  category (any other warning of the same library still shows);
+* Flower log records in :data:`HARMLESS_FLOWER_RECORDS`, matched by their exact format string
+  and level on the ``flwr`` logger.
+
+The FedAvg rounds of a job are wrapped in :func:`quiet_strategy_banner`, which keeps
+Flower's per-round lines and drops the ~30-line configuration banner and "Final results"
+dump that ``Strategy.start`` logs around them (the job prints its own results).
+
+Opacus' ``logging.basicConfig`` (a root handler that printed every Flower line twice) is
+handled where Opacus is imported, the only place: ``fedparity.mechanisms.dp_accounting``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "HARMLESS_FLOWER_RECORDS",
+    "HARMLESS_WARNINGS",
+    "quiet_known_noise",
+    "quiet_strategy_banner",
+]
+
+FLOWER_LOGGER = "flwr"
+
+#: (start of the message, category, why it is harmless).
+HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+    (
+        "Tip: In future versions of Ray, Ray will no longer override accelerator",
+        FutureWarning,
+        "ray.init's notice about a future default for GPU-less workers; the simulation "
+        "asks for no GPU and does not depend on it",
+    ),
+)
+
+#: (format string, level) of Flower records that say nothing to a user.
+HARMLESS_FLOWER_RECORDS: frozenset[tuple[str, int]] = frozenset(
+    {
+        # Each Ray worker of the simulation, when Flower ends it at the end of every run.
+        ("Manually terminating %s", logging.WARNING),
+        # FedAvg built without federated evaluation on purpose (fraction_evaluate=0.0).
+        ("fraction_evaluate is set to 0.0. Federated evaluation will be skipped.", logging.WARNING),
+    }
+)
+
+#: Format strings of ``Strategy.start`` that open and close its banners (flwr 1.41).
+_BANNER_START = "Starting %s strategy:"
+_ROUND_START = "[ROUND %s/%s]"
+_RESULTS_START = "Final results:"
+
+
+class _DropHarmlessRecords(logging.Filter):
+    """Drops the records of :data:`HARMLESS_FLOWER_RECORDS`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.msg, record.levelno) not in HARMLESS_FLOWER_RECORDS
+
+
+class _DropStrategyBanner(logging.Filter):
+    """Drops INFO records of ``Strategy.start`` from its opening line to the first round,
+    from "Final results:" on, and its blank lines; keeps every WARNING and above."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._in_banner = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        if record.msg in (_BANNER_START, _RESULTS_START):
+            self._in_banner = True
+            return False
+        if record.msg == _ROUND_START:
+            self._in_banner = False
+        return not self._in_banner and record.msg != ""
+
+
+def quiet_known_noise() -> None:
+    """Install the warning filters and the Flower record filter (idempotent)."""
+    for message, category, _why in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+    logger = logging.getLogger(FLOWER_LOGGER)
+    if not any(isinstance(item, _DropHarmlessRecords) for item in logger.filters):
+        logger.addFilter(_DropHarmlessRecords())
+
+
+@contextmanager
+def quiet_strategy_banner() -> Iterator[None]:
+    """While active, Flower's strategy banner and final-results dump are not logged."""
+    logger = logging.getLogger(FLOWER_LOGGER)
+    banner = _DropStrategyBanner()
+    logger.addFilter(banner)
+    try:
+        yield
+    finally:
+        logger.removeFilter(banner)

@@ -1,0 +1,174 @@
+"""Each log line of ``flwr run --stream`` once, no DEBUG lines, none of the known noise.
+
+Real runs: a simulation SuperLink on a free port (``tests/flower_processes.py``, its own
+``FLWR_HOME``), the project submitted with ``flwr run . --stream``, and the streamed output
+read line by line. Opacus calls ``logging.basicConfig`` when imported; without the guard in
+``fedparity.mechanisms.dp_accounting`` the root logger gains a stderr handler and every Flower
+line of the process that imported it prints twice (again with a timestamp), DEBUG lines
+included. The FPFL job imports Opacus (its accountant) in the ServerApp and in the nodes; the
+LDP job does not, and checks that nothing else doubles its lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tomllib
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.common import log
+
+from fedparity.clients.logging_setup import quiet_known_noise, quiet_strategy_banner
+
+try:
+    from tests.flower_processes import local_simulation, strip_ansi
+except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
+    from flower_processes import (  # type: ignore[no-redef, import-not-found]
+        local_simulation,
+        strip_ansi,
+    )
+
+REPO = Path(__file__).resolve().parents[1]
+LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+#: Flower's console format ("INFO :      text") and logging.basicConfig's as Opacus sets it
+#: ("11/25/2026 06:36:01:INFO:text"): the same record through two handlers.
+LOG_PREFIX = re.compile(rf"^(?:\d\d/\d\d/\d{{4}} \d\d:\d\d:\d\d:)?(?:{LEVELS})\s*:\s*")
+#: Lines that legitimately repeat (never twice in a row): the settings line of each LDP audit.
+REPEATS_BY_DESIGN = (re.compile(r"^└── metric \w+, confidence [\d.]+, group sizes \w+$"),)
+#: Known noise that the apps silence (clients/logging_setup.py).
+SILENCED = (
+    "FutureWarning",
+    "Manually terminating",
+    "Federated evaluation will be skipped",
+    "Starting RobustFedAvg strategy",
+    "Final results:",
+)
+
+JOBS: dict[str, tuple[str, dict[str, Any]]] = {
+    # two audits (epsilon 1 and 4): their settings lines repeat by design
+    "ldp": ("configs/ldp-quick.toml", {"min-nodes": 2, "users-per-node": 200}),
+    "fpfl": (
+        "configs/fpfl-synthetic.toml",
+        {"users-per-node": 200, "fpfl-cohort-size": 100, "fpfl-rounds": 3},
+    ),
+}
+
+
+def message(line: str) -> str:
+    """A streamed line without colour codes and without the handler's level/time prefix."""
+    return LOG_PREFIX.sub("", strip_ansi(line)).strip()
+
+
+def repeated_lines(output: str) -> tuple[list[str], list[str]]:
+    """(lines equal to the one before, lines seen twice overall that may not repeat)."""
+    lines = [text for text in map(message, output.splitlines()) if text]
+    in_a_row = [b for a, b in zip(lines, lines[1:], strict=False) if a == b]
+    overall = [
+        text
+        for text, count in Counter(lines).items()
+        if count > 1 and not any(pattern.match(text) for pattern in REPEATS_BY_DESIGN)
+    ]
+    return in_a_row, overall
+
+
+def test_repeated_lines_are_found_through_either_handler_format() -> None:
+    doubled = (
+        "\x1b[92mINFO \x1b[0m:      [AUDIT 1/2] epsilon 1\n"
+        "11/25/2026 06:36:01:INFO:[AUDIT 1/2] epsilon 1\n"
+        "INFO :      \tround    1: loss 0.5\n"
+        "INFO :      \tround    2: loss 0.5\n"
+        "INFO :      \t└── metric accuracy, confidence 0.95, group sizes estimated\n"
+        "INFO :      \n"
+        "INFO :      [AUDIT 2/2] epsilon 4\n"
+        "INFO :      \t└── metric accuracy, confidence 0.95, group sizes estimated\n"
+        "INFO :      \n"
+    )
+    assert repeated_lines(doubled) == (["[AUDIT 1/2] epsilon 1"], ["[AUDIT 1/2] epsilon 1"])
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def flower_records() -> Any:
+    """Messages of the ``flwr`` logger (after its filters), while the test runs."""
+    handler = Collect()
+    logging.getLogger("flwr").addHandler(handler)
+    yield handler.messages
+    logging.getLogger("flwr").removeHandler(handler)
+
+
+def test_the_strategy_banner_goes_and_rounds_and_warnings_stay(flower_records: list[str]) -> None:
+    with quiet_strategy_banner():
+        log(logging.INFO, "Starting %s strategy:", "FedAvg")  # Flower's own format strings
+        log(logging.INFO, "\t├── Number of rounds: %d", 3)
+        log(logging.WARNING, "a node failed")
+        log(logging.INFO, "")
+        log(logging.INFO, "[ROUND %s/%s]", 1, 3)
+        log(logging.INFO, "aggregate_train: Received %s results and %s failures", 2, 0)
+        log(logging.INFO, "Final results:")
+        log(logging.INFO, "\t%s", "Global Arrays:")
+    log(logging.INFO, "")
+    log(logging.INFO, "after the strategy")
+    assert flower_records == [
+        "a node failed",
+        "[ROUND 1/3]",
+        "aggregate_train: Received 2 results and 0 failures",
+        "",
+        "after the strategy",
+    ]
+
+
+def test_known_noise_is_silenced_and_nothing_else(flower_records: list[str]) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_known_noise()
+        warnings.warn(
+            "Tip: In future versions of Ray, Ray will no longer override accelerator visible "
+            "devices env var if num_gpus=0",
+            FutureWarning,
+            stacklevel=1,
+        )
+        warnings.warn("Tip: In future versions of Ray, something else", FutureWarning, stacklevel=1)
+        warnings.warn(
+            "Tip: In future versions of Ray, Ray will no longer override accelerator",
+            UserWarning,
+            stacklevel=1,
+        )
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (FutureWarning, "Tip: In future versions of Ray, something else"),
+        (UserWarning, "Tip: In future versions of Ray, Ray will no longer override accelerator"),
+    ]
+    log(logging.WARNING, "Manually terminating %s", "ClientAppActor")
+    log(logging.WARNING, "Manually terminating the run")  # another format string: kept
+    assert flower_records == ["Manually terminating the run"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_flwr_run_prints_each_line_once_and_no_debug(tmp_path: Path, job: str) -> None:
+    config_file, overrides = JOBS[job]
+    # flwr run refuses a TOML file together with key=value pairs: the file's keys + overrides
+    run_config = {**tomllib.loads((REPO / config_file).read_text()), **overrides}
+    run_config["output-dir"] = str(tmp_path / "run")
+    with local_simulation(REPO, 2, tmp_path / "flwr-home") as simulation:
+        run = simulation.run(run_config, timeout=600)
+    output = run.output  # stdout + stderr, colour codes removed
+    assert "results written to" in output  # the job's own lines are in the stream
+
+    in_a_row, overall = repeated_lines(output)
+    assert in_a_row == [], f"printed twice in a row: {in_a_row}\n{output}"
+    assert overall == [], f"printed more than once: {overall}\n{output}"
+    assert "DEBUG" not in output
+    noise = [text for text in SILENCED if text in output]
+    assert noise == [], f"known noise in the output: {noise}\n{output}"
