@@ -148,6 +148,7 @@ def test_spent_input_errors_and_sample_rate() -> None:
         privacy_spent(noise_multiplier=1.0, sample_rate=1.5, steps=1, delta=1e-5)
 
 
+@pytest.mark.slow  # over 5 s: CI runs it, the fast lane leaves it out
 def test_importing_opacus_leaves_the_root_logger_alone() -> None:
     # Opacus calls logging.basicConfig when imported: the root logger gained a stderr handler
     # and every line of `flwr run --stream` appeared twice. Checked in a fresh interpreter

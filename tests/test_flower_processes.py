@@ -81,6 +81,7 @@ def test_format_run_config_quotes_for_flower_parser() -> None:
         format_run_config({"bad key": 1})
 
 
+@pytest.mark.slow  # over 5 s: CI runs it, the fast lane leaves it out
 def test_deployment_three_supernodes_and_failure_status(lab_app: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out-deployment"
     with local_deployment(lab_app, 3, None, tmp_path / "flwr-home") as dep:
@@ -106,6 +107,7 @@ def test_deployment_three_supernodes_and_failure_status(lab_app: Path, tmp_path:
     assert "local-deployment" not in (tmp_path / "flwr-home" / "config.toml").read_text()
 
 
+@pytest.mark.slow  # over 5 s: CI runs it, the fast lane leaves it out
 def test_simulation_three_supernodes(lab_app: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out-simulation"
     # Run config from a TOML file inside the app (as `flwr run . -c configs/sim.toml`).

@@ -64,6 +64,7 @@ def test_noise_shares_of_the_minimum_survivors_add_up_to_the_full_noise() -> Non
     assert abs(draws.mean()) < 4 * clip * sigma / math.sqrt(draws.size)
 
 
+@pytest.mark.slow  # over 5 s: CI runs it, the fast lane leaves it out
 def test_cohorts_are_poisson_samples_drawn_on_the_node() -> None:
     """Every user joins with probability q independently: over 300 rounds the number of
     samples summed (the n block) has the binomial mean q * sum(N_k) within 4 sd."""
