@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedparity.mechanisms import estimate_gap, summarize_stream
+from fedparity.mechanisms import LaplaceMechanism, estimate_gap, summarize_stream
 from fedparity.mechanisms.calibration import optimal_split
 from fedparity.server.progress import Progress
 
@@ -65,7 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     with Progress("ldp_table2", len(EPSILONS) * 2 * args.runs, units="runs") as progress:
         for epsilon in EPSILONS:
             for name in ("R", "L"):
-                mechanism = optimal_split(name, epsilon).build()  # type: ignore[arg-type]
+                try:
+                    mechanism = optimal_split(name, epsilon).build()  # type: ignore[arg-type]
+                    if isinstance(mechanism, LaplaceMechanism):
+                        mechanism.check_releasable()
+                except ValueError as error:  # e.g. M_L's value budget below its grid's range
+                    rows.append({"epsilon": epsilon, "mechanism": name, "unsupported": str(error)})
+                    print(f"eps={epsilon:<5g} M_{name}: not run: {error}", flush=True)
+                    for _ in range(args.runs):
+                        progress.advance()
+                    continue
                 errors, covered = [], 0
                 chebyshev = normal = 0.0
                 for _ in range(args.runs):
@@ -110,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        if "unsupported" in row:
+            lines.append(
+                f"| {row['epsilon']:g} | M_{row['mechanism']} | | | not run: "
+                f"{row['unsupported']} | | | | |"
+            )
+            continue
         lines.append(
             f"| {row['epsilon']:g} | M_{row['mechanism']} | {row['epsilon_group']:.3f} "
             f"| {row['epsilon_value']:.3f} | {row['mean_abs_error']:.4f} "
