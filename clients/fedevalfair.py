@@ -187,8 +187,8 @@ def rows_statistics(
     over) has fewer than ``min_cell_count`` rows is not reported by this client: the normal
     approximation needs some rows of each. The rule looks at the margins only, never at the
     joint (group, prediction) cells: the calibrated test conditions on the margins, and a rule
-    on the joint cells would select holders by their disparity and bias the test (README,
-    "fef-min-cell").
+    on the joint cells would select holders by their disparity and bias the test (FedEvalFair
+    guide, "fef-min-cell").
     Raises InsufficientGroupData when no block can be computed (the client cannot take part).
     """
     summaries: list[ClientSummary | None] = []

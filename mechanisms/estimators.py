@@ -250,7 +250,7 @@ class GapEstimate:
         return int(self.group_means.shape[0])
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dictionary (keys documented in the README)."""
+        """JSON-ready dictionary (keys documented in the CLI guide, docs/guides/cli.md)."""
         return {
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,

@@ -921,7 +921,8 @@ class FairnessReport:
         return self.common_disparity.confidence_interval(level)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dictionary (keys documented in the README); never NaN or infinity."""
+        """JSON-ready dictionary (keys documented in the CLI guide, docs/guides/cli.md); never NaN
+        or infinity."""
         interval = self.confidence_interval(1.0 - self.alpha)
         return {
             "mode": self.mode,

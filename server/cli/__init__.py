@@ -19,8 +19,9 @@ AFCP workshop, PMLR, 2022; FedEvalFair is "FedEvalFair: A Privacy-Preserving and
 Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM Multimedia 2024
 submission.
 
-Each takes ``--json`` to print one JSON object (keys in the README). Bad input exits with
-status 2 and a one-line message naming the parameter; nothing is computed or released.
+Each takes ``--json`` to print one JSON object (keys in the CLI guide, docs/guides/cli.md).
+Bad input exits with status 2 and a one-line message naming the parameter; nothing is computed
+or released.
 No Flower import here: the command starts fast and works without a federation.
 """
 
