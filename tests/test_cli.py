@@ -261,6 +261,57 @@ def test_plan_help_is_plain_text_with_examples(capsys: pytest.CaptureFixture[str
     assert ":func:" not in text and "``" not in text  # no RST markup
 
 
+COMMAND_NAMES = ("privacy", "plan", "measure", "fairtest", "keys", "identity", "federations")
+
+
+def help_examples(command: str) -> list[list[str]]:
+    """The ``fedparity ...`` example command lines of a subcommand's help, as argv lists."""
+    import contextlib
+    import shlex
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert ":func:" not in text.getvalue() and "``" not in text.getvalue(), command
+    examples = []
+    for line in text.getvalue().splitlines():
+        if line.startswith("  fedparity "):  # the examples' layout: two spaces, the command
+            examples.append(shlex.split(line)[1:])
+    return examples
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_every_help_is_plain_text_with_an_example_the_parser_accepts(command: str) -> None:
+    from fedparity.server.cli.commands import build_parser
+
+    examples = help_examples(command)
+    assert examples, f"fedparity {command} --help shows no example"
+    for argv in examples:
+        assert argv[0] == command
+        build_parser().parse_args(argv)  # exits (status 2) on an unknown option or value
+
+
+def test_the_help_examples_of_privacy_measure_and_fairtest_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as printed, on files named as in the examples: each exits 0 with its answer."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(5)
+    groups = rng.integers(0, 3, size=20_000)
+    write_csv(tmp_path / "clients.csv", "id,group,metric", groups % 2, rng.random(groups.size))
+    (tmp_path / "summaries.csv").write_text(
+        "client,mean,variance,n\n0,0.01,0.0004,200\n1,0.02,0.0005,150\n2,0.00,0.0003,300\n"
+    )
+    for command in ("privacy", "measure", "fairtest"):
+        for argv in help_examples(command):
+            if argv[0] == "measure" and "--groups" in argv:  # the 3-group example
+                write_csv(
+                    tmp_path / "clients.csv", "id,group,metric", groups, rng.random(groups.size)
+                )
+            code, text = run(argv)
+            assert code == 0 and text.strip(), argv
+
+
 # --- measure --------------------------------------------------------------------------------------
 
 

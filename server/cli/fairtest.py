@@ -131,7 +131,18 @@ def run_fairtest(args: argparse.Namespace, out: TextIO) -> int:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``fedparity fairtest`` and its options."""
     fairtest = commands.add_parser(
-        "fairtest", help="FedEvalFair two-stage fairness test from per-client summaries (CSV)"
+        "fairtest",
+        help="FedEvalFair two-stage fairness test from per-client summaries (CSV)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The FedEvalFair test from each client's disparity summary: stage 1, the same "
+            "disparity\nat every client?; stage 2, is the common disparity mu0?; with "
+            "--tolerance, an equivalence\ntest.\n\n"
+            "examples:\n"
+            "  fedparity fairtest --input summaries.csv\n"
+            "      columns mean,variance,n per client (optionally the three margin columns)\n"
+            "  fedparity fairtest --input summaries.csv --alpha 0.01 --tolerance 0.05 --json"
+        ),
     )
     fairtest.add_argument(
         "--input", required=True, help="CSV, one row per client, header with mean,variance,n"

@@ -77,6 +77,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     federations = commands.add_parser(
         "federations",
         help="add the local-simulation and local-deployment connections to Flower's config",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Add Flower connections named local-simulation and local-deployment to Flower's "
+            "config\n(its other entries are kept).\n\n"
+            "examples:\n"
+            "  fedparity federations\n"
+            "      then: flwr run . local-deployment --stream\n"
+            "  fedparity federations --deployment-address 127.0.0.1:9193 --json"
+        ),
     )
     federations.add_argument("--flwr-home", default=None, help="default: $FLWR_HOME or ~/.flwr")
     federations.add_argument(

@@ -101,11 +101,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "identity",
         help="write node identity keys (Ed25519) and the roster of members",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Write node identity keys and add them to a roster. Example: fedparity identity "
-            "--nodes 3 --out ~/.fedparity/identity (node-0.key .. node-2.key and roster.toml, "
-            "for a simulation or a test), or on each silo: fedparity identity --name "
-            "hospital-a --out /etc/fedparity --roster roster.toml, then merge the rosters."
+            "Write node identity keys and add them to a roster.\n\n"
+            "examples:\n"
+            "  fedparity identity --nodes 3 --out ~/.fedparity/identity\n"
+            "      node-0.key .. node-2.key and roster.toml, for a simulation or a test\n"
+            "  fedparity identity --name hospital-a --out /etc/fedparity --roster roster.toml\n"
+            "      on each silo; then merge the rosters"
         ),
     )
     parser.add_argument("--out", required=True, help="folder for the key file(s)")

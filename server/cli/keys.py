@@ -137,7 +137,21 @@ def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> i
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``fedparity keys`` and its options."""
-    keys = commands.add_parser("keys", help="write a CKKS key pair for FedEvalFair")
+    keys = commands.add_parser(
+        "keys",
+        help="write a CKKS key pair for FedEvalFair",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Write the CKKS (TenSEAL) key material of FedEvalFair: the secret context for the "
+            "data\nholders (a private folder) and the public context for the server.\n\n"
+            "examples:\n"
+            "  fedparity keys\n"
+            "      a simulation's key pair in ~/.fedparity/keys\n"
+            "  fedparity keys --holders 3 --out ~/.fedparity/holders "
+            "--public-out ~/.fedparity/keys\n"
+            "      one private folder per holder, the public context apart"
+        ),
+    )
     keys.add_argument(
         "--out",
         default=None,

@@ -82,7 +82,20 @@ def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``fedparity privacy`` and its options."""
-    privacy = commands.add_parser("privacy", help="true LDP epsilon of M_R / M_L")
+    privacy = commands.add_parser(
+        "privacy",
+        help="true LDP epsilon of M_R / M_L",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The true LDP epsilon of a mechanism with a group budget eps1 and a value budget "
+            "eps2\n(M_R: randomized response for both; M_L: randomized response for the group, "
+            "discrete\nLaplace for the value).\n\n"
+            "examples:\n"
+            "  fedparity privacy --mechanism R --eps1 0.5 --eps2 1\n"
+            "      the epsilon a user really spends with M_R at eps1 = 0.5, eps2 = 1\n"
+            "  fedparity privacy --mechanism L --eps1 0.5 --eps2 1 --groups 3 --json"
+        ),
+    )
     privacy.add_argument("--mechanism", choices=("R", "L"), required=True)
     privacy.add_argument("--eps1", required=True, help="group budget eps1 > 0")
     privacy.add_argument("--eps2", required=True, help="value budget eps2 > 0")
