@@ -239,7 +239,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     measure.add_argument("--input", required=True, help="CSV, one row per client, with header")
     measure.add_argument("--epsilon", required=True, help="per-client LDP budget")
-    measure.add_argument("--mechanism", choices=("R", "L", "best"), default="best")
+    measure.add_argument(
+        "--mechanism",
+        choices=("R", "L", "best"),
+        default="best",
+        help=(
+            "R: randomized response for group and value (M_R); L: randomized response for the "
+            "group and discrete Laplace for the value (M_L); best: the smaller error (default)"
+        ),
+    )
     measure.add_argument("--seed", default=None, help="seed (simulations only; omit in production)")
     measure.add_argument("--group-column", default="group")
     measure.add_argument("--metric-column", default="metric")

@@ -96,7 +96,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "  fedparity privacy --mechanism L --eps1 0.5 --eps2 1 --groups 3 --json"
         ),
     )
-    privacy.add_argument("--mechanism", choices=("R", "L"), required=True)
+    privacy.add_argument(
+        "--mechanism",
+        choices=("R", "L"),
+        required=True,
+        help="R: randomized response for both (M_R); L: discrete Laplace for the value (M_L)",
+    )
     privacy.add_argument("--eps1", required=True, help="group budget eps1 > 0")
     privacy.add_argument("--eps2", required=True, help="value budget eps2 > 0")
     privacy.add_argument("--groups", default="2", help="number of groups d >= 2 (default 2)")
