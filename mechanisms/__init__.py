@@ -13,6 +13,9 @@ workshop, PMLR, 2022, and its Appendix A):
 * :mod:`fedparity.mechanisms.planner`: minimum budget for an error target, error at a budget, Table
   1;
 * :class:`PrivacyLedger` / :class:`ShardLedger`: per-user budgets over repeated audits.
+* :class:`UserLedger` / :func:`compose`: per-user totals over heterogeneous releases (LDP
+  reports, FPFL rounds, any (epsilon, delta) release), composed with a privacy-loss-distribution
+  accountant (Google's dp-accounting) beside basic composition.
 
 FedEvalFair two-stage fairness test ("FedEvalFair: A Privacy-Preserving and Statistically
 Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM Multimedia 2024

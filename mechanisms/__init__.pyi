@@ -49,6 +49,13 @@ from .mmdm import fairness_gaps as fairness_gaps
 from .mmdm import mmdm_update as mmdm_update
 from .mmdm import privatize_sum as privatize_sum
 from .mmdm import sgd_update as sgd_update
+from .privacy_ledger import ApproximateDPRelease as ApproximateDPRelease
+from .privacy_ledger import Composition as Composition
+from .privacy_ledger import GapReportRelease as GapReportRelease
+from .privacy_ledger import RandomizedResponseRelease as RandomizedResponseRelease
+from .privacy_ledger import SubsampledGaussianRelease as SubsampledGaussianRelease
+from .privacy_ledger import UserLedger as UserLedger
+from .privacy_ledger import compose as compose
 from .randomized_response import RandomizedResponseMechanism as RandomizedResponseMechanism
 from .randomized_response import grr_frequency_estimate as grr_frequency_estimate
 from .randomized_response import grr_keep_probability as grr_keep_probability

@@ -44,6 +44,22 @@ def ledger_marker(path: str | Path) -> Path:
     return path.with_name(path.name + ".created")
 
 
+def write_ledger_marker(path: str | Path, what: str) -> None:
+    """Leave :func:`ledger_marker` beside ``path`` (once, ``fsync``-ed) before its first save;
+    ``what`` says what the ledger holds (e.g. ``"fedparity-ldp-ledger for 3 users"``)."""
+    path = Path(path)
+    marker = ledger_marker(path)
+    if marker.exists():
+        return
+    with marker.open("w", encoding="utf-8") as note:
+        note.write(
+            f"{path.name}: {what}. Do not delete: it tells the node that a missing ledger was "
+            "lost.\n"
+        )
+        note.flush()
+        os.fsync(note.fileno())
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
     """One release: its epsilon and a label (e.g. ``"audit accuracy eps=1"``)."""
@@ -140,15 +156,7 @@ class ShardLedger:
         leaves either the old ledger or the new one, never a torn file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        marker = ledger_marker(path)
-        if not marker.exists():
-            with marker.open("w", encoding="utf-8") as note:
-                note.write(
-                    f"{LEDGER_FORMAT} {path.name} created for {self.num_users} users. Do not "
-                    "delete: it tells the node that a missing ledger was lost.\n"
-                )
-                note.flush()
-                os.fsync(note.fileno())
+        write_ledger_marker(path, f"{LEDGER_FORMAT} created for {self.num_users} users")
         handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, renamed after
             dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
         )

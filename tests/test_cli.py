@@ -261,7 +261,16 @@ def test_plan_help_is_plain_text_with_examples(capsys: pytest.CaptureFixture[str
     assert ":func:" not in text and "``" not in text  # no RST markup
 
 
-COMMAND_NAMES = ("privacy", "plan", "measure", "fairtest", "keys", "identity", "federations")
+COMMAND_NAMES = (
+    "privacy",
+    "plan",
+    "measure",
+    "fairtest",
+    "keys",
+    "identity",
+    "federations",
+    "ledger",
+)
 
 
 def help_examples(command: str) -> list[list[str]]:

@@ -11,7 +11,9 @@ Subcommands (``fedparity <command> --help`` for every option):
 * ``fairtest`` -- the two-stage FedEvalFair test on per-client summaries from a CSV;
 * ``keys``     -- write a CKKS key pair for the encrypted FedEvalFair protocol;
 * ``federations`` -- add the app's ``local-simulation`` / ``local-deployment`` connections to
-  Flower's ``$FLWR_HOME/config.toml``.
+  Flower's ``$FLWR_HOME/config.toml``;
+* ``ledger``   -- ``ledger show PATH``: every release of a per-user privacy ledger and the
+  running total (:mod:`fedparity.mechanisms.privacy_ledger`).
 
 M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from . import fairtest, federations, identity, keys, measure, plan, privacy
+from . import fairtest, federations, identity, keys, ledger, measure, plan, privacy
 from ._common import EXIT_USAGE, UsageError, _Parser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -23,6 +23,7 @@ _MODULES = {
     "keys": keys,
     "identity": identity,
     "federations": federations,
+    "ledger": ledger,
 }
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "privacy": privacy.run_privacy,
@@ -32,6 +33,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "federations": federations.run_federations,
     "keys": keys.run_keys,
     "identity": identity.run_identity,
+    "ledger": ledger.run_ledger,
 }
 
 
