@@ -39,6 +39,7 @@ from .calibration import (
     best_split,
     gap_variance_factor,
     optimal_split,
+    optimal_variance_factor,
 )
 from .estimators import normal_quantile
 from .laplace import laplace_report_moments
@@ -238,10 +239,8 @@ def minimum_epsilon(
     for name in names:
 
         def error_at(budget: float, name: MechanismName = name) -> float:
-            split = optimal_split(name, budget, num_groups, fractions)
-            return _error_from_variance(
-                split.variance_factor / num_clients, confidence, bound, scale
-            )
+            factor = optimal_variance_factor(name, budget, num_groups, fractions)
+            return _error_from_variance(factor / num_clients, confidence, bound, scale)
 
         budget = _smallest_epsilon(error_at, alpha)
         split = None if budget is None else optimal_split(name, budget, num_groups, fractions)
