@@ -54,7 +54,8 @@ from .fpfl_data import FPFLShard
 from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
 from .fpfl_task import build_model_for
-from .ldp import LocalUsers, ldp_audit_handler, node_ledger_dir
+from .ldp import LocalUsers, ldp_audit_handler
+from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
 from .messages import fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
@@ -215,14 +216,16 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
 
 
 def _ledger_path(context: Context) -> Path | None:
-    """The shard's ledger file in the node's ledger folder (node config ``ledger-dir``; outside
-    simulation ``~/.fedparity/ledgers`` by default), one per partition; None: a simulated
-    node's run state (survives messages within a run)."""
+    """The shard's per-user privacy ledger in the node's ledger folder (node config
+    ``ledger-dir``; outside simulation ``~/.fedparity/ledgers`` by default), one per
+    partition, charged by the LDP audit and by FPFL; None: a simulated node's run state
+    (survives messages within a run). A ``ledger-partition-<i>.npz`` of an older version
+    beside it is migrated (:mod:`fedparity.clients.ledger`)."""
     folder = node_ledger_dir(context)
     if folder is None:
         return None
     partition_id, _ = _partition(context)
-    return folder / f"ledger-partition-{partition_id}.npz"
+    return folder / f"ledger-partition-{partition_id}.json"
 
 
 def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
@@ -331,7 +334,11 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
             )
 
         handlers = fpfl_handlers(
-            make_model, users, node_settings(config), stream=lambda _: partition_id
+            make_model,
+            users,
+            node_settings(config),
+            stream=lambda _: partition_id,
+            ledger_path=_ledger_path,
         )
         return handlers[action](msg, context)
 

@@ -30,6 +30,14 @@ sends are bounded by the policy; the noise share is sized for the policy's toler
 colluders; masks are revealed only for at least the policy's ``min-survivors``; and a node
 releases at most ``settings.rounds`` noisy sums in a run (``sigma`` is calibrated for them).
 
+Privacy across runs: before the node's first noisy round of a run, the whole training
+(``SubsampledGaussianRelease`` of the node's own ``sigma``, ``q = m / K`` and ``T`` rounds)
+is checked against and charged to every user of the node in its per-user privacy ledger
+(:mod:`fedparity.clients.ledger`, the same ledger its LDP audits charge), and saved before
+anything is released. The node refuses the run when any of its users cannot afford it. It is
+charged up front: a run that stops early, and a resumed run (charged again for its ``T``),
+over-count, the safe side.
+
 Against a server that reads late replies, replays and edits messages (each rule is a test in
 ``tests/test_secure_sum_attacks.py``):
 
@@ -54,14 +62,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
+from ..mechanisms.accounting import LedgerFileError, PrivacyBudgetExceeded
 from ..mechanisms.identity import IdentityError
-from ..mechanisms.protocol import FPFL_KEY
+from ..mechanisms.privacy_ledger import SubsampledGaussianRelease
+from ..mechanisms.protocol import FPFL_KEY, METRICS_KEY
 from ..mechanisms.secure_sum import (
     MaskingKeyPair,
     check_signed_key_table,
@@ -81,6 +92,7 @@ from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
 from .fpfl_task import set_flat_parameters
 from .identity import NodeIdentity, node_identity
+from .ledger import default_ledger_path, ledger_totals, open_node_ledger, save_node_ledger
 from .messages import (
     MessageError,
     NodeRefusal,
@@ -92,7 +104,14 @@ from .messages import (
 )
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
-__all__ = ["FPFL_STATE_KEY", "MAX_STEP_TO_SHARE_STD", "ROUNDS_STATE_KEY", "fpfl_handlers"]
+__all__ = [
+    "FPFL_LEDGER_REFUSAL",
+    "FPFL_LEDGER_UNUSABLE",
+    "FPFL_STATE_KEY",
+    "MAX_STEP_TO_SHARE_STD",
+    "ROUNDS_STATE_KEY",
+    "fpfl_handlers",
+]
 
 #: Node run-state record of the run's masking keys, pinned key table and last masked round.
 FPFL_STATE_KEY = "fpfl-masking"
@@ -101,6 +120,16 @@ ROUNDS_STATE_KEY = "fpfl-rounds"
 #: The largest quantisation step a node accepts, as a fraction of its noise-share std: the
 #: deterministic rounding must stay far below the noise that hides the sum.
 MAX_STEP_TO_SHARE_STD = 2.0**-10
+#: What the server reads from a node whose users cannot afford the training.
+FPFL_LEDGER_REFUSAL = (
+    "fpfl: the whole training would take some of this node's users past their privacy budget "
+    "(user-epsilon-budget at user-delta of the node's policy); this node does not take part"
+)
+#: What the server reads from a node whose ledger is lost or damaged.
+FPFL_LEDGER_UNUSABLE = (
+    "fpfl: this node's privacy ledger is lost or damaged; it takes part in no training until "
+    "its operator restores it (the node's log names the file and the recovery)"
+)
 Handler = Callable[[Message, Context], Message]
 
 
@@ -131,6 +160,7 @@ def fpfl_handlers(
     stream: Callable[[Context], int] = lambda context: int(context.node_id),
     policy: NodePrivacyPolicy | None = None,
     identity: Callable[[Context], NodeIdentity] | None = None,
+    ledger_path: Callable[[Context], Path | None] = default_ledger_path,
 ) -> dict[str, Handler]:
     """The four FPFL handlers (``fpfl_setup``, ``fpfl_keys``, ``fpfl_round``,
     ``fpfl_reveal``), keyed by the action to register with ``app.query``.
@@ -152,6 +182,11 @@ def fpfl_handlers(
     identity : callable, optional
         ``identity(context) -> NodeIdentity``: the node's identity key and roster; default
         :func:`~fedparity.clients.identity.node_identity` of its node config.
+    ledger_path : callable, optional
+        ``ledger_path(context)``: the node's per-user privacy ledger file (None: the run
+        state, which needs the policy's ``allow-ephemeral-ledger``); default
+        :func:`~fedparity.clients.ledger.default_ledger_path`. Give the node's LDP audit
+        handler the same, so that both charge one ledger.
     """
     if not isinstance(settings, FPFLNodeSettings):
         raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
@@ -258,6 +293,44 @@ def fpfl_handlers(
             content=RecordDict({FPFL_KEY: ConfigRecord({"pinned": len(peers) + 1})}), reply_to=msg
         )
 
+    def charge_training(
+        context: Context,
+        node_limits: NodePrivacyPolicy,
+        shard: FPFLShard,
+        sigma: float,
+        sample_rate: float,
+        population_size: int,
+    ) -> dict[str, float]:
+        """Check and charge the whole training to every user of the node, saved before any
+        release; the ledger's totals for the replies. Refuses (fixed sentences) when a user
+        cannot afford it or the ledger cannot be used."""
+        path = ledger_path(context)
+        if path is None and not node_limits.allow_ephemeral_ledger:
+            raise PolicyRefusal(
+                "a persistent privacy ledger is required (ledger-dir, or allow-ephemeral-ledger)"
+            )
+        release = SubsampledGaussianRelease(
+            noise_multiplier=sigma,
+            sample_rate=sample_rate,
+            steps=settings.rounds,
+            delta=settings.delta if settings.delta is not None else 1.0 / population_size,
+            job="fpfl",
+            label=f"FPFL training, {settings.rounds} rounds, constraint {settings.constraint}",
+        )
+        try:
+            ledger = open_node_ledger(context, path, node_limits, shard.num_users)
+            ledger.charge(release)  # every user: the Poisson sampling is in the release
+        except LedgerFileError as error:  # names the node's files: it stays in the node's log
+            log(logging.ERROR, "fpfl: %s", error)
+            raise NodeRefusal(FPFL_LEDGER_UNUSABLE) from None
+        except PrivacyBudgetExceeded as error:
+            log(logging.WARNING, "fpfl: %s", error)
+            raise NodeRefusal(FPFL_LEDGER_REFUSAL) from None
+        save_node_ledger(context, path, ledger)
+        if shard.num_users < node_limits.min_users_for_counts:
+            return {}  # a small node (a device) sends no totals in clear
+        return ledger_totals(ledger)
+
     def round_(msg: Message, context: Context) -> Message:
         """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
         reply with the sum double-masked and the sealed shares of its self-mask (or in the
@@ -294,6 +367,7 @@ def fpfl_handlers(
         if population_size < shard.num_users:
             raise NodeRefusal("fpfl: the population size is below this node's own users")
         sigma = settings.noise_multiplier(population_size)
+        sample_rate = min(1.0, settings.cohort_size / population_size)
         try:
             share_std = settings.noise_share_std(
                 population_size, num_nodes, colluders=node_limits.tolerated_colluders
@@ -305,12 +379,23 @@ def fpfl_handlers(
         if settings.epsilon is not None:
             # sigma is calibrated for T rounds: a server asking for more would spend more than
             # epsilon. Counted (in this run's node state) before anything is released.
-            answered = context.state.config_records.get(ROUNDS_STATE_KEY, {}).get("answered", 0)
-            if int(answered) >= settings.rounds:  # type: ignore[arg-type]
+            rounds_state = context.state.config_records.get(ROUNDS_STATE_KEY, ConfigRecord())
+            answered = int(rounds_state.get("answered", 0))  # type: ignore[arg-type]
+            if answered >= settings.rounds:
                 raise PolicyRefusal("the training's rounds are all spent")
-            context.state.config_records[ROUNDS_STATE_KEY] = ConfigRecord(
-                {"answered": int(answered) + 1}  # type: ignore[arg-type]
-            )
+            if answered == 0:  # the run's first noisy round: the whole training, up front
+                totals = charge_training(
+                    context, node_limits, shard, sigma, sample_rate, population_size
+                )
+                rounds_state = ConfigRecord(totals)  # type: ignore[arg-type]
+            rounds_state["answered"] = answered + 1
+            context.state.config_records[ROUNDS_STATE_KEY] = rounds_state
+        totals = {
+            key: float(value)  # type: ignore[arg-type]
+            for key, value in context.state.config_records.get(ROUNDS_STATE_KEY, {}).items()
+            if key != "answered"
+        }
+        extra = {METRICS_KEY: MetricRecord(totals)} if totals else {}
         codec = None
         if settings.masking:
             codec = contribution_codec(
@@ -329,13 +414,14 @@ def fpfl_handlers(
             shard,
             constraint=settings.constraint,
             clipping_bound=settings.clipping_bound,
-            sample_rate=min(1.0, settings.cohort_size / population_size),
+            sample_rate=sample_rate,
             noise_share_std=share_std,
             rng=rng,
         )
         if codec is None:
             return Message(
-                content=RecordDict({FPFL_KEY: ArrayRecord({"sum": Array(total)})}), reply_to=msg
+                content=RecordDict({FPFL_KEY: ArrayRecord({"sum": Array(total)}), **extra}),
+                reply_to=msg,
             )
         threshold = share_threshold(
             num_nodes,
@@ -366,6 +452,7 @@ def fpfl_handlers(
                 {
                     FPFL_KEY: ArrayRecord({"masked": Array(masked)}),
                     "shares": ConfigRecord({"recipients": recipients, "sealed": sealed}),
+                    **extra,
                 }
             ),
             reply_to=msg,

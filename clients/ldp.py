@@ -21,7 +21,10 @@ Privacy on the node: the mechanism is rebuilt from its public parameters and its
 epsilon is recomputed here; an audit above the node's ``ldp-max-epsilon`` is refused, and
 users whose ledger cannot afford it refuse. Both limits come from the node's own
 :class:`~fedparity.clients.policy.NodePrivacyPolicy`, never from the server; the per-user
-budget is stored in the ledger and can only be lowered. Outside Flower's simulation engine
+budget is stored in the ledger and can only be lowered. The ledger is the node's per-user
+privacy ledger (:mod:`fedparity.clients.ledger`), which its FPFL handlers charge too: a
+report is charged as a ``GapReportRelease`` and composed with the PLD accountant with every
+other release of the user. Outside Flower's simulation engine
 the ledger always persists (node config ``ledger-dir``, default ``~/.fedparity/ledgers``); a
 custom ``ledger_path`` that keeps none is refused unless the policy opts in
 (``allow-ephemeral-ledger``, logged at every audit), and a ledger that existed and is now
@@ -35,7 +38,6 @@ a seed the server could know.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,17 +47,26 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.common import log
 from numpy.typing import ArrayLike, NDArray
 
-from ..mechanisms import ShardLedger, build_mechanism, metric_to_value
+from ..mechanisms import build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE, LedgerFileError
 from ..mechanisms.metrics import METRIC_NAMES, user_rates
+from ..mechanisms.privacy_ledger import GapReportRelease
 from ..mechanisms.protocol import (
-    EPSILON_SPENT_KEY,
     GROUPS_KEY,
     METRICS_KEY,
     REPORTS_KEY,
     VALUES_KEY,
 )
 from ..mechanisms.secure_random import secure_generator
+from .ledger import (
+    DEFAULT_LEDGER_DIR,
+    LEDGER_STATE_KEY,
+    default_ledger_path,
+    ledger_totals,
+    node_ledger_dir,
+    open_node_ledger,
+    save_node_ledger,
+)
 from .messages import (
     MessageError,
     NodeRefusal,
@@ -83,12 +94,6 @@ LEDGER_UNUSABLE_REPLY = (
     "ldp_audit: this node's privacy ledger is lost or damaged; it answers no audit until its "
     "operator restores it (the node's log names the file and the recovery)"
 )
-#: Node run-state record of the ledger when no ledger file is configured.
-LEDGER_STATE_KEY = "ldp-ledger"
-#: Node config key of the folder of a persistent ledger (set by whoever starts the SuperNode).
-LEDGER_DIR_NODE_KEY = "ledger-dir"
-#: The ledger folder of a node outside simulation whose node config names none.
-DEFAULT_LEDGER_DIR = Path("~/.fedparity/ledgers")
 
 
 @dataclass(frozen=True)
@@ -156,34 +161,6 @@ LocalUsersFn = Callable[[ArrayRecord, str, Context], LocalUsers]
 LedgerPathFn = Callable[[Context], "Path | None"]
 
 
-def node_ledger_dir(context: Context) -> Path | None:
-    """The node's ledger folder: node config ``ledger-dir``; else, outside Flower's simulation
-    engine, :data:`DEFAULT_LEDGER_DIR` (a real node's ledger always persists); else None (a
-    simulated node keeps its ledger in its run state)."""
-    folder = context.node_config.get(LEDGER_DIR_NODE_KEY)
-    if folder:
-        return Path(os.fspath(str(folder))).expanduser()
-    return None if in_flower_simulation() else DEFAULT_LEDGER_DIR.expanduser()
-
-
-def default_ledger_path(context: Context) -> Path | None:
-    """``ldp-ledger.npz`` in :func:`node_ledger_dir` (None: the node's run state)."""
-    folder = node_ledger_dir(context)
-    return folder / "ldp-ledger.npz" if folder is not None else None
-
-
-def _ledger(context: Context, path: Path | None, budget: float, num_users: int) -> ShardLedger:
-    if path is not None:
-        return ShardLedger.load_or_create(path, budget, num_users)
-    if LEDGER_STATE_KEY in context.state.array_records:
-        record = context.state.array_records[LEDGER_STATE_KEY]
-        spent = record["spent"].numpy()
-        if spent.shape == (num_users,):
-            stored = float(record["budget"].numpy()) if "budget" in record else budget
-            return ShardLedger(min(stored, budget), num_users, spent.astype(np.float64))
-    return ShardLedger(budget, num_users)
-
-
 def ldp_audit_handler(
     local_users: LocalUsersFn,
     *,
@@ -202,12 +179,14 @@ def ldp_audit_handler(
     num_groups : int
         Protected groups on this node; an audit for another number is refused.
     policy : NodePrivacyPolicy, optional
-        The node's privacy policy (``ldp-max-epsilon`` per audit, ``ldp-user-budget`` per
-        user, ``min-users-for-counts``). Default: read for each audit from the node's own
-        config or environment (:func:`~fedparity.clients.policy.node_policy`).
+        The node's privacy policy (``ldp-max-epsilon`` per audit, ``user-epsilon-budget``
+        at ``user-delta`` per user, ``min-users-for-counts``). Default: read for each audit
+        from the node's own config or environment
+        (:func:`~fedparity.clients.policy.node_policy`).
     ledger_path : callable, optional
-        Where the node's ledger persists across runs (default: ``ldp-ledger.npz`` in
-        :func:`node_ledger_dir`).
+        Where the node's ledger persists across runs (default: ``user-ledger.json`` in
+        :func:`~fedparity.clients.ledger.node_ledger_dir`); pass the same to the node's
+        FPFL handlers so that both charge one ledger.
     """
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 2:
         raise ValueError(f"num_groups must be an integer >= 2, got {num_groups!r}")
@@ -261,7 +240,7 @@ def ldp_audit_handler(
         groups = np.zeros(0, dtype=np.int64)
         values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
         refused = 0
-        spent_max = 0.0
+        totals: dict[str, float] = {}
         if users.num_users:
             path = ledger_path(context)
             if path is None:
@@ -279,20 +258,20 @@ def ldp_audit_handler(
                     limits.source,
                 )
             try:
-                ledger = _ledger(context, path, limits.ldp_user_budget, users.num_users)
+                ledger = open_node_ledger(context, path, limits, users.num_users)
             except LedgerFileError as error:
                 # The detail names the node's files: it stays in the node's log.
                 log(logging.ERROR, "ldp_audit: %s", error)
                 raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
-            answering = ledger.spend(mechanism.epsilon)  # every user reports, or refuses
+            release = GapReportRelease.from_mechanism(
+                mechanism, job="ldp_audit", label=f"audit of {metric}"
+            )
+            answering = ledger.can_afford(release)  # every user reports, or refuses
+            ledger.charge(release, answering)
             refused = int((~answering).sum())
-            spent_max = float(ledger.spent.max())
-            if path is not None:
-                ledger.save(path)  # charged (atomically) before anything is released
-            else:
-                context.state.array_records[LEDGER_STATE_KEY] = ArrayRecord(
-                    {"spent": Array(ledger.spent), "budget": Array(np.array(ledger.budget))}
-                )
+            # charged (atomically) before anything is released
+            save_node_ledger(context, path, ledger)
+            totals = ledger_totals(ledger)
             # an undefined metric is the undefined category with the value 0 (m = 1/2)
             user_groups = np.where(defined, users.groups, num_groups)
             user_values = np.where(defined, metric_to_value(np.nan_to_num(users.metrics)), 0.0)
@@ -305,15 +284,9 @@ def ldp_audit_handler(
         if users.num_users >= limits.min_users_for_counts:
             # Below the policy's minimum these counts (e.g. "TPR undefined" on a one-user
             # device, a label bit) would leave the node outside the LDP guarantee.
-            # The most any of its users has spent over all audits the ledger recorded (this
-            # one included): the server can report the total, not only its own run's.
-            counts.update(
-                {
-                    "num-reports": int(groups.size),
-                    "num-refused": refused,
-                    EPSILON_SPENT_KEY: spent_max,
-                }
-            )
+            # The ledger's totals over every release it recorded (this audit included): the
+            # server can report the users' whole spending, not only its own run's.
+            counts.update({"num-reports": int(groups.size), "num-refused": refused, **totals})
         content = RecordDict(
             {
                 REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),

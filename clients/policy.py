@@ -25,9 +25,14 @@ Keys (kebab-case in files and node config) and built-in defaults:
 key                            default     meaning
 =============================  ==========  ===============================================
 ``ldp-max-epsilon``            8.0         largest true epsilon of one LDP audit report
-``ldp-user-budget``            10.0        each user's lifetime LDP budget (kept in the
+``user-epsilon-budget``        10.0        each user's lifetime epsilon over every DP
+                                           release the node's ledger records (LDP audits,
+                                           FPFL trainings), at ``user-delta`` (kept in the
                                            ledger; a later, lower policy lowers it, a
-                                           higher one never raises it)
+                                           higher one never raises it). The old name
+                                           ``ldp-user-budget`` is still read (deprecated)
+``user-delta``                 1e-6        the delta at which each user's total is stated
+                                           and checked (kept in the ledger; only lowered)
 ``fpfl-max-epsilon``           8.0         largest user-level epsilon of an FPFL training
 ``fpfl-max-delta``             1e-3        largest delta of an FPFL training
 ``require-masking``            true        FPFL sums only under the masked secure sum
@@ -60,12 +65,14 @@ import math
 import os
 import sys
 import tomllib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEPRECATED_KEYS",
     "POLICY_ENV",
     "POLICY_NODE_KEY",
     "NodePrivacyPolicy",
@@ -103,7 +110,8 @@ class NodePrivacyPolicy:
     """A node's privacy limits (see the module docstring for each key and its default)."""
 
     ldp_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
-    ldp_user_budget: float = field(default=10.0, metadata=_number(0.0))
+    user_epsilon_budget: float = field(default=10.0, metadata=_number(0.0))
+    user_delta: float = field(default=1e-6, metadata=_number(0.0, 0.01))
     fpfl_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
     fpfl_max_delta: float = field(default=1e-3, metadata=_number(0.0, 1.0))
     require_masking: bool = field(default=True, metadata=_BOOLEAN)
@@ -128,6 +136,11 @@ class NodePrivacyPolicy:
             value = getattr(self, item.name)
             object.__setattr__(self, item.name, _check(_key(item.name), value, item.metadata))
 
+    @property
+    def ldp_user_budget(self) -> float:
+        """Deprecated name of :attr:`user_epsilon_budget`."""
+        return self.user_epsilon_budget
+
     # -- construction ---------------------------------------------------------------------
 
     @classmethod
@@ -140,7 +153,9 @@ class NodePrivacyPolicy:
         cls, mapping: Mapping[str, Any], *, base: NodePrivacyPolicy | None = None, source: str
     ) -> NodePrivacyPolicy:
         """``base`` (default: the built-in defaults) with the policy keys of ``mapping``;
-        ``ValueError`` naming the key for an unknown key or a value out of range."""
+        ``ValueError`` naming the key for an unknown key or a value out of range. The
+        deprecated ``ldp-user-budget`` is read as ``user-epsilon-budget`` (with a warning)."""
+        mapping = _renamed_keys(mapping, source)
         unknown = sorted(set(mapping) - set(cls.keys()))
         if unknown:
             raise ValueError(
@@ -171,7 +186,7 @@ class NodePrivacyPolicy:
         limit is still finite and enforced."""
         return cls(
             ldp_max_epsilon=16.0,
-            ldp_user_budget=32.0,
+            user_epsilon_budget=32.0,
             fpfl_max_epsilon=16.0,
             fpfl_max_delta=0.1,
             require_masking=False,
@@ -228,6 +243,32 @@ class NodePrivacyPolicy:
 
 def _key(name: str) -> str:
     return name.replace("_", "-")
+
+
+#: Old policy key -> its current name (still read, with a deprecation warning).
+DEPRECATED_KEYS = {"ldp-user-budget": "user-epsilon-budget"}
+
+
+def _renamed_keys(mapping: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``mapping`` with the deprecated keys under their current names (``ValueError`` when
+    both names are given)."""
+    renamed = dict(mapping)
+    for old, new in DEPRECATED_KEYS.items():
+        if old not in renamed:
+            continue
+        if new in renamed:
+            raise ValueError(
+                f"privacy-policy keys {old} (deprecated) and {new} are both in {source}: keep "
+                f"only {new}"
+            )
+        warnings.warn(
+            f"privacy-policy key {old} in {source} is deprecated: it is now {new}, each user's "
+            "budget over every release the node's ledger records (LDP audits and FPFL)",
+            FutureWarning,  # shown by default: meant for the node's operator
+            stacklevel=3,
+        )
+        renamed[new] = renamed.pop(old)
+    return renamed
 
 
 def _check(key: str, value: Any, rule: Mapping[str, Any]) -> Any:
@@ -288,9 +329,8 @@ def node_policy(
     built-in defaults (module docstring; first match wins). Raises ``ValueError`` naming the
     file or key for a policy that cannot be read."""
     environ = os.environ if environ is None else environ
-    overrides = {
-        key: value for key, value in node_config.items() if key in NodePrivacyPolicy.keys()
-    }
+    known = (*NodePrivacyPolicy.keys(), *DEPRECATED_KEYS)
+    overrides = {key: value for key, value in node_config.items() if key in known}
     named = node_config.get(POLICY_NODE_KEY)
     if named:
         base = _policy_file(str(named))

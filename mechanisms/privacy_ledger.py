@@ -344,8 +344,10 @@ class SubsampledGaussianRelease(Release):
         return float(self.delta)
 
 
+@functools.lru_cache(maxsize=64)
 def _gaussian_pld(sigma: float, rate: float, steps: int, interval: float) -> Any:
-    """PLD of ``steps`` Poisson-subsampled Gaussian rounds, replace one user."""
+    """PLD of ``steps`` Poisson-subsampled Gaussian rounds, replace one user (cached: a
+    ledger checks a training before it charges it, and a PLD is never changed in place)."""
     from dp_accounting import NeighboringRelation
     from dp_accounting.pld import privacy_loss_distribution
 
@@ -698,10 +700,24 @@ class UserLedger:
         used."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as error:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
             raise LedgerFileError(
                 f"ledger {path} cannot be read ({type(error).__name__}: {error}); {_RECOVERY}"
+            ) from None
+        return cls.from_json(text, num_users, source=str(path))
+
+    @classmethod
+    def from_json(
+        cls, text: str, num_users: int | None = None, *, source: str = "the ledger"
+    ) -> UserLedger:
+        """A ledger from :meth:`to_json`'s text (``source`` names it in errors, e.g. a node's
+        run state); :class:`LedgerFileError` when it cannot be used."""
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise LedgerFileError(
+                f"ledger {source} cannot be read ({type(error).__name__}: {error}); {_RECOVERY}"
             ) from None
         if (
             not isinstance(data, dict)
@@ -710,8 +726,8 @@ class UserLedger:
         ):
             found = (data.get("format"), data.get("version")) if isinstance(data, dict) else None
             raise LedgerFileError(
-                f"ledger {path} is not a fedparity privacy ledger (format, version: {found!r}; "
-                f"expected {LEDGER_FORMAT!r}, {LEDGER_VERSION}); {_RECOVERY}"
+                f"ledger {source} is not a fedparity privacy ledger (format, version: "
+                f"{found!r}; expected {LEDGER_FORMAT!r}, {LEDGER_VERSION}); {_RECOVERY}"
             )
         try:
             if data.get("neighbouring") != NEIGHBOURING:
@@ -729,13 +745,39 @@ class UserLedger:
                 ledger._participants.append(_unpack(packed, ledger.num_users))
         except (KeyError, TypeError, ValueError, binascii.Error) as error:
             raise LedgerFileError(
-                f"ledger {path} is damaged ({type(error).__name__}: {error}); {_RECOVERY}"
+                f"ledger {source} is damaged ({type(error).__name__}: {error}); {_RECOVERY}"
             ) from None
         if num_users is not None and ledger.num_users != num_users:
             raise LedgerFileError(
-                f"ledger {path} holds {ledger.num_users} users, this node has {num_users}; "
+                f"ledger {source} holds {ledger.num_users} users, this node has {num_users}; "
                 f"{_RECOVERY}"
             )
+        return ledger
+
+    @classmethod
+    def from_spent(
+        cls,
+        spent: np.ndarray,
+        budget: float,
+        delta: float,
+        *,
+        job: str,
+        label: str = "",
+    ) -> UserLedger:
+        """A ledger whose users have already spent the pure epsilons ``spent`` (shape
+        ``(num_users,)``), e.g. read from a basic-composition ledger: each distinct spent
+        value becomes one ``ApproximateDPRelease(epsilon=spent, delta=0)`` of the users who
+        spent it (sound: a pure epsilon spent bounds whatever those releases were). Recorded
+        as they are, even past ``budget``: what was spent is never forgotten."""
+        spent = np.asarray(spent, dtype=np.float64)
+        if spent.ndim != 1 or not np.isfinite(spent).all() or (spent < 0).any():
+            raise ValueError("spent must be a 1-d array of finite numbers >= 0")
+        ledger = cls(budget, delta, spent.size)
+        for value in np.unique(spent[spent > 0]):
+            ledger._releases.append(
+                ApproximateDPRelease(epsilon=float(value), delta=0.0, job=job, label=label)
+            )
+            ledger._participants.append(spent == value)
         return ledger
 
     @classmethod

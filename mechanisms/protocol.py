@@ -15,6 +15,9 @@ __all__ = [
     "BLOCK_WIDTH",
     "CONTRIBUTION_SIZE",
     "CORRUPT_SUM_MARKER",
+    "EPSILON_SPENT_BASIC_DELTA_KEY",
+    "EPSILON_SPENT_BASIC_KEY",
+    "EPSILON_SPENT_DELTA_KEY",
     "EPSILON_SPENT_KEY",
     "FEF_ENDORSE_MESSAGE_TYPE",
     "FEF_IDENTITY_REFUSAL",
@@ -48,8 +51,13 @@ REPORTS_KEY = "reports"
 GROUPS_KEY = "groups"
 VALUES_KEY = "values"
 METRICS_KEY = "metrics"
-#: Most epsilon any of a node's users has spent over every audit its ledger recorded.
+#: The totals of a node's privacy ledger in its replies (LDP audit and FPFL round): the most
+#: epsilon any of its users has spent over every release the ledger recorded, at the users'
+#: delta; and basic composition's epsilon and delta for the same user.
 EPSILON_SPENT_KEY = "epsilon-spent-max"
+EPSILON_SPENT_DELTA_KEY = "epsilon-spent-delta"
+EPSILON_SPENT_BASIC_KEY = "epsilon-spent-max-basic"
+EPSILON_SPENT_BASIC_DELTA_KEY = "epsilon-spent-basic-delta"
 #: Per-user counts a reply carries: every user of the node is exactly one of these.
 USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
 

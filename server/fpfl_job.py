@@ -437,6 +437,12 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
             "noise_share_std": protocol.noise_share_std(),
             "secure_sum": config.fpfl_secure_sum,
             "client_seed": config.fpfl_client_seed,
+            # The nodes' per-user ledgers (every release they recorded, this training and
+            # earlier audits and trainings included; PLD under replace-one-user, at the users'
+            # delta): None if no node reported them (min-users-for-counts).
+            "ledger_totals_reported_by_nodes": None
+            if protocol.ledger_totals is None
+            else protocol.ledger_totals.to_dict(),
             "segments": [
                 {
                     "noise_multiplier": seg.noise_multiplier,

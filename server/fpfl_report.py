@@ -12,7 +12,13 @@ import numpy as np
 
 from ..clients.config import RunConfig
 from .html_report import Figure, Finding, Report, Section, Table, Value
-from .report import NOISY_RATES_NOTE, PLOT_NEEDS_MATPLOTLIB, load_pyplot, plain_tick_labels
+from .report import (
+    NOISY_RATES_NOTE,
+    PLOT_NEEDS_MATPLOTLIB,
+    ledger_totals_text,
+    load_pyplot,
+    plain_tick_labels,
+)
 
 # Reporting helpers
 
@@ -393,6 +399,8 @@ def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None)
         privacy_rows = [["secure sum", privacy["secure_sum"]]]
         lead = "This run adds no noise: it is not differentially private."
     privacy_blocks: list[Any] = [lead, Table(["quantity", "value"], privacy_rows)]
+    if results["private"]:
+        privacy_blocks.append(ledger_totals_text(privacy.get("ledger_totals_reported_by_nodes")))
     privacy_blocks += [f"Note: {note}." for note in privacy["caveats"]]
     return Report(
         title=f"fedparity FPFL training ({results['algorithm']})",
@@ -435,6 +443,7 @@ def summary_text(payload: dict[str, Any]) -> str:
             f"noise multiplier = {payload['noise_multiplier']:.4f} "
             f"({payload['privacy']['accountant']}, {payload['privacy']['noise']} noise)"
         )
+        lines.append(ledger_totals_text(payload["privacy"].get("ledger_totals_reported_by_nodes")))
     for note in payload["privacy"]["caveats"]:
         lines.append(f"note: {note}")
     if _noisy_cohort_rates(payload["history"]):

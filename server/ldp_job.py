@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 
 from ..clients.config import RunConfig
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from ..strategies.replies import merge_ledger_totals
 from .harness import GroundTruth, ground_truth
 from .html_report import write_report
 from .orchestration import (
@@ -32,7 +33,14 @@ from .orchestration import (
     train_global_model,
     training_report,
 )
-from .report import audit_table, ldp_findings, ldp_report, plot_audits, write_json
+from .report import (
+    audit_table,
+    ldp_findings,
+    ldp_report,
+    ledger_totals_text,
+    plot_audits,
+    write_json,
+)
 from .run_record import RunRecord, open_run_record
 
 
@@ -109,6 +117,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
     table = audit_table(config.epsilons, outcomes, truth)
     reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]
     spent_total = max(reported) if reported else None
+    ledger_totals = merge_ledger_totals(o.ledger_totals for o in outcomes)
     payload = {
         "task": config.task,
         "run_config": {key: value for key, value in asdict(config).items()},
@@ -122,8 +131,9 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
             for budget, outcome in zip(config.epsilons, outcomes, strict=True)
         ],
         "privacy": {
-            # The server's plan only: each node's own policy (ldp-user-budget, kept in its
-            # ledger) decides what its users answer, and users past it refuse.
+            # The server's plan only: each node's own policy (user-epsilon-budget at
+            # user-delta, kept in its ledger) decides what its users answer, and users past
+            # it refuse.
             "user_budget": config.user_budget,
             "epsilon_spent_per_user": spent,
             "composition": "basic sequential composition of the true epsilons of every audit "
@@ -131,6 +141,12 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
             # Over every run the nodes' ledgers recorded (a run that died included): the most
             # any user of the reporting nodes has spent. None if no node reported it.
             "epsilon_spent_total_max_reported_by_nodes": spent_total,
+            # The same with its delta, basic composition beside it and the neighbouring
+            # relation: every release the nodes' per-user ledgers recorded (LDP audits and
+            # FPFL trainings), composed with the PLD accountant.
+            "ledger_totals_reported_by_nodes": None
+            if ledger_totals is None
+            else ledger_totals.to_dict(),
         },
         "elapsed_seconds": time.perf_counter() - started,
     }
@@ -161,12 +177,11 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
         spent,
         config.user_budget,
     )
-    if spent_total is not None:
-        log(
-            logging.INFO,
-            "privacy spent per user over every run the nodes' ledgers recorded: up to %.4g",
-            spent_total,
-        )
+    log(
+        logging.INFO,
+        "%s",
+        ledger_totals_text(payload["privacy"]["ledger_totals_reported_by_nodes"]),
+    )
     record.finish("completed")
     log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
     return output_dir

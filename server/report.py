@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..strategies.ldp_audit import AuditOutcome
+from ..strategies.replies import LedgerTotals
 from .harness import GroundTruth
 from .html_report import Figure, Finding, Report, Section, Table, Value
 
@@ -358,7 +359,7 @@ def ldp_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) 
             ["quantity", "value"],
             [
                 ["epsilon spent per user by this run", privacy["epsilon_spent_per_user"]],
-                ["planned per-user budget (ldp-user-budget)", privacy["user_budget"]],
+                ["planned per-user budget (the server's plan)", privacy["user_budget"]],
                 [
                     "most any user has spent over every run the nodes recorded",
                     "not reported" if spent_total is None else spent_total,
@@ -369,6 +370,7 @@ def ldp_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) 
         "users' ledgers; the true gap (if shown) is computed by the simulation harness from "
         "raw data and is not private.",
     ]
+    privacy_blocks.append(ledger_totals_text(privacy.get("ledger_totals_reported_by_nodes")))
     return Report(
         title=f"fedparity LDP audit of the {metric} gap",
         question=f"How large is the {metric} gap between the groups, measured under local "
@@ -378,6 +380,23 @@ def ldp_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) 
         privacy=Section("Privacy spent", privacy_blocks),
         notes=[f"{config['confidence'] * 100:g}% intervals; results.json holds every number."],
     )
+
+
+def ledger_totals_text(totals: Mapping[str, Any] | None) -> str:
+    """The sentence of the nodes' privacy-ledger totals in a results.json (LDP audit and
+    FPFL jobs), for the console and the HTML report."""
+    if totals is None:
+        return (
+            "Privacy spent per user over every release the nodes' ledgers recorded: not "
+            "reported (nodes with fewer users than their min-users-for-counts send no totals)."
+        )
+    return LedgerTotals(
+        totals["epsilon"],
+        totals["delta"],
+        totals["basic_epsilon"],
+        totals["basic_delta"],
+        totals["neighbouring"],
+    ).sentence()
 
 
 # The HTML report: FedEvalFair

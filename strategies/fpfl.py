@@ -61,6 +61,7 @@ from ..mechanisms.protocol import (
     FPFL_REVEAL_MESSAGE_TYPE,
     FPFL_ROUND_MESSAGE_TYPE,
     FPFL_SETUP_MESSAGE_TYPE,
+    METRICS_KEY,
 )
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import (
@@ -71,7 +72,7 @@ from ..mechanisms.secure_sum import (
     noise_share_std,
     unmask_sum,
 )
-from .replies import send_and_receive
+from .replies import LedgerTotals, send_and_receive
 
 __all__ = [
     "FPFLProtocol",
@@ -152,6 +153,9 @@ class FPFLProtocol:
         self.public_keys: dict[int, bytes] = {}
         self.run_salt = secrets.token_bytes(16)
         self.setup_failed: list[tuple[int, str]] = []
+        #: The largest privacy-ledger totals the nodes reported in their round replies (None
+        #: if none did: nodes with fewer users than their ``min-users-for-counts`` send none).
+        self.ledger_totals: LedgerTotals | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -303,6 +307,12 @@ class FPFLProtocol:
                 outcome.rejected.append((node, reply.error.reason))
                 continue
             vector, reason = self._read_reply(reply)
+            try:
+                totals = LedgerTotals.from_metrics(
+                    reply.content.metric_records.get(METRICS_KEY, {})
+                )
+            except ValueError as error:
+                vector, reason = None, f"malformed reply: {error}"
             if vector is not None and self.masking:
                 shares, reason = self._read_shares(reply, node)
                 vector = vector if shares is not None else None
@@ -310,6 +320,8 @@ class FPFLProtocol:
                 outcome.rejected.append((node, reason))
                 continue
             received[node] = vector
+            if totals is not None:
+                self.ledger_totals = totals.merge(self.ledger_totals)
             if self.masking:
                 sealed[node] = shares  # type: ignore[assignment]
         outcome.replied = sorted(received)

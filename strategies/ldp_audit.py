@@ -38,14 +38,13 @@ from ..mechanisms.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
 from ..mechanisms.protocol import (
     AUDIT_MESSAGE_TYPE,
-    EPSILON_SPENT_KEY,
     GROUPS_KEY,
     METRICS_KEY,
     REPORTS_KEY,
     USER_COUNT_KEYS,
     VALUES_KEY,
 )
-from .replies import RejectedReply, send_and_receive, short_reason
+from .replies import LedgerTotals, RejectedReply, send_and_receive, short_reason
 
 
 def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
@@ -57,20 +56,6 @@ def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
     if not number.is_integer() or number < 0:  # NaN and infinity are not integers
         raise ValueError(f"{key} must be a whole number >= 0, got {number:g}")
     return int(value)
-
-
-def _epsilon_spent(metrics: Mapping[str, object]) -> float | None:
-    """A node's ``epsilon-spent-max`` (None if it sent none); ``ValueError`` unless finite
-    and >= 0."""
-    value = metrics.get(EPSILON_SPENT_KEY)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{EPSILON_SPENT_KEY} must be a number >= 0, got {value!r}")
-    number = float(value)
-    if not (np.isfinite(number) and number >= 0):
-        raise ValueError(f"{EPSILON_SPENT_KEY} must be a number >= 0, got {number:g}")
-    return number
 
 
 @dataclass(frozen=True)
@@ -99,9 +84,12 @@ class AuditOutcome:
     error : str or None
         Why there is no estimate, if there is none.
     epsilon_spent_max : float or None
-        The most any user of the accepted nodes has spent over every audit their ledgers
-        recorded, this one included (None if no node sent it: nodes with fewer users than
-        their ``min-users-for-counts`` send none).
+        The most any user of the accepted nodes has spent over every release their ledgers
+        recorded (LDP audits, FPFL trainings), this audit included, at the users' delta
+        (None if no node sent it: nodes with fewer users than their ``min-users-for-counts``
+        send none).
+    ledger_totals : LedgerTotals or None
+        The same with its delta, basic composition beside it and the neighbouring relation.
     """
 
     estimate: GapEstimate | None
@@ -115,6 +103,7 @@ class AuditOutcome:
     undefined_users: int = 0
     error: str | None = None
     epsilon_spent_max: float | None = None
+    ledger_totals: LedgerTotals | None = None
 
     @property
     def contributing_nodes(self) -> int:
@@ -134,6 +123,9 @@ class AuditOutcome:
             "undefined_users": self.undefined_users,
             "error": self.error,
             "epsilon_spent_max_reported_by_nodes": self.epsilon_spent_max,
+            "ledger_totals_reported_by_nodes": (
+                None if self.ledger_totals is None else self.ledger_totals.to_dict()
+            ),
         }
 
 
@@ -335,7 +327,7 @@ class LdpGapAudit:
         )
         if declared != groups.size:
             raise ValueError(f"num-reports says {declared}, the arrays hold {groups.size}")
-        _epsilon_spent(metrics)  # a malformed value rejects the reply
+        LedgerTotals.from_metrics(metrics)  # a malformed value rejects the reply
         if max_users is not None and declared + refused + undefined > max_users:
             raise ValueError(
                 f"the reply accounts for {declared + refused + undefined} users "
@@ -356,7 +348,7 @@ class LdpGapAudit:
         rejected: list[RejectedReply] = []
         replied: set[int] = set()
         accepted = refused = undefined = 0
-        spent_max: float | None = None
+        totals: LedgerTotals | None = None
         for reply in replies:
             node_id = int(reply.metadata.src_node_id)
             if node_id in replied:
@@ -373,9 +365,11 @@ class LdpGapAudit:
                 rejected.append(RejectedReply(node_id, str(error)))
                 continue
             total = total.merge(summary)
-            node_spent = _epsilon_spent(reply.content.metric_records.get(METRICS_KEY, {}))
-            if node_spent is not None:
-                spent_max = node_spent if spent_max is None else max(spent_max, node_spent)
+            node_totals = LedgerTotals.from_metrics(
+                reply.content.metric_records.get(METRICS_KEY, {})
+            )
+            if node_totals is not None:
+                totals = node_totals.merge(totals)
             accepted += 1
             refused += node_refused
             undefined += node_undefined
@@ -411,7 +405,8 @@ class LdpGapAudit:
             refused_users=refused,
             undefined_users=undefined,
             error=error_text,
-            epsilon_spent_max=spent_max,
+            epsilon_spent_max=None if totals is None else totals.epsilon,
+            ledger_totals=totals,
         )
 
     def start(

@@ -1,19 +1,33 @@
 """Bookkeeping of the replies a strategy receives, shared by every strategy: who a reply is
-from, which nodes did not reply, and the replies it could not use."""
+from, which nodes did not reply, the replies it could not use, and the privacy-ledger totals
+the nodes report."""
 
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from flwr.app import Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from ..mechanisms.privacy_ledger import NEIGHBOURING
+from ..mechanisms.protocol import (
+    EPSILON_SPENT_BASIC_DELTA_KEY,
+    EPSILON_SPENT_BASIC_KEY,
+    EPSILON_SPENT_DELTA_KEY,
+    EPSILON_SPENT_KEY,
+)
+
 __all__ = [
+    "LedgerTotals",
+    "merge_ledger_totals",
     "MAX_REASON_LENGTH",
     "POLL_FIRST_INTERVAL",
     "POLL_GROWTH",
@@ -43,6 +57,89 @@ class RejectedReply:
 
     node_id: int
     reason: str
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    """What nodes report of their per-user privacy ledgers: the most any of their users has
+    spent over every release the ledgers recorded (``epsilon`` at ``delta``: the PLD
+    accountant's total), and basic composition's ``basic_epsilon`` at ``basic_delta`` beside
+    it, under the relation :data:`~fedparity.mechanisms.privacy_ledger.NEIGHBOURING`. Over
+    several nodes: the largest of each (every user is then within both pairs)."""
+
+    epsilon: float
+    delta: float
+    basic_epsilon: float
+    basic_delta: float
+    neighbouring: str = NEIGHBOURING
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> LedgerTotals | None:
+        """A reply's totals (None if it sent none: a node with fewer users than its
+        ``min-users-for-counts``); ``ValueError`` unless each is a finite number >= 0 (a
+        delta < 1). A node of an older version that sends the epsilon alone is read with
+        delta 0 and its epsilon as basic composition's (its ledger was pure-epsilon)."""
+        if EPSILON_SPENT_KEY not in metrics:
+            return None
+        epsilon = _non_negative(metrics, EPSILON_SPENT_KEY)
+        if EPSILON_SPENT_DELTA_KEY not in metrics:
+            return cls(epsilon, 0.0, epsilon, 0.0)
+        deltas = [
+            _non_negative(metrics, key)
+            for key in (EPSILON_SPENT_DELTA_KEY, EPSILON_SPENT_BASIC_DELTA_KEY)
+        ]
+        if any(delta >= 1 for delta in deltas):
+            raise ValueError("a ledger's delta must be below 1")
+        return cls(epsilon, deltas[0], _non_negative(metrics, EPSILON_SPENT_BASIC_KEY), deltas[1])
+
+    def merge(self, other: LedgerTotals | None) -> LedgerTotals:
+        """The totals that hold for the users of both."""
+        if other is None:
+            return self
+        return LedgerTotals(
+            max(self.epsilon, other.epsilon),
+            max(self.delta, other.delta),
+            max(self.basic_epsilon, other.basic_epsilon),
+            max(self.basic_delta, other.basic_delta),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "basic_epsilon": self.basic_epsilon,
+            "basic_delta": self.basic_delta,
+            "neighbouring": self.neighbouring,
+        }
+
+    def sentence(self) -> str:
+        """The line the jobs print and the reports show."""
+        basic = f"basic composition {self.basic_epsilon:.4g}"
+        if self.basic_delta > 0:
+            basic += f" at delta {self.basic_delta:.3g}"
+        return (
+            "privacy spent per user over every release the nodes' ledgers recorded: epsilon "
+            f"{self.epsilon:.4g} at delta {self.delta:.3g} (PLD; {basic}; {self.neighbouring})"
+        )
+
+
+def _non_negative(metrics: Mapping[str, Any], key: str) -> float:
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{key} must be a number >= 0, got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{key} must be a number >= 0, got {number:g}")
+    return number
+
+
+def merge_ledger_totals(totals: Iterable[LedgerTotals | None]) -> LedgerTotals | None:
+    """The totals over every node that reported some (None if none did)."""
+    merged: LedgerTotals | None = None
+    for item in totals:
+        if item is not None:
+            merged = item.merge(merged)
+    return merged
 
 
 def attribute_replies(sent: Sequence[Message], replies: Iterable[Message]) -> list[Message]:

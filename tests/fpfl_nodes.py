@@ -10,6 +10,7 @@ replies as the server does. The server-side unmasking is the library's
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -88,7 +89,10 @@ class MaskingNodes:
         identities: Mapping[int, NodeIdentity] | None = None,
         node_config: Mapping[int, dict] | None = None,
     ) -> None:
+        """Each node keeps its privacy ledger in its own folder (node config ``ledger-dir``,
+        default: a temporary folder removed with this object)."""
         self.ids = sorted(node_ids)
+        self._ledgers = tempfile.TemporaryDirectory(prefix="fedparity-ledgers-")
         self.settings = settings
         self.identities = dict(identities or {})
         self.handlers = fpfl_handlers(
@@ -104,7 +108,10 @@ class MaskingNodes:
             node: Context(
                 run_id=1,
                 node_id=node,
-                node_config=dict((node_config or {}).get(node, {})),
+                node_config={
+                    "ledger-dir": f"{self._ledgers.name}/node-{node}",
+                    **(node_config or {}).get(node, {}),
+                },
                 state=RecordDict(),
                 run_config={},
             )

@@ -19,15 +19,15 @@ from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.task import build_model, get_arrays
 from fedparity.mechanisms import (
     RandomizedResponseMechanism,
-    ShardLedger,
     randomized_response_epsilon,
 )
+from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.mechanisms.protocol import AUDIT_MESSAGE_TYPE
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
 RUN_CONFIG = {"users-per-node": 40, "epsilons": "1", "user-budget": 2.5}
-#: The node's own policy: each user's lifetime LDP budget (node config, set by the operator).
-NODE_BUDGET = {"ldp-user-budget": 2.5}
+#: The node's own policy: each user's lifetime budget (node config, set by the operator).
+NODE_BUDGET = {"user-epsilon-budget": 2.5}
 
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -55,7 +55,7 @@ def make_context(node_config: dict[str, object] | None = None) -> Context:
 
 
 def ledger_spent(folder: Path, num_users: int = 40) -> np.ndarray:
-    return ShardLedger.load(folder / "ledger-partition-1.npz", num_users).spent
+    return UserLedger.load(folder / "ledger-partition-1.json", num_users).epsilon_spent()
 
 
 def model_arrays(context: Context) -> ArrayRecord:
@@ -117,7 +117,7 @@ def test_audit_reply_holds_only_perturbed_pairs_and_charges_the_ledger(ledger_di
     assert metrics["num-reports"] == 40 and metrics["num-refused"] == 0
     assert metrics["epsilon-charged"] == pytest.approx(true_epsilon)
     # the true epsilon, not eps1 or eps2
-    np.testing.assert_allclose(ledger_spent(ledger_dir), true_epsilon)
+    np.testing.assert_allclose(ledger_spent(ledger_dir), true_epsilon, rtol=1e-5)
 
 
 def test_users_refuse_once_their_budget_would_be_exceeded(ledger_dir: Path) -> None:
@@ -141,7 +141,7 @@ def test_ledger_dir_survives_across_runs(tmp_path: Path) -> None:
             audit_message(context, mechanism, budget=1.2), context, config_of(context)
         )
         assert reply.content.metric_records["metrics"]["num-reports"] == expected
-    assert (tmp_path / "ledger-partition-1.npz").exists()
+    assert (tmp_path / "ledger-partition-1.json").exists()
 
 
 def test_node_refuses_a_mechanism_above_the_audit_budget(ledger_dir: Path) -> None:

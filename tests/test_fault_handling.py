@@ -32,8 +32,9 @@ from fedparity.clients.config import ConfigError, RunConfig
 from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY, LocalUsers, ldp_audit_handler
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
-from fedparity.mechanisms import RandomizedResponseMechanism, ShardLedger
+from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.mechanisms.accounting import ledger_marker
+from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.mechanisms.protocol import EPSILON_SPENT_KEY, METRICS_KEY
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import run_job
@@ -86,10 +87,10 @@ def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(
     tells the node the ledger was lost; only the operator, by deleting the marker, can accept
     that the users start again at zero."""
     handler = ldp_audit_handler(lambda *_: _users(20), num_groups=2)
-    config = {"ledger-dir": str(tmp_path), "ldp-user-budget": 5.0}
+    config = {"ledger-dir": str(tmp_path), "user-epsilon-budget": 5.0}
     handler(_audit(), _context(config))
-    ledger = tmp_path / "ldp-ledger.npz"
-    assert ShardLedger.load(ledger, 20).spent.max() == pytest.approx(MECHANISM.epsilon)
+    ledger = tmp_path / "user-ledger.json"
+    assert UserLedger.load(ledger, 20).epsilon_spent().max() == pytest.approx(MECHANISM.epsilon)
     assert ledger_marker(ledger).is_file()
 
     ledger.unlink()  # the fault: the file is gone
@@ -117,7 +118,7 @@ def test_a_damaged_ledger_names_the_file_and_the_recovery(
     handler = ldp_audit_handler(lambda *_: _users(20), num_groups=2)
     config = {"ledger-dir": str(tmp_path)}
     handler(_audit(), _context(config))
-    ledger = tmp_path / "ldp-ledger.npz"
+    ledger = tmp_path / "user-ledger.json"
     ledger.write_bytes(damage)
     with node_log(caplog), pytest.raises(NodeRefusal, match=re.escape(LEDGER_UNUSABLE_REPLY)):
         handler(_audit(), _context(config))

@@ -106,7 +106,7 @@ def test_a_node_refuses_or_answers_within_its_policy_any_audit_message(
         dst_node_id=3,
         message_type="query.ldp_audit",
     )
-    policy = NodePrivacyPolicy(ldp_max_epsilon=2.0, ldp_user_budget=3.0)
+    policy = NodePrivacyPolicy(ldp_max_epsilon=2.0, user_epsilon_budget=3.0)
     handler = ldp_audit_handler(lambda *_: USERS, num_groups=2, policy=policy)
     with tempfile.TemporaryDirectory() as ledger_dir:
         try:

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
+from fedparity.clients.ledger import LEDGER_STATE_KEY
 from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, mechanism_for_budget
 from fedparity.strategies.ldp_audit import LdpGapAudit
@@ -130,7 +131,7 @@ def test_handler_sends_perturbed_pairs_only_and_users_refuse_past_their_budget(
     context = Context(
         run_id=1,
         node_id=3,
-        node_config={"ledger-dir": str(tmp_path), "ldp-user-budget": 2.5},
+        node_config={"ledger-dir": str(tmp_path), "user-epsilon-budget": 2.5},
         state=RecordDict(),
         run_config={"user-budget": 1e9},
     )
@@ -143,7 +144,7 @@ def test_handler_sends_perturbed_pairs_only_and_users_refuse_past_their_budget(
         reports = reply.content.array_records["reports"]
         assert set(reports.keys()) == {"groups", "values"}  # nothing else leaves the node
         assert set(np.unique(reports["values"].numpy())) <= {-1, 1}  # M_R's output domain
-    assert (tmp_path / "ldp-ledger.npz").is_file()
+    assert (tmp_path / "user-ledger.json").is_file()
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -157,7 +158,7 @@ def test_handler_refuses_another_number_of_groups() -> None:
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(NodeRefusal, match="number of group categories is not this node"):
         handler(message, context)
-    assert "ldp-ledger" not in context.state.array_records
+    assert LEDGER_STATE_KEY not in context.state.config_records
 
 
 # --- through Flower -----------------------------------------------------------------------

@@ -31,7 +31,8 @@ from fedparity.clients.policy import (
     in_flower_simulation,
     node_policy,
 )
-from fedparity.mechanisms import RandomizedResponseMechanism, ShardLedger
+from fedparity.mechanisms import RandomizedResponseMechanism
+from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.mechanisms.protocol import FPFL_KEY
 from fedparity.mechanisms.secure_sum import noise_share_std
 from fedparity.strategies.ldp_audit import LdpGapAudit
@@ -47,7 +48,8 @@ def test_the_built_in_defaults_are_the_safe_ones() -> None:
     assert policy.require_masking and policy.require_distributed_noise
     assert not policy.allow_seeded_noise and not policy.allow_non_private
     assert policy.fpfl_max_delta <= 1e-3 and policy.min_survivors >= 2
-    assert math.isfinite(policy.ldp_user_budget) and math.isfinite(policy.fpfl_max_epsilon)
+    assert math.isfinite(policy.user_epsilon_budget) and math.isfinite(policy.fpfl_max_epsilon)
+    assert policy.user_delta == 1e-6
     # outside Flower's simulation engine (this test process), a node gets exactly these
     assert not in_flower_simulation()
     assert node_policy({}, {}) == policy
@@ -58,7 +60,12 @@ def test_the_built_in_defaults_are_the_safe_ones() -> None:
     [
         ({"fpfl-max-delta": 2}, "fpfl-max-delta must be a number in (0, 1]"),
         ({"fpfl-max-delta": 0}, "fpfl-max-delta must be a number in (0, 1]"),
-        ({"ldp-user-budget": "inf"}, "ldp-user-budget must be a number in (0, inf)"),
+        ({"user-epsilon-budget": "inf"}, "user-epsilon-budget must be a number in (0, inf)"),
+        ({"user-delta": 0.5}, "user-delta must be a number in (0, 0.01]"),
+        (
+            {"ldp-user-budget": 2.0, "user-epsilon-budget": 3.0},
+            "ldp-user-budget (deprecated) and user-epsilon-budget are both in node config",
+        ),
         ({"min-survivors": 1}, "min-survivors must be an integer >= 2"),
         ({"tolerated-colluders": 0.5}, "tolerated-colluders must be an integer >= 0"),
         ({"allow-seeded-noise": "yes"}, "allow-seeded-noise must be true or false"),
@@ -73,27 +80,36 @@ def test_a_bad_policy_names_the_key_and_the_range(mapping: dict, message: str) -
 
 def test_where_a_node_finds_its_policy(tmp_path: Path) -> None:
     file = tmp_path / "policy.toml"
-    file.write_text("ldp-user-budget = 3.0\nallow-non-private = true\n")
+    file.write_text("user-epsilon-budget = 3.0\nallow-non-private = true\n")
     environment_file = tmp_path / "env-policy.toml"
-    environment_file.write_text("ldp-user-budget = 7.0\n")
+    environment_file.write_text("user-epsilon-budget = 7.0\n")
     environ = {POLICY_ENV: str(environment_file)}
     # 1. a file named in the node config, with node-config keys over it
     named = node_policy({"privacy-policy": str(file), "ldp-max-epsilon": 2.0}, environ)
-    assert (named.ldp_user_budget, named.allow_non_private, named.ldp_max_epsilon) == (
+    assert (named.user_epsilon_budget, named.allow_non_private, named.ldp_max_epsilon) == (
         3.0,
         True,
         2.0,
     )
     # 2. keys in the node config alone, over the defaults
-    assert node_policy({"ldp-user-budget": 4}, environ).ldp_user_budget == 4.0
+    assert node_policy({"user-epsilon-budget": 4}, environ).user_epsilon_budget == 4.0
     # 3. the node host's environment
-    assert node_policy({"partition-id": 0}, environ).ldp_user_budget == 7.0
+    assert node_policy({"partition-id": 0}, environ).user_epsilon_budget == 7.0
     # a policy that cannot be read stops the node with the file's name
     with pytest.raises(ValueError, match="no such file"):
         node_policy({"privacy-policy": str(tmp_path / "missing.toml")}, {})
-    (tmp_path / "bad.toml").write_text("ldp-user-budget = [")
+    (tmp_path / "bad.toml").write_text("user-epsilon-budget = [")
     with pytest.raises(ValueError, match="bad.toml: not valid TOML"):
         node_policy({"privacy-policy": str(tmp_path / "bad.toml")}, {})
+
+
+def test_the_old_budget_key_still_works_with_a_deprecation_warning(tmp_path: Path) -> None:
+    file = tmp_path / "policy.toml"
+    file.write_text("ldp-user-budget = 3.0\n")
+    for source in ({"privacy-policy": str(file)}, {"ldp-user-budget": 3.0}):
+        with pytest.warns(FutureWarning, match="ldp-user-budget .* is deprecated"):
+            policy = node_policy(source, {})
+        assert policy.user_epsilon_budget == policy.ldp_user_budget == 3.0
 
 
 # --- LDP audit --------------------------------------------------------------------------------
@@ -143,16 +159,16 @@ def test_a_server_cannot_raise_the_users_budget_nor_reset_it_by_a_new_run(tmp_pa
     answered = []
     for _ in range(3):  # three runs, each a fresh Context: only the ledger file remembers
         context = _context(
-            {"ledger-dir": str(tmp_path), "ldp-user-budget": 2.0}, {"user-budget": 1e9}
+            {"ledger-dir": str(tmp_path), "user-epsilon-budget": 2.0}, {"user-budget": 1e9}
         )
         reply = handler(_audit(mechanism, budget=mechanism.epsilon), context)
         answered.append(reply.content.array_records["reports"]["groups"].numpy().size)
     assert answered == [20, 0, 0]
     # a policy raised later does not re-enable them: the ledger keeps its (lower) budget
-    context = _context({"ledger-dir": str(tmp_path), "ldp-user-budget": 100.0})
+    context = _context({"ledger-dir": str(tmp_path), "user-epsilon-budget": 100.0})
     reply = handler(_audit(mechanism, budget=mechanism.epsilon), context)
     assert reply.content.array_records["reports"]["groups"].numpy().size == 0
-    assert ShardLedger.load(tmp_path / "ldp-ledger.npz", 20).budget == 2.0
+    assert UserLedger.load(tmp_path / "user-ledger.json", 20).budget == 2.0
 
 
 def test_outside_simulation_the_ledger_persists_without_a_ledger_dir(isolated_home: Path) -> None:
@@ -160,12 +176,12 @@ def test_outside_simulation_the_ledger_persists_without_a_ledger_dir(isolated_ho
     mechanism = RandomizedResponseMechanism(1.0, 1.0)
     sizes = []
     for _ in range(2):  # two runs, no ledger-dir: the default folder under ~ remembers
-        context = _context({"ldp-user-budget": 2.0}, node_id=11)
+        context = _context({"user-epsilon-budget": 2.0}, node_id=11)
         reply = handler(_audit(mechanism, budget=mechanism.epsilon, node_id=11), context)
         sizes.append(reply.content.array_records["reports"]["groups"].numpy().size)
-        assert "ldp-ledger" not in context.state.array_records
+        assert "privacy-ledger" not in context.state.config_records
     assert sizes == [5, 0]
-    assert (isolated_home / ".fedparity" / "ledgers" / "ldp-ledger.npz").is_file()
+    assert (isolated_home / ".fedparity" / "ledgers" / "user-ledger.json").is_file()
 
 
 def test_a_user_with_an_undefined_metric_reports_like_everyone_else(tmp_path: Path) -> None:
@@ -313,11 +329,11 @@ def expected_reply(node: FPFLNodeSettings, population: int, std: float) -> np.nd
     )
 
 
-def test_a_claimed_population_is_bounded_by_the_policy() -> None:
+def test_a_claimed_population_is_bounded_by_the_policy(tmp_path: Path) -> None:
     # The attack: K = 10^12 makes q = m / K and sigma tiny. The node uses min(K, max-population).
     node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
     handlers = fpfl_handlers(make_model, node_users, node)
-    context = _context({**OBSERVABLE, "max-population": 1000})
+    context = _context({**OBSERVABLE, "max-population": 1000, "ledger-dir": str(tmp_path)})
     reply = handlers["fpfl_round"](round_message(10**12, [3, 4, 5]), context)
     sent = reply.content.array_records[FPFL_KEY]["sum"].numpy()
     bounded = node.noise_share_std(1000, 3)
@@ -333,12 +349,14 @@ def test_a_claimed_node_count_beyond_the_policy_is_refused() -> None:
         handlers["fpfl_round"](round_message(5000, list(range(3, 1003))), context)
 
 
-def test_a_node_releases_no_more_rounds_than_its_noise_was_calibrated_for() -> None:
+def test_a_node_releases_no_more_rounds_than_its_noise_was_calibrated_for(
+    tmp_path: Path,
+) -> None:
     # The attack: sigma is calibrated for T rounds, and the server simply asks for more (or
     # replays a round number): every extra noisy sum spends epsilon beyond the target.
     node = settings(rounds=3, masking=False)
     handlers = fpfl_handlers(make_model, node_users, node)
-    context = _context({"require-masking": False})
+    context = _context({"require-masking": False, "ledger-dir": str(tmp_path)})
     for round_number in (1, 2, 2):  # a replayed round counts too
         reply = handlers["fpfl_round"](round_message(5000, [3, 4, 5], round_number), context)
         assert "sum" in reply.content.array_records[FPFL_KEY]
@@ -346,10 +364,10 @@ def test_a_node_releases_no_more_rounds_than_its_noise_was_calibrated_for() -> N
         handlers["fpfl_round"](round_message(5000, [3, 4, 5], 4), context)
 
 
-def test_the_noise_share_is_sized_for_the_tolerated_colluders() -> None:
+def test_the_noise_share_is_sized_for_the_tolerated_colluders(tmp_path: Path) -> None:
     node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
     handlers = fpfl_handlers(make_model, node_users, node)
-    context = _context({**OBSERVABLE, "tolerated-colluders": 1})
+    context = _context({**OBSERVABLE, "tolerated-colluders": 1, "ledger-dir": str(tmp_path)})
     reply = handlers["fpfl_round"](round_message(5000, [3, 4, 5, 6]), context)
     sigma = node.noise_multiplier(5000)
     std = noise_share_std(CLIP, sigma, 4 - 1)  # n_min - t honest shares carry C^2 sigma^2

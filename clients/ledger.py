@@ -1,0 +1,165 @@
+"""The node's per-user privacy ledger, shared by its LDP audit and FPFL handlers.
+
+One :class:`~fedparity.mechanisms.privacy_ledger.UserLedger` per node holds every DP release
+each of the node's users took part in (LDP gap reports, FPFL trainings) and composes them
+with the PLD accountant (basic composition beside it), under replace-one-user. Each user's
+budget and delta come from the node's own policy (``user-epsilon-budget`` at ``user-delta``,
+:mod:`fedparity.clients.policy`), never from the server; the ledger keeps the smallest ever
+asked, so a later policy only lowers them.
+
+Where it lives: a file in the node's ledger folder (node config ``ledger-dir``; outside
+Flower's simulation engine ``~/.fedparity/ledgers`` by default), or, for a simulated node
+without a ledger folder, the node's run state (it lasts as long as the run). A file that is
+lost, damaged or foreign stops the node's releases until its operator restores it
+(:class:`~fedparity.mechanisms.accounting.LedgerFileError`).
+
+A basic-composition LDP ledger of older fedparity versions (``ShardLedger``'s ``.npz``) found
+where the new ledger is expected is migrated once: each user's spent epsilon becomes one pure
+``ApproximateDPRelease(epsilon=spent, delta=0)`` of that user, the old file is kept as
+``<name>.migrated``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zipfile
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context
+from flwr.common import log
+
+from ..mechanisms.accounting import ShardLedger, ledger_marker
+from ..mechanisms.privacy_ledger import UserLedger
+from ..mechanisms.protocol import (
+    EPSILON_SPENT_BASIC_DELTA_KEY,
+    EPSILON_SPENT_BASIC_KEY,
+    EPSILON_SPENT_DELTA_KEY,
+    EPSILON_SPENT_KEY,
+)
+from .policy import NodePrivacyPolicy, in_flower_simulation
+
+__all__ = [
+    "DEFAULT_LEDGER_DIR",
+    "DEFAULT_LEDGER_NAME",
+    "LEDGER_DIR_NODE_KEY",
+    "LEDGER_STATE_KEY",
+    "MIGRATED_SUFFIX",
+    "default_ledger_path",
+    "ledger_totals",
+    "legacy_ledger_paths",
+    "node_ledger_dir",
+    "open_node_ledger",
+    "save_node_ledger",
+]
+
+#: Node run-state record of the ledger when no ledger file is configured (simulation).
+LEDGER_STATE_KEY = "privacy-ledger"
+#: Node config key of the folder of a persistent ledger (set by whoever starts the SuperNode).
+LEDGER_DIR_NODE_KEY = "ledger-dir"
+#: The ledger folder of a node outside simulation whose node config names none.
+DEFAULT_LEDGER_DIR = Path("~/.fedparity/ledgers")
+#: The ledger file in the node's ledger folder.
+DEFAULT_LEDGER_NAME = "user-ledger.json"
+#: The file name the LDP ledger of older versions had in the same folder.
+LEGACY_LEDGER_NAME = "ldp-ledger.npz"
+#: What a migrated basic-composition ledger is renamed to (``<name>.migrated``).
+MIGRATED_SUFFIX = ".migrated"
+
+
+def node_ledger_dir(context: Context) -> Path | None:
+    """The node's ledger folder: node config ``ledger-dir``; else, outside Flower's simulation
+    engine, :data:`DEFAULT_LEDGER_DIR` (a real node's ledger always persists); else None (a
+    simulated node keeps its ledger in its run state)."""
+    folder = context.node_config.get(LEDGER_DIR_NODE_KEY)
+    if folder:
+        return Path(os.fspath(str(folder))).expanduser()
+    return None if in_flower_simulation() else DEFAULT_LEDGER_DIR.expanduser()
+
+
+def default_ledger_path(context: Context) -> Path | None:
+    """:data:`DEFAULT_LEDGER_NAME` in :func:`node_ledger_dir` (None: the node's run state)."""
+    folder = node_ledger_dir(context)
+    return folder / DEFAULT_LEDGER_NAME if folder is not None else None
+
+
+def legacy_ledger_paths(path: Path) -> list[Path]:
+    """Where a basic-composition ledger of an older version may be for the ledger ``path``:
+    ``path`` itself (a custom path that still names the ``.npz``), the same name with
+    ``.npz``, and ``ldp-ledger.npz`` beside the default ledger."""
+    candidates = [path, path.with_suffix(".npz")]
+    if path.name == DEFAULT_LEDGER_NAME:
+        candidates.append(path.with_name(LEGACY_LEDGER_NAME))
+    return list(dict.fromkeys(candidates))
+
+
+def _migrate(legacy: Path, path: Path, budget: float, delta: float, num_users: int) -> UserLedger:
+    """The ledger of the basic-composition ledger ``legacy``, saved at ``path``; ``legacy``
+    is kept as ``<name>.migrated``."""
+    shard = ShardLedger.load(legacy, num_users)
+    ledger = UserLedger.from_spent(
+        shard.spent,
+        min(shard.budget, budget),
+        delta,
+        job="ldp_audit",
+        label=f"migrated from the basic-composition ledger {legacy.name}",
+    )
+    kept = legacy.with_name(legacy.name + MIGRATED_SUFFIX)
+    os.replace(legacy, kept)  # before the save: a crash in between is the lost-file error
+    ledger.save(path)
+    log(
+        logging.WARNING,
+        "privacy ledger: migrated %s (basic composition) to %s; the old file is kept as %s",
+        legacy,
+        path,
+        kept,
+    )
+    return ledger
+
+
+def open_node_ledger(
+    context: Context, path: Path | None, policy: NodePrivacyPolicy, num_users: int
+) -> UserLedger:
+    """The node's ledger of ``num_users`` users: the file ``path`` (migrating a
+    basic-composition ledger found there), or the run state when ``path`` is None; a new one
+    at the policy's ``user-epsilon-budget`` and ``user-delta``. A stored ledger keeps the
+    smaller budget and delta. :class:`LedgerFileError` when it cannot be used."""
+    budget, delta = policy.user_epsilon_budget, policy.user_delta
+    if path is None:
+        record = context.state.config_records.get(LEDGER_STATE_KEY)
+        if record is None:
+            return UserLedger(budget, delta, num_users)
+        ledger = UserLedger.from_json(
+            str(record["json"]), num_users, source="in this node's run state"
+        )
+        ledger.budget, ledger.delta = min(ledger.budget, budget), min(ledger.delta, delta)
+        return ledger
+    for legacy in legacy_ledger_paths(path):
+        if legacy == path:
+            found = path.is_file() and zipfile.is_zipfile(path)  # the old format at this path
+        else:  # beside it, before any new ledger was saved (a damaged one is an error)
+            found = legacy.is_file() and not path.exists() and not ledger_marker(path).exists()
+        if found:
+            return _migrate(legacy, path, budget, delta, num_users)
+    return UserLedger.load_or_create(path, budget, delta, num_users)
+
+
+def save_node_ledger(context: Context, path: Path | None, ledger: UserLedger) -> None:
+    """Persist ``ledger`` (atomically to ``path``, or to the run state when None)."""
+    if path is not None:
+        ledger.save(path)
+    else:
+        context.state.config_records[LEDGER_STATE_KEY] = ConfigRecord({"json": ledger.to_json()})
+
+
+def ledger_totals(ledger: UserLedger) -> dict[str, float]:
+    """What a node tells the server about its ledger (public-release arithmetic only): the
+    largest user total (epsilon at the users' delta), basic composition's epsilon and delta
+    for the same user. Sent only by nodes with at least ``min-users-for-counts`` users."""
+    summary = ledger.summary()
+    return {
+        EPSILON_SPENT_KEY: float(summary["max_epsilon"]),
+        EPSILON_SPENT_DELTA_KEY: float(summary["delta"]),
+        EPSILON_SPENT_BASIC_KEY: float(summary["max_epsilon_basic"]),
+        EPSILON_SPENT_BASIC_DELTA_KEY: float(summary["max_delta_basic"]),
+    }
