@@ -20,9 +20,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from flwr.app import Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -43,6 +45,7 @@ from .orchestration import (
     train_global_model,
     training_report,
 )
+from .progress import Progress
 from .report import (
     PLOT_NEEDS_MATPLOTLIB,
     fedevalfair_findings,
@@ -127,6 +130,25 @@ def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth)
     return max(differences) if differences else None
 
 
+#: Message exchanges of the encrypted protocol: round 1, the verifiers' endorsement, round 2,
+#: round 3 (the key holders).
+PROTOCOL_EXCHANGES = 4
+
+
+class _FedEvalFairWithProgress(FedEvalFairProtocol):
+    """:class:`FedEvalFairProtocol` that counts each message exchange on :attr:`progress`."""
+
+    progress: Progress | None = None
+
+    def _send(
+        self, grid: Grid, message_type: str, node_ids: Sequence[int], content: RecordDict
+    ) -> list[Message]:
+        replies = super()._send(grid, message_type, node_ids, content)
+        if self.progress is not None:
+            self.progress.advance()
+        return replies
+
+
 def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, run the encrypted two-stage test, report; returns the output directory."""
     record = record if record is not None else open_run_record(config)
@@ -144,7 +166,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
             "the secret one"
         )
     public = load_public_context(public_path)  # refuses a context holding a secret key
-    protocol = FedEvalFairProtocol(
+    protocol = _FedEvalFairWithProgress(
         public,
         alpha=config.fef_alpha,
         mu0=config.fef_mu0,
@@ -172,7 +194,14 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         kind="fedevalfair",
         holders=len(node_ids),
     )
-    outcome = protocol.start(grid, arrays, node_ids)
+    protocol.progress = Progress(
+        "fedevalfair protocol",
+        PROTOCOL_EXCHANGES,
+        units="exchanges",
+        log=lambda line: log(logging.INFO, "%s", line),
+    )
+    with protocol.progress:
+        outcome = protocol.start(grid, arrays, node_ids)
     truth = (
         fedevalfair_truth(config, arrays, nodes.partitions)
         if harness_applies(config, nodes)
