@@ -35,6 +35,15 @@ USERS = 20
 CLIP = 1.0
 SALT = b"fedparity-test-salt"
 POPULATION = 1000
+#: A small FPFL run config for a real simulation of a few nodes (fast, reproducible).
+SMALL_FPFL = {
+    "task": "fpfl",
+    "dataset": "synthetic",
+    "users-per-node": 100,
+    "fpfl-cohort-size": 60,
+    "fpfl-rounds": 2,
+    "fpfl-client-seed": 3,
+}
 
 
 def make_model() -> nn.Module:

@@ -45,6 +45,7 @@ from fedparity.server.run_record import (
     resolve_output_dir,
 )
 from fedparity.strategies.ldp_audit import LdpGapAudit
+from tests.fpfl_nodes import SMALL_FPFL
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -225,15 +226,6 @@ def test_a_failed_ldp_run_says_what_it_released(
 
 
 # --- FPFL with no room for a dropout -------------------------------------------------------
-
-SMALL_FPFL = {
-    "task": "fpfl",
-    "dataset": "synthetic",
-    "users-per-node": 100,
-    "fpfl-cohort-size": 60,
-    "fpfl-rounds": 2,
-    "fpfl-client-seed": 3,
-}
 
 
 @pytest.mark.slow

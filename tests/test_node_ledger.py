@@ -36,7 +36,7 @@ from fedparity.mechanisms.protocol import (
 )
 from fedparity.server.api import run_simulation_job
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import CLIP, POPULATION, USERS, MaskingNodes
+from tests.fpfl_nodes import CLIP, POPULATION, SMALL_FPFL, USERS, MaskingNodes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -102,6 +102,17 @@ def train_then_audit(
     handler = ldp_audit_handler(node_users, num_groups=2, policy=policy)
     audit_replies = [handler(audit_message(), nodes.contexts[3]) for _ in range(AUDITS)]
     return round_reply, audit_replies, nodes, policy
+
+
+def _ledger_context(ledger_dir: Path) -> Context:
+    """A node's context whose node config keeps its ledger in ``ledger_dir``."""
+    return Context(
+        run_id=1,
+        node_id=3,
+        node_config={"ledger-dir": str(ledger_dir)},
+        state=RecordDict(),
+        run_config={},
+    )
 
 
 def test_a_node_that_trained_and_audits_is_charged_both_and_pld_allows_what_basic_refuses(
@@ -187,13 +198,7 @@ def test_a_basic_composition_ledger_is_migrated_once_and_kept(tmp_path: Path) ->
     ShardLedger(4.0, USERS, spent).save(old)
     policy = NodePrivacyPolicy(user_epsilon_budget=10.0, user_delta=USER_DELTA)
     handler = ldp_audit_handler(node_users, num_groups=2, policy=policy)
-    context = Context(
-        run_id=1,
-        node_id=3,
-        node_config={"ledger-dir": str(tmp_path)},
-        state=RecordDict(),
-        run_config={},
-    )
+    context = _ledger_context(tmp_path)
     reply = handler(audit_message(), context)
 
     assert not old.exists() and (tmp_path / ("ldp-ledger.npz" + MIGRATED_SUFFIX)).is_file()
@@ -227,28 +232,13 @@ def test_a_basic_composition_ledger_is_migrated_once_and_kept(tmp_path: Path) ->
 def test_a_damaged_old_ledger_is_not_silently_replaced(tmp_path: Path) -> None:
     (tmp_path / "ldp-ledger.npz").write_bytes(b"PK\x03\x04 truncated")
     handler = ldp_audit_handler(node_users, num_groups=2, policy=NodePrivacyPolicy())
-    context = Context(
-        run_id=1,
-        node_id=3,
-        node_config={"ledger-dir": str(tmp_path)},
-        state=RecordDict(),
-        run_config={},
-    )
+    context = _ledger_context(tmp_path)
     with pytest.raises(NodeRefusal, match="privacy ledger is lost or damaged"):
         handler(audit_message(), context)
     assert not (tmp_path / "user-ledger.json").exists()
 
 
 # --- results.json of the jobs (real Flower simulation) --------------------------------------
-
-SMALL_FPFL = {
-    "task": "fpfl",
-    "dataset": "synthetic",
-    "users-per-node": 100,
-    "fpfl-cohort-size": 60,
-    "fpfl-rounds": 2,
-    "fpfl-client-seed": 3,
-}
 
 
 @pytest.mark.slow
