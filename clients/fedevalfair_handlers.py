@@ -39,7 +39,7 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +59,7 @@ from ..mechanisms.ckks import (
     flood_key,
     from_array,
     load_secret_context,
+    session_id,
     signed_from_arrays,
     sum_ciphertexts,
     to_array,
@@ -89,7 +90,7 @@ from .fedevalfair import (
     rows_statistics,
 )
 from .identity import NodeIdentity, node_identity
-from .messages import fixed_error_texts
+from .messages import fixed_error_texts, session_label, session_state_key
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
@@ -196,12 +197,21 @@ def holder_identity(
         raise HolderIdentityRefusal(FEF_IDENTITY_REFUSAL) from None
 
 
-def _take_step(context: Context, step: str) -> None:
-    """Refuse a step (a round's signature, a release) this node already took in this run."""
-    record = context.state.config_records.get(FEF_STEPS_KEY)
+def _session(msg: Message, context: Context, sessions: Collection[str]) -> tuple[str, int]:
+    """The message's session (refused unless the node's run config defines it) and the id its
+    signatures bind (:func:`~fedparity.mechanisms.ckks.session_id`)."""
+    label = session_label(msg, sessions)
+    return label, session_id(context.run_id, label)
+
+
+def _take_step(context: Context, step: str, session: str = "") -> None:
+    """Refuse a step (a round's signature, a release) this node already took in this run's
+    ``session``."""
+    steps_key = session_state_key(FEF_STEPS_KEY, session)
+    record = context.state.config_records.get(steps_key)
     if record is None:
         record = ConfigRecord()
-        context.state.config_records[FEF_STEPS_KEY] = record
+        context.state.config_records[steps_key] = record
     if step in record:
         raise PolicyRefusal(
             "a holder signs one ciphertext per round and releases at most once per run"
@@ -248,18 +258,21 @@ def round1_reply(
     mu0: float,
     tolerance: float | None,
     identity: Callable[[Context], NodeIdentity] | None = None,
+    sessions: Collection[str] = ("",),
 ) -> Message:
     """Keep ``statistics`` in the node's state for round 2 and reply with the round-1
     ciphertext (one CKKS vector) signed with the node's identity key for this run and round 1
-    (refused if the node has no identity, or already signed a round-1 ciphertext this run)."""
+    (refused if the node has no identity, or already signed a round-1 ciphertext this run).
+    ``sessions``: the tests the node's run config defines (:func:`fedevalfair_handlers`)."""
     key, _ = holder_identity(context, identity)
-    _take_step(context, "round1")
-    context.state.array_records[FEF_STATE_KEY] = ArrayRecord(
+    session, run_id = _session(msg, context, sessions)
+    _take_step(context, "round1", session)
+    context.state.array_records[session_state_key(FEF_STATE_KEY, session)] = ArrayRecord(
         {"summaries": Array(statistics.to_array())}
     )
     vector = round1_vector(statistics, mu0=mu0, tolerance=tolerance)
     payload = encrypt_vector(secret, vector)
-    return _signed_reply(msg, payload, key, run_id=context.run_id, round_number=1)
+    return _signed_reply(msg, payload, key, run_id=run_id, round_number=1)
 
 
 def _release_reference(round1_sum: np.ndarray) -> np.ndarray:
@@ -287,6 +300,7 @@ def fedevalfair_handlers(
     bootstrap_rng: Callable[[Context], np.random.Generator] | None = None,
     policy: NodePrivacyPolicy | None = None,
     identity: Callable[[Context], NodeIdentity] | None = None,
+    sessions: Collection[str] = ("",),
 ) -> dict[str, Handler]:
     """The four FedEvalFair handlers, keyed by the action to register with ``app.query``
     (``fef_round1``, ``fef_endorse``, ``fef_round2``, ``fef_round3``).
@@ -316,6 +330,12 @@ def fedevalfair_handlers(
         ``identity(context) -> NodeIdentity``: the holder's identity key and roster. Default
         :func:`fedparity.clients.identity.node_identity` of the node config (keys
         ``identity-key`` and ``roster``) or ``FEDPARITY_IDENTITY_DIR``.
+    sessions : collection of str, optional
+        The tests this node's run defines (``("",)``: one). A run that tests more than one
+        model (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own
+        steps, and its signatures bind the session
+        (:func:`~fedparity.mechanisms.ckks.session_id`), so one test's ciphertexts are never
+        accepted in another.
     """
     if isinstance(num_resamples, bool) or not isinstance(num_resamples, int) or num_resamples < 2:
         raise ValueError(f"num_resamples must be an integer >= 2, got {num_resamples!r}")
@@ -364,18 +384,26 @@ def fedevalfair_handlers(
             log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
             raise CannotTakePart from None
         return round1_reply(
-            msg, context, statistics, key, mu0=mu0, tolerance=tolerance, identity=identity
+            msg,
+            context,
+            statistics,
+            key,
+            mu0=mu0,
+            tolerance=tolerance,
+            identity=identity,
+            sessions=sessions,
         )
 
     def endorse(msg: Message, context: Context) -> Message:
         """Verifier: recompute the round-1 sum from the signed ciphertexts and endorse it
         (nothing is decrypted)."""
         key, roster = holder_identity(context, identity)
+        _, run_id = _session(msg, context, sessions)
         entries = signed_from_arrays(_arrays(msg.content.array_records[FEF_KEY]))
         contributors = verify_contributions(
             entries,
             roster,
-            run_id=context.run_id,
+            run_id=run_id,
             round_number=1,
             min_holders=min_holders(context),
         )
@@ -384,7 +412,7 @@ def fedevalfair_handlers(
             secret(context), [entry.payload for entry in ordered], expected_size=ROUND1_SIZE
         )
         signature = key.sign(
-            endorsement_transcript(context.run_id, 1, hashlib.sha256(total).digest(), contributors)
+            endorsement_transcript(run_id, 1, hashlib.sha256(total).digest(), contributors)
         )
         record = ArrayRecord(
             {
@@ -399,6 +427,8 @@ def fedevalfair_handlers(
         """Decrypt the endorsed round-1 sum, add this holder's stage-1 terms; one signed
         ciphertext back."""
         own, roster = holder_identity(context, identity)
+        session, run_id = _session(msg, context, sessions)
+        state_key = session_state_key(FEF_STATE_KEY, session)
         record = msg.content.array_records[FEF_KEY]
         total = from_array(record["round1-sum"].numpy())
         endorsers = _keys_or_none(record["endorsers"].numpy())
@@ -410,25 +440,25 @@ def fedevalfair_handlers(
             unpack_keys(record["contributors"].numpy()),
             list(zip(endorsers, signatures, strict=True)),
             roster,
-            run_id=context.run_id,
+            run_id=run_id,
             round_number=1,
             min_holders=min_holders(context),
             own_key=own.public_bytes(),
         )
-        if FEF_STATE_KEY not in context.state.array_records:
+        if state_key not in context.state.array_records:
             raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
-        _take_step(context, "round2")
+        _take_step(context, "round2", session)
         key = secret(context)
         round1_sum = open_sum(key, total, ROUND1_SIZE, len(contributors))
         statistics = ClientStatistics.from_array(
-            context.state.array_records[FEF_STATE_KEY]["summaries"].numpy()
+            context.state.array_records[state_key]["summaries"].numpy()
         )
         vector = round2_payload(statistics, round1_sum, mu0=mu0, tolerance=tolerance)
         return _signed_reply(
             msg,
             encrypt_vector(key, vector),
             own,
-            run_id=context.run_id,
+            run_id=run_id,
             round_number=2,
             reference=contributors_digest(contributors),
         )
@@ -441,7 +471,7 @@ def fedevalfair_handlers(
         first = signed_from_arrays(arrays, "round1-")
         second = signed_from_arrays(arrays, "round2-")
         minimum = min_holders(context)
-        run_id = context.run_id
+        session, run_id = _session(msg, context, sessions)
         round1_keys = verify_contributions(
             first, roster, run_id=run_id, round_number=1, min_holders=minimum
         )
@@ -455,7 +485,7 @@ def fedevalfair_handlers(
         )
         if not set(round2_keys) <= set(round1_keys):
             raise UnverifiedSumError("a round-2 contributor did not contribute to round 1")
-        _take_step(context, "release")
+        _take_step(context, "release", session)
         key = secret(context)
         sums = []
         for entries, size in ((first, ROUND1_SIZE), (second, ROUND2_SIZE)):

@@ -61,7 +61,7 @@ Against a server that reads late replies, replays and edits messages (each rule 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +101,8 @@ from .messages import (
     fixed_error_texts,
     int_field,
     int_list_field,
+    session_label,
+    session_state_key,
 )
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
@@ -133,16 +135,16 @@ FPFL_LEDGER_UNUSABLE = (
 Handler = Callable[[Message, Context], Message]
 
 
-def _state(context: Context) -> ConfigRecord:
-    state = context.state.config_records.get(FPFL_STATE_KEY)
+def _state(context: Context, session: str) -> ConfigRecord:
+    state = context.state.config_records.get(session_state_key(FPFL_STATE_KEY, session))
     if state is None:
         raise NodeRefusal("fpfl: no masking key for this run (the setup message was not received)")
     return state
 
 
-def _pinned_secrets(context: Context) -> dict[int, bytes]:
+def _pinned_secrets(context: Context, session: str) -> dict[int, bytes]:
     """The pair secrets of the key table pinned at setup (``fpfl_keys``)."""
-    state = _state(context)
+    state = _state(context, session)
     if not state.get("pinned", False):
         raise NodeRefusal(
             "fpfl: no pinned key table for this run (the keys message was not received)"
@@ -161,6 +163,7 @@ def fpfl_handlers(
     policy: NodePrivacyPolicy | None = None,
     identity: Callable[[Context], NodeIdentity] | None = None,
     ledger_path: Callable[[Context], Path | None] = default_ledger_path,
+    sessions: Collection[str] = ("",),
 ) -> dict[str, Handler]:
     """The four FPFL handlers (``fpfl_setup``, ``fpfl_keys``, ``fpfl_round``,
     ``fpfl_reveal``), keyed by the action to register with ``app.query``.
@@ -187,6 +190,10 @@ def fpfl_handlers(
         state, which needs the policy's ``allow-ephemeral-ledger``); default
         :func:`~fedparity.clients.ledger.default_ledger_path`. Give the node's LDP audit
         handler the same, so that both charge one ledger.
+    sessions : collection of str, optional
+        The trainings this node's run defines (``("",)``: one). A run that trains more than
+        once (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own keys,
+        rounds and replay state, and is charged to the users' ledger in full.
     """
     if not isinstance(settings, FPFLNodeSettings):
         raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
@@ -216,15 +223,17 @@ def fpfl_handlers(
         """Generate this run's masking key pair (kept in the node state); reply with the
         public key only, signed with the node's identity key when it has one."""
         limits(context)
+        session = session_label(msg, sessions)
         salt = bytes_field(msg.content.config_records.get(FPFL_KEY, {}), "run-salt")
         if len(salt) < 16:
             raise MessageError("message field 'run-salt' must hold at least 16 bytes")
-        if FPFL_STATE_KEY in context.state.config_records:
+        state_key = session_state_key(FPFL_STATE_KEY, session)
+        if state_key in context.state.config_records:
             raise NodeRefusal(
                 "fpfl: this run's masking key was made already; refusing a second setup"
             )
         keys = MaskingKeyPair.generate()
-        context.state.config_records[FPFL_STATE_KEY] = ConfigRecord(
+        context.state.config_records[state_key] = ConfigRecord(
             {"run-salt": salt, "private-key": keys.private_bytes()}
         )
         reply = {"public-key": keys.public_bytes()}
@@ -239,7 +248,7 @@ def fpfl_handlers(
         masks with for the rest of the run."""
         node_limits = limits(context)
         record = msg.content.config_records.get(FPFL_KEY, {})
-        state = _state(context)
+        state = _state(context, session_label(msg, sessions))
         salt = bytes_field(record, "run-salt")
         if bytes(state["run-salt"]) != salt:  # type: ignore[arg-type]
             raise NodeRefusal("fpfl: the key table is for another run")
@@ -300,6 +309,7 @@ def fpfl_handlers(
         sigma: float,
         sample_rate: float,
         population_size: int,
+        session: str,
     ) -> dict[str, float]:
         """Check and charge the whole training to every user of the node, saved before any
         release; the ledger's totals for the replies. Refuses (fixed sentences) when a user
@@ -315,7 +325,8 @@ def fpfl_handlers(
             steps=settings.rounds,
             delta=settings.delta if settings.delta is not None else 1.0 / population_size,
             job="fpfl",
-            label=f"FPFL training, {settings.rounds} rounds, constraint {settings.constraint}",
+            label=f"FPFL training{f' {session!r}' if session else ''}, {settings.rounds} rounds, "
+            f"constraint {settings.constraint}",
         )
         try:
             ledger = open_node_ledger(context, path, node_limits, shard.num_users)
@@ -336,6 +347,8 @@ def fpfl_handlers(
         reply with the sum double-masked and the sealed shares of its self-mask (or in the
         clear without masking)."""
         node_limits = limits(context)
+        session = session_label(msg, sessions)
+        rounds_key = session_state_key(ROUNDS_STATE_KEY, session)
         settings_record = msg.content.config_records.get("config", {})
         weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
         if weights.ndim != 1 or weights.dtype.kind != "f" or not np.isfinite(weights).all():
@@ -357,10 +370,10 @@ def fpfl_handlers(
             node_limits.check_nodes(num_nodes)
         secrets: dict[int, bytes] = {}
         if settings.masking:
-            secrets = _pinned_secrets(context)
+            secrets = _pinned_secrets(context, session)
             if not set(members) - {own_id} <= set(secrets):
                 raise NodeRefusal("fpfl: the round lists a node whose key was not pinned at setup")
-            state = _state(context)
+            state = _state(context, session)
             if round_number <= int(state.get("last-round", -1)):  # type: ignore[arg-type]
                 raise NodeRefusal("fpfl: this round number was masked already; refusing a replay")
         shard = node_users(context)
@@ -379,20 +392,20 @@ def fpfl_handlers(
         if settings.epsilon is not None:
             # sigma is calibrated for T rounds: a server asking for more would spend more than
             # epsilon. Counted (in this run's node state) before anything is released.
-            rounds_state = context.state.config_records.get(ROUNDS_STATE_KEY, ConfigRecord())
+            rounds_state = context.state.config_records.get(rounds_key, ConfigRecord())
             answered = int(rounds_state.get("answered", 0))  # type: ignore[arg-type]
             if answered >= settings.rounds:
                 raise PolicyRefusal("the training's rounds are all spent")
             if answered == 0:  # the run's first noisy round: the whole training, up front
                 totals = charge_training(
-                    context, node_limits, shard, sigma, sample_rate, population_size
+                    context, node_limits, shard, sigma, sample_rate, population_size, session
                 )
                 rounds_state = ConfigRecord(totals)  # type: ignore[arg-type]
             rounds_state["answered"] = answered + 1
-            context.state.config_records[ROUNDS_STATE_KEY] = rounds_state
+            context.state.config_records[rounds_key] = rounds_state
         totals = {
             key: float(value)  # type: ignore[arg-type]
-            for key, value in context.state.config_records.get(ROUNDS_STATE_KEY, {}).items()
+            for key, value in context.state.config_records.get(rounds_key, {}).items()
             if key != "answered"
         }
         extra = {METRICS_KEY: MetricRecord(totals)} if totals else {}
@@ -442,7 +455,7 @@ def fpfl_handlers(
         masked = mask_vector(
             encoded, own_id, secrets, round_number, cohort=members, self_seed=self_seed
         )
-        state = _state(context)
+        state = _state(context, session)
         state["last-round"] = round_number
         state["last-members"] = sorted(members)
         state["own-share"] = shares[own_id]
@@ -469,8 +482,9 @@ def fpfl_handlers(
         senders = int_list_field(record, "share-senders")
         sealed = bytes_list_field(record, "shares")
         node_limits = limits(context)
-        secrets = _pinned_secrets(context)
-        state = _state(context)
+        session = session_label(msg, sessions)
+        secrets = _pinned_secrets(context, session)
+        state = _state(context, session)
         own_id = int(context.node_id)
         if int(state.get("last-round", -1)) != round_number or state.get("unmasked", True):  # type: ignore[arg-type]
             raise NodeRefusal(

@@ -14,10 +14,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
+from flwr.app import Message
 from flwr.common import log
+
+from ..mechanisms.protocol import SESSION_KEY
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",
@@ -29,6 +32,8 @@ __all__ = [
     "float_field",
     "int_field",
     "int_list_field",
+    "session_label",
+    "session_state_key",
     "str_field",
 ]
 
@@ -131,3 +136,19 @@ def bytes_list_field(record: Mapping[str, Any], key: str) -> list[bytes]:
     if not isinstance(values, list) or not all(isinstance(value, bytes) for value in values):
         raise MessageError(f"message field {key!r} must be a list of byte strings")
     return list(values)
+
+
+def session_label(msg: Message, allowed: Collection[str]) -> str:
+    """The session a protocol message belongs to (record ``SESSION_KEY``, field ``label``;
+    absent: ``""``, the run's only session), refused unless the node's own run config defines
+    it (``allowed``): the server cannot open sessions, and so trainings or tests, of its own."""
+    record = msg.content.config_records.get(SESSION_KEY)
+    label = "" if record is None else str_field(record, "label")
+    if label not in allowed:
+        raise NodeRefusal("this node's run config does not define the message's session")
+    return label
+
+
+def session_state_key(key: str, session: str) -> str:
+    """The node-state record ``key`` of ``session`` (``key`` itself for the only session)."""
+    return key if not session else f"{key}/{session}"

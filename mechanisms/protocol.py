@@ -31,6 +31,7 @@ __all__ = [
     "GROUPS_KEY",
     "METRICS_KEY",
     "RELEASE_SIZE",
+    "SESSION_KEY",
     "RELEASE_WIDTH",
     "REPORTS_KEY",
     "ROUND1_SIZE",
@@ -41,6 +42,14 @@ __all__ = [
     "USER_COUNT_KEYS",
     "VALUES_KEY",
 ]
+
+# -- sessions --------------------------------------------------------------------------------
+
+#: Config record naming the session of a protocol message: a run that runs FPFL training or
+#: the FedEvalFair test more than once (the pipeline: once per model) labels each execution,
+#: and a node keeps each session's state apart and accepts only the labels its own run config
+#: defines. Absent: the run's only session (label "").
+SESSION_KEY = "fedparity-session"
 
 # -- LDP gap audit ---------------------------------------------------------------------------
 

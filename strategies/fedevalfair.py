@@ -55,6 +55,7 @@ from ..mechanisms.ckks import (
     endorsement_transcript,
     from_array,
     pack_keys,
+    session_id,
     signed_arrays,
     to_array,
 )
@@ -72,7 +73,7 @@ from ..mechanisms.protocol import (
     ROUND2_SIZE,
     UNABLE_MARKER,
 )
-from .replies import RejectedReply, send_and_receive, short_reason
+from .replies import RejectedReply, send_and_receive, session_records, short_reason
 
 #: Relative tolerance within which the key holders' releases must agree.
 AGREEMENT_TOLERANCE = 1e-6
@@ -162,6 +163,10 @@ class FedEvalFairProtocol:
         that node's statistic).
     timeout : float
         Seconds to wait for the replies of one round.
+    session : str, optional
+        The label of this test when a run tests more than one model (the pipeline: ``"fpfl"``
+        and ``"pfl"``): every message names it and every signature binds it
+        (:func:`~fedparity.mechanisms.ckks.session_id`). ``""``: the run's only test.
     """
 
     def __init__(
@@ -174,6 +179,7 @@ class FedEvalFairProtocol:
         key_holders: int = 2,
         min_clients: int = 2,
         timeout: float = 600.0,
+        session: str = "",
     ) -> None:
         if context_has_secret_key(public_context):
             raise ValueError(
@@ -193,12 +199,15 @@ class FedEvalFairProtocol:
         self.key_holders = int(key_holders)
         self.min_clients = int(min_clients)
         self.timeout = float(timeout)
+        self.session = str(session)
 
     # --- rounds ---------------------------------------------------------------------------
 
     def _send(
         self, grid: Grid, message_type: str, node_ids: Sequence[int], content: RecordDict
     ) -> list[Message]:
+        for name, record in session_records(self.session).items():
+            content[name] = record
         messages = [
             Message(content=content, dst_node_id=node, message_type=message_type)
             for node in node_ids
@@ -467,7 +476,7 @@ class FedEvalFairProtocol:
 
     def start(self, grid: Grid, arrays: ArrayRecord, node_ids: Sequence[int]) -> FedEvalFairOutcome:
         """Run the rounds on ``node_ids``; never raises on bad or missing replies."""
-        run_id = int(grid.run.run_id)
+        run_id = session_id(int(grid.run.run_id), self.session)
         participants: list[tuple[int, ...]] = []
         dropped: list[tuple[int, ...]] = []
         rejected_all: list[tuple[int, RejectedReply]] = []

@@ -72,7 +72,7 @@ from ..mechanisms.secure_sum import (
     noise_share_std,
     unmask_sum,
 )
-from .replies import LedgerTotals, send_and_receive
+from .replies import LedgerTotals, send_and_receive, session_records
 
 __all__ = [
     "FPFLProtocol",
@@ -124,6 +124,10 @@ class FPFLProtocol:
         add up to the accounted noise.
     reply_timeout : float
         Seconds to wait for the nodes' replies to one message.
+    session : str, optional
+        The label of this training when a run trains more than once (the pipeline:
+        ``"fpfl"`` and ``"pfl"``); nodes keep each session's keys and rounds apart and accept
+        only the labels their run config defines. ``""``: the run's only training.
     """
 
     def __init__(
@@ -139,8 +143,10 @@ class FPFLProtocol:
         distributed_noise: bool,
         dropout_tolerance: float,
         reply_timeout: float,
+        session: str = "",
     ) -> None:
         self.grid = grid
+        self.session = session
         self.clipping_bound = clipping_bound
         self._masking = masking
         self.distributed_noise = distributed_noise
@@ -172,7 +178,12 @@ class FPFLProtocol:
             return
         messages = [
             Message(
-                content=RecordDict({FPFL_KEY: ConfigRecord({"run-salt": self.run_salt})}),
+                content=RecordDict(
+                    {
+                        FPFL_KEY: ConfigRecord({"run-salt": self.run_salt}),
+                        **session_records(self.session),
+                    }
+                ),
                 dst_node_id=node,
                 message_type=FPFL_SETUP_MESSAGE_TYPE,
             )
@@ -209,7 +220,9 @@ class FPFLProtocol:
             table["signatures"] = [identities[node][1] for node in self.members]
         messages = [
             Message(
-                content=RecordDict({FPFL_KEY: ConfigRecord(table)}),  # type: ignore[arg-type]
+                content=RecordDict(
+                    {FPFL_KEY: ConfigRecord(table), **session_records(self.session)}  # type: ignore[arg-type]
+                ),
                 dst_node_id=node,
                 message_type=FPFL_KEYS_MESSAGE_TYPE,
             )
@@ -290,7 +303,9 @@ class FPFLProtocol:
         settings = self.round_config(round_number)
         messages = [
             Message(
-                content=RecordDict({FPFL_KEY: arrays, "config": settings}),
+                content=RecordDict(
+                    {FPFL_KEY: arrays, "config": settings, **session_records(self.session)}
+                ),
                 dst_node_id=node,
                 message_type=FPFL_ROUND_MESSAGE_TYPE,
             )
@@ -443,7 +458,7 @@ class FPFLProtocol:
             )
             messages.append(
                 Message(
-                    content=RecordDict({FPFL_KEY: settings}),
+                    content=RecordDict({FPFL_KEY: settings, **session_records(self.session)}),
                     dst_node_id=node,
                     message_type=FPFL_REVEAL_MESSAGE_TYPE,
                 )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -23,6 +23,7 @@ from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_KEY,
     EPSILON_SPENT_DELTA_KEY,
     EPSILON_SPENT_KEY,
+    SESSION_KEY,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RejectedReply",
     "attribute_replies",
     "send_and_receive",
+    "session_records",
     "short_reason",
 ]
 
@@ -200,3 +202,9 @@ def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float) ->
         time.sleep(min(interval, remaining))
         interval = min(interval * POLL_GROWTH, POLL_MAX_INTERVAL)
     return attribute_replies(messages, replies)
+
+
+def session_records(session: str) -> dict[str, ConfigRecord]:
+    """The record naming ``session`` to add to each message of a protocol execution (none for
+    ``""``, the run's only session); nodes accept only the sessions their run config defines."""
+    return {SESSION_KEY: ConfigRecord({"label": session})} if session else {}

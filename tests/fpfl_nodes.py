@@ -24,7 +24,7 @@ from fedparity.clients.fpfl_node import cohort_contribution
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.policy import NodePrivacyPolicy
-from fedparity.mechanisms.protocol import FPFL_KEY
+from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.mechanisms.secure_sum import (
     combine_self_seed,
     contribution_codec,
@@ -97,10 +97,13 @@ class MaskingNodes:
         policy: NodePrivacyPolicy = EXACT_POLICY,
         identities: Mapping[int, NodeIdentity] | None = None,
         node_config: Mapping[int, dict] | None = None,
+        sessions: Sequence[str] = ("",),
     ) -> None:
         """Each node keeps its privacy ledger in its own folder (node config ``ledger-dir``,
-        default: a temporary folder removed with this object)."""
+        default: a temporary folder removed with this object). ``sessions``: the trainings
+        the nodes' run defines; every message names :attr:`session` (``""``: none)."""
         self.ids = sorted(node_ids)
+        self.session = ""
         self._ledgers = tempfile.TemporaryDirectory(prefix="fedparity-ledgers-")
         self.settings = settings
         self.identities = dict(identities or {})
@@ -112,6 +115,7 @@ class MaskingNodes:
             identity=lambda context: self.identities.get(
                 int(context.node_id), NodeIdentity(None, None)
             ),
+            sessions=sessions,
         )
         self.contexts = {
             node: Context(
@@ -132,6 +136,8 @@ class MaskingNodes:
     # -- messages ----------------------------------------------------------------------------
 
     def send(self, action: str, node: int, content: RecordDict) -> Message:
+        if self.session:
+            content[SESSION_KEY] = ConfigRecord({"label": self.session})
         message = Message(content, dst_node_id=node, message_type=f"query.{action}")
         return self.handlers[action](message, self.contexts[node])
 

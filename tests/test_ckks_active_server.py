@@ -23,6 +23,7 @@ from fedparity.clients import HolderRows, fedevalfair_handlers
 from fedparity.clients.fedevalfair import ClientStatistics, open_sum, round1_vector
 from fedparity.clients.fedevalfair_handlers import FEF_STATE_KEY
 from fedparity.clients.identity import NodeIdentity
+from fedparity.clients.messages import NodeRefusal, session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms.ckks import (
     KeyPaths,
@@ -47,6 +48,7 @@ from fedparity.mechanisms.protocol import (
     ROUND2_SIZE,
 )
 from fedparity.strategies.fedevalfair import FedEvalFairProtocol
+from fedparity.strategies.replies import session_records
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -60,7 +62,7 @@ class Federation:
     identities: dict[str, IdentityKey]
     roster: Roster
 
-    def handlers(self, name: str) -> dict:
+    def handlers(self, name: str, sessions: tuple[str, ...] = ("",)) -> dict:
         identity = NodeIdentity(self.identities[name], self.roster)
         return fedevalfair_handlers(
             rows_of,
@@ -69,6 +71,7 @@ class Federation:
             bootstrap_rng=lambda context: np.random.default_rng(context.node_id),
             policy=NodePrivacyPolicy(),  # min-holders 2
             identity=lambda context: identity,
+            sessions=sessions,
         )
 
 
@@ -101,7 +104,20 @@ def context(name: str, run_id: int = RUN_ID) -> Context:
     )
 
 
-def send(federation: Federation, name: str, node: Context, action: str, content: RecordDict):  # noqa: ANN201
+def send(  # noqa: ANN201
+    federation: Federation,
+    name: str,
+    node: Context,
+    action: str,
+    content: RecordDict,
+    session: str | None = None,
+):
+    """Deliver ``content`` to holder ``name``; with ``session``, as the pipeline's nodes (whose
+    run defines the sessions "fpfl" and "pfl") and labelled with it."""
+    sessions: tuple[str, ...] = ("",)
+    if session is not None:
+        sessions = ("fpfl", "pfl")  # the pipeline's two tests
+        content = RecordDict({**content, **session_records(session)})
     message_type = {
         "fef_round1": FEF_ROUND_MESSAGE_TYPES[0],
         "fef_endorse": FEF_ENDORSE_MESSAGE_TYPE,
@@ -109,7 +125,7 @@ def send(federation: Federation, name: str, node: Context, action: str, content:
         "fef_round3": FEF_ROUND_MESSAGE_TYPES[2],
     }[action]
     message = Message(content=content, dst_node_id=node.node_id, message_type=message_type)
-    return federation.handlers(name)[action](message, node)
+    return federation.handlers(name, sessions)[action](message, node)
 
 
 def signed(reply: Message) -> SignedCiphertext:
@@ -126,23 +142,32 @@ class Round1:
     contexts: dict[str, Context]
     entries: dict[str, SignedCiphertext]
     protocol: FedEvalFairProtocol
+    session: str | None = None
 
     def contribution(self, name: str) -> np.ndarray:
         """What holder ``name`` encrypted in round 1 (the test may look; the server may not)."""
-        state = self.contexts[name].state.array_records[FEF_STATE_KEY]
+        state = self.contexts[name].state.array_records[
+            session_state_key(FEF_STATE_KEY, self.session or "")
+        ]
         statistics = ClientStatistics.from_array(state["summaries"].numpy())
         return round1_vector(statistics, mu0=0.0, tolerance=None)
 
 
-def round1(federation: Federation, run_id: int = RUN_ID) -> Round1:
+def round1(
+    federation: Federation,
+    run_id: int = RUN_ID,
+    *,
+    session: str | None = None,
+    contexts: dict[str, Context] | None = None,
+) -> Round1:
     protocol = FedEvalFairProtocol(load_public_context(federation.keys.public))
-    contexts = {name: context(name, run_id) for name in NAMES}
+    contexts = contexts if contexts is not None else {name: context(name, run_id) for name in NAMES}
     content = protocol.round1_content(ArrayRecord())
     entries = {
-        name: signed(send(federation, name, contexts[name], "fef_round1", content))
+        name: signed(send(federation, name, contexts[name], "fef_round1", content, session))
         for name in NAMES
     }
-    return Round1(contexts, entries, protocol)
+    return Round1(contexts, entries, protocol, session)
 
 
 def old_path_releases(federation: Federation, payloads: list[bytes], claimed: int) -> np.ndarray:
@@ -371,3 +396,52 @@ def reply_of(node: int, entry: SignedCiphertext) -> Message:
     )
     request = Message(RecordDict(), dst_node_id=node, message_type=FEF_ROUND_MESSAGE_TYPES[0])
     return Message(content=RecordDict({FEF_KEY: record}), reply_to=request)
+
+
+# --- the pipeline: two tests in one run --------------------------------------------------------
+
+
+def test_a_ciphertext_of_one_pipeline_test_replayed_into_the_other_is_refused(
+    federation: Federation,
+) -> None:
+    """The pipeline tests two models in one run. Were the two tests' signatures bound to the
+    run alone, B's ciphertext of the FPFL test would verify in the PFL test, next to A's:
+    the server knows nothing of B's values, but a sum of A's PFL values and B's FPFL values,
+    differenced with the FPFL test's release, isolates A's PFL values minus A's FPFL values."""
+    contexts = {name: context(name) for name in NAMES}
+    fpfl = round1(federation, session="fpfl", contexts=contexts)
+    pfl = round1(federation, session="pfl", contexts=contexts)
+    victim, replayed = pfl.entries["a"], fpfl.entries["b"]
+    # On the previous main (run-bound signatures only) the mixed sum opened like any other.
+    opened = old_path_releases(federation, [victim.payload, replayed.payload], claimed=2)
+    np.testing.assert_allclose(
+        opened, pfl.contribution("a")[:-1] + fpfl.contribution("b")[:-1], rtol=1e-6, atol=1e-4
+    )
+    content = pfl.protocol.endorse_content([victim, replayed])
+    with pytest.raises(UnverifiedSumError, match="does not verify for this run and round"):
+        send(federation, "c", contexts["c"], "fef_endorse", content, "pfl")
+    # The honest PFL set verifies in its own session, and not in the other.
+    honest = pfl.protocol.endorse_content(list(pfl.entries.values()))
+    send(federation, "c", contexts["c"], "fef_endorse", honest, "pfl")
+    with pytest.raises(UnverifiedSumError, match="does not verify for this run and round"):
+        send(federation, "c", contexts["c"], "fef_endorse", honest, "fpfl")
+
+
+def test_each_pipeline_test_is_one_step_per_round_and_no_other_session_is_taken(
+    federation: Federation,
+) -> None:
+    contexts = {name: context(name) for name in NAMES}
+    round1(federation, session="fpfl", contexts=contexts)
+    content = FedEvalFairProtocol(load_public_context(federation.keys.public)).round1_content(
+        ArrayRecord()
+    )
+    with pytest.raises(PolicyRefusal, match="one ciphertext per round"):
+        send(federation, "a", contexts["a"], "fef_round1", content, "fpfl")
+    send(federation, "a", contexts["a"], "fef_round1", content, "pfl")  # its own session
+    # a session the node's run config does not define: a third test the server made up
+    with pytest.raises(NodeRefusal, match="does not define the message's session"):
+        send(federation, "a", contexts["a"], "fef_round1", content, "third")
+    # and a run that tests once accepts no pipeline label
+    labelled = RecordDict({**content, **session_records("fpfl")})
+    with pytest.raises(NodeRefusal, match="does not define the message's session"):
+        send(federation, "b", context("b"), "fef_round1", labelled)

@@ -36,6 +36,7 @@ from .signing import ciphertext_transcript as ciphertext_transcript
 from .signing import contributors_digest as contributors_digest
 from .signing import endorsement_transcript as endorsement_transcript
 from .signing import pack_keys as pack_keys
+from .signing import session_id as session_id
 from .signing import signed_arrays as signed_arrays
 from .signing import signed_from_arrays as signed_from_arrays
 from .signing import unpack_keys as unpack_keys

@@ -41,6 +41,7 @@ __all__ = [
     "contributors_digest",
     "endorsement_transcript",
     "pack_keys",
+    "session_id",
     "signed_arrays",
     "signed_from_arrays",
     "unpack_keys",
@@ -53,6 +54,18 @@ __all__ = [
 CIPHERTEXT_LABEL = "fedparity/fedevalfair/ciphertext/v1"
 #: Label of a verifier's endorsement of a sum it recomputed.
 ENDORSEMENT_LABEL = "fedparity/fedevalfair/endorsement/v1"
+
+
+def session_id(run_id: int, session: str = "") -> int:
+    """The id every signature of a protocol execution binds: the run's id for the run's only
+    session (``session = ""``), else the first 8 bytes of SHA-256 over the run id and the
+    session label, so that two executions in one run (the pipeline tests two models) never
+    accept each other's ciphertexts, endorsements or releases."""
+    run_id = int(run_id)
+    if not session:
+        return run_id
+    digest = hashlib.sha256(transcript("fedparity/session/v1", run_id, session)).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
 class UnverifiedSumError(ValueError):
