@@ -38,7 +38,7 @@ from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
 )
-from .config import RunConfig
+from .config import PIPELINE_SESSIONS, RunConfig
 from .data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
 from .fedevalfair import (
     holder_statistics,
@@ -50,14 +50,14 @@ from .fedevalfair_handlers import (
     load_secret_context_cached,
     round1_reply,
 )
-from .fpfl_data import FPFLShard
+from .fpfl_data import FPFLShard, users_as_fpfl_shard
 from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
-from .fpfl_task import build_model_for
+from .fpfl_task import build_model_for, logit_model, num_parameters, set_flat_parameters
 from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
-from .messages import fixed_error_texts, int_field
+from .messages import MessageError, fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .policy import node_policy
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
@@ -99,6 +99,10 @@ def fpfl_users(context: Context, config: RunConfig) -> FPFLShard:
     data_file = own_data_file(context)
     if data_file is not None:
         return own_fpfl_shard(read_data_file(data_file), num_groups=config.num_groups)
+    if config.task == "pipeline":  # the audited users, on their training rows
+        return users_as_fpfl_shard(
+            load_shard(context, config, "train"), num_groups=config.num_groups
+        )
     partition_id, num_partitions = _partition(context)
     return node_shard(config, partition_id, num_partitions)
 
@@ -140,8 +144,23 @@ def load_shard_for(
     )
 
 
-def _model_for(shard: UserShard, arrays: ArrayRecord | None, seed: int):  # noqa: ANN202
-    model = build_model(shard.num_features, seed=seed)
+def received_model(
+    shard: UserShard, arrays: ArrayRecord | None, config: RunConfig
+) -> torch.nn.Module:
+    """The received model as a module returning logits: the FedAvg logistic regression, or
+    in the pipeline the FPFL network (``fpfl-architecture``) from its flat ``weights``."""
+    if config.task == "pipeline":
+        if arrays is None or "weights" not in arrays:
+            raise MessageError("message array 'weights' is missing")
+        network = build_model_for(
+            config.fpfl_architecture, (shard.num_features,), num_classes=2, seed=config.seed
+        )
+        weights = arrays["weights"].numpy()
+        if weights.shape != (num_parameters(network),) or not np.isfinite(weights).all():
+            raise MessageError("message array 'weights' must hold the model's finite parameters")
+        set_flat_parameters(network, weights)
+        return logit_model(network)
+    model = build_model(shard.num_features, seed=config.seed)
     if arrays is not None:
         set_arrays(model, list(arrays.to_numpy_ndarrays()))
     return model
@@ -150,7 +169,7 @@ def _model_for(shard: UserShard, arrays: ArrayRecord | None, seed: int):  # noqa
 def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     """Reply with the shard's shape (no private content: sizes and feature count)."""
     partition_id, num_partitions = _partition(context)
-    if config.task == "fpfl":
+    if config.task in ("fpfl", "pipeline"):
         users = fpfl_users(context, config)
         sample_shape = [int(size) for size in users.features.shape[1:]]
         values = {
@@ -188,7 +207,7 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     """Local FedAvg training on the shard (one reply: arrays + num-examples)."""
     shard = load_shard(context, config, "train")
     arrays = msg.content["arrays"]
-    model = _model_for(shard, arrays, config.seed)
+    model = received_model(shard, arrays, config)
     train_config = msg.content.config_records.get("config", {})
     server_round = int_field(train_config, "server-round") if "server-round" in train_config else 0
     partition_id, _ = _partition(context)
@@ -215,16 +234,27 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     return Message(content=reply, reply_to=msg)
 
 
-def _ledger_path(context: Context) -> Path | None:
+def node_ledger_file(context: Context, config: RunConfig) -> Path | None:
     """The shard's per-user privacy ledger in the node's ledger folder (node config
-    ``ledger-dir``; outside simulation ``~/.fedparity/ledgers`` by default), one per
-    partition, charged by the LDP audit and by FPFL; None: a simulated node's run state
-    (survives messages within a run). A ``ledger-partition-<i>.npz`` of an older version
-    beside it is migrated (:mod:`fedparity.clients.ledger`)."""
+    ``ledger-dir``; outside simulation ``~/.fedparity/ledgers`` by default), one per partition
+    and population; None: a simulated node's run state (survives messages within a run).
+
+    * ``ledger-partition-<i>.json``: the partition's users of the LDP audit, charged by the
+      audit, by FedEvalFair's runs (nothing: not DP) and by the pipeline's trainings (the same
+      users train and are audited), and every job on a node's own data file (one set of users);
+    * ``ledger-fpfl-partition-<i>.json``: ``task = "fpfl"`` on the embedded data, whose users
+      are other people (Adult dealt into Poisson-sized users, or a synthetic generator of its
+      own): charging them to the audit's users would mix two populations (and a different
+      user count is refused).
+
+    A ``ledger-partition-<i>.npz`` of an older version beside the first is migrated
+    (:mod:`fedparity.clients.ledger`)."""
     folder = node_ledger_dir(context)
     if folder is None:
         return None
     partition_id, _ = _partition(context)
+    if config.task == "fpfl" and own_data_file(context) is None:
+        return folder / f"ledger-fpfl-partition-{partition_id}.json"
     return folder / f"ledger-partition-{partition_id}.json"
 
 
@@ -236,14 +266,24 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
         shard = load_shard(node, config, "test")
         if not shard.num_users:
             return LocalUsers(np.zeros(0, dtype=np.int64), np.zeros(0))
-        model = _model_for(shard, arrays, config.seed)
+        model = received_model(shard, arrays, config)
         return LocalUsers(shard.user_groups, metric_values(evaluate_users(model, shard), metric))
 
-    handler = ldp_audit_handler(shard_users, num_groups=config.num_groups, ledger_path=_ledger_path)
+    handler = ldp_audit_handler(
+        shard_users,
+        num_groups=config.num_groups,
+        ledger_path=lambda node: node_ledger_file(node, config),
+    )
     return handler(msg, context)
 
 
 # --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
+
+
+def _sessions(config: RunConfig) -> tuple[str, ...]:
+    """The protocol sessions this node's run config defines: the pipeline's two models, else
+    the run's only one."""
+    return PIPELINE_SESSIONS if config.task == "pipeline" else ("",)
 
 
 def _node_secret_context_path(context: Context) -> Path:
@@ -263,6 +303,7 @@ def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], M
         min_cell_count=config.fef_min_cell,
         mu0=config.fef_mu0,
         tolerance=config.fef_tolerance,
+        sessions=_sessions(config),
     )
 
 
@@ -273,7 +314,7 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
-    model = _model_for(shard, msg.content["arrays"], config.seed)
+    model = received_model(shard, msg.content["arrays"], config)
     try:
         statistics = holder_statistics(
             shard,
@@ -289,7 +330,13 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
         log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
         raise CannotTakePart from None
     return round1_reply(
-        msg, context, statistics, secret, mu0=config.fef_mu0, tolerance=config.fef_tolerance
+        msg,
+        context,
+        statistics,
+        secret,
+        mu0=config.fef_mu0,
+        tolerance=config.fef_tolerance,
+        sessions=_sessions(config),
     )
 
 
@@ -338,7 +385,8 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
             users,
             node_settings(config),
             stream=lambda _: partition_id,
-            ledger_path=_ledger_path,
+            ledger_path=lambda node: node_ledger_file(node, config),
+            sessions=_sessions(config),
         )
         return handlers[action](msg, context)
 

@@ -24,7 +24,12 @@ from .data import DATASETS
 from .fpfl_task import CONSTRAINTS
 from .task import METRIC_NAMES
 
-TASKS = ("ldp-audit", "fedevalfair", "fpfl")
+TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
+#: The two trainings of ``task = "pipeline"``: FPFL and its PFL twin (same clipping, noise,
+#: rounds and cohort; no MMDM). Each is a session of the FPFL and FedEvalFair protocols.
+PIPELINE_SESSIONS = ("fpfl", "pfl")
+#: The audited metric that matches each FPFL constraint (the pipeline audits what it trains for).
+PIPELINE_METRIC = {"fnr": "fnr", "accuracy": "accuracy"}
 #: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2: (MMDM?, clip?, noise?).
 FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
     "fl": (False, False, False),
@@ -266,6 +271,8 @@ def _check_fpfl(config: RunConfig) -> None:
     """Cross-key rules of the FPFL job (and of its only data set, digits)."""
     if config.dataset in FPFL_ONLY_DATASETS and config.task != "fpfl":
         raise ConfigError(f'dataset = "{config.dataset}" is for task = "fpfl" only')
+    if config.task == "pipeline":
+        _check_pipeline(config)
     if config.task != "fpfl":
         return
     if config.fpfl_resume and not config.output_dir.strip():
@@ -285,6 +292,30 @@ def _check_fpfl(config: RunConfig) -> None:
         raise ConfigError(
             'fpfl-constraint = "fnr" needs binary labels; dataset = "digits" has 10 classes: '
             'use "accuracy"'
+        )
+
+
+def _check_pipeline(config: RunConfig) -> None:
+    """Cross-key rules of the pipeline (train FPFL and PFL, audit both, test both)."""
+    if config.fpfl_algorithm != "fpfl":
+        raise ConfigError(
+            f'fpfl-algorithm must be "fpfl" for task = "pipeline", got {config.fpfl_algorithm!r}: '
+            "the pipeline trains FPFL and its PFL twin (the same clipping, noise and rounds "
+            "without MMDM)"
+        )
+    if config.fpfl_architecture == "cnn":
+        raise ConfigError('fpfl-architecture must be "shallow" or "deep" for task = "pipeline"')
+    if config.fpfl_resume or config.fpfl_stop_after:
+        raise ConfigError(
+            'fpfl-resume and fpfl-stop-after are not available for task = "pipeline" (run the '
+            'trainings alone with task = "fpfl" to pause and resume)'
+        )
+    expected = PIPELINE_METRIC[config.fpfl_constraint]
+    if config.metric != expected:
+        raise ConfigError(
+            f'metric must be {expected!r} for task = "pipeline" with fpfl-constraint = '
+            f"{config.fpfl_constraint!r} (the audit measures the gap the training constrains), "
+            f"got {config.metric!r}"
         )
 
 
@@ -394,6 +425,11 @@ class RunConfig:
     fpfl_resume: bool = _key(False, _boolean, "continue from output-dir's checkpoint")
     fpfl_stop_after: int = _key(0, _integer(0), "stop after this many rounds (0 = run to T)")
     fpfl_checkpoint_every: int = _key(10, _integer(1), "rounds between checkpoints")
+    pipeline_plan_difference: float = _key(
+        0.1,
+        _number(0.0, 1.0, open_low=True),
+        "pipeline: the difference of the two models' gaps the report plans the audit for",
+    )
 
     @property
     def fpfl_uses_mmdm(self) -> bool:
@@ -434,11 +470,14 @@ class RunConfig:
             raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')
         config = _adult_folder(config)
         _check_fpfl(config)
-        total = sum(config.epsilons)
+        audited_models = len(PIPELINE_SESSIONS) if config.task == "pipeline" else 1
+        total = audited_models * sum(config.epsilons)
         if total > config.user_budget + BUDGET_TOLERANCE:
+            per_model = " per model (the pipeline audits two)" if audited_models > 1 else ""
             raise ConfigError(
-                f"epsilons sum to {total:g}, more than user-budget = {config.user_budget:g}: "
-                "every user would refuse the later audits (sequential composition)"
+                f"epsilons sum to {sum(config.epsilons):g}{per_model}, {total:g} in all, more "
+                f"than user-budget = {config.user_budget:g}: every user would refuse the later "
+                "audits (sequential composition)"
             )
         if config.group_sizes == "known" and not config.ground_truth:
             raise ConfigError(

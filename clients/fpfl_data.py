@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import ndimage
 
-from .data import AdultData, adult_features, load_adult
+from .data import AdultData, UserShard, adult_features, load_adult
 
 __all__ = [
     "ADULT_MEAN_SAMPLES_PER_USER",
@@ -53,6 +53,7 @@ __all__ = [
     "unfair_images",
     "unfair_shard",
     "unfair_writer_groups",
+    "users_as_fpfl_shard",
 ]
 
 #: Mean of the Poisson number of samples per user (Rodriguez-Galvez et al. 2021, Section 4.1).
@@ -615,6 +616,22 @@ def digits_leaf(
         )
 
     return build(train_rows), build(test_rows)
+
+
+def users_as_fpfl_shard(shard: UserShard, *, num_groups: int) -> FPFLShard:
+    """The users of a :class:`~fedparity.clients.data.UserShard` (one group per user, binary
+    labels) as FPFL training users: every sample takes its user's group. The pipeline trains
+    on a partition's ``train`` rows and audits the same users on their ``test`` rows, so one
+    per-user ledger covers both."""
+    return FPFLShard(
+        features=np.ascontiguousarray(shard.features, dtype=np.float32),
+        labels=shard.labels.astype(np.int64),
+        groups=shard.user_groups[shard.user_index].astype(np.int64),
+        user_index=shard.user_index.astype(np.int64),
+        user_ids=shard.user_ids.astype(np.int64),
+        num_groups=num_groups,
+        num_classes=2,
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ from ..mechanisms.dp_accounting import calibrate_noise
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
 from .config import RunConfig
-from .data import ADULT_DIR_ENV
-from .fpfl_data import FPFLShard, fpfl_population
+from .data import ADULT_DIR_ENV, concat_shards, load_partition
+from .fpfl_data import FPFLShard, fpfl_population, users_as_fpfl_shard
 from .fpfl_task import (
     CONSTRAINTS,
     build_model_for,
@@ -95,9 +95,51 @@ def _population(
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _pipeline_population(
+    dataset: str,
+    data_dir: str,
+    download: bool,
+    users_per_node: int,
+    num_groups: int,
+    seed: int,
+    num_partitions: int,
+) -> tuple[FPFLShard, FPFLShard]:
+    splits = []
+    for split in ("train", "test"):
+        shards = [
+            load_partition(
+                dataset,
+                partition,
+                num_partitions,
+                users_per_node=users_per_node,
+                num_groups=num_groups,
+                seed=seed,
+                split=split,
+                data_dir=data_dir or None,
+                download=download,
+            )
+            for partition in range(num_partitions)
+        ]
+        splits.append(users_as_fpfl_shard(concat_shards(shards), num_groups=num_groups))
+    return splits[0], splits[1]
+
+
 def population(config: RunConfig, num_partitions: int) -> tuple[FPFLShard, FPFLShard]:
-    """(training users, held-out test set) of the run, cached per process."""
+    """(training users, held-out test set) of the run, cached per process. The pipeline's
+    users are those of the LDP audit (:func:`~fedparity.clients.data.load_partition`): its
+    trainings use their ``train`` rows and the harness evaluates on their ``test`` rows."""
     data_dir = config.data_dir or os.environ.get(ADULT_DIR_ENV, "")
+    if config.task == "pipeline":
+        return _pipeline_population(
+            config.dataset,
+            data_dir,
+            config.download,
+            config.users_per_node,
+            config.num_groups,
+            config.seed,
+            num_partitions,
+        )
     return _population(
         config.dataset,
         data_dir,

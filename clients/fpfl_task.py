@@ -40,6 +40,7 @@ the per-user Python-loop reference used only by tests and benchmarks.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ __all__ = [
     "clip_statistics",
     "constraint_mask",
     "get_flat_parameters",
+    "logit_model",
     "num_parameters",
     "output_activation",
     "pooled_statistics",
@@ -246,6 +248,15 @@ def predict(
             logits = body(tensor[start : start + batch_size])
             outputs.append(_hard_predictions(logits, activation).numpy())
     return np.concatenate(outputs) if outputs else np.zeros(0, dtype=np.int64)
+
+
+def logit_model(model: nn.Module) -> nn.Module:
+    """A binary model (ending in ``nn.Sigmoid``) as a float32 module that returns its logit,
+    the form the LDP audit and FedEvalFair evaluate (``sigmoid(logit) >= 0.5`` is class 1, as
+    :func:`predict`). A copy: ``model`` is left as it is."""
+    if output_activation(model) != "sigmoid":
+        raise ValueError("model must be binary (end in nn.Sigmoid) to give one logit")
+    return copy.deepcopy(_body(model)).to(torch.float32).eval()  # type: ignore[arg-type]
 
 
 def _dtype(model: nn.Module) -> torch.dtype:

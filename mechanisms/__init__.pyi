@@ -9,7 +9,9 @@ from .calibration import optimal_split as optimal_split
 from .calibration import true_epsilon as true_epsilon
 from .estimators import ConfidenceInterval as ConfidenceInterval
 from .estimators import EstimationError as EstimationError
+from .estimators import GapComparison as GapComparison
 from .estimators import GapEstimate as GapEstimate
+from .estimators import compare_gaps as compare_gaps
 from .estimators import estimate_gap as estimate_gap
 from .estimators import metric_to_value as metric_to_value
 from .estimators import value_to_metric as value_to_metric

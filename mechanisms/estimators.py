@@ -29,6 +29,7 @@ errors half of their v-unit values.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -502,13 +503,105 @@ def value_to_metric(value: np.ndarray | float) -> np.ndarray:
     return (np.asarray(value, dtype=np.float64) + 1.0) / 2.0
 
 
+@dataclass(frozen=True)
+class GapComparison:
+    """How much smaller one model's gap is than a reference model's, from two independent
+    private audits (:func:`compare_gaps`).
+
+    Attributes
+    ----------
+    statistic : float
+        ``s (d_ref - d_other)``, with ``d`` each audit's signed difference of the pair's group
+        means and ``s`` the sign of ``d_ref``: positive when the other model's gap is smaller
+        on the reference's side.
+    stderr : float
+        ``sqrt(se_ref^2 + se_other^2)``: the audits' perturbations are independent.
+    interval : ConfidenceInterval
+        Normal interval at ``confidence``.
+    pvalue : float
+        One-sided p-value of H0 ``statistic <= 0`` (the other model's gap is not smaller).
+    confidence : float
+    """
+
+    statistic: float
+    stderr: float
+    interval: ConfidenceInterval
+    pvalue: float
+    confidence: float
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes 0 on the positive side: the other gap is smaller."""
+        return self.interval.low > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary (the attributes and ``resolved``)."""
+        return {
+            "statistic": self.statistic,
+            "stderr": self.stderr,
+            "interval": [self.interval.low, self.interval.high],
+            "pvalue": self.pvalue,
+            "confidence": self.confidence,
+            "resolved": self.resolved,
+        }
+
+
+def compare_gaps(
+    reference_difference: float,
+    reference_stderr: float,
+    other_difference: float,
+    other_stderr: float,
+    *,
+    confidence: float = 0.95,
+) -> GapComparison:
+    """Compare two models' gaps for one pair of groups from two independent LDP audits.
+
+    Each audit gives the signed difference ``d`` of the pair's group means and its standard
+    error (:class:`GapEstimate` ``differences`` / ``difference_stderrs``). The audits perturb
+    the reports independently, so ``d_ref - d_other`` has variance ``se_ref^2 + se_other^2``;
+    signed by ``d_ref`` it measures how much the other model closes the reference's gap.
+    Normal approximation, as the audits' own intervals (Juarez and Korolova 2022, Section 5).
+
+    >>> round(compare_gaps(0.20, 0.03, 0.05, 0.03).interval.low, 4)
+    0.0668
+    """
+    for name, value in (
+        ("reference_difference", reference_difference),
+        ("other_difference", other_difference),
+    ):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    for name, value in (("reference_stderr", reference_stderr), ("other_stderr", other_stderr)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    sign = 1.0 if reference_difference >= 0 else -1.0
+    statistic = sign * (reference_difference - other_difference)
+    stderr = math.hypot(reference_stderr, other_stderr)
+    half = normal_quantile(confidence) * stderr
+    if stderr > 0:
+        pvalue = float(stats.norm.sf(statistic / stderr))
+    else:
+        pvalue = 0.0 if statistic > 0 else 1.0
+    return GapComparison(
+        statistic=statistic,
+        stderr=stderr,
+        interval=ConfidenceInterval(statistic - half, statistic + half),
+        pvalue=pvalue,
+        confidence=float(confidence),
+    )
+
+
 __all__ = [
     "ConfidenceInterval",
     "EstimationError",
+    "GapComparison",
     "GapEstimate",
     "GapMechanism",
     "SIZE_DETECTION_SIGMAS",
     "chebyshev_halfwidth",
+    "compare_gaps",
     "estimate_gap",
     "estimator_covariance",
     "fold_interval",

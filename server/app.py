@@ -15,7 +15,10 @@
   constraint (MMDM) with clipped per-user statistics, Gaussian noise and secure sums
   (FPFL: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
   fairness in private federated learning via the modified method of differential
-  multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021).
+  multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021);
+* ``task = "pipeline"``: :func:`fedparity.server.pipeline_job.run_pipeline` -- the three in one
+  run: FPFL and its PFL twin trained, both audited under LDP and tested with FedEvalFair, one
+  report with each user's privacy spent over all of it.
 """
 
 from __future__ import annotations
@@ -34,9 +37,15 @@ from ..clients.logging_setup import quiet_known_noise
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
+from .pipeline_job import run_pipeline
 from .run_record import open_run_record
 
-JOBS = {"ldp-audit": run_ldp_audit, "fedevalfair": run_fedevalfair, "fpfl": run_fpfl}
+JOBS = {
+    "ldp-audit": run_ldp_audit,
+    "fedevalfair": run_fedevalfair,
+    "fpfl": run_fpfl,
+    "pipeline": run_pipeline,
+}
 
 
 class RunConfigErrorWithoutTraceback(logging.Filter):

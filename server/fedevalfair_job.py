@@ -135,7 +135,7 @@ def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth)
 PROTOCOL_EXCHANGES = 4
 
 
-class _FedEvalFairWithProgress(FedEvalFairProtocol):
+class FedEvalFairWithProgress(FedEvalFairProtocol):
     """:class:`FedEvalFairProtocol` that counts each message exchange on :attr:`progress`."""
 
     progress: Progress | None = None
@@ -166,7 +166,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
             "the secret one"
         )
     public = load_public_context(public_path)  # refuses a context holding a secret key
-    protocol = _FedEvalFairWithProgress(
+    protocol = FedEvalFairWithProgress(
         public,
         alpha=config.fef_alpha,
         mu0=config.fef_mu0,

@@ -48,13 +48,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.common import log
 from flwr.serverapp import Grid
+from numpy.typing import NDArray
 
 from ..clients.config import ConfigError, RunConfig
 from ..clients.fpfl_data import check_groups_present
@@ -125,8 +126,26 @@ def cohort_sample_rate(config: RunConfig, population_size: int) -> float:
     return sample_rate(config.fpfl_cohort_size, population_size)
 
 
+@dataclass(frozen=True)
+class FPFLRun:
+    """What one FPFL training gave: its folder, its results.json content and the reported
+    model's flat parameters (``named_parameters`` order)."""
+
+    output_dir: Path
+    results: dict[str, Any]
+    weights: NDArray[np.float64]
+
+
 def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train with ``fpfl-algorithm``; write results.json, plots and checkpoints."""
+    return train_fpfl(grid, config, record).output_dir
+
+
+def train_fpfl(
+    grid: Grid, config: RunConfig, record: RunRecord | None = None, *, session: str = ""
+) -> FPFLRun:
+    """:func:`run_fpfl`, returning the reported model too; ``session`` labels the training
+    when a run trains more than once (the pipeline)."""
     record = record if record is not None else open_run_record(config)
     output_dir = record.folder
     started = time.perf_counter()
@@ -175,6 +194,7 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
         distributed_noise=config.fpfl_noise == "distributed",
         dropout_tolerance=config.fpfl_dropout_tolerance,
         reply_timeout=config.reply_timeout,
+        session=session,
     )
     protocol.setup()
     fragile = _fragile(config, protocol, sigma)
@@ -501,7 +521,7 @@ def run_fpfl(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> 
         rounds_lost=rounds_lost,
         fpfl_rounds_released=ledger.rounds_released,
     )
-    return output_dir
+    return FPFLRun(output_dir, results, np.asarray(selected_weights, dtype=np.float64))
 
 
 def _fragile(config: RunConfig, protocol: FPFLProtocol, sigma: float) -> str:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord
 
-from ..clients.app import load_shard_for
+from ..clients.app import load_shard_for, received_model
 from ..clients.config import RunConfig
-from ..clients.task import build_model, evaluate_users, group_gap_truth, metric_values, set_arrays
+from ..clients.task import evaluate_users, group_gap_truth, metric_values
 
 HARNESS_LABEL = "simulation harness only: computed from raw data, not private"
 
@@ -54,8 +54,7 @@ def ground_truth(
         shard = load_shard_for(config, partition_id, num_partitions, "test")
         if not shard.num_users:
             continue
-        model = build_model(shard.num_features, seed=config.seed)
-        set_arrays(model, list(arrays.to_numpy_ndarrays()))
+        model = received_model(shard, arrays, config)
         groups.append(shard.user_groups)
         values.append(metric_values(evaluate_users(model, shard), config.metric))
     all_groups = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
@@ -116,8 +115,7 @@ def fedevalfair_truth(
     resamples: dict[str, list[tuple[int, np.ndarray]]] = {"dp": [], "eo": []}
     for partition_id, num_partitions in sorted(partitions):
         shard = load_shard_for(config, partition_id, num_partitions, "test")
-        model = build_model(shard.num_features, seed=config.seed)
-        set_arrays(model, list(arrays.to_numpy_ndarrays()))
+        model = received_model(shard, arrays, config)
         try:
             statistics = holder_statistics(
                 shard,

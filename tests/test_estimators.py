@@ -38,6 +38,7 @@ from fedparity.mechanisms import (
     LaplaceMechanism,
     RandomizedResponseMechanism,
     ReportSummary,
+    compare_gaps,
     estimate_gap,
     grr_frequency_estimate,
     mechanism_for_budget,
@@ -751,3 +752,57 @@ def test_the_undefined_category_keeps_the_group_means_unbiased(
     # the stated standard error matches the spread (relative sd of an sd: 1 / sqrt(2 (n - 1)))
     tolerance = 4.5 * math.sqrt(1.0 / (2 * (reps - 1)))
     assert np.all(np.abs(stderrs.mean(axis=0) / spread - 1.0) <= tolerance)
+
+
+# --- comparing two models' gaps (compare_gaps) -------------------------------------------------
+
+
+def test_gap_comparison_of_two_independent_audits_covers_at_its_level() -> None:
+    """Two independent audits of one population (two models with equal gaps): the interval of
+    PFL-minus-FPFL covers the true difference 0 at its level, and the one-sided p-value
+    rejects at about alpha. Real audits: the Monte Carlo repetitions of M_L, epsilon 4."""
+    mc = monte_carlo("L", 4.0, 2)
+    runs = mc.runs[(False, 0.95)]
+    half = REPS // 2
+    covered, rejected = [], []
+    for first, second in zip(range(half), range(half, 2 * half), strict=True):
+        compared = compare_gaps(
+            float(runs.differences[first, 0]),
+            float(runs.difference_stderrs[first, 0]),
+            float(runs.differences[second, 0]),
+            float(runs.difference_stderrs[second, 0]),
+        )
+        covered.append(compared.interval.low <= 0.0 <= compared.interval.high)
+        rejected.append(compared.pvalue < 0.05)
+    se = math.sqrt(0.95 * 0.05 / half)
+    assert abs(np.mean(covered) - 0.95) <= 4 * se + 0.02, np.mean(covered)
+    se = math.sqrt(0.05 * 0.95 / half)
+    assert abs(np.mean(rejected) - 0.05) <= 4 * se + 0.02, np.mean(rejected)
+
+
+def test_gap_comparison_coverage_and_sign_by_simulation() -> None:
+    """Normal estimates with a real difference (PFL gap 0.20, FPFL 0.05, either sign of the
+    groups): the interval covers 0.15 at its level; the statistic is unbiased."""
+    rng = np.random.default_rng(11)
+    draws = 20_000
+    for sign in (1.0, -1.0):
+        reference = rng.normal(sign * 0.20, 0.03, draws)
+        other = rng.normal(sign * 0.05, 0.04, draws)
+        results = [
+            compare_gaps(r, 0.03, o, 0.04, confidence=0.9)
+            for r, o in zip(reference, other, strict=True)
+        ]
+        statistic = np.array([result.statistic for result in results])
+        cover = np.mean([result.interval.low <= 0.15 <= result.interval.high for result in results])
+        assert abs(cover - 0.9) <= 4 * math.sqrt(0.9 * 0.1 / draws)
+        assert abs(statistic.mean() - 0.15) <= 4 * 0.05 / math.sqrt(draws)
+        assert np.all([r.stderr == pytest.approx(0.05) for r in results[:10]])
+
+
+def test_gap_comparison_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="reference_stderr must be a finite number >= 0"):
+        compare_gaps(0.1, -1.0, 0.0, 0.1)
+    with pytest.raises(ValueError, match="other_difference must be a finite number"):
+        compare_gaps(0.1, 0.1, math.nan, 0.1)
+    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\)"):
+        compare_gaps(0.1, 0.1, 0.0, 0.1, confidence=1.0)

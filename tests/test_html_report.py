@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 from collections.abc import Callable, Mapping
 from html.parser import HTMLParser
@@ -182,10 +183,62 @@ def fpfl_expected(results: Mapping[str, Any]) -> dict[str, Any]:
     return expected
 
 
+def pipeline_expected(results: Mapping[str, Any]) -> dict[str, Any]:
+    """Per model its first private gap and its FedEvalFair verdicts; per budget the comparison,
+    recomputed here from the two audits' signed differences and standard errors."""
+    expected: dict[str, Any] = {}
+    for session in ("fpfl", "pfl"):
+        model = results["models"][session]
+        estimates = [a["estimate"] for a in model["audits"] if a["estimate"] is not None]
+        if estimates:
+            expected[f"{session}-gap"] = estimates[0]["max_gap"]
+            expected[f"{session}-low"], expected[f"{session}-high"] = estimates[0][
+                "max_gap_interval"
+            ]
+        for test in model["fedevalfair"]["tests"]:
+            report = test["report"]
+            if report is None:
+                continue
+            key = f"{session}-{test['metric']}"
+            alpha = report["alpha"]
+            expected[f"{key}-stage1-pvalue"] = report["homogeneity"]["pvalue"]
+            expected[f"{key}-reject-homogeneity"] = report["homogeneity"]["pvalue"] < alpha
+            expected[f"{key}-stage2-pvalue"] = report["common_disparity"]["pvalue"]
+            expected[f"{key}-reject-fairness"] = report["common_disparity"]["pvalue"] < alpha
+        harness = model["harness"]
+        if harness is not None and harness["audited_metric_gap"] is not None:
+            expected[f"{session}-true-gap"] = harness["audited_metric_gap"]["max_gap"]
+    confidence = results["run_config"]["confidence"]
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    for index, row in enumerate(results["comparison"]):
+        key = f"compare-{row['budget']:g}"
+        expected[f"{key}-budget"] = row["budget"]
+        pfl = results["models"]["pfl"]["audits"][index]["estimate"]
+        fpfl = results["models"]["fpfl"]["audits"][index]["estimate"]
+        if pfl is None or fpfl is None:
+            continue
+        sign = 1.0 if pfl["differences"][0] >= 0 else -1.0
+        difference = sign * (pfl["differences"][0] - fpfl["differences"][0])
+        stderr = math.hypot(pfl["difference_stderrs"][0], fpfl["difference_stderrs"][0])
+        expected[f"{key}-difference"] = pytest.approx(difference, rel=1e-12, abs=1e-15)
+        expected[f"{key}-low"] = pytest.approx(difference - z * stderr, rel=1e-9, abs=1e-12)
+        expected[f"{key}-high"] = pytest.approx(difference + z * stderr, rel=1e-9, abs=1e-12)
+        if difference - z * stderr <= 0:
+            if row["detectable_difference"] is not None:
+                expected[f"{key}-detectable"] = row["detectable_difference"]
+            expected[f"{key}-planned-for"] = results["run_config"]["pipeline_plan_difference"]
+            if row["epsilon_needed_per_audit"] is not None:
+                expected[f"{key}-needed"] = row["epsilon_needed_per_audit"]
+            if row["users_needed_at_budget"] is not None:
+                expected[f"{key}-users-needed"] = row["users_needed_at_budget"]
+    return expected
+
+
 EXPECTED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "ldp-audit": ldp_expected,
     "fedevalfair": fedevalfair_expected,
     "fpfl": fpfl_expected,
+    "pipeline": pipeline_expected,
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -210,6 +263,9 @@ def assert_report_matches_results(folder: Path, console: str | None = None) -> R
             assert value is wanted, key
         elif wanted is None:
             assert value is None and text == "n/a", key
+        elif hasattr(wanted, "expected"):  # pytest.approx: recomputed here, rounding apart
+            assert value == wanted, (key, value, wanted)
+            assert _shown_number_matches(text, wanted.expected), (key, text, wanted)
         else:
             assert value == wanted, (key, value, wanted)
             assert _shown_number_matches(text, wanted), (key, text, wanted)

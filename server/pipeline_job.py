@@ -1,0 +1,438 @@
+"""The pipeline job: train fair under DP, measure the gap privately, test across holders.
+
+One ``flwr run`` with ``task = "pipeline"`` does, over the same users and nodes:
+
+1. **Train** two models with user-level DP: FPFL (MMDM under the ``fpfl-constraint``, with
+   clipping and noise; Rodriguez-Galvez et al. 2021, Algorithm 1) and its PFL twin (the same
+   clipping, noise, cohort and rounds, without the constraint). Each training is a session of
+   the masked secure sum (:class:`~fedparity.strategies.fpfl.FPFLProtocol`).
+2. **Audit** both models' ``metric`` gap with the LDP audit over all users (M_R / M_L of Juarez
+   and Korolova 2022 at their true epsilon), once per value of ``epsilons`` and model, and
+   compare the two gaps from the private estimates alone
+   (:func:`~fedparity.mechanisms.estimators.compare_gaps`); the power planner
+   (:mod:`fedparity.mechanisms.power`) says which gap each audit could detect and which budget
+   would resolve the comparison.
+3. **Test** both models with FedEvalFair's two-stage test over CKKS-encrypted statistics, the
+   nodes being the data holders (FedEvalFair (anonymous, 2024); calibrated mode by default).
+4. **Report**: one results.json and one report.html with both models side by side, the true
+   values where the simulation harness knows them (labelled as such), and each user's privacy
+   spent over the three steps, from the nodes' per-user ledgers.
+
+The users are those of the LDP audit (:func:`~fedparity.clients.data.load_partition`: one group
+per user, ``train`` and ``test`` rows). The trainings use their ``train`` rows and the audit and
+the test their ``test`` rows, so one per-user ledger covers every DP release. FedEvalFair's
+releases are aggregates over at least the holders' ``min-holders`` and noise-flooded against key
+recovery, but not differentially private: they are not in the ledger (said in the report).
+
+References: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel,
+"Enforcing fairness in private federated learning via the modified method of differential
+multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021;
+Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately
+Measuring Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022;
+"FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness Evaluation
+Framework", anonymous authors, ACM Multimedia 2024 submission.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from ..clients.config import PIPELINE_SESSIONS, RunConfig
+from ..mechanisms.ckks import DEFAULT_KEY_DIR, PUBLIC_CONTEXT_FILE, load_public_context
+from ..mechanisms.estimators import compare_gaps
+from ..mechanisms.power import (
+    audit_detectable_gap,
+    audit_minimum_epsilon,
+    audit_minimum_users,
+)
+from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from ..strategies.replies import merge_ledger_totals
+from .fedevalfair_job import PROTOCOL_EXCHANGES, FedEvalFairWithProgress
+from .fpfl_job import FPFLRun, train_fpfl
+from .harness import HARNESS_LABEL, ground_truth
+from .html_report import write_report
+from .orchestration import connect_nodes, harness_applies
+from .pipeline_report import pipeline_findings, pipeline_report
+from .progress import Progress
+from .report import ledger_totals_text, write_json
+from .run_record import RunRecord, open_run_record
+
+#: What each model of the pipeline is.
+MODEL_NAMES = {
+    "fpfl": "FPFL (fairness constraint, clipping, noise)",
+    "pfl": "PFL (clipping, noise; no fairness constraint)",
+}
+#: The power the planner's statements are made at.
+PLANNED_POWER = 0.8
+
+
+def _public_context(config: RunConfig) -> Any:
+    """The server's public TenSEAL context (refuses a secret one), before any work."""
+    path = (
+        Path(config.fef_public_context).expanduser()
+        if config.fef_public_context
+        else DEFAULT_KEY_DIR / PUBLIC_CONTEXT_FILE
+    )
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"fef-public-context: no public TenSEAL context at {path}; create the key pair "
+            "with `fedparity keys` (default folder ~/.fedparity/keys) and give the nodes the "
+            "secret one"
+        )
+    return load_public_context(path)
+
+
+def _model_arrays(weights: np.ndarray) -> ArrayRecord:
+    """A trained model as the audit and the test send it: its flat parameters."""
+    return ArrayRecord({"weights": Array(np.asarray(weights, dtype=np.float64))})
+
+
+def _audit_plan(outcome: AuditOutcome, confidence: float, mechanism: str) -> dict[str, Any] | None:
+    """What this audit could detect (:func:`~fedparity.mechanisms.power.audit_detectable_gap`
+    at its reports, budget and estimated group fractions)."""
+    estimate = outcome.estimate
+    if estimate is None:
+        return None
+    sizes = np.asarray(estimate.group_sizes, dtype=float)
+    reports = int(estimate.num_reports)
+    fractions = sizes / sizes.sum() if sizes.sum() > 0 else None
+    undefined = reports - float(sizes.sum())
+    if fractions is not None and undefined > 0.5:  # users without the metric (TPR/FNR/FPR)
+        fractions = np.append(sizes, undefined) / reports
+    plan = audit_detectable_gap(
+        PLANNED_POWER,
+        reports,
+        estimate.epsilon,
+        mechanism=mechanism,  # type: ignore[arg-type]
+        group_fractions=None if fractions is None else [float(f) for f in fractions],
+        alpha=1.0 - confidence,
+    )
+    return plan.to_dict()
+
+
+def _comparison(
+    audits: dict[str, list[AuditOutcome]],
+    epsilons: list[float],
+    confidence: float,
+    planned_for: float,
+    mechanism: str,
+) -> list[dict[str, Any]]:
+    """Per budget: FPFL's gap against PFL's, from the two private estimates alone, what the
+    two audits could detect, and what they would need to detect a difference of
+    ``planned_for`` (``pipeline-plan-difference``): planned on the run's public parameters,
+    never on the noisy estimates."""
+    rows = []
+    for index, budget in enumerate(epsilons):
+        reference, other = audits["pfl"][index].estimate, audits["fpfl"][index].estimate
+        if reference is None or other is None:
+            rows.append(
+                {"budget": budget, "comparison": None, "error": "an audit gave no estimate"}
+            )
+            continue
+        pair = 0  # groups (0, 1): the pair the constraint is on for two groups
+        compared = compare_gaps(
+            float(reference.differences[pair]),
+            float(reference.difference_stderrs[pair]),
+            float(other.differences[pair]),
+            float(other.difference_stderrs[pair]),
+            confidence=confidence,
+        )
+        detectable = None
+        plan = _audit_plan(audits["pfl"][index], confidence, mechanism)
+        if plan is not None and plan["gap"] is not None:
+            # Two independent audits of about equal variance: their difference has twice the
+            # variance of one audit's gap, so it is detectable from sqrt(2) times the gap one
+            # audit detects.
+            detectable = math.sqrt(2.0) * float(plan["gap"])
+        # What the audits would need to detect a difference of the size the operator plans
+        # for (pipeline-plan-difference), with the same power: the budget per audit with
+        # these users, and the users at this budget.
+        fractions = None if plan is None else plan["group_fractions"]
+        gap = min(1.0, planned_for / math.sqrt(2.0))
+        needed = audit_minimum_epsilon(
+            PLANNED_POWER,
+            int(reference.num_reports),
+            gap,
+            mechanism=mechanism,  # type: ignore[arg-type]
+            group_fractions=fractions,
+            alpha=1.0 - confidence,
+        ).epsilon
+        users_needed = audit_minimum_users(
+            PLANNED_POWER,
+            budget,
+            gap,
+            mechanism=mechanism,  # type: ignore[arg-type]
+            group_fractions=fractions,
+            alpha=1.0 - confidence,
+        ).num_users
+        rows.append(
+            {
+                "budget": budget,
+                "pair": [0, 1],
+                "comparison": compared.to_dict(),
+                "detectable_difference": detectable,
+                "difference_planned_for": planned_for,
+                "epsilon_needed_per_audit": needed,
+                "users_needed_at_budget": users_needed,
+                "power": PLANNED_POWER,
+            }
+        )
+    return rows
+
+
+def _blocks(outcome: Any, mode: str) -> list[dict[str, Any]]:
+    """The FedEvalFair tests of ``mode`` as results.json rows."""
+    tests = []
+    for block in outcome.blocks:
+        if block.mode != mode:
+            continue
+        tests.append(
+            {
+                "metric": block.metric,
+                "mode": block.mode,
+                "report": None if block.report is None else block.report.to_dict(),
+                "unavailable": block.reason if block.report is None else None,
+            }
+        )
+    return tests
+
+
+def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
+    """Train FPFL and PFL, audit and test both, report; returns the output directory."""
+    record = record if record is not None else open_run_record(config)
+    folder = record.folder
+    started = time.perf_counter()
+    public = _public_context(config)
+    node_ids, nodes = connect_nodes(grid, config, minimum=2)
+    log(
+        logging.INFO,
+        "fedparity pipeline: %d node(s), %d user(s), dataset %s; steps: train FPFL and PFL, "
+        "audit both, test both",
+        len(node_ids),
+        nodes.num_users,
+        config.dataset,
+    )
+    seconds: dict[str, float] = {}
+
+    # (1) The two trainings, each in its own folder with its own results and report.
+    trainings: dict[str, FPFLRun] = {}
+    for session in PIPELINE_SESSIONS:
+        tick = time.perf_counter()
+        sub_config = replace(
+            config, fpfl_algorithm=session, output_dir=str(folder / f"train-{session}")
+        )
+        record.add_release(
+            what=f"{session.upper()} training ({config.fpfl_rounds} rounds)",
+            kind="fpfl-training",
+            session=session,
+        )
+        log(logging.INFO, "[PIPELINE 1/3] training %s", MODEL_NAMES[session])
+        trainings[session] = train_fpfl(
+            grid,
+            sub_config,
+            RunRecord.open(sub_config, Path(sub_config.output_dir)),
+            session=session,
+        )
+        seconds[f"train-{session}"] = time.perf_counter() - tick
+
+    # (2) The LDP audits of both models, and the harness's true gaps.
+    tick = time.perf_counter()
+    audits: dict[str, list[AuditOutcome]] = {session: [] for session in PIPELINE_SESSIONS}
+    truths: dict[str, Any] = {}
+    for session in PIPELINE_SESSIONS:
+        arrays = _model_arrays(trainings[session].weights)
+        if harness_applies(config, nodes):
+            truths[session] = ground_truth(config, arrays, nodes.partitions)
+        for index, budget in enumerate(config.epsilons):
+            audit = LdpGapAudit.for_budget(
+                config.mechanism,  # type: ignore[arg-type]
+                budget,
+                num_groups=config.num_groups,
+                metric=config.metric,
+                confidence=config.confidence,
+                audit_id=f"pipeline-{session}-audit-{index + 1}-eps-{budget:g}",
+                users_by_node=nodes.users_by_node,
+            )
+            record.add_release(
+                what=f"LDP audit of the {session.upper()} model (epsilon "
+                f"{audit.mechanism.epsilon:.4g})",
+                kind="ldp-audit",
+                epsilon=audit.mechanism.epsilon,
+                nodes=len(node_ids),
+            )
+            log(logging.INFO, "[PIPELINE 2/3] LDP audit of %s at epsilon %g", session, budget)
+            outcome = audit.start(grid, arrays, timeout=config.reply_timeout, node_ids=node_ids)
+            audits[session].append(outcome)
+            if outcome.estimate is None:
+                log(logging.WARNING, "\t└──> no estimate: %s", outcome.error)
+            else:
+                log(
+                    logging.INFO,
+                    "\t└──> gap %.4f, %g%% interval [%.4f, %.4f] from %d reports",
+                    outcome.estimate.max_gap,
+                    100 * config.confidence,
+                    outcome.estimate.max_gap_interval.low,
+                    outcome.estimate.max_gap_interval.high,
+                    outcome.estimate.num_reports,
+                )
+    seconds["audit"] = time.perf_counter() - tick
+
+    # (3) FedEvalFair over the holders, once per model (its own session).
+    tick = time.perf_counter()
+    tests: dict[str, Any] = {}
+    for session in PIPELINE_SESSIONS:
+        protocol = FedEvalFairWithProgress(
+            public,
+            alpha=config.fef_alpha,
+            mu0=config.fef_mu0,
+            tolerance=config.fef_tolerance,
+            key_holders=config.fef_key_holders,
+            timeout=config.reply_timeout,
+            session=session,
+        )
+        record.add_release(
+            what=f"FedEvalFair test statistics of the {session.upper()} model (decrypted "
+            "aggregates)",
+            kind="fedevalfair",
+            holders=len(node_ids),
+        )
+        log(logging.INFO, "[PIPELINE 3/3] FedEvalFair test of %s", session)
+        protocol.progress = Progress(
+            f"fedevalfair {session}",
+            PROTOCOL_EXCHANGES,
+            units="exchanges",
+            log=lambda line: log(logging.INFO, "%s", line),
+        )
+        with protocol.progress:
+            tests[session] = protocol.start(
+                grid, _model_arrays(trainings[session].weights), node_ids
+            )
+    seconds["fedevalfair"] = time.perf_counter() - tick
+
+    # (4) One results.json and one report.
+    ledger_totals = merge_ledger_totals(
+        [outcome.ledger_totals for outcomes in audits.values() for outcome in outcomes]
+    )
+    models: dict[str, Any] = {}
+    for session in PIPELINE_SESSIONS:
+        trained = trainings[session].results
+        models[session] = {
+            "name": MODEL_NAMES[session],
+            "training": {
+                "folder": str(trainings[session].output_dir),
+                "report": str(trainings[session].output_dir / "report.html"),
+                "status": trained["status"],
+                "rounds_trained": trained["privacy"]["rounds_trained"],
+                "epsilon": trained["epsilon"],
+                "delta": trained["delta"],
+                "noise_multiplier": trained["noise_multiplier"],
+                "accountant": trained["privacy"]["accountant"],
+            },
+            "harness": {
+                "label": HARNESS_LABEL,
+                "accuracy": trained["accuracy"],
+                "fnr_gap": trained["fnr_gap"],
+                "accuracy_gap": trained["accuracy_gap"],
+                "audited_metric_gap": None if session not in truths else truths[session].to_dict(),
+            }
+            if trained["accuracy"] is not None
+            else None,
+            "audits": [
+                {
+                    "budget": budget,
+                    **outcome.to_dict(),
+                    "detectable": _audit_plan(outcome, config.confidence, config.mechanism),
+                }
+                for budget, outcome in zip(config.epsilons, audits[session], strict=True)
+            ],
+            "fedevalfair": {
+                "error": tests[session].error,
+                "holders": len(node_ids),
+                "tests": _blocks(tests[session], config.fef_mode),
+            },
+        }
+    total = time.perf_counter() - started
+    payload = {
+        "task": config.task,
+        "run_config": asdict(config),
+        "num_nodes": len(node_ids),
+        "num_users": nodes.num_users,
+        "metric": config.metric,
+        "constraint": config.fpfl_constraint,
+        "alpha": config.fpfl_alpha,
+        "primary_mode": config.fef_mode,
+        "models": models,
+        "comparison": _comparison(
+            audits,
+            list(config.epsilons),
+            config.confidence,
+            config.pipeline_plan_difference,
+            config.mechanism,
+        ),
+        "privacy": {
+            "per_user_steps": [
+                {
+                    "step": f"{session.upper()} training",
+                    "epsilon": trainings[session].results["epsilon"],
+                    "delta": trainings[session].results["delta"],
+                    "how": "Opacus accountant of the Poisson-subsampled Gaussian rounds",
+                }
+                for session in PIPELINE_SESSIONS
+            ]
+            + [
+                {
+                    "step": f"LDP audit of {session.upper()} at budget {budget:g}",
+                    "epsilon": outcome.estimate.epsilon if outcome.estimate is not None else None,
+                    "delta": 0.0,
+                    "how": "the mechanism's true epsilon (pure local DP)",
+                }
+                for session in PIPELINE_SESSIONS
+                for budget, outcome in zip(config.epsilons, audits[session], strict=True)
+            ]
+            + [
+                {
+                    "step": f"FedEvalFair test of {session.upper()}",
+                    "epsilon": None,
+                    "delta": None,
+                    "how": "not differentially private: aggregates over at least the holders' "
+                    "min-holders, noise-flooded; not in the ledger",
+                }
+                for session in PIPELINE_SESSIONS
+            ],
+            # Every release the nodes' per-user ledgers recorded (both trainings and every
+            # audit, and earlier runs with a persistent ledger-dir): PLD at the users' delta,
+            # basic composition beside it, under replace-one-user.
+            "ledger_totals_reported_by_nodes": None
+            if ledger_totals is None
+            else ledger_totals.to_dict(),
+        },
+        "timing": {
+            "seconds_total": total,
+            "seconds_by_step": seconds,
+            "share_by_step": {step: value / total for step, value in seconds.items()},
+        },
+    }
+    results = write_json(folder / "results.json", payload)
+    report_path = write_report(folder, pipeline_report(results))
+    log(logging.INFO, "")
+    for finding in pipeline_findings(results):
+        log(logging.INFO, "%s", finding.plain())
+    log(
+        logging.INFO,
+        "%s",
+        ledger_totals_text(results["privacy"]["ledger_totals_reported_by_nodes"]),
+    )
+    log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
+    errors = [tests[s].error for s in PIPELINE_SESSIONS if tests[s].error]
+    record.finish("completed", error="; ".join(errors) if errors else None)
+    return folder

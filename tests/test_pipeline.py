@@ -1,0 +1,337 @@
+"""The pipeline (``task = "pipeline"``): FPFL and its PFL twin trained in one run, both audited
+under LDP and tested with FedEvalFair, one results.json and report; and the sessions that let
+the FPFL and FedEvalFair protocols run twice in one run without one execution's keys, rounds,
+ciphertexts or steps leaking into the other's.
+
+Real components throughout: the real node handlers, a real Flower simulation, real TenSEAL
+ciphertexts, Google's dp-accounting for the independent ledger total.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from fedparity.clients import FPFLNodeSettings
+from fedparity.clients.config import ConfigError, RunConfig
+from fedparity.clients.data import load_partition
+from fedparity.clients.fpfl_data import users_as_fpfl_shard
+from fedparity.clients.messages import NodeRefusal
+from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.mechanisms.privacy_ledger import (
+    VALUE_DISCRETIZATION_INTERVAL,
+    SubsampledGaussianRelease,
+    UserLedger,
+)
+from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
+from fedparity.server.api import fedevalfair_simulation_keys, run_simulation_job
+from tests.fpfl_nodes import CLIP, POPULATION, SALT, USERS, MaskingNodes
+from tests.test_html_report import assert_report_matches_results
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+NODES = [3, 4, 5]
+#: A private training (the built-in policy's rules: masking, distributed noise).
+TRAINING = FPFLNodeSettings(
+    constraint="fnr",
+    cohort_size=10,
+    rounds=5,
+    clipping_bound=CLIP,
+    epsilon=2.0,
+    delta=1e-6,
+    dropout_tolerance=0.0,
+)
+USER_DELTA = 1e-6
+
+
+def pipeline_nodes(tmp_path: Path) -> MaskingNodes:
+    return MaskingNodes(
+        NODES,
+        TRAINING,
+        policy=NodePrivacyPolicy(user_epsilon_budget=100.0, user_delta=USER_DELTA),
+        node_config={node: {"ledger-dir": str(tmp_path / f"node-{node}")} for node in NODES},
+        sessions=("fpfl", "pfl"),
+    )
+
+
+# --- FPFL sessions -----------------------------------------------------------------------------
+
+
+def test_each_training_has_its_own_keys_and_rounds_and_is_charged_in_full(
+    tmp_path: Path,
+) -> None:
+    nodes = pipeline_nodes(tmp_path)
+    masked = {}
+    for session in ("fpfl", "pfl"):
+        nodes.session = session
+        nodes.setup()
+        nodes.pin()
+        reply = nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+        masked[session] = reply.content.array_records[FPFL_KEY]["masked"].numpy()
+    # Round 1 of each training is answered once: a replay within a session is refused...
+    for session in ("fpfl", "pfl"):
+        nodes.session = session
+        with pytest.raises(NodeRefusal, match="masked already; refusing a replay"):
+            nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+    # ...and the two trainings' round 1 use different keys: the two masked vectors do not
+    # differ by the difference of the values (which the pair masks alone would allow).
+    assert not np.array_equal(masked["fpfl"], masked["pfl"])
+    # Both trainings are charged to every user, in full, before anything is released.
+    training = SubsampledGaussianRelease(
+        noise_multiplier=TRAINING.noise_multiplier(POPULATION),
+        sample_rate=TRAINING.cohort_size / POPULATION,
+        steps=TRAINING.rounds,
+        delta=1e-6,
+        job="fpfl",
+    )
+    ledger = UserLedger.load(tmp_path / "node-3" / "user-ledger.json", USERS)
+    assert [release.kind for release in ledger.releases] == [training.kind] * 2
+    np.testing.assert_allclose(
+        ledger.epsilon_spent(),
+        _independent_pld_epsilon([(training, 2)], USER_DELTA),
+        rtol=1e-9,
+    )
+
+
+def test_a_training_the_run_does_not_define_is_refused(tmp_path: Path) -> None:
+    """A server that opens a session of its own (a third training, or the pipeline's labels in
+    a run that trains once) gets no key, no masked sum and no charge on the users."""
+    nodes = pipeline_nodes(tmp_path)
+    nodes.session = "extra"
+    with pytest.raises(NodeRefusal, match="does not define the message's session"):
+        nodes.setup()
+    single = MaskingNodes(NODES, TRAINING, policy=NodePrivacyPolicy(allow_non_private=True))
+    single.session = "fpfl"
+    with pytest.raises(NodeRefusal, match="does not define the message's session"):
+        single.setup()
+    assert not (tmp_path / "node-3" / "user-ledger.json").exists()
+
+
+def test_a_second_setup_of_a_session_is_refused(tmp_path: Path) -> None:
+    nodes = pipeline_nodes(tmp_path)
+    nodes.session = "fpfl"
+    nodes.setup()
+    with pytest.raises(NodeRefusal, match="masking key was made already"):
+        nodes.send("fpfl_setup", 3, RecordDict({FPFL_KEY: ConfigRecord({"run-salt": SALT})}))
+    nodes.session = "pfl"  # the other training's setup is its own
+    nodes.setup()
+
+
+def test_a_malformed_session_label_is_refused(tmp_path: Path) -> None:
+    nodes = pipeline_nodes(tmp_path)
+    content = RecordDict(
+        {FPFL_KEY: ConfigRecord({"run-salt": SALT}), SESSION_KEY: ConfigRecord({"label": 3})}
+    )
+    message = Message(content, dst_node_id=3, message_type="query.fpfl_setup")
+    with pytest.raises(ValueError, match="'label' must be a string"):
+        nodes.handlers["fpfl_setup"](message, nodes.contexts[3])
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+PIPELINE = {"task": "pipeline", "metric": "fnr", "epsilons": "1"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"fpfl-algorithm": "pfl"}, 'fpfl-algorithm must be "fpfl" for task = "pipeline"'),
+        ({"metric": "accuracy"}, "metric must be 'fnr' for task = \"pipeline\""),
+        ({"fpfl-constraint": "accuracy"}, "metric must be 'accuracy'"),
+        ({"epsilons": "3,3"}, r"epsilons sum to 6 per model \(the pipeline audits two\), 12"),
+        ({"dataset": "digits"}, 'dataset = "digits" is for task = "fpfl" only'),
+        ({"fpfl-stop-after": 3}, "fpfl-resume and fpfl-stop-after are not available"),
+    ],
+)
+def test_pipeline_settings_are_checked_before_any_work(overrides: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RunConfig.from_mapping({**PIPELINE, **overrides})
+
+
+def test_the_pipeline_trains_and_audits_the_same_users() -> None:
+    """One ledger per user covers both steps only if the training users are the audited ones."""
+    for partition in range(3):
+        shards = {
+            split: load_partition(
+                "synthetic", partition, 3, users_per_node=40, num_groups=2, seed=5, split=split
+            )
+            for split in ("train", "test")
+        }
+        users = users_as_fpfl_shard(shards["train"], num_groups=2)
+        np.testing.assert_array_equal(users.user_ids, shards["test"].user_ids)
+        np.testing.assert_array_equal(
+            users.groups, shards["train"].user_groups[shards["train"].user_index]
+        )
+
+
+# --- the job, in a real Flower simulation ------------------------------------------------------
+
+
+def _independent_pld_epsilon(
+    releases: list[tuple[object, int]], delta: float, audits: list[tuple[float, int]] = ()
+) -> float:
+    """The PLD epsilon of the releases, built here directly with dp-accounting's events:
+    ``(training, count)`` Poisson-subsampled Gaussians and ``(epsilon, count)`` randomized
+    responses (an LDP report at its true epsilon)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+        value_discretization_interval=VALUE_DISCRETIZATION_INTERVAL,  # the ledger's grid
+    )
+    # One event per release: dp-accounting 0.6.0's PLDAccountant ignores the count of
+    # compose(RandomizedResponseDpEvent, count) (two compose to one), so no counts here.
+    for training, count in releases:
+        event = dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                training.sample_rate,  # type: ignore[attr-defined]
+                dp_accounting.GaussianDpEvent(training.noise_multiplier),  # type: ignore[attr-defined]
+            ),
+            training.steps,  # type: ignore[attr-defined]
+        )
+        for _ in range(count):
+            accountant.compose(event)
+    for epsilon, count in audits:
+        for _ in range(count):
+            accountant.compose(
+                dp_accounting.RandomizedResponseDpEvent(
+                    noise_parameter=2.0 / (1.0 + math.exp(epsilon)), num_buckets=2
+                )
+            )
+    return accountant.get_epsilon(delta)
+
+
+SMALL_PIPELINE = {
+    **PIPELINE,
+    "dataset": "synthetic",
+    "users-per-node": 150,
+    "fpfl-rounds": 8,
+    "fpfl-cohort-size": 150,
+    "fpfl-epsilon": 1.0,
+    "fpfl-statistics-smoothing": 0.9,
+    "fpfl-constraint-activation": "counts",
+    "fpfl-model-selection": "last",
+    "fef-resamples": 30,
+    "reply-timeout": 60,
+}
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_the_three_steps_in_one_simulation(tmp_path: Path) -> None:
+    keys = fedevalfair_simulation_keys(tmp_path / "keys", 3)
+    output = tmp_path / "run"
+    results = run_simulation_job(
+        {
+            **SMALL_PIPELINE,
+            "fef-public-context": str(keys.public_context),
+            "output-dir": str(output),
+        },
+        num_supernodes=3,
+        environment=keys.environment,
+    )
+    assert results["task"] == "pipeline" and results["num_users"] == 450
+    for session in ("fpfl", "pfl"):
+        model = results["models"][session]
+        training = json.loads((output / f"train-{session}" / "results.json").read_text())
+        assert training["algorithm"] == session and training["status"] == "completed"
+        assert model["training"]["epsilon"] == training["epsilon"] <= 1.0 + 1e-9
+        (audit,) = model["audits"]
+        assert audit["estimate"] is not None and audit["num_reports"] == 450
+        assert audit["detectable"]["gap"] is not None and audit["detectable"]["target_power"] == 0.8
+        # the harness truth is labelled, and each FedEvalFair test ran over the three holders
+        assert "not private" in model["harness"]["label"]
+        assert model["fedevalfair"]["error"] is None
+        assert {t["metric"] for t in model["fedevalfair"]["tests"]} == {"dp", "eo"}
+        assert all(t["report"] is not None for t in model["fedevalfair"]["tests"])
+    (row,) = results["comparison"]
+    low, high = row["comparison"]["interval"]
+    assert low < row["comparison"]["statistic"] < high
+    # Every user's ledger holds both trainings and both audits, composed as dp-accounting
+    # composes them here.
+    sigma = results["models"]["fpfl"]["training"]["noise_multiplier"]
+    assert sigma == results["models"]["pfl"]["training"]["noise_multiplier"]
+    training = SubsampledGaussianRelease(
+        noise_multiplier=sigma,
+        sample_rate=150 / 450,
+        steps=8,
+        delta=1 / 450,
+        job="fpfl",
+    )
+    audit_epsilons = [
+        results["models"][s]["audits"][0]["estimate"]["epsilon"] for s in ("fpfl", "pfl")
+    ]
+    assert audit_epsilons[0] == audit_epsilons[1] <= 1.0 + 1e-12
+    totals = results["privacy"]["ledger_totals_reported_by_nodes"]
+    assert totals["delta"] == USER_DELTA and totals["neighbouring"] == "replace-one-user"
+    assert totals["epsilon"] == pytest.approx(
+        _independent_pld_epsilon([(training, 2)], USER_DELTA, [(audit_epsilons[0], 2)]), rel=1e-6
+    )
+    # basic composition beside it (each release at its own delta, summed)
+    assert totals["basic_epsilon"] == pytest.approx(
+        2 * training.basic_epsilon + 2 * audit_epsilons[0], rel=1e-9
+    )
+    assert totals["basic_delta"] == pytest.approx(2 / 450)
+    steps = results["privacy"]["per_user_steps"]
+    assert [s["step"] for s in steps][:2] == ["FPFL training", "PFL training"]
+    assert sum(1 for s in steps if s["epsilon"] is None) == 2  # FedEvalFair: not DP, said so
+    assert set(results["timing"]["seconds_by_step"]) == {
+        "train-fpfl",
+        "train-pfl",
+        "audit",
+        "fedevalfair",
+    }
+    assert_report_matches_results(output)
+    status = json.loads((output / "status.json").read_text())
+    assert status["status"] == "completed"
+    assert [r["kind"] for r in status["releases"]] == [
+        "fpfl-training",
+        "fpfl-training",
+        "ldp-audit",
+        "ldp-audit",
+        "fedevalfair",
+        "fedevalfair",
+    ]
+
+
+# --- the project app's ledger files -------------------------------------------------------------
+
+
+def _project_node(tmp_path: Path, **node_config: str) -> Context:
+    return Context(
+        run_id=1,
+        node_id=7,
+        node_config={
+            "partition-id": 2,
+            "num-partitions": 4,
+            "ledger-dir": str(tmp_path),
+            **node_config,
+        },
+        state=RecordDict(),
+        run_config={},
+    )
+
+
+def test_one_ledger_per_population_in_the_project_app(tmp_path: Path) -> None:
+    """The audit's users and the pipeline's trainees are the same people: one file. The FPFL
+    job's embedded population is other people (on Adult another number of users, which the
+    audit's file would refuse, "ledger holds N users"): a file of its own. A node's own data
+    file is one set of users for every job."""
+    from fedparity.clients.app import node_ledger_file
+
+    node = _project_node(tmp_path)
+    files = {
+        task: node_ledger_file(node, RunConfig.from_mapping({**PIPELINE, "task": task}))
+        for task in ("ldp-audit", "fedevalfair", "pipeline", "fpfl")
+    }
+    assert files["ldp-audit"] == files["fedevalfair"] == files["pipeline"]
+    assert files["ldp-audit"] == tmp_path / "ledger-partition-2.json"
+    assert files["fpfl"] == tmp_path / "ledger-fpfl-partition-2.json"
+    own = _project_node(tmp_path, **{"data-file": str(tmp_path / "rows.csv")})
+    fpfl = RunConfig.from_mapping({"task": "fpfl"})
+    assert node_ledger_file(own, fpfl) == tmp_path / "ledger-partition-2.json"
