@@ -220,6 +220,15 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         "harness_plaintext": None if truth is None else truth.to_dict(),
         "max_abs_pvalue_difference_vs_plaintext": difference,
         "server_context_has_secret_key": context_has_secret_key(protocol.public_context),
+        "privacy": {
+            # What this job spent of the users' privacy ledgers: nothing. Its releases are
+            # aggregate statistics over at least the holders' min-holders, rounded and
+            # noise-flooded against key recovery (docs/threat-model.md), not differentially
+            # private, so no (epsilon, delta) is charged and the nodes report no totals.
+            "differentially_private": False,
+            "charged_to_ledgers": False,
+            "ledger_totals_reported_by_nodes": None,
+        },
         "elapsed_seconds": time.perf_counter() - started,
     }
     results = write_json(output_dir / "results.json", payload)

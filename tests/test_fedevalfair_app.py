@@ -82,6 +82,9 @@ def assert_matches_plaintext(results: dict) -> None:
     assert results["max_abs_pvalue_difference_vs_plaintext"] is not None
     assert results["max_abs_pvalue_difference_vs_plaintext"] <= PVALUE_TOLERANCE
     assert results["server_context_has_secret_key"] is False
+    # not DP: says so, and charges no ledger
+    assert results["privacy"]["differentially_private"] is False
+    assert results["privacy"]["ledger_totals_reported_by_nodes"] is None
 
 
 @pytest.mark.slow
