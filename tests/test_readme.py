@@ -38,7 +38,8 @@ def test_the_first_command_runs_the_main_job_and_the_second_is_what_ci_runs() ->
         if line and not line.startswith(("#", "set ", "cd "))
     ]
     assert ci == [tests]
-    assert tests.endswith("python -m pytest")  # the whole suite, not a marker-filtered lane
+    # the whole suite (no marker-filtered lane), two tests at a time
+    assert tests.endswith("python -m pytest -n 2 --dist worksteal")
 
 
 def test_the_three_papers_are_cited_with_authors_title_venue_and_year() -> None:
