@@ -135,9 +135,12 @@ def _comparison(
     for index, budget in enumerate(epsilons):
         reference, other = audits["pfl"][index].estimate, audits["fpfl"][index].estimate
         if reference is None or other is None:
-            rows.append(
-                {"budget": budget, "comparison": None, "error": "an audit gave no estimate"}
-            )
+            failed = [
+                f"the {session.upper()} audit gave no estimate ({audits[session][index].error})"
+                for session in ("fpfl", "pfl")
+                if audits[session][index].estimate is None
+            ]
+            rows.append({"budget": budget, "comparison": None, "error": "; ".join(failed)})
             continue
         pair = 0  # groups (0, 1): the pair the constraint is on for two groups
         compared = compare_gaps(

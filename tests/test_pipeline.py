@@ -287,6 +287,22 @@ def test_the_pipeline_runs_the_three_steps_in_one_simulation(tmp_path: Path) -> 
         "fedevalfair",
     }
     assert_report_matches_results(output)
+    # An audit without an estimate (a group indistinguishable from zero): the report still
+    # renders, says so, and keeps its numbers in step with results.json.
+    from fedparity.server.html_report import write_report
+    from fedparity.server.pipeline_report import pipeline_report
+
+    degraded = json.loads((output / "results.json").read_text())
+    degraded["models"]["pfl"]["audits"][0] |= {"estimate": None, "detectable": None}
+    degraded["comparison"] = [
+        {"budget": 1.0, "comparison": None, "error": "the PFL audit gave no estimate (test)"}
+    ]
+    folder = tmp_path / "degraded"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(degraded))
+    write_report(folder, pipeline_report(degraded))
+    parsed = assert_report_matches_results(folder)
+    assert any("PFL: the LDP audit gave no estimate" in line for line in parsed.headline_lines)
     status = json.loads((output / "status.json").read_text())
     assert status["status"] == "completed"
     assert [r["kind"] for r in status["releases"]] == [
@@ -375,3 +391,57 @@ def test_the_difference_the_report_says_two_audits_detect_is_detected_with_its_p
         resolved += compare_gaps(*pfl, *fpfl).resolved
     power = resolved / repetitions
     assert power >= 0.8 - 4 * math.sqrt(0.8 * 0.2 / repetitions), power
+
+
+@pytest.mark.slow
+def test_the_pipeline_on_adult_states_whether_its_audit_resolves_the_difference(
+    adult_path: Path, tmp_path: Path
+) -> None:
+    """configs/pipeline-adult.toml on the real UCI Adult (T cut to 20 rounds): 4,070 users on
+    10 nodes, the users' sex as the group everywhere; the report's comparison agrees with the
+    two audits, and when it does not resolve the difference it names what would."""
+    import tomllib
+
+    with (Path(__file__).resolve().parents[1] / "configs" / "pipeline-adult.toml").open(
+        "rb"
+    ) as handle:
+        config = tomllib.load(handle)
+    keys = fedevalfair_simulation_keys(tmp_path / "keys", 10)
+    output = tmp_path / "run"
+    config |= {
+        "data-dir": str(adult_path),
+        "download": False,
+        "fpfl-rounds": 20,
+        "fef-public-context": str(keys.public_context),
+        "output-dir": str(output),
+    }
+    results = run_simulation_job(config, num_supernodes=10, environment=keys.environment)
+    assert results["num_users"] == 4070 and results["num_nodes"] == 10
+    for session in ("fpfl", "pfl"):
+        model = results["models"][session]
+        assert model["audits"][0]["num_reports"] == 4070
+        assert model["fedevalfair"]["error"] is None
+        assert all(t["report"] is not None for t in model["fedevalfair"]["tests"])
+        assert 0.7 < model["harness"]["accuracy"] < 0.9
+    (row,) = results["comparison"]
+    compared = row["comparison"]
+    if compared is None:
+        # At epsilon = 1 the estimator may find the smallest group (women with a positive test
+        # row: a few hundred of 4,070) indistinguishable from zero in the perturbed reports;
+        # then there is no estimate, and the report says which audit and why.
+        failed = [
+            s for s in ("fpfl", "pfl") if results["models"][s]["audits"][0]["estimate"] is None
+        ]
+        assert failed and all(
+            f"the {s.upper()} audit gave no estimate" in row["error"] for s in failed
+        )
+        assert "indistinguishable from zero" in row["error"]
+        assert_report_matches_results(output)
+        return
+    assert compared["resolved"] == (compared["interval"][0] > 0)
+    if not compared["resolved"]:
+        # what the audits would need for a difference of 0.1: more budget, or more users
+        assert row["difference_planned_for"] == 0.1
+        assert row["epsilon_needed_per_audit"] is None or row["epsilon_needed_per_audit"] > 1
+        assert row["users_needed_at_budget"] > 4070
+    assert_report_matches_results(output)
