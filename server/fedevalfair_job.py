@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import tenseal as ts
 from flwr.app import Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -149,11 +150,10 @@ class FedEvalFairWithProgress(FedEvalFairProtocol):
         return replies
 
 
-def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
-    """Train, run the encrypted two-stage test, report; returns the output directory."""
-    record = record if record is not None else open_run_record(config)
-    output_dir = record.folder
-    started = time.perf_counter()
+def server_public_context(config: RunConfig) -> ts.Context:
+    """The server's public TenSEAL context (``fef-public-context``, else the default key
+    folder's), before any work: a missing file names the key and how to make it, and a context
+    holding a secret key is refused (:func:`~fedparity.mechanisms.ckks.load_public_context`)."""
     public_path = (
         Path(config.fef_public_context).expanduser()
         if config.fef_public_context
@@ -165,7 +165,15 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
             "pair with `fedparity keys` (default folder ~/.fedparity/keys) and give the nodes "
             "the secret one"
         )
-    public = load_public_context(public_path)  # refuses a context holding a secret key
+    return load_public_context(public_path)
+
+
+def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
+    """Train, run the encrypted two-stage test, report; returns the output directory."""
+    record = record if record is not None else open_run_record(config)
+    output_dir = record.folder
+    started = time.perf_counter()
+    public = server_public_context(config)
     protocol = FedEvalFairWithProgress(
         public,
         alpha=config.fef_alpha,

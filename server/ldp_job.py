@@ -44,6 +44,22 @@ from .report import (
 from .run_record import RunRecord, open_run_record
 
 
+def log_audit_outcome(outcome: AuditOutcome, confidence: float) -> None:
+    """One console line per audit: the gap and its interval, or why there is none."""
+    if outcome.estimate is None:
+        log(logging.WARNING, "\t└──> no estimate: %s", outcome.error)
+        return
+    log(
+        logging.INFO,
+        "\t└──> gap %.4f, %g%% interval [%.4f, %.4f] from %d reports",
+        outcome.estimate.max_gap,
+        100 * confidence,
+        outcome.estimate.max_gap_interval.low,
+        outcome.estimate.max_gap_interval.high,
+        outcome.estimate.num_reports,
+    )
+
+
 def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, audit at every epsilon, report; returns the output directory."""
     record = record if record is not None else open_run_record(config)
@@ -101,18 +117,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
         )
         outcome = audit.start(grid, arrays, timeout=config.reply_timeout, node_ids=node_ids)
         outcomes.append(outcome)
-        if outcome.estimate is not None:
-            log(
-                logging.INFO,
-                "\t└──> gap %.4f, %g%% interval [%.4f, %.4f] from %d reports",
-                outcome.estimate.max_gap,
-                100 * config.confidence,
-                outcome.estimate.max_gap_interval.low,
-                outcome.estimate.max_gap_interval.high,
-                outcome.estimate.num_reports,
-            )
-        else:
-            log(logging.WARNING, "\t└──> no estimate: %s", outcome.error)
+        log_audit_outcome(outcome, config.confidence)
 
     table = audit_table(config.epsilons, outcomes, truth)
     reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]

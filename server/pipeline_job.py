@@ -48,7 +48,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.config import PIPELINE_SESSIONS, RunConfig
-from ..mechanisms.ckks import DEFAULT_KEY_DIR, PUBLIC_CONTEXT_FILE, load_public_context
 from ..mechanisms.estimators import compare_gaps
 from ..mechanisms.power import (
     audit_detectable_gap,
@@ -57,10 +56,15 @@ from ..mechanisms.power import (
 )
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from ..strategies.replies import merge_ledger_totals
-from .fedevalfair_job import PROTOCOL_EXCHANGES, FedEvalFairWithProgress
+from .fedevalfair_job import (
+    PROTOCOL_EXCHANGES,
+    FedEvalFairWithProgress,
+    server_public_context,
+)
 from .fpfl_job import FPFLRun, train_fpfl
 from .harness import HARNESS_LABEL, ground_truth
 from .html_report import write_report
+from .ldp_job import log_audit_outcome
 from .orchestration import connect_nodes, harness_applies
 from .pipeline_report import pipeline_findings, pipeline_report
 from .progress import Progress
@@ -74,22 +78,6 @@ MODEL_NAMES = {
 }
 #: The power the planner's statements are made at.
 PLANNED_POWER = 0.8
-
-
-def _public_context(config: RunConfig) -> Any:
-    """The server's public TenSEAL context (refuses a secret one), before any work."""
-    path = (
-        Path(config.fef_public_context).expanduser()
-        if config.fef_public_context
-        else DEFAULT_KEY_DIR / PUBLIC_CONTEXT_FILE
-    )
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"fef-public-context: no public TenSEAL context at {path}; create the key pair "
-            "with `fedparity keys` (default folder ~/.fedparity/keys) and give the nodes the "
-            "secret one"
-        )
-    return load_public_context(path)
 
 
 def _model_arrays(weights: np.ndarray) -> ArrayRecord:
@@ -215,7 +203,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     record = record if record is not None else open_run_record(config)
     folder = record.folder
     started = time.perf_counter()
-    public = _public_context(config)
+    public = server_public_context(config)
     node_ids, nodes = connect_nodes(grid, config, minimum=2)
     log(
         logging.INFO,
@@ -276,18 +264,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
             log(logging.INFO, "[PIPELINE 2/3] LDP audit of %s at epsilon %g", session, budget)
             outcome = audit.start(grid, arrays, timeout=config.reply_timeout, node_ids=node_ids)
             audits[session].append(outcome)
-            if outcome.estimate is None:
-                log(logging.WARNING, "\t└──> no estimate: %s", outcome.error)
-            else:
-                log(
-                    logging.INFO,
-                    "\t└──> gap %.4f, %g%% interval [%.4f, %.4f] from %d reports",
-                    outcome.estimate.max_gap,
-                    100 * config.confidence,
-                    outcome.estimate.max_gap_interval.low,
-                    outcome.estimate.max_gap_interval.high,
-                    outcome.estimate.num_reports,
-                )
+            log_audit_outcome(outcome, config.confidence)
     seconds["audit"] = time.perf_counter() - tick
 
     # (3) FedEvalFair over the holders, once per model (its own session).

@@ -76,6 +76,16 @@ EXACT = FPFLNodeSettings(
     dropout_tolerance=0.25,
 )
 EXACT_POLICY = NodePrivacyPolicy(allow_non_private=True)
+#: A private training under masking and distributed noise (the built-in policy's rules).
+PRIVATE_TRAINING = FPFLNodeSettings(
+    constraint="fnr",
+    cohort_size=10,
+    rounds=5,
+    clipping_bound=CLIP,
+    epsilon=2.0,
+    delta=1e-6,
+    dropout_tolerance=0.0,
+)
 
 
 @dataclass

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from fedparity.clients import FPFLNodeSettings
 from fedparity.clients.fpfl_handlers import FPFL_LEDGER_REFUSAL
 from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
 from fedparity.clients.ledger import MIGRATED_SUFFIX
@@ -36,22 +35,14 @@ from fedparity.mechanisms.protocol import (
 )
 from fedparity.server.api import run_simulation_job
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import CLIP, POPULATION, SMALL_FPFL, USERS, MaskingNodes
+from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, SMALL_FPFL, USERS, MaskingNodes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 NODES = [3, 4, 5]
 USER_DELTA = 1e-6
 #: A private FPFL training under masking and distributed noise (the built-in policy's rules).
-TRAINING = FPFLNodeSettings(
-    constraint="fnr",
-    cohort_size=10,
-    rounds=5,
-    clipping_bound=CLIP,
-    epsilon=2.0,
-    delta=1e-6,
-    dropout_tolerance=0.0,
-)
+TRAINING = PRIVATE_TRAINING
 #: Five audits at epsilon 0.25 after the training: where the PLD's gain over basic
 #: composition is clear (about 1.89 against 2.35 at these parameters).
 AUDIT = mechanism_for_budget("R", 0.25)

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from fedparity.clients import FPFLNodeSettings
 from fedparity.clients.config import ConfigError, RunConfig
 from fedparity.clients.data import load_partition
 from fedparity.clients.fpfl_data import users_as_fpfl_shard
@@ -30,22 +29,13 @@ from fedparity.mechanisms.privacy_ledger import (
 )
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.server.api import fedevalfair_simulation_keys, run_simulation_job
-from tests.fpfl_nodes import CLIP, POPULATION, SALT, USERS, MaskingNodes
+from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, SALT, USERS, MaskingNodes
 from tests.test_html_report import assert_report_matches_results
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 NODES = [3, 4, 5]
-#: A private training (the built-in policy's rules: masking, distributed noise).
-TRAINING = FPFLNodeSettings(
-    constraint="fnr",
-    cohort_size=10,
-    rounds=5,
-    clipping_bound=CLIP,
-    epsilon=2.0,
-    delta=1e-6,
-    dropout_tolerance=0.0,
-)
+TRAINING = PRIVATE_TRAINING
 USER_DELTA = 1e-6
 
 
