@@ -168,20 +168,28 @@ def server_public_context(config: RunConfig) -> ts.Context:
     return load_public_context(public_path)
 
 
-def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
-    """Train, run the encrypted two-stage test, report; returns the output directory."""
-    record = record if record is not None else open_run_record(config)
-    output_dir = record.folder
-    started = time.perf_counter()
-    public = server_public_context(config)
-    protocol = FedEvalFairWithProgress(
+def fedevalfair_protocol(
+    config: RunConfig, public: ts.Context, *, session: str = ""
+) -> FedEvalFairWithProgress:
+    """The encrypted test with the run config's alpha, mu0, tolerance, key holders and reply
+    timeout; ``session`` labels it when a run tests more than one model (the pipeline)."""
+    return FedEvalFairWithProgress(
         public,
         alpha=config.fef_alpha,
         mu0=config.fef_mu0,
         tolerance=config.fef_tolerance,
         key_holders=config.fef_key_holders,
         timeout=config.reply_timeout,
+        session=session,
     )
+
+
+def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
+    """Train, run the encrypted two-stage test, report; returns the output directory."""
+    record = record if record is not None else open_run_record(config)
+    output_dir = record.folder
+    started = time.perf_counter()
+    protocol = fedevalfair_protocol(config, server_public_context(config))
     node_ids, nodes = connect_nodes(grid, config, minimum=2)
     log(
         logging.INFO,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -42,6 +43,28 @@ from .report import (
     write_json,
 )
 from .run_record import RunRecord, open_run_record
+
+
+def ldp_audit_for(
+    config: RunConfig,
+    budget: float,
+    *,
+    audit_id: str,
+    users_by_node: Mapping[int, int],
+    group_sizes: Sequence[int] | None = None,
+) -> LdpGapAudit:
+    """One audit at ``budget`` with the run config's mechanism, groups, metric and
+    confidence."""
+    return LdpGapAudit.for_budget(
+        config.mechanism,  # type: ignore[arg-type]
+        budget,
+        num_groups=config.num_groups,
+        metric=config.metric,
+        confidence=config.confidence,
+        group_sizes=group_sizes,
+        audit_id=audit_id,
+        users_by_node=users_by_node,
+    )
 
 
 def log_audit_outcome(outcome: AuditOutcome, confidence: float) -> None:
@@ -93,15 +116,12 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
     outcomes: list[AuditOutcome] = []
     spent = 0.0
     for index, budget in enumerate(config.epsilons):
-        audit = LdpGapAudit.for_budget(
-            config.mechanism,  # type: ignore[arg-type]
+        audit = ldp_audit_for(
+            config,
             budget,
-            num_groups=config.num_groups,
-            metric=config.metric,
-            confidence=config.confidence,
-            group_sizes=truth.group_counts if (truth and config.group_sizes == "known") else None,
             audit_id=f"audit-{index + 1}-eps-{budget:g}",
             users_by_node=nodes.users_by_node,
+            group_sizes=truth.group_counts if (truth and config.group_sizes == "known") else None,
         )
         mechanism = audit.mechanism
         log(logging.INFO, "[AUDIT %d/%d] epsilon %g", index + 1, len(config.epsilons), budget)

@@ -54,17 +54,17 @@ from ..mechanisms.power import (
     audit_minimum_epsilon,
     audit_minimum_users,
 )
-from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.replies import merge_ledger_totals
 from .fedevalfair_job import (
     PROTOCOL_EXCHANGES,
-    FedEvalFairWithProgress,
+    fedevalfair_protocol,
     server_public_context,
 )
 from .fpfl_job import FPFLRun, train_fpfl
 from .harness import HARNESS_LABEL, ground_truth
 from .html_report import write_report
-from .ldp_job import log_audit_outcome
+from .ldp_job import ldp_audit_for, log_audit_outcome
 from .orchestration import connect_nodes, harness_applies
 from .pipeline_report import pipeline_findings, pipeline_report
 from .progress import Progress
@@ -245,12 +245,9 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
         if harness_applies(config, nodes):
             truths[session] = ground_truth(config, arrays, nodes.partitions)
         for index, budget in enumerate(config.epsilons):
-            audit = LdpGapAudit.for_budget(
-                config.mechanism,  # type: ignore[arg-type]
+            audit = ldp_audit_for(
+                config,
                 budget,
-                num_groups=config.num_groups,
-                metric=config.metric,
-                confidence=config.confidence,
                 audit_id=f"pipeline-{session}-audit-{index + 1}-eps-{budget:g}",
                 users_by_node=nodes.users_by_node,
             )
@@ -271,15 +268,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     tick = time.perf_counter()
     tests: dict[str, Any] = {}
     for session in PIPELINE_SESSIONS:
-        protocol = FedEvalFairWithProgress(
-            public,
-            alpha=config.fef_alpha,
-            mu0=config.fef_mu0,
-            tolerance=config.fef_tolerance,
-            key_holders=config.fef_key_holders,
-            timeout=config.reply_timeout,
-            session=session,
-        )
+        protocol = fedevalfair_protocol(config, public, session=session)
         record.add_release(
             what=f"FedEvalFair test statistics of the {session.upper()} model (decrypted "
             "aggregates)",
