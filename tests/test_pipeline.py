@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedparity.clients.config import ConfigError, RunConfig
@@ -435,3 +436,39 @@ def test_the_pipeline_on_adult_states_whether_its_audit_resolves_the_difference(
         assert row["epsilon_needed_per_audit"] is None or row["epsilon_needed_per_audit"] > 1
         assert row["users_needed_at_budget"] > 4070
     assert_report_matches_results(output)
+
+
+# --- a hostile server's model -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        (None, "'weights' is missing"),
+        (np.zeros(3), "must hold the model's finite parameters"),  # wrong size
+        ("nan", "must hold the model's finite parameters"),
+    ],
+)
+def test_a_node_refuses_a_pipeline_model_that_is_not_its_model(weights: object, match: str) -> None:
+    """The model the audit and FedEvalFair evaluate comes from the server: a node loads only a
+    finite vector of exactly its network's parameter count, and says which field is wrong."""
+    from flwr.app import Array, ArrayRecord
+
+    from fedparity.clients.app import load_shard_for, received_model
+    from fedparity.clients.fpfl_task import build_model_for, num_parameters
+    from fedparity.clients.messages import MessageError
+
+    config = RunConfig.from_mapping({**PIPELINE, "users-per-node": 20})
+    shard = load_shard_for(config, 0, 2, "test")
+    size = num_parameters(build_model_for("shallow", (shard.num_features,), num_classes=2))
+    if weights is None:
+        arrays = ArrayRecord({"w": Array(np.zeros(size))})
+    elif isinstance(weights, str):
+        arrays = ArrayRecord({"weights": Array(np.full(size, np.nan))})
+    else:
+        arrays = ArrayRecord({"weights": Array(weights)})
+    with pytest.raises(MessageError, match=match):
+        received_model(shard, arrays, config)
+    honest = ArrayRecord({"weights": Array(np.zeros(size))})
+    logits = received_model(shard, honest, config)(torch.zeros(1, shard.num_features))
+    assert logits.shape == (1, 1)
