@@ -34,6 +34,7 @@ setting of Rodriguez-Galvez et al. 2021, Section 4.1: ``K = 16280`` users, ``eps
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import math
@@ -42,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
+
+import numpy as np
 
 from ._validation import (
     check_choice,
@@ -248,11 +251,16 @@ def privacy_spent_history(
         return PrivacySpent(
             epsilon, delta, total, last_sigma, last_rate, accountant, history=tuple(segments)
         )
-    rdp = RDPAccountant()
-    rdp.history = list(segments)
+    # What RDPAccountant.get_privacy_spent computes for this history, with each segment's
+    # one-step RDP cached: Opacus's compute_rdp is the one-step curve times the steps, and a
+    # training asks for its epsilon after every round.
+    alphas = RDPAccountant.DEFAULT_ALPHAS
+    curve = sum(steps * _one_step_rdp(sigma, rate) for sigma, rate, steps in segments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # reported as order_at_edge instead
-        epsilon, order = rdp.get_privacy_spent(delta=delta)
+        epsilon, order = _opacus("opacus.accountants.analysis.rdp").get_privacy_spent(
+            orders=alphas, rdp=curve, delta=delta
+        )
     return PrivacySpent(
         float(epsilon),
         delta,
@@ -264,6 +272,19 @@ def privacy_spent_history(
         order_at_edge=math.isclose(float(order), max(RDPAccountant.DEFAULT_ALPHAS)),
         history=tuple(segments),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _one_step_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """Opacus's RDP curve of one subsampled Gaussian step at RDPAccountant's default orders
+    (read-only: cached)."""
+    alphas = _opacus("opacus.accountants").RDPAccountant.DEFAULT_ALPHAS
+    curve = _opacus("opacus.accountants.analysis.rdp").compute_rdp(
+        q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=alphas
+    )
+    curve = np.asarray(curve, dtype=np.float64)
+    curve.setflags(write=False)
+    return curve
 
 
 def calibrate_noise(

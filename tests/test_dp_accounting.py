@@ -177,3 +177,29 @@ def test_importing_opacus_leaves_the_root_logger_alone() -> None:
         for name, action in (("fedparity", ours), ("opacus alone", raw))
     }
     assert added == {"fedparity": "0", "opacus alone": "1"}
+
+
+def test_epsilon_after_every_round_is_opacus_rdp_exactly() -> None:
+    """A training asks for its epsilon after every round; each segment's one-step RDP curve
+    is cached (Opacus's compute_rdp is that curve times the steps). The result stays exactly
+    Opacus RDPAccountant's, round after round and across segments, and the cache cannot be
+    altered by a caller."""
+    from opacus.accountants import RDPAccountant
+
+    from fedparity.mechanisms.dp_accounting import _one_step_rdp, privacy_spent_history
+
+    for history in (
+        [(2.3828, 1000 / 14062, 1)],
+        [(2.3828, 1000 / 14062, 250)],
+        [(1.2, 0.25, 7), (0.9, 0.4, 5), (1.2, 0.25, 3)],
+    ):
+        reference = RDPAccountant()
+        reference.history = list(history)
+        epsilon, order = reference.get_privacy_spent(delta=1e-6)
+        ours = privacy_spent_history(history, delta=1e-6)
+        assert (ours.epsilon, ours.best_order) == (epsilon, order)
+        again = privacy_spent_history(history, delta=1e-6)  # from the cache
+        assert (again.epsilon, again.best_order) == (epsilon, order)
+    curve = _one_step_rdp(1.2, 0.25)
+    with pytest.raises(ValueError, match="read-only"):
+        curve[0] = 0.0
