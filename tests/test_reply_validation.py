@@ -342,3 +342,85 @@ def test_an_error_the_superlink_sends_for_a_dead_node_counts_that_node_missing()
     own.metadata.__dict__["_src_node_id"] = 7
     refused = audit.aggregate_audit([7, 8], attribute_replies(sent, [own, honest]))
     assert [r.node_id for r in refused.rejected] == [7] and refused.missing_nodes == ()
+
+
+class _VirtualClock:
+    """``time.monotonic`` and ``time.sleep`` of the replies module on a virtual clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+class _TimedGrid:
+    """A grid whose node replies become available at given (virtual) times after the push."""
+
+    def __init__(self, clock: _VirtualClock, arrivals: dict[int, float]) -> None:
+        self.clock, self.arrivals = clock, arrivals
+        self.pulls: list[float] = []
+        self.sent: list[Message] = []
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        self.pushed_at = self.clock.now
+        for number, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"message-{number}"
+            self.sent.append(message)
+        return [message.metadata.message_id for message in messages]
+
+    def pull_messages(self, message_ids: set[str]) -> list[Message]:
+        self.pulls.append(self.clock.now - self.pushed_at)
+        ready = []
+        for message in self.sent:
+            node = int(message.metadata.dst_node_id)
+            arrived = self.clock.now - self.pushed_at >= self.arrivals[node]
+            if message.metadata.message_id in message_ids and arrived:
+                reply = Message(RecordDict({}), reply_to=message)
+                reply.metadata.__dict__["_src_node_id"] = node
+                ready.append(reply)
+        return ready
+
+
+@pytest.mark.parametrize("arrival", [0.0005, 0.03, 0.21, 0.4, 3.7, 41.0])
+def test_a_reply_is_read_at_most_five_percent_after_it_arrived(
+    arrival: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """send_and_receive reads the last reply within max(5% of the wait, 2 ms, capped at
+    0.25 s) of its arrival. The geometric back-off it replaces (x1.5 per poll) read a reply
+    that arrived at 0.21 s at 0.26 s: 55 ms of a 0.2 s FPFL round."""
+    from fedparity.strategies import replies
+
+    clock = _VirtualClock()
+    monkeypatch.setattr(replies.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(replies.time, "sleep", clock.sleep)
+    grid = _TimedGrid(clock, {7: arrival / 3, 8: arrival})
+    sent = [_instruction(7), _instruction(8)]
+    got = replies.send_and_receive(grid, sent, timeout=120.0)  # type: ignore[arg-type]
+    assert sorted(int(reply.metadata.src_node_id) for reply in got) == [7, 8]
+    lag = grid.pulls[-1] - arrival
+    allowed = min(max(0.05 * arrival, 0.002), 0.25)  # the promise, not the constants
+    assert 0 <= lag <= allowed + 1e-12
+    # the polls: 2 ms apart at first, never more than 0.25 s
+    gaps = np.diff(grid.pulls)
+    assert gaps.size == 0 or (gaps.min() >= 0.002 - 1e-12 and gaps.max() <= 0.25 + 1e-12)
+
+
+def test_waiting_out_a_timeout_costs_few_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that never replies: the wait ends at the timeout, after ~14 polls per doubling
+    of the wait and then one per 0.25 s (about 330 for a minute), not one per 2 ms."""
+    from fedparity.strategies import replies
+
+    clock = _VirtualClock()
+    monkeypatch.setattr(replies.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(replies.time, "sleep", clock.sleep)
+    grid = _TimedGrid(clock, {7: 0.1, 8: math.inf})
+    got = replies.send_and_receive(grid, [_instruction(7), _instruction(8)], timeout=60.0)  # type: ignore[arg-type]
+    assert [int(reply.metadata.src_node_id) for reply in got] == [7]
+    assert grid.pulls[-1] == pytest.approx(60.0)
+    # 20 polls to 40 ms, ln(5 / 0.04) / 0.05 ~ 97 to 5 s, 220 at 0.25 s to 60 s
+    assert 300 <= len(grid.pulls) <= 360
