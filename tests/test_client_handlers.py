@@ -22,7 +22,7 @@ from fedparity.mechanisms import (
     randomized_response_epsilon,
 )
 from fedparity.mechanisms.privacy_ledger import UserLedger
-from fedparity.mechanisms.protocol import AUDIT_MESSAGE_TYPE
+from fedparity.mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
 RUN_CONFIG = {"users-per-node": 40, "epsilons": "1", "user-budget": 2.5}
@@ -197,3 +197,39 @@ def test_adult_users_audit_through_the_handler(adult_path: Path, ledger_dir: Pat
     assert metrics["num-reports"] == 500 and "num-undefined" not in metrics
     groups = reply.content.array_records["reports"]["groups"].numpy()
     assert set(np.unique(groups)) <= {0, 1, 2} and groups.size == 500
+
+
+def _seed_echo(msg: Message, context: Context, config: RunConfig) -> Message:
+    """An injected handler: answers with the run config it was given (seed, task)."""
+    from flwr.app import MetricRecord
+
+    record = MetricRecord({"seed": config.seed, "fpfl": int(config.task == "fpfl")})
+    return Message(content=RecordDict({"echo": record}), reply_to=msg)
+
+
+def test_the_client_app_travels_to_ray_actors_as_its_build_arguments() -> None:
+    """Flower's Ray backend pickles the ClientApp with every message. Pickled by value, the
+    app's run-config closures took 10.7 kB and 2 ms of the server process per message (a fifth
+    of an FPFL round with 10 nodes); it now travels as build_client_app's arguments, and the
+    app rebuilt on the actor answers exactly as the original, with its run-config overrides
+    and injected handlers."""
+    import ray.cloudpickle as cloudpickle
+
+    from fedparity.clients.app import app, build_client_app
+
+    assert len(cloudpickle.dumps(app)) < 200
+    original = build_client_app({"task": "fpfl", "seed": 5}, handlers={"query.echo": _seed_echo})
+    payload = cloudpickle.dumps(original)
+    assert len(payload) < 1000
+    rebuilt = cloudpickle.loads(payload)
+    assert type(rebuilt) is type(original)
+    message = Message(content=RecordDict({}), dst_node_id=7, message_type="query.echo")
+    message.metadata.__dict__["_message_id"] = "message-0"
+    for client_app in (original, rebuilt):
+        reply = client_app(message, make_context())
+        assert dict(reply.content.metric_records["echo"]) == {"seed": 5, "fpfl": 1}
+    described = Message(content=RecordDict({}), dst_node_id=7, message_type="query.describe")
+    described.metadata.__dict__["_message_id"] = "message-1"
+    assert dict(rebuilt(described, make_context()).content.metric_records[METRICS_KEY]) == dict(
+        original(described, make_context()).content.metric_records[METRICS_KEY]
+    )
