@@ -24,9 +24,9 @@ CLI against a simulation SuperLink started here (tests/flower_processes.py), 10 
 SuperNodes; the copy differs from the named config only in ``data-dir`` and ``output-dir``.
 End to end = from before the SuperLink starts until ``flwr run`` returned and the run status
 was read; per round = results.json ``history[].seconds``. Targets: < 200 s end to end and
-< 0.7 s per round. It then runs benchmarks/fpfl_statistics.py (vectorised vs per-user loop of
-the per-user statistics; target >= 10x; it also writes its own
-results/fpfl_statistics.md) and reports its headline number.
+at most 0.3 s per round with double masking (issue 12). It then runs
+benchmarks/fpfl_statistics.py (vectorised vs per-user loop of the per-user statistics; target
+>= 10x; it also writes its own results/fpfl_statistics.md) and reports its headline number.
 
 Writes benchmarks/results/fpfl_adult.md (+ .json with ``--json``).
 """
@@ -68,7 +68,7 @@ LABELS = {
 METRICS = ("accuracy", "fnr_gap", "eo_gap", "demp_gap", "pp_gap")
 NUM_SUPERNODES = 10
 E2E_TARGET_S = 200.0
-ROUND_TARGET_S = 0.7
+ROUND_TARGET_S = 0.3
 SPEEDUP_TARGET = 10.0
 SEED_NOTE = (
     "Seeded runs (`seed` = `fpfl-client-seed` = the seed) are reproducible and therefore NOT "
@@ -384,7 +384,7 @@ def time_flwr_run(adult_dir: Path, timeout: float) -> dict[str, Any]:
         "epsilon": results["epsilon"],
         "noise_multiplier": results["noise_multiplier"],
         "end_to_end_pass": end_to_end < E2E_TARGET_S,
-        "round_pass": mean_round < ROUND_TARGET_S,
+        "round_pass": mean_round <= ROUND_TARGET_S,
     }
 
 
@@ -429,7 +429,7 @@ def timing_markdown(flwr: dict[str, Any], stats: dict[str, Any] | None) -> list[
         f"| end to end (s) | {flwr['end_to_end_seconds']:.1f} | < {E2E_TARGET_S:.0f} "
         f"| {_verdict(flwr['end_to_end_pass'])} |",
         f"| per round, mean of history[].seconds (s) | {flwr['round_seconds_mean']:.3f} "
-        f"| < {ROUND_TARGET_S} | {_verdict(flwr['round_pass'])} |",
+        f"| <= {ROUND_TARGET_S} | {_verdict(flwr['round_pass'])} |",
         f"| per round, median (s) | {flwr['round_seconds_median']:.3f} | | |",
         f"| per round, max (s) | {flwr['round_seconds_max']:.3f} | | |",
         f"| wall time / rounds (s, {flwr['rounds']} rounds) "
