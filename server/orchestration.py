@@ -96,8 +96,6 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescr
         if int(metrics.get("own-data", 0)):  # type: ignore[union-attr]
             found.own_data.append(node)
         found.partitions.append(partition)
-    if found.num_features is None:
-        raise RuntimeError(f"no node described its data: {found.failed}")
     return found
 
 
@@ -111,10 +109,29 @@ def connect_nodes(
     the size of the federation it belongs to: when fewer nodes than that have described
     themselves, wait (up to ``node-wait-timeout`` in all) for the rest, then describe again.
     After the timeout the job goes on with the nodes present and says so.
+
+    A node's first message starts its ClientApp (imports; in a deployment a new process),
+    which on a loaded machine can outlast a short ``reply-timeout``: while no node has
+    described itself and some have not answered at all, they are asked again until
+    ``node-wait-timeout``. Nodes that all answer with an error are not asked again.
     """
     deadline = time.monotonic() + config.node_wait_timeout
     node_ids = wait_for_nodes(grid, max(config.min_nodes, minimum), config.node_wait_timeout)
     nodes = describe_nodes(grid, node_ids, config.reply_timeout)
+    while (
+        nodes.num_features is None
+        and len(nodes.failed) < len(node_ids)
+        and time.monotonic() < deadline
+    ):
+        log(
+            logging.INFO,
+            "no node described its data within reply-timeout = %g s (a ClientApp starts with "
+            "its first message); asking again, up to node-wait-timeout = %g s in all",
+            config.reply_timeout,
+            config.node_wait_timeout,
+        )
+        node_ids = sorted(grid.get_node_ids())
+        nodes = describe_nodes(grid, node_ids, config.reply_timeout)
     expected = max((count for _, count in nodes.partitions), default=0)
     while len(nodes.partitions) < expected:
         remaining = deadline - time.monotonic()
@@ -135,6 +152,8 @@ def connect_nodes(
         nodes = describe_nodes(grid, node_ids, config.reply_timeout)
         if len(node_ids) >= expected and len(nodes.partitions) < expected:
             break  # every node is connected; the ones that failed are in nodes.failed
+    if nodes.num_features is None:
+        raise RuntimeError(f"no node described its data: {nodes.failed}")
     return node_ids, nodes
 
 

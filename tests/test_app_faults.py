@@ -13,7 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from flwr.app import ConfigRecord, Context, Message
 
+from fedparity.clients.config import RunConfig
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT
 
 try:
@@ -73,3 +75,53 @@ def test_audit_completes_despite_crashed_silent_and_malformed_nodes(tmp_path: Pa
     assert any("output domain" in reason for reason in reasons)
     assert audit["estimate"] is not None  # estimated from the three good nodes
     assert "rejected reply from node" in run.output
+
+
+COLD_START_SECONDS = 6.0
+
+
+def cold_describe(msg: Message, context: Context, config: RunConfig) -> Message:
+    """The real describe handler, behind a cold start: a node's first message takes longer
+    than the server's reply-timeout (as a ClientApp that is still importing, on a loaded
+    machine, does)."""
+    import time
+
+    from fedparity.clients.app import describe
+
+    if "cold-start" not in context.state.config_records:
+        context.state["cold-start"] = ConfigRecord({"done": True})
+        time.sleep(COLD_START_SECONDS)
+    return describe(msg, context, config)
+
+
+@pytest.mark.slow
+def test_a_cold_start_longer_than_the_reply_timeout_does_not_fail_the_run(
+    tmp_path: Path,
+) -> None:
+    """No node describes itself within reply-timeout (2 s) because every ClientApp takes 6 s
+    over its first message: the server asks again until node-wait-timeout and the audit
+    runs. (Before, the job failed at once with 'no node described its data: []', as CI saw
+    under load with the fault tests' short reply-timeouts.)"""
+    from flwr.simulation import run_simulation
+
+    from fedparity.clients.app import build_client_app
+    from fedparity.server.app import build_server_app
+
+    overrides = {
+        "output-dir": str(tmp_path / "run"),
+        "users-per-node": 50,
+        "num-server-rounds": 1,
+        "epsilons": "2",
+        "user-budget": 2.0,
+        "reply-timeout": 2.0,
+        "node-wait-timeout": 60.0,
+    }
+    run_simulation(
+        server_app=build_server_app(overrides),
+        client_app=build_client_app(overrides, handlers={"query.describe": cold_describe}),
+        num_supernodes=2,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    (audit,) = results["audits"]
+    assert audit["accepted_nodes"] == 2 and audit["num_reports"] == 100
