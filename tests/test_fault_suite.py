@@ -23,6 +23,7 @@ refused (sigma and q had changed).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,9 +34,10 @@ from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.server.run_record import read_status
 
 try:
-    from tests.flower_processes import Deployment, local_deployment, wait_for
+    from tests.flower_processes import BackgroundRun, Deployment, local_deployment, wait_for
 except ImportError:  # pragma: no cover
     from flower_processes import (  # type: ignore[no-redef, import-not-found]
+        BackgroundRun,
         Deployment,
         local_deployment,
         wait_for,
@@ -68,6 +70,25 @@ def _rounds_released(folder: Path) -> int:
     return json.loads(ledger.read_text())["rounds_released"] if ledger.exists() else 0
 
 
+def _wait_during(
+    background: BackgroundRun, predicate: Callable[[], object], timeout: float, what: str
+) -> None:
+    """:func:`wait_for` ``predicate`` while ``background`` runs: a run that ends first, or a
+    timeout, fails at once with the run's own output (the ServerApp's log says why)."""
+
+    def reached() -> bool:
+        if predicate():
+            return True
+        if not background.running():
+            raise AssertionError(f"the run ended before {what}:\n{background.output()[-4000:]}")
+        return False
+
+    try:
+        wait_for(reached, timeout, what=what)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{background.output()[-4000:]}") from None
+
+
 def _results(folder: Path) -> dict:
     return json.loads((folder / "results.json").read_text())
 
@@ -91,7 +112,7 @@ def test_ldp_audit_faults(tmp_path: Path) -> None:
         background = deployment.run_in_background(
             {**LDP, "epsilons": "0.5,0.5", "output-dir": str(first)}, timeout=400
         )
-        wait_for(lambda: _releases(first) >= 1, 300, what="the first audit to be sent")
+        _wait_during(background, lambda: _releases(first) >= 1, 300, "the first audit to be sent")
         dead = deployment.node_ids[2]
         deployment.kill_supernode(2)
         run = background.wait()
@@ -123,10 +144,11 @@ def test_ldp_audit_faults(tmp_path: Path) -> None:
         background = deployment.run_in_background(
             {**LDP, "epsilons": "0.5,0.5,0.5,0.5,0.5,0.5", "output-dir": str(second)}, timeout=300
         )
-        wait_for(
+        _wait_during(
+            background,
             lambda: _spent(deployment, 0) > spent_before[0],
             200,
-            what="node 0 to charge its users for the first audit",
+            "node 0 to charge its users for the first audit",
         )
         deployment.restart_superlink()
         background.close()
@@ -206,10 +228,11 @@ def test_fpfl_faults(tmp_path: Path) -> None:
             "output-dir": str(folder),
         }
         background = deployment.run_in_background(config, timeout=300)
-        wait_for(
+        _wait_during(
+            background,
             lambda: _rounds_released(folder) >= 3,
             240,
-            what="round 3 to be released (after the round-2 checkpoint)",
+            "round 3 to be released (after the round-2 checkpoint)",
         )
         deployment.kill_serverapp()
         background.close()
@@ -250,7 +273,9 @@ def test_fpfl_faults(tmp_path: Path) -> None:
             "output-dir": str(folder),
         }
         background = deployment.run_in_background(config, timeout=300)
-        wait_for(lambda: _rounds_released(folder) >= 2, 240, what="two FPFL rounds to be released")
+        _wait_during(
+            background, lambda: _rounds_released(folder) >= 2, 240, "two FPFL rounds to be released"
+        )
         dead = deployment.node_ids[2]
         deployment.kill_supernode(2)
         run = background.wait()
@@ -318,7 +343,7 @@ def test_fedevalfair_holder_killed_mid_exchange(tmp_path: Path) -> None:
             },
             timeout=400,
         )
-        wait_for(lambda: _releases(folder) >= 1, 300, what="the test to start")
+        _wait_during(background, lambda: _releases(folder) >= 1, 300, "the test to start")
         dead = deployment.node_ids[3]
         deployment.kill_supernode(3)
         run = background.wait()
