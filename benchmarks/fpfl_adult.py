@@ -410,6 +410,30 @@ def run_statistics_benchmark(repeats: int) -> dict[str, Any]:
     }
 
 
+def shamir_reference_ms(num_nodes: int = NUM_SUPERNODES, repeats: int = 7) -> float:
+    """The server's own CPU work that most decides whether a round fits Flower's delivery
+    ticks: rebuilding ``num_nodes`` self-mask seeds from ``num_nodes`` shares each (what
+    :class:`~fedparity.strategies.FPFLProtocol` does after every unmask; pycryptodome's
+    Shamir over GF(2^128)). Median of ``repeats``, in ms: a machine speed reference for the
+    round times, which are quantised by the 0.1 s tick and so move in steps with CPU speed."""
+    from fedparity.mechanisms.secure_sum import (
+        combine_self_seed,
+        new_self_seed,
+        share_self_seed,
+    )
+
+    members = list(range(1, num_nodes + 1))
+    threshold = math.ceil(0.8 * num_nodes)  # n_min at fpfl-dropout-tolerance = 0.2
+    shares = [share_self_seed(new_self_seed(), members, threshold) for _ in members]
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for owner_shares in shares:
+            combine_self_seed(list(owner_shares.values()))
+        times.append(1e3 * (time.perf_counter() - started))
+    return statistics.median(times)
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -437,6 +461,8 @@ def timing_markdown(flwr: dict[str, Any], stats: dict[str, Any] | None) -> list[
         f"| SuperLink start-up (s) | {flwr['superlink_startup_seconds']:.1f} | | |",
         f"| `flwr run` call (s) | {flwr['flwr_run_seconds']:.1f} | | |",
         f"| FPFL job inside the ServerApp (s) | {flwr['job_seconds_total']:.1f} | | |",
+        f"| machine reference: the server's Shamir work of one round, alone (ms) "
+        f"| {flwr['shamir_reference_ms']:.0f} | | |",
     ]
     if stats is not None:
         headline = stats["adult_min_speedup"]
@@ -464,7 +490,9 @@ def run_timing(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     """Part 2: the timed ``flwr run`` and the statistics benchmark."""
     adult_dir = Path(args.adult_dir).resolve()
     print("[timing] flwr run ...", flush=True)
+    reference = shamir_reference_ms()
     flwr = time_flwr_run(adult_dir, args.timeout)
+    flwr["shamir_reference_ms"] = reference
     print(
         f"[timing] end to end {flwr['end_to_end_seconds']:.1f} s, "
         f"{flwr['round_seconds_mean']:.3f} s/round (mean)",
