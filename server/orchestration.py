@@ -193,7 +193,10 @@ def train_global_model(
                 timeout=config.reply_timeout,
                 train_config=ConfigRecord({"learning-rate": config.learning_rate}),
             )
-        arrays = result.arrays
+        # Flower's Result holds arrays only from a round that aggregated: when no round had a
+        # valid reply, the model is the initial one (not an empty record).
+        if len(result.arrays):
+            arrays = result.arrays
         losses = {
             int(rnd): float(metrics.get("train-loss", float("nan")))
             for rnd, metrics in result.train_metrics_clientapp.items()

@@ -77,7 +77,10 @@ def test_audit_completes_despite_crashed_silent_and_malformed_nodes(tmp_path: Pa
     assert "rejected reply from node" in run.output
 
 
-COLD_START_SECONDS = 6.0
+#: A ClientApp's first message takes this long (seconds), against a reply-timeout of
+#: COLD_START_REPLY_TIMEOUT: the first two describe requests go unanswered.
+COLD_START_SECONDS = 20.0
+COLD_START_REPLY_TIMEOUT = 8.0
 
 
 def cold_describe(msg: Message, context: Context, config: RunConfig) -> Message:
@@ -94,14 +97,12 @@ def cold_describe(msg: Message, context: Context, config: RunConfig) -> Message:
     return describe(msg, context, config)
 
 
-@pytest.mark.slow
-def test_a_cold_start_longer_than_the_reply_timeout_does_not_fail_the_run(
-    tmp_path: Path,
-) -> None:
-    """No node describes itself within reply-timeout (2 s) because every ClientApp takes 6 s
-    over its first message: the server asks again until node-wait-timeout and the audit
-    runs. (Before, the job failed at once with 'no node described its data: []', as CI saw
-    under load with the fault tests' short reply-timeouts.)"""
+def failing_training(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Every training request fails on the node (an error reply)."""
+    raise RuntimeError("simulated crash during training")
+
+
+def _run_audit(tmp_path: Path, overrides: dict, handlers: dict) -> dict:
     from flwr.simulation import run_simulation
 
     from fedparity.clients.app import build_client_app
@@ -110,18 +111,52 @@ def test_a_cold_start_longer_than_the_reply_timeout_does_not_fail_the_run(
     overrides = {
         "output-dir": str(tmp_path / "run"),
         "users-per-node": 50,
-        "num-server-rounds": 1,
         "epsilons": "2",
         "user-budget": 2.0,
-        "reply-timeout": 2.0,
-        "node-wait-timeout": 60.0,
+        **overrides,
     }
     run_simulation(
         server_app=build_server_app(overrides),
-        client_app=build_client_app(overrides, handlers={"query.describe": cold_describe}),
+        client_app=build_client_app(overrides, handlers=handlers),
         num_supernodes=2,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    return json.loads((tmp_path / "run" / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_cold_start_longer_than_the_reply_timeout_does_not_fail_the_run(
+    tmp_path: Path,
+) -> None:
+    """No node describes itself within reply-timeout (8 s) because every ClientApp takes 20 s
+    over its first message: the server asks again until node-wait-timeout and the audit
+    runs. (Before, the job failed at once with 'no node described its data: []', as CI saw
+    under load with the fault tests' short reply-timeouts.)"""
+    results = _run_audit(
+        tmp_path,
+        {
+            "num-server-rounds": 0,
+            "reply-timeout": COLD_START_REPLY_TIMEOUT,
+            "node-wait-timeout": 90.0,
+        },
+        {"query.describe": cold_describe},
+    )
+    (audit,) = results["audits"]
+    assert audit["accepted_nodes"] == 2 and audit["num_reports"] == 100
+
+
+@pytest.mark.slow
+def test_a_training_without_any_valid_reply_audits_the_initial_model(tmp_path: Path) -> None:
+    """Every node fails the only FedAvg round: the model stays the initial one, as the log
+    says, and the audit runs on it. (Before, Flower's empty result record replaced the model
+    and the job died with 'arrays must hold 2 arrays (state_dict), got 0'.)"""
+    results = _run_audit(
+        tmp_path,
+        {"num-server-rounds": 1, "reply-timeout": 60.0},
+        {"train": failing_training},
+    )
+    training = results["training"]
+    assert len(training["rejected_replies"]["1"]) == 2
+    assert all(INTERNAL_ERROR_TEXT in r["reason"] for r in training["rejected_replies"]["1"])
     (audit,) = results["audits"]
     assert audit["accepted_nodes"] == 2 and audit["num_reports"] == 100
