@@ -53,10 +53,3 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(home))
         yield home
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the ``slow`` tests first (stable order otherwise). CI runs the suite two at a time
-    (pytest-xdist, ``--dist worksteal``): a multi-minute deployment test that starts near the
-    end leaves the other worker idle; started first, the short tests fill in around it."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
