@@ -412,7 +412,7 @@ def run_statistics_benchmark(repeats: int) -> dict[str, Any]:
 
 def shamir_reference_ms(num_nodes: int = NUM_SUPERNODES, repeats: int = 7) -> float:
     """The server's own CPU work that most decides whether a round fits Flower's delivery
-    ticks: rebuilding ``num_nodes`` self-mask seeds from ``num_nodes`` shares each (what
+    ticks: rebuilding ``num_nodes`` self-mask seeds from their threshold of shares each (what
     :class:`~fedparity.strategies.FPFLProtocol` does after every unmask; pycryptodome's
     Shamir over GF(2^128)). Median of ``repeats``, in ms: a machine speed reference for the
     round times, which are quantised by the 0.1 s tick and so move in steps with CPU speed."""
@@ -429,7 +429,7 @@ def shamir_reference_ms(num_nodes: int = NUM_SUPERNODES, repeats: int = 7) -> fl
     for _ in range(repeats):
         started = time.perf_counter()
         for owner_shares in shares:
-            combine_self_seed(list(owner_shares.values()))
+            combine_self_seed(list(owner_shares.values()), threshold)
         times.append(1e3 * (time.perf_counter() - started))
     return statistics.median(times)
 

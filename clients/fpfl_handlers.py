@@ -464,7 +464,9 @@ def fpfl_handlers(
             content=RecordDict(
                 {
                     FPFL_KEY: ArrayRecord({"masked": Array(masked)}),
-                    "shares": ConfigRecord({"recipients": recipients, "sealed": sealed}),
+                    "shares": ConfigRecord(
+                        {"recipients": recipients, "sealed": sealed, "threshold": threshold}
+                    ),
                     **extra,
                 }
             ),

@@ -33,14 +33,15 @@ Protocol
    secret, the round and the direction) and sends ``y_u = enc(x_u) + PRG(b_u) +
    sum_{v > u} m_uvr - sum_{v < u} m_uvr (mod 2^64)`` (:func:`mask_vector`), where the pair
    mask ``m_uvr`` is the ChaCha20 keystream keyed by ``k_uvr = HMAC-SHA256(s_uv, label ||
-   r)`` (:func:`round_seed`, :func:`expand_mask`) and ``PRG(b)`` is :func:`self_mask`. A node
-   masks a round number at most once, in increasing order.
+   r)`` (:func:`round_seed`, :func:`expand_mask`) and ``PRG(b)`` is :func:`self_mask`, with
+   the sealed shares and ``t``. A node masks a round number at most once, in increasing
+   order.
 3. *Round r, unmask.* The server names the survivors ``S`` (vectors received) and the dropped
    ``D``; each survivor opens the shares sealed for it and returns the shares of ``b_u`` for
    ``u`` in ``S`` and its pair seeds ``k_vdr`` for ``d`` in ``D`` (:func:`reveal_round_seeds`)
    -- once per round, only for the round it masked last, only if ``S`` and ``D`` split that
    round's members and ``S`` holds at least ``max(min-survivors, n_min)`` nodes. The server
-   rebuilds each ``b_u`` (:func:`combine_self_seed`) and removes every mask
+   rebuilds each ``b_u`` from ``t_u`` shares (:func:`combine_self_seed`) and removes every mask
    (:func:`unmask_sum`); :meth:`FixedPointCodec.decode` gives the floats.
 
 Fixed point (:class:`FixedPointCodec`, :func:`contribution_codec`): ``enc(x) = rint(x *
@@ -663,9 +664,14 @@ def share_self_seed(seed: bytes, members: Collection[int], threshold: int) -> di
     }
 
 
-def combine_self_seed(shares: Collection[bytes]) -> bytes:
-    """The seed rebuilt from at least ``threshold`` distinct shares of :func:`share_self_seed`
-    (Lagrange interpolation at 0; more shares than needed give the same seed)."""
+def combine_self_seed(shares: Collection[bytes], threshold: int) -> bytes:
+    """The seed rebuilt from ``threshold`` distinct shares of :func:`share_self_seed` split
+    with that threshold (Lagrange interpolation at 0).
+
+    Of more shares, the ``threshold`` with the smallest indices are used: pycryptodome's
+    ``Shamir.combine`` takes exactly as many shares as the threshold, and its cost grows with
+    each share it is given (one field inversion per share)."""
+    threshold = check_int_at_least("threshold", threshold, 2)
     points: dict[int, bytes] = {}
     for share in shares:
         if not isinstance(share, (bytes, bytearray)) or len(share) != 4 + SELF_SEED_BYTES:
@@ -674,9 +680,11 @@ def combine_self_seed(shares: Collection[bytes]) -> bytes:
         if index < 1 or index in points:
             raise ValueError("shares must have distinct indices >= 1")
         points[index] = bytes(share[4:])
-    if len(points) < 2:
-        raise ValueError("at least 2 shares are needed")
-    return Shamir.combine(sorted(points.items()))
+    if len(points) < threshold:
+        raise ValueError(
+            f"a seed shared with threshold {threshold} needs {threshold} shares, got {len(points)}"
+        )
+    return Shamir.combine(sorted(points.items())[:threshold])
 
 
 def _share_cipher(pair_secret: bytes, round_number: int, sender: int, receiver: int) -> bytes:

@@ -11,12 +11,13 @@ which each node checks and pins; the member list is fixed from then on.
 
 Round ``t``: ``query.fpfl_round`` sends the current weights to every member node; each node
 samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic vectors, adds
-its noise share and replies with that sum **double-masked** and sealed Shamir shares of its
-self-mask (:mod:`fedparity.mechanisms.secure_sum`). ``query.fpfl_reveal`` then asks the
-survivors for the shares of the survivors' self-masks and their pair seeds with the nodes
-that did not reply, provided enough of them survive for the noise to be complete; the server
-removes every mask and reads only the sum over all survivors. Otherwise the round is lost
-(the weights do not move, the round still counts as spent privacy).
+its noise share and replies with that sum **double-masked**, sealed Shamir shares of its
+self-mask and their threshold (:mod:`fedparity.mechanisms.secure_sum`). ``query.fpfl_reveal``
+then asks the survivors for the shares of the survivors' self-masks and their pair seeds with
+the nodes that did not reply, provided enough of them survive for the noise to be complete
+and for every survivor's threshold; the server removes every mask and reads only the sum over
+all survivors. Otherwise the round is lost (the weights do not move, the round still counts as
+spent privacy).
 
 The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`; the updates,
 model selection and accounting are done by the caller (:mod:`fedparity.server.fpfl_job`) with
@@ -313,7 +314,7 @@ class FPFLProtocol:
         ]
         outcome = RoundOutcome(round=round_number, total=None)
         received: dict[int, NDArray] = {}
-        sealed: dict[int, dict[int, bytes]] = {}
+        sealed: dict[int, tuple[dict[int, bytes], int]] = {}
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if node not in self.members or node in received:
@@ -359,19 +360,32 @@ class FPFLProtocol:
             return outcome
         return self._unmask(round_number, received, sealed, outcome)
 
-    def _read_shares(self, reply: Message, node: int) -> tuple[dict[int, bytes] | None, str]:
-        """``{recipient: sealed share}`` of a masked reply: one for every other member."""
+    def _read_shares(
+        self, reply: Message, node: int
+    ) -> tuple[tuple[dict[int, bytes], int] | None, str]:
+        """``({recipient: sealed share}, threshold)`` of a masked reply: one share for every
+        other member, and how many of them rebuild the node's self-mask seed."""
         record = reply.content.config_records.get("shares")
         try:
             recipients = [int(peer) for peer in record["recipients"]]  # type: ignore[index]
             boxes = [bytes(box) for box in record["sealed"]]  # type: ignore[index]
+            threshold = record["threshold"]  # type: ignore[index]
         except (KeyError, TypeError, ValueError):
             return None, "malformed reply: no sealed shares"
         if sorted(recipients) != sorted(set(self.members) - {node}) or len(boxes) != len(
             recipients
         ):
             return None, "malformed reply: the sealed shares are not one per other member"
-        return dict(zip(recipients, boxes, strict=True)), ""
+        if (
+            not isinstance(threshold, int)
+            or isinstance(threshold, bool)
+            or not 2 <= threshold <= len(self.members)
+        ):
+            return None, (
+                f"malformed reply: the share threshold must be an integer in "
+                f"[2, {len(self.members)}], got {threshold!r}"
+            )
+        return (dict(zip(recipients, boxes, strict=True)), threshold), ""
 
     def _read_reply(self, reply: Message) -> tuple[NDArray | None, str]:
         record = reply.content.array_records.get(FPFL_KEY)
@@ -395,7 +409,7 @@ class FPFLProtocol:
         self,
         round_number: int,
         received: dict[int, NDArray],
-        sealed: dict[int, dict[int, bytes]],
+        sealed: dict[int, tuple[dict[int, bytes], int]],
         outcome: RoundOutcome,
     ) -> RoundOutcome:
         """The unmask exchange (every masked round): each survivor returns the shares of the
@@ -403,7 +417,17 @@ class FPFLProtocol:
         the self-mask seeds (Shamir) and removes every mask (Bonawitz et al. 2017)."""
         survivors = outcome.replied
         dropped = outcome.missing
-        answers, failures = self._reveal(round_number, survivors, dropped, sealed)
+        thresholds = {node: sealed[node][1] for node in survivors}
+        short = sorted(node for node in survivors if thresholds[node] > len(survivors))
+        if short:
+            # Nobody is asked to reveal anything for a sum that could not be unmasked.
+            outcome.reason = (
+                f"{len(survivors)} survivor(s) cannot rebuild the self-mask of node(s) {short} "
+                f"(share threshold {max(thresholds[node] for node in short)})"
+            )
+            return outcome
+        boxes = {node: sealed[node][0] for node in survivors}
+        answers, failures = self._reveal(round_number, survivors, dropped, boxes)
         if failures:
             outcome.reason = (
                 f"{len(dropped)} node(s) dropped and the survivors did not unmask the sum "
@@ -416,9 +440,15 @@ class FPFLProtocol:
         revealed = {pair: seed for _, seeds in answers.values() for pair, seed in seeds.items()}
         try:
             self_seeds = {
-                owner: combine_self_seed([shares[owner] for shares, _ in answers.values()])
+                owner: combine_self_seed(
+                    [shares[owner] for shares, _ in answers.values()], thresholds[owner]
+                )
                 for owner in survivors
             }
+        except ValueError as error:
+            outcome.reason = f"the self-masks could not be rebuilt ({error})"
+            return outcome
+        try:
             masked_total = unmask_sum(
                 received,
                 revealed,

@@ -94,6 +94,7 @@ class RoundReplies:
 
     masked: dict[int, np.ndarray] = field(default_factory=dict)
     sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    thresholds: dict[int, int] = field(default_factory=dict)
 
 
 class MaskingNodes:
@@ -216,6 +217,7 @@ class MaskingNodes:
                     strict=True,
                 )
             )
+            replies.thresholds[node] = int(shares["threshold"])  # type: ignore[arg-type]
         return replies
 
     def unmask_content(
@@ -290,7 +292,9 @@ class MaskingNodes:
             for node in survivors
         }
         self_seeds = {
-            owner: combine_self_seed([shares[owner] for shares, _ in answers.values()])
+            owner: combine_self_seed(
+                [shares[owner] for shares, _ in answers.values()], replies.thresholds[owner]
+            )
             for owner in survivors
         }
         seeds = {pair: seed for _, pairs in answers.values() for pair, seed in pairs.items()}

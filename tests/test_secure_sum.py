@@ -23,14 +23,17 @@ from fedparity.mechanisms.secure_sum import (
     FixedPointCodec,
     MaskingKeyPair,
     check_masked_vector,
+    combine_self_seed,
     decode_id_table,
     encode_id_table,
     expand_mask,
     fixed_point_scale,
     mask_vector,
+    new_self_seed,
     pair_secrets,
     reveal_round_seeds,
     round_seed,
+    share_self_seed,
     unmask_sum,
 )
 
@@ -466,3 +469,34 @@ def test_module_imports_no_flower() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("threshold", [2, 4, 7])
+def test_any_threshold_shares_rebuild_the_seed_and_fewer_are_refused(threshold: int) -> None:
+    members = [3, 8, 11, 20, 21, 40, 41]
+    seed = new_self_seed()
+    shares = share_self_seed(seed, members, threshold)
+    for subset in itertools.combinations(sorted(shares), threshold):
+        assert combine_self_seed([shares[m] for m in subset], threshold) == seed
+    with pytest.raises(ValueError, match=f"threshold {threshold} needs {threshold} shares"):
+        combine_self_seed([shares[m] for m in members[: threshold - 1]], threshold)
+
+
+def test_combine_uses_exactly_threshold_shares_those_of_the_smallest_indices() -> None:
+    # pycryptodome's Shamir.combine takes exactly the threshold of shares. A share beyond
+    # those of the smallest indices is not read: spoiling it leaves the seed intact (with all
+    # shares interpolated, as before, the spoiled one changed the seed).
+    members = list(range(1, 11))
+    seed = new_self_seed()
+    shares = share_self_seed(seed, members, 6)
+    spoiled = bytes(shares[10][:4]) + bytes(16)
+    given = [shares[m] for m in members[:-1]] + [spoiled]
+    assert combine_self_seed(given[::-1], 6) == seed
+    assert combine_self_seed(given[::-1], 10) != seed
+
+
+@pytest.mark.parametrize("threshold", [1, 0, 2.5, None])
+def test_combine_rejects_a_bad_threshold(threshold: object) -> None:
+    shares = share_self_seed(new_self_seed(), [1, 2, 3], 2)
+    with pytest.raises((TypeError, ValueError), match="threshold"):
+        combine_self_seed(list(shares.values()), threshold)  # type: ignore[arg-type]

@@ -83,7 +83,9 @@ def test_a_node_called_dropped_stays_hidden_when_its_reply_arrives() -> None:
             nodes.unmask(1, node, MEMBERS, [], replies.sealed)
     # The honest result of the round is unaffected: the three survivors' sum.
     self_seeds = {
-        owner: combine_self_seed([shares[owner] for shares, _ in answers.values()])
+        owner: combine_self_seed(
+            [shares[owner] for shares, _ in answers.values()], replies.thresholds[owner]
+        )
         for owner in survivors
     }
     total = unmask_sum(
@@ -115,7 +117,7 @@ def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> No
     seeds[(5, 6)] = round_seed(pair_secret(nodes, 5, 6), 1)  # the colluder's own
     own_shares, _ = nodes.unmask(1, 6, MEMBERS, [], replies.sealed)
     colluders_share = open_share(pair_secret(nodes, 5, 6), 1, 6, 5, replies.sealed[6][5])
-    guessed = combine_self_seed([own_shares[6], colluders_share])
+    guessed = combine_self_seed([own_shares[6], colluders_share], 2)
     leftover = strip_pair_masks(replies.masked[6], 6, seeds, 1) - self_mask(
         guessed, replies.masked[6].size
     )
@@ -338,3 +340,118 @@ def test_a_population_that_would_coarsen_the_step_or_clamp_is_refused() -> None:
     with pytest.raises(NodeRefusal, match="below this node's own users"):
         nodes.round(2, nodes=[3], population=5)
     assert EXACT.clipping_bound == 1.0
+
+
+# --- the server's own protocol over the real nodes (an in-process grid) ------------------------
+
+
+class NodesGrid:
+    """A Flower grid whose nodes are :class:`MaskingNodes` in this process: each pushed message
+    is handled at once by its node's real handler (a refusal becomes an error reply, as
+    Flower sends it). ``tamper(node, reply)`` may change a reply or drop it (``None``)."""
+
+    def __init__(self, nodes: MaskingNodes, tamper=None) -> None:  # noqa: ANN001
+        self.nodes, self.tamper = nodes, tamper
+        self.sent: list[str] = []
+        self.replies: dict[str, object] = {}
+
+    def push_messages(self, messages: list) -> list[str]:  # noqa: ANN001
+        from flwr.app import Error, Message
+
+        ids = []
+        for number, message in enumerate(messages):
+            message_id = f"{len(self.sent)}-{number}"
+            message.metadata.__dict__["_message_id"] = message_id
+            node = int(message.metadata.dst_node_id)
+            action = message.metadata.message_type.removeprefix("query.")
+            self.sent.append(action)
+            try:
+                reply = self.nodes.handlers[action](message, self.nodes.contexts[node])
+            except (NodeRefusal, PolicyRefusal) as refusal:
+                reply = Message(Error(code=0, reason=str(refusal)), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = node
+            if self.tamper is not None:
+                reply = self.tamper(node, reply)
+            if reply is not None:
+                self.replies[message_id] = reply
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: set[str]) -> list:  # noqa: ANN001
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def server_protocol(grid: NodesGrid):  # noqa: ANN201
+    from fedparity.strategies.fpfl import FPFLProtocol
+
+    return FPFLProtocol(
+        grid,  # type: ignore[arg-type]
+        node_ids=MEMBERS,
+        vector_size=grid.nodes.true_vector().size,
+        population_size=1000,
+        noise_multiplier=0.0,
+        clipping_bound=EXACT.clipping_bound,
+        masking=True,
+        distributed_noise=True,
+        dropout_tolerance=EXACT.dropout_tolerance,
+        reply_timeout=1.0,
+    )
+
+
+def with_threshold(value: object):  # noqa: ANN201
+    """A tamper that sets node 6's share threshold to ``value`` in its masked reply."""
+
+    def tamper(node: int, reply):  # noqa: ANN001, ANN202
+        shares = reply.content.config_records.get("shares") if not reply.has_error() else None
+        if node == 6 and shares is not None:
+            shares["threshold"] = value
+        return reply
+
+    return tamper
+
+
+def test_the_server_unmasks_with_each_nodes_own_threshold_of_shares() -> None:
+    nodes = MaskingNodes(MEMBERS)
+    grid = NodesGrid(nodes)
+    protocol = server_protocol(grid)
+    protocol.setup()
+    outcome = protocol.run_round(1, nodes.weights)
+    assert outcome.total is not None, outcome.reason
+    np.testing.assert_allclose(outcome.total, 4 * nodes.true_vector(), atol=1e-9)
+    assert grid.sent.count("fpfl_reveal") == 4
+
+
+@pytest.mark.parametrize("claimed", [1, 5, -3, 2.0, "3", True, b"3", [3]])
+def test_a_reply_with_an_impossible_share_threshold_is_rejected(claimed: object) -> None:
+    # The threshold tells the server how many shares rebuild the node's self-mask, among the
+    # 4 members; a reply claiming another kind of number is malformed: node 6 is counted
+    # rejected and the three others' sum is recovered without it.
+    nodes = MaskingNodes(MEMBERS)
+    grid = NodesGrid(nodes, with_threshold(claimed))
+    protocol = server_protocol(grid)
+    protocol.setup()
+    outcome = protocol.run_round(1, nodes.weights)
+    assert [node for node, _ in outcome.rejected] == [6]
+    assert "threshold" in outcome.rejected[0][1] or "no sealed shares" in outcome.rejected[0][1]
+    assert outcome.total is not None, outcome.reason
+    np.testing.assert_allclose(outcome.total, 3 * nodes.true_vector(), atol=1e-9)
+
+
+def test_no_survivor_reveals_for_a_sum_whose_self_masks_cannot_be_rebuilt() -> None:
+    # Node 6 split its self-mask 4-of-4 (as a stricter policy would); node 5's reply is lost.
+    # Three survivors hold three shares of 6's seed: the sum cannot be unmasked, so no survivor
+    # is asked to reveal pair seeds of node 5 or shares of anyone (before, all three were, and
+    # the server then rebuilt a wrong seed for 6).
+    nodes = MaskingNodes(MEMBERS)
+    threshold_4 = with_threshold(4)
+
+    def tamper(node: int, reply):  # noqa: ANN001, ANN202
+        return None if node == 5 and grid.sent[-1] == "fpfl_round" else threshold_4(node, reply)
+
+    grid = NodesGrid(nodes, tamper)
+    protocol = server_protocol(grid)
+    protocol.setup()
+    outcome = protocol.run_round(1, nodes.weights)
+    assert outcome.total is None and outcome.missing == [5]
+    assert "cannot rebuild the self-mask of node(s) [6]" in outcome.reason
+    assert "fpfl_reveal" not in grid.sent
