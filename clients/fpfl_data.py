@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import ndimage
 
 from .data import AdultData, UserShard, adult_features, load_adult
 
@@ -521,6 +520,8 @@ def unfair_images(
     out[blue] = ink[None, :, None, None] + (1.0 - ink[None, :, None, None]) * array[blue][:, None]
     chalk = np.flatnonzero(labels == 2)
     if chalk.size:
+        from scipy import ndimage  # here, not at the top: a node's process starts faster
+
         inverted = 1.0 - array[chalk]
         noise = rng.normal(0.0, scale, size=inverted.shape)
         blurred_noise = ndimage.gaussian_filter(noise, sigma=(0, sigma_2 * scale, sigma_2 * scale))

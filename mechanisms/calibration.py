@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import optimize
 
 from ._validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
 from .estimators import estimator_covariance, worst_case_square_sums
@@ -217,6 +216,8 @@ def _optimal_allocation(
     low, high = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
     share, value = float(grid[best]), float(values[best])
     if high > low:
+        from scipy import optimize  # here, not at the top: a node's process starts faster
+
         refined = optimize.minimize_scalar(
             objective, bounds=(low, high), method="bounded", options={"xatol": 1e-10}
         )

@@ -78,7 +78,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
 
 from ._validation import (
     check_binary_array,
@@ -591,6 +590,8 @@ def _from_sums(
 ) -> StageStatistics:
     """Estimate, stderr sqrt(sum w^2 Var) / sum w, stage 1 p-value (chi2, k - 1), W* and TOST
     with the standard errors at their null values, sqrt(sum w^2 V(value)) / sum w."""
+    from scipy import stats  # here, not at the top: a node's process starts ~1 s faster
+
     sum_weights = totals[..., 0]
     estimate = totals[..., 1] / sum_weights
     stderr = np.sqrt(totals[..., 3]) / sum_weights

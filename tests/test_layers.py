@@ -342,3 +342,18 @@ def test_the_server_and_client_apps_import_concurrently_without_deadlock() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     assert result.stdout.split()[0] == "0", result.stdout
+
+
+def test_a_node_process_imports_no_scipy() -> None:
+    # A deployed SuperNode starts one ClientApp process per message (Flower 1.41), so what
+    # the ClientApp module imports is paid by every message. scipy.stats, scipy.optimize and
+    # scipy.ndimage cost about 1-1.5 s of it on a 2-core machine; they are imported where a
+    # server-side estimate, a calibration or a synthetic image needs them.
+    code = (
+        "import sys, fedparity.clients.app; "
+        "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout
