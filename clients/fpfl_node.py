@@ -151,8 +151,10 @@ def population(config: RunConfig, num_partitions: int) -> tuple[FPFLShard, FPFLS
     )
 
 
+@functools.lru_cache(maxsize=32)
 def node_shard(config: RunConfig, partition_id: int, num_partitions: int) -> FPFLShard:
-    """The users of partition ``partition_id``."""
+    """The users of partition ``partition_id``, cached per process like the population (a
+    simulated ClientApp serves every round of many nodes; nothing changes a shard)."""
     train, _ = population(config, num_partitions)
     return train.partition(partition_id, num_partitions)
 
