@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from tests.import_probe import modules_loaded_by
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("mechanisms", "clients", "strategies", "server")
 #: The layers each layer may import (itself included).
@@ -310,6 +312,7 @@ def test_the_cycle_check_sees_an_eager_package_init() -> None:
 _CONCURRENT_IMPORTS = """
 import importlib, sys, threading
 import fedparity.server.app, fedparity.clients.app  # third-party imports done once
+from tests.import_probe import modules_loaded_by
 sys.setswitchinterval(1e-6)  # switch threads often: the race window is microseconds
 failures = []
 for _ in range({repeats}):
@@ -349,11 +352,4 @@ def test_a_node_process_imports_no_scipy() -> None:
     # the ClientApp module imports is paid by every message. scipy.stats, scipy.optimize and
     # scipy.ndimage cost about 1-1.5 s of it on a 2-core machine; they are imported where a
     # server-side estimate, a calibration or a synthetic image needs them.
-    code = (
-        "import sys, fedparity.clients.app; "
-        "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.')))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.strip() == "[]", result.stdout
+    assert modules_loaded_by("fedparity.clients.app", {"scipy"}) == []

@@ -8,10 +8,7 @@ the decoded value is exact in float64), checked with ``fractions.Fraction``.
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import subprocess
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -36,6 +33,7 @@ from fedparity.mechanisms.secure_sum import (
     share_self_seed,
     unmask_sum,
 )
+from tests.import_probe import modules_loaded_by
 
 SALT = b"run-1234"
 CLIP = 2.5
@@ -461,14 +459,7 @@ def test_id_tables_and_masked_vectors_survive_flower_arrays() -> None:
 
 
 def test_module_imports_no_flower() -> None:
-    probe = (
-        "import json, sys; import fedparity.mechanisms.secure_sum; "
-        "print(json.dumps(sorted(k for k in sys.modules if k.split('.')[0] == 'flwr')))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+    assert modules_loaded_by("fedparity.mechanisms.secure_sum", {"flwr"}) == []
 
 
 @pytest.mark.parametrize("threshold", [2, 4, 7])
