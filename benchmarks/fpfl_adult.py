@@ -413,8 +413,8 @@ def run_statistics_benchmark(repeats: int) -> dict[str, Any]:
 def shamir_reference_ms(num_nodes: int = NUM_SUPERNODES, repeats: int = 7) -> float:
     """The server's own CPU work that most decides whether a round fits Flower's delivery
     ticks: rebuilding ``num_nodes`` self-mask seeds from their threshold of shares each (what
-    :class:`~fedparity.strategies.FPFLProtocol` does after every unmask; pycryptodome's
-    Shamir over GF(2^128)). Median of ``repeats``, in ms: a machine speed reference for the
+    :class:`~fedparity.strategies.FPFLProtocol` does after every unmask; Lagrange
+    interpolation over the prime field of ``SHAMIR_PRIME`` by the ``shamirs`` package). Median of ``repeats``, in ms: a machine speed reference for the
     round times, which are quantised by the 0.1 s tick and so move in steps with CPU speed."""
     from fedparity.mechanisms.secure_sum import (
         combine_self_seed,

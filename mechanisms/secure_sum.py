@@ -5,8 +5,8 @@ sees only the sum. It is the secure aggregation of Bonawitz et al., "Practical S
 Aggregation for Privacy-Preserving Machine Learning", CCS 2017 (pairwise masks, a self-mask
 per node shared t-of-n, and its PKI variant), arranged so that keys are agreed once per run
 and a round costs two exchanges. Pure numpy plus the ``cryptography`` package (X25519, HKDF,
-HMAC, ChaCha20, ChaCha20-Poly1305) and pycryptodome's Shamir secret sharing; no primitive is
-written here. The Flower adapters (:mod:`fedparity.clients.fpfl_handlers`,
+HMAC, ChaCha20, ChaCha20-Poly1305) and the ``shamirs`` package's Shamir secret sharing; no
+primitive is written here. The Flower adapters (:mod:`fedparity.clients.fpfl_handlers`,
 :mod:`fedparity.strategies.fpfl`) call these functions.
 
 **Why not Flower's SecAgg+.** In Flower 1.41, ``SecAggPlusWorkflow`` only runs inside the
@@ -90,7 +90,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
+import shamirs
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -106,6 +106,8 @@ __all__ = [
     "MAX_MASKING_NODES",
     "NOISE_RANGE_STDS",
     "SELF_SEED_BYTES",
+    "SHAMIR_PRIME",
+    "SHARE_BYTES",
     "UNCLIPPED_RANGE",
     "FixedPointCodec",
     "MaskingKeyPair",
@@ -145,8 +147,17 @@ _ROUND_LABEL = b"fedparity/secure-sum/v1/round"
 _SELF_LABEL = b"fedparity/secure-sum/v2/self-mask"
 _SHARE_LABEL = b"fedparity/secure-sum/v2/share"
 _KEY_SIGNATURE_LABEL = "fedparity/secure-sum/v2/masking-key"
-#: Length of a self-mask seed (bytes): one GF(2^128) element of the Shamir sharing.
+#: Length of a self-mask seed (bytes): 128 bits from the OS, shared as an integer below
+#: :data:`SHAMIR_PRIME`.
 SELF_SEED_BYTES = 16
+#: The prime field of the self-mask sharing: ``2^130 - 5`` (the Poly1305 prime of RFC 8439),
+#: the smallest well-known prime above every 16-byte seed.
+SHAMIR_PRIME = 2**130 - 5
+_SHARE_INDEX_BYTES = 4
+_SHARE_VALUE_BYTES = 17
+#: Length of one self-mask share: 4 bytes of index (big-endian) and 17 of value (an element
+#: of the field of :data:`SHAMIR_PRIME`, big-endian).
+SHARE_BYTES = _SHARE_INDEX_BYTES + _SHARE_VALUE_BYTES
 #: A node's noise is clamped by the codec beyond this many standard deviations of the full
 #: noise ``C sigma`` (probability < 2e-32 per coordinate): the fixed-point range is finite.
 NOISE_RANGE_STDS = 12.0
@@ -650,41 +661,62 @@ def share_threshold(
 
 def share_self_seed(seed: bytes, members: Collection[int], threshold: int) -> dict[int, bytes]:
     """``{member: share}``: Shamir ``threshold``-of-``n`` shares of ``seed`` for the round's
-    sorted members (pycryptodome's ``Shamir`` over GF(2^128); share ``i`` of the ``i``-th
-    member). Each share is 4 bytes of index and 16 bytes of value."""
+    sorted members (Shamir, "How to share a secret", CACM 1979, over the prime field of
+    :data:`SHAMIR_PRIME`; the ``shamirs`` package, whose coefficients come from
+    ``secrets``). Share ``i`` (index ``i``, from 1) goes to the ``i``-th member; each is
+    :data:`SHARE_BYTES` long."""
     seed = _check_seed(seed)
     ids = sorted(_check_ids("members", members))
     threshold = check_int_at_least("threshold", threshold, 2)
     if threshold > len(ids):
         raise ValueError(f"threshold must be at most the {len(ids)} members, got {threshold}")
-    shares = Shamir.split(threshold, len(ids), seed)
+    shares = shamirs.shares(
+        int.from_bytes(seed, "big"),
+        quantity=len(ids),
+        modulus=SHAMIR_PRIME,
+        threshold=threshold,
+        compact=True,
+    )
     return {
-        member: index.to_bytes(4, "big") + value
-        for member, (index, value) in zip(ids, shares, strict=True)
+        member: share.index.to_bytes(_SHARE_INDEX_BYTES, "big")
+        + share.value.to_bytes(_SHARE_VALUE_BYTES, "big")
+        for member, share in zip(ids, shares, strict=True)
     }
 
 
 def combine_self_seed(shares: Collection[bytes], threshold: int) -> bytes:
     """The seed rebuilt from ``threshold`` distinct shares of :func:`share_self_seed` split
-    with that threshold (Lagrange interpolation at 0).
+    with that threshold (Lagrange interpolation at 0, ``shamirs.interpolate``).
 
-    Of more shares, the ``threshold`` with the smallest indices are used: pycryptodome's
-    ``Shamir.combine`` takes exactly as many shares as the threshold, and its cost grows with
-    each share it is given (one field inversion per share)."""
+    Of more shares, the ``threshold`` with the smallest indices are used, so the result does
+    not depend on which further shares arrived. ``ValueError`` for a malformed share, fewer
+    than ``threshold`` shares, or shares that interpolate to no 16-byte seed (inconsistent
+    shares, e.g. of another sharing)."""
     threshold = check_int_at_least("threshold", threshold, 2)
-    points: dict[int, bytes] = {}
+    points: dict[int, int] = {}
     for share in shares:
-        if not isinstance(share, (bytes, bytearray)) or len(share) != 4 + SELF_SEED_BYTES:
-            raise ValueError(f"a share must be {4 + SELF_SEED_BYTES} bytes")
-        index = int.from_bytes(bytes(share[:4]), "big")
+        if not isinstance(share, (bytes, bytearray)) or len(share) != SHARE_BYTES:
+            raise ValueError(f"a share must be {SHARE_BYTES} bytes")
+        index = int.from_bytes(bytes(share[:_SHARE_INDEX_BYTES]), "big")
+        value = int.from_bytes(bytes(share[_SHARE_INDEX_BYTES:]), "big")
         if index < 1 or index in points:
             raise ValueError("shares must have distinct indices >= 1")
-        points[index] = bytes(share[4:])
+        if value >= SHAMIR_PRIME:
+            raise ValueError("a share's value must be below the field's prime")
+        points[index] = value
     if len(points) < threshold:
         raise ValueError(
             f"a seed shared with threshold {threshold} needs {threshold} shares, got {len(points)}"
         )
-    return Shamir.combine(sorted(points.items())[:threshold])
+    smallest = sorted(points.items())[:threshold]
+    seed = shamirs.interpolate(
+        [shamirs.share(index, value) for index, value in smallest],
+        modulus=SHAMIR_PRIME,
+        threshold=threshold,
+    )
+    if seed >= 1 << (8 * SELF_SEED_BYTES):
+        raise ValueError("the shares do not rebuild a seed (inconsistent shares)")
+    return seed.to_bytes(SELF_SEED_BYTES, "big")
 
 
 def _share_cipher(pair_secret: bytes, round_number: int, sender: int, receiver: int) -> bytes:

@@ -13,10 +13,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+import shamirs
 
 from fedparity.mechanisms.secure_sum import (
     KEY_BYTES,
     MAX_MASKING_NODES,
+    SHAMIR_PRIME,
+    SHARE_BYTES,
     FixedPointCodec,
     MaskingKeyPair,
     check_masked_vector,
@@ -474,16 +477,54 @@ def test_any_threshold_shares_rebuild_the_seed_and_fewer_are_refused(threshold: 
 
 
 def test_combine_uses_exactly_threshold_shares_those_of_the_smallest_indices() -> None:
-    # pycryptodome's Shamir.combine takes exactly the threshold of shares. A share beyond
-    # those of the smallest indices is not read: spoiling it leaves the seed intact (with all
-    # shares interpolated, as before, the spoiled one changed the seed).
+    # The seed is interpolated from exactly the threshold of shares, those of the smallest
+    # indices, whatever else arrived. A share beyond them is not read: spoiling it leaves the
+    # seed intact (with all shares interpolated, the spoiled one changes the result).
     members = list(range(1, 11))
     seed = new_self_seed()
     shares = share_self_seed(seed, members, 6)
-    spoiled = bytes(shares[10][:4]) + bytes(16)
+    spoiled = bytes(shares[10][:4]) + bytes(SHARE_BYTES - 4)
     given = [shares[m] for m in members[:-1]] + [spoiled]
     assert combine_self_seed(given[::-1], 6) == seed
-    assert combine_self_seed(given[::-1], 10) != seed
+    all_ten = [
+        shamirs.share(int.from_bytes(share[:4], "big"), int.from_bytes(share[4:], "big"))
+        for share in given
+    ]
+    assert shamirs.interpolate(all_ten, modulus=SHAMIR_PRIME) != int.from_bytes(seed, "big")
+
+
+def test_the_sharing_field_is_prime_and_holds_every_seed() -> None:
+    import sympy
+
+    assert sympy.isprime(SHAMIR_PRIME)
+    assert SHAMIR_PRIME > 2 ** (8 * 16)
+    top = b"\xff" * 16  # the largest seed
+    shares = share_self_seed(top, [1, 2, 3, 4], 3)
+    assert all(len(share) == SHARE_BYTES for share in shares.values())
+    assert combine_self_seed([shares[2], shares[3], shares[4]], 3) == top
+
+
+def test_a_share_outside_the_field_or_inconsistent_shares_are_refused() -> None:
+    shares = share_self_seed(new_self_seed(), [1, 2, 3], 2)
+    outside = shares[1][:4] + SHAMIR_PRIME.to_bytes(SHARE_BYTES - 4, "big")
+    with pytest.raises(ValueError, match="below the field's prime"):
+        combine_self_seed([outside, shares[2]], 2)
+    # Two shares of different sharings interpolate to a field element; above 2^128 (3 in 4
+    # of them) it is no seed, and the server says so instead of unmasking with garbage.
+    rng = np.random.default_rng(4)
+    refused = 0
+    for _ in range(40):
+        other = share_self_seed(rng.bytes(16), [1, 2, 3], 2)
+        try:
+            rebuilt = combine_self_seed([shares[1], other[2]], 2)
+        except ValueError as error:
+            assert "do not rebuild a seed" in str(error)
+            refused += 1
+        else:
+            assert len(rebuilt) == 16
+    # The coefficients come from the OS (secrets), so this is not seeded: Binomial(40, 3/4)
+    # has mean 30 and sd 2.7, and fewer than 15 has probability below 1e-7.
+    assert refused >= 15
 
 
 @pytest.mark.parametrize("threshold", [1, 0, 2.5, None])

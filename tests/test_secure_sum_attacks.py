@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import shamirs
 
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
 from fedparity.mechanisms.identity import IdentityKey, Roster
 from fedparity.mechanisms.secure_sum import (
+    SHAMIR_PRIME,
     MaskingKeyPair,
     combine_self_seed,
     expand_mask,
@@ -117,7 +119,13 @@ def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> No
     seeds[(5, 6)] = round_seed(pair_secret(nodes, 5, 6), 1)  # the colluder's own
     own_shares, _ = nodes.unmask(1, 6, MEMBERS, [], replies.sealed)
     colluders_share = open_share(pair_secret(nodes, 5, 6), 1, 6, 5, replies.sealed[6][5])
-    guessed = combine_self_seed([own_shares[6], colluders_share], 2)
+    # The attacker's best guess at 6's seed: the line through the two shares it holds, at 0.
+    points = [
+        shamirs.share(int.from_bytes(share[:4], "big"), int.from_bytes(share[4:], "big"))
+        for share in (own_shares[6], colluders_share)
+    ]
+    guessed_value = shamirs.interpolate(points, modulus=SHAMIR_PRIME)
+    guessed = (guessed_value % 2**128).to_bytes(16, "big")
     leftover = strip_pair_masks(replies.masked[6], 6, seeds, 1) - self_mask(
         guessed, replies.masked[6].size
     )
