@@ -1,4 +1,4 @@
-"""Per-user FPFL statistic vectors: vectorised (torch.func) vs the per-user Python loop.
+"""Per-user FPFL statistic vectors: vectorised (per-sample gradients) vs the per-user Python loop.
 
     python benchmarks/fpfl_statistics.py                 # writes results/fpfl_statistics.md
     python benchmarks/fpfl_statistics.py --no-write --repeats 3
@@ -67,7 +67,7 @@ class Measurement:
 
 
 def _best_time(function: Callable[[], torch.Tensor], repeats: int) -> tuple[float, torch.Tensor]:
-    result = function()  # warm-up (torch.func traces on first use)
+    result = function()  # warm-up
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()

@@ -32,16 +32,17 @@ instead of an output-range check because a range check on some inputs cannot pro
 output is a probability for others. The loss is computed from the logits before that module
 (binary cross-entropy / cross-entropy with logits), which is exact and numerically stable.
 
-Per-user vectors are computed for all users at once (:func:`user_statistics`): ``torch.func``
-``vmap`` over users of ``jacrev`` of each user's ``G + 1`` summed objectives, evaluated with
-``functional_call`` on the user's (padded, masked) samples; :func:`user_statistics_loop` is
-the per-user Python-loop reference used only by tests and benchmarks.
+Per-user vectors are computed for all users at once (:func:`user_statistics`): every sample's
+gradients of its loss and surrogate terms in one backward pass (Opacus's per-sample gradient
+hooks), summed per user and group; :func:`user_statistics_loop` is the per-user Python-loop
+reference used only by tests and benchmarks.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -50,7 +51,6 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch import nn
-from torch.func import functional_call, jacrev, vmap
 
 from ..mechanisms.mmdm import StatisticsLayout
 from .fpfl_data import FPFLShard
@@ -384,9 +384,12 @@ def _prepare(
 # --------------------------------------------------------------------------------------------
 
 
-#: Default memory budget of one ``vmap`` call: the per-user Jacobians of a chunk of users,
-#: ``users * (G + 1) * p`` numbers (2^24 floats = 64 MB in float32).
-JACOBIAN_BUDGET = 1 << 24
+#: Default memory budget of one chunk: the per-sample gradients of ``2 * samples * p`` numbers
+#: (2^24 floats = 64 MB in float32).
+GRADIENT_BUDGET = 1 << 24
+#: torch warns on every backward pass through Opacus's module hooks when the inputs need no
+#: gradient (they never do here): expected, not a fault.
+_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module"
 
 
 def user_statistics(
@@ -395,15 +398,19 @@ def user_statistics(
     *,
     constraint: Constraint,
     users: Sequence[int] | NDArray[np.integer] | None = None,
-    chunk_users: int | None = None,
+    chunk_samples: int | None = None,
 ) -> torch.Tensor:
     """Unclipped statistic vectors of the users of ``shard``, vectorised (Eq. 17 + counts).
 
-    One ``torch.func`` call handles a whole chunk of users: ``vmap`` over users of
-    ``jacrev`` of the user's ``G + 1`` summed objectives ``[L(d^k), F(d'^k_a) for a]``,
-    evaluated with ``functional_call`` on the user's samples. Users are sorted by sample count
-    and padded (masked) to the largest count of their chunk, so padding is small. No Python
-    loop over users; the only loop is over chunks (memory bound).
+    A user's objectives are sums over its samples, ``L(d^k) = sum_i l_i`` and ``F(d'^k_a) =
+    sum_{i in d'^k_a} f_i``, so their gradients are sums of per-sample gradients. One forward
+    and one backward pass over the cohort's samples, stacked twice (loss terms, then surrogate
+    terms), give every sample's ``grad l_i`` and ``grad f_i`` at once through Opacus's
+    per-sample gradient hooks (``opacus.GradSampleModule``; layers without a grad sampler of
+    their own go through its ``torch.func`` fallback); an ``index_add`` sums them per user
+    and group. No Python loop over users; the only loop is over chunks of samples (memory
+    bound). A model with buffers (batch norm) is refused by Opacus: its per-sample gradients
+    would depend on the other samples.
 
     Parameters
     ----------
@@ -415,8 +422,8 @@ def user_statistics(
         The fairness surrogate (Eq. 13 / 14).
     users : local user indices, optional
         The cohort (rows in this order); default all users of the shard.
-    chunk_users : int, optional
-        Users per ``vmap`` call; default ``JACOBIAN_BUDGET / ((G + 1) p)``.
+    chunk_samples : int, optional
+        Samples per forward/backward pass; default ``GRADIENT_BUDGET / (2 p)``.
 
     Returns
     -------
@@ -424,92 +431,87 @@ def user_statistics(
         One row per user in :class:`fedparity.mechanisms.mmdm.StatisticsLayout` order (gradients are
         computed in the model's dtype). A user without samples gets a zero row.
     """
+    from opacus import GradSampleModule  # the accountants' package; loaded on first use
+
     body, activation = _prepare(model, shard, constraint)
     cohort = shard if users is None else shard.select_users(users)
     layout = statistics_layout(model, shard.num_groups)
     p, num_groups, num_users = layout.num_params, layout.num_groups, cohort.num_users
-    if chunk_users is None:
-        chunk_users = max(1, JACOBIAN_BUDGET // ((num_groups + 1) * p))
-    chunk_users = _check_int("chunk_users", chunk_users, 1)
-    params = {name: value.detach() for name, value in model.named_parameters()}
-    dtype = next(iter(params.values())).dtype
-    group_ids = torch.arange(num_groups)
-
-    def user_terms(
-        weights: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        g: torch.Tensor,
-        in_set: torch.Tensor,
-        valid: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One user's ``[L, F_a]`` (differentiated) and ``[L, F_a, errors, e_a]`` (aux)."""
-        logits = functional_call(body, weights, (x,))
-        loss, surrogate = _loss_and_surrogate(logits, y, activation, constraint)
-        weight = valid.to(loss.dtype)
-        member = ((g[:, None] == group_ids) & (in_set & valid)[:, None]).to(loss.dtype)
-        objectives = torch.cat([(loss * weight).sum()[None], surrogate @ member])
-        wrong = (_hard_predictions(logits.detach(), activation) != y).to(loss.dtype)
-        counts = torch.cat([(wrong * weight).sum()[None], wrong @ member])
-        return objectives, torch.cat([objectives.detach(), counts])
-
-    per_user = vmap(jacrev(user_terms, has_aux=True), in_dims=(None, 0, 0, 0, 0, 0))
-
-    # Users are processed in order of sample count (small padding) and their rows written
-    # contiguously into ``ordered`` (casting copies, no temporaries); one final scatter puts
-    # the rows in cohort order.
-    sizes = cohort.samples_per_user()
-    order = np.argsort(sizes, kind="stable")
-    num_empty = int(np.sum(sizes == 0))
-    ordered = torch.empty(num_users, layout.size, dtype=torch.float64)
-    ordered[:num_empty].zero_()
-    grads_block = ordered[:, layout.block("surrogate_grads")].view(num_users, num_groups, p)
-    loss_start = layout.block("loss_grad").start
-    sums = layout.block("surrogate_sums")
-    counts_block = layout.block("constraint_counts")
-    errors_at = layout.block("num_errors").start
-    group_errors = layout.block("group_errors")
-    loss_at = layout.block("loss_sum").start
-
-    by_user = np.argsort(cohort.user_index, kind="stable")  # samples grouped by user
-    first_sample = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    features = torch.from_numpy(cohort.features[by_user]).to(dtype)
-    labels = torch.from_numpy(cohort.labels[by_user])
-    groups = torch.from_numpy(cohort.groups[by_user])
-    member = torch.from_numpy(constraint_mask(cohort.labels[by_user], constraint))
-    for start in range(num_empty, num_users, chunk_users):
-        stop = min(start + chunk_users, num_users)
-        rows = order[start:stop]
-        width = int(sizes[rows].max())
-        position = np.arange(width)[None, :]
-        valid = position < sizes[rows][:, None]
-        index = torch.from_numpy(np.where(valid, first_sample[rows][:, None] + position, 0))
-        valid_t = torch.from_numpy(valid)
-        jacobian, aux = per_user(
-            params, features[index], labels[index], groups[index], member[index], valid_t
+    if chunk_samples is None:
+        chunk_samples = max(1, GRADIENT_BUDGET // (2 * p))
+    chunk_samples = _check_int("chunk_samples", chunk_samples, 1)
+    parameters = list(model.parameters())
+    if not all(parameter.requires_grad for parameter in parameters):
+        raise ValueError(
+            "model: every parameter must require grad (the statistic vector holds a gradient "
+            "entry for each)"
         )
-        offset = 0
-        for name, value in params.items():
-            size = value.numel()
-            jac = jacobian[name].reshape(stop - start, num_groups + 1, size)
-            ordered[start:stop, loss_start + offset : loss_start + offset + size].copy_(jac[:, 0])
-            grads_block[start:stop, :, offset : offset + size].copy_(jac[:, 1:])
-            offset += size
-        block = ordered[start:stop]
-        block[:, sums].copy_(aux[:, 1 : 1 + num_groups])
-        block[:, errors_at].copy_(aux[:, 1 + num_groups])
-        block[:, group_errors].copy_(aux[:, 2 + num_groups :])
-        block[:, loss_at].copy_(aux[:, 0])
-        block[:, counts_block].copy_(
-            ((groups[index][..., None] == group_ids) & (member[index] & valid_t)[..., None]).sum(
-                dim=1
-            )
-        )
-    ordered[:, layout.block("num_samples")] = torch.from_numpy(sizes[order].astype(np.float64))[
-        :, None
+    dtype = parameters[0].dtype
+    # Per parameter, the row of a sample's gradient: user k's loss gradient is row k (G + 1),
+    # its surrogate gradient for group a is row k (G + 1) + 1 + a (zero outside d').
+    grads = [
+        torch.zeros(num_users * (num_groups + 1), parameter.numel(), dtype=dtype)
+        for parameter in parameters
     ]
-    out = torch.empty_like(ordered)
-    out.index_copy_(0, torch.from_numpy(order), ordered)
+    # Per-sample counts and values summed per user: [l, f 1{a, d'} (G), 1{a, d'} (G), 1,
+    # error, error 1{a, d'} (G)].
+    sums = torch.zeros(num_users, 3 * num_groups + 3, dtype=torch.float64)
+    member = constraint_mask(cohort.labels, constraint)
+    per_sample = GradSampleModule(body, batch_first=True, loss_reduction="sum")
+    try:
+        for start in range(0, cohort.labels.shape[0], chunk_samples):
+            rows = slice(start, start + chunk_samples)
+            x = torch.from_numpy(cohort.features[rows]).to(dtype)
+            y = torch.from_numpy(cohort.labels[rows])
+            group = torch.from_numpy(cohort.groups[rows])
+            user = torch.from_numpy(cohort.user_index[rows])
+            weight = torch.from_numpy(member[rows]).to(dtype)
+            n = y.shape[0]
+            logits = per_sample(torch.cat([x, x]))
+            loss, _ = _loss_and_surrogate(logits[:n], y, activation, constraint)
+            _, surrogate = _loss_and_surrogate(logits[n:], y, activation, constraint)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_HOOK_WARNING, category=UserWarning)
+                torch.autograd.grad(loss.sum() + (surrogate * weight).sum(), parameters)
+            target = torch.cat([user * (num_groups + 1), user * (num_groups + 1) + 1 + group])
+            for parameter, summed in zip(parameters, grads, strict=True):
+                summed.index_add_(0, target, parameter.grad_sample.reshape(2 * n, -1))
+                parameter.grad_sample = None
+            with torch.no_grad():
+                wrong = (_hard_predictions(logits[:n], activation) != y).to(torch.float64)
+                in_set = torch.zeros(n, num_groups, dtype=torch.float64)
+                in_set[torch.arange(n), group] = weight.to(torch.float64)
+                terms = torch.cat(
+                    [
+                        loss.to(torch.float64)[:, None],
+                        in_set * surrogate.to(torch.float64)[:, None],
+                        in_set,
+                        torch.ones(n, 1, dtype=torch.float64),
+                        wrong[:, None],
+                        in_set * wrong[:, None],
+                    ],
+                    dim=1,
+                )
+            sums.index_add_(0, user, terms)
+    finally:
+        per_sample.to_standard_module()  # hooks and per-sample attributes removed
+    out = torch.empty(num_users, layout.size, dtype=torch.float64)
+    loss_grads = out[:, layout.block("loss_grad")]
+    surrogate_grads = out[:, layout.block("surrogate_grads")].view(num_users, num_groups, p)
+    offset = 0
+    for summed in grads:  # casting copies into the vector's blocks, parameter by parameter
+        size = summed.shape[1]
+        by_user = summed.view(num_users, num_groups + 1, size)
+        loss_grads[:, offset : offset + size].copy_(by_user[:, 0])
+        surrogate_grads[:, :, offset : offset + size].copy_(by_user[:, 1:])
+        offset += size
+    g = num_groups
+    out[:, layout.block("loss_sum")] = sums[:, :1]
+    out[:, layout.block("surrogate_sums")] = sums[:, 1 : 1 + g]
+    out[:, layout.block("constraint_counts")] = sums[:, 1 + g : 1 + 2 * g]
+    out[:, layout.block("num_samples")] = sums[:, 1 + 2 * g : 2 + 2 * g]
+    out[:, layout.block("num_errors")] = sums[:, 2 + 2 * g : 3 + 2 * g]
+    out[:, layout.block("group_errors")] = sums[:, 3 + 2 * g :]
     return out
 
 
@@ -665,9 +667,9 @@ def clip_statistics(vectors: torch.Tensor, clipping_bound: float) -> ClippedStat
     if vectors.ndim != 2:
         raise ValueError(f"vectors must be 2-D (users, size), got shape {tuple(vectors.shape)}")
     norms = torch.linalg.vector_norm(vectors, dim=1)
+    # A scale of exactly 1.0 leaves a row bit for bit (x * 1.0 == x in IEEE arithmetic).
     scale = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
-    clipped = torch.where((norms > bound)[:, None], vectors * scale[:, None], vectors)
-    return ClippedStatistics(vectors=clipped, norms=norms, clipping_bound=bound)
+    return ClippedStatistics(vectors=vectors * scale[:, None], norms=norms, clipping_bound=bound)
 
 
 @dataclass(frozen=True, eq=False)
@@ -704,14 +706,14 @@ def shard_contribution(
     constraint: Constraint,
     clipping_bound: float,
     users: Sequence[int] | NDArray[np.integer] | None = None,
-    chunk_users: int | None = None,
+    chunk_samples: int | None = None,
     statistics: Callable[..., torch.Tensor] = user_statistics,
 ) -> ShardContribution:
     """Per-user vectors of the cohort users on this node, clipped and summed (client side of
     Algorithm 1). ``statistics`` selects the implementation (tests pass the loop)."""
     if statistics is user_statistics:
         vectors = user_statistics(
-            model, shard, constraint=constraint, users=users, chunk_users=chunk_users
+            model, shard, constraint=constraint, users=users, chunk_samples=chunk_samples
         )
     else:
         vectors = statistics(model, shard, constraint=constraint, users=users)

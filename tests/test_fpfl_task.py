@@ -69,8 +69,8 @@ def test_vectorised_statistics_equal_the_per_user_loop(
         60, seed=1, num_features=7, num_groups=num_groups, num_classes=num_classes
     )
     model = build_fpfl_model(architecture, 7, num_classes=num_classes, seed=3)
-    # Several chunks of users, each padded to its own width: rows must land in place.
-    fast = user_statistics(model, shard, constraint=constraint, chunk_users=7)
+    # Several chunks of samples, with users split between chunks: rows must land in place.
+    fast = user_statistics(model, shard, constraint=constraint, chunk_samples=7)
     slow = user_statistics_loop(model, shard, constraint=constraint)
     layout = statistics_layout(model, num_groups)
     assert fast.shape == slow.shape == (shard.num_users, layout.size)
@@ -240,4 +240,29 @@ def test_user_without_samples_gets_a_zero_row() -> None:
     assert not vectors[2].any()
     torch.testing.assert_close(
         vectors, user_statistics_loop(model, holey, constraint="fnr"), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_per_user_statistics_refuse_frozen_parameters_and_batch_norm() -> None:
+    # Every parameter has a gradient entry in the vector; batch norm would mix users' samples
+    # in a per-sample gradient (Opacus refuses models with buffers).
+    shard = synthetic_fpfl_users(20, seed=1, num_features=7, num_groups=2)
+    frozen = build_fpfl_model("shallow", 7, seed=0)
+    frozen[0].bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="every parameter must require grad"):
+        user_statistics(frozen, shard, constraint="fnr")
+    batch_norm = nn.Sequential(
+        nn.Linear(7, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 1), nn.Sigmoid()
+    )
+    with pytest.raises(NotImplementedError, match="buffers"):
+        user_statistics(batch_norm, shard, constraint="fnr")
+    # The model is left as it was: no hooks and no per-sample attributes remain.
+    model = build_fpfl_model("shallow", 7, seed=0)
+    user_statistics(model, shard, constraint="fnr")
+    assert all(
+        not module._forward_hooks and not module._backward_hooks for module in model.modules()
+    )
+    assert all(
+        parameter.grad is None and not hasattr(parameter, "grad_sample")
+        for parameter in model.parameters()
     )
