@@ -24,7 +24,10 @@ CLI against a simulation SuperLink started here (tests/flower_processes.py), 10 
 SuperNodes; the copy differs from the named config only in ``data-dir`` and ``output-dir``.
 End to end = from before the SuperLink starts until ``flwr run`` returned and the run status
 was read; per round = results.json ``history[].seconds``. Targets: < 200 s end to end and
-at most 0.3 s per round with double masking (issue 12). It then runs
+at most 0.3 s per round with double masking (issue 12); the table also counts the rounds by
+Flower ticks (the simulation engine delivers messages every 0.1 s, so a round of two exchanges
+takes two ticks or more). ``--rounds`` overrides T here too (a quick check: the table says
+so). It then runs
 benchmarks/fpfl_statistics.py (vectorised vs per-user loop of the per-user statistics; target
 >= 10x; it also writes its own results/fpfl_statistics.md) and reports its headline number.
 
@@ -346,8 +349,27 @@ def run_table(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
-def time_flwr_run(adult_dir: Path, timeout: float) -> dict[str, Any]:
-    """``flwr run`` of configs/adult-fpfl.toml with 10 virtual SuperNodes, timed end to end."""
+#: Flower's simulation engine hands each node at most one message per scan of its queue and
+#: scans every 0.1 s (``add_messages_to_queue`` in ``flwr.server.superlink.fleet.vce``), so
+#: round times come in steps of that tick: a round of two exchanges takes two ticks or more.
+FLOWER_TICK_S = 0.1
+
+
+def ticks_histogram(per_round: list[float]) -> dict[str, int]:
+    """How many rounds took about two Flower ticks (< 0.25 s), three (< 0.35 s) or more: the
+    mean per round is decided by this split."""
+    return {
+        "2 ticks": sum(1 for seconds in per_round if seconds < 2.5 * FLOWER_TICK_S),
+        "3 ticks": sum(
+            1 for seconds in per_round if 2.5 * FLOWER_TICK_S <= seconds < 3.5 * FLOWER_TICK_S
+        ),
+        "4+ ticks": sum(1 for seconds in per_round if seconds >= 3.5 * FLOWER_TICK_S),
+    }
+
+
+def time_flwr_run(adult_dir: Path, timeout: float, rounds: int | None = None) -> dict[str, Any]:
+    """``flwr run`` of configs/adult-fpfl.toml with 10 virtual SuperNodes, timed end to end
+    (``rounds`` overrides T for a quick check)."""
     sys.path.insert(0, str(REPO / "tests"))
     from flower_processes import local_simulation  # tests/ is no package
 
@@ -356,6 +378,8 @@ def time_flwr_run(adult_dir: Path, timeout: float) -> dict[str, Any]:
         scratch = Path(folder)
         output = scratch / "run"
         config.update({"data-dir": str(adult_dir), "output-dir": str(output)})
+        if rounds is not None:
+            config["fpfl-rounds"] = rounds
         config_path = scratch / "adult-fpfl.toml"
         config_path.write_text(tomli_w.dumps(config), encoding="utf-8")
         started = time.perf_counter()
@@ -378,6 +402,7 @@ def time_flwr_run(adult_dir: Path, timeout: float) -> dict[str, Any]:
         "round_seconds_mean": mean_round,
         "round_seconds_median": statistics.median(per_round),
         "round_seconds_max": max(per_round),
+        "round_ticks": ticks_histogram(per_round),
         "wall_seconds_per_round": end_to_end / rounds,
         "accuracy": results["accuracy"],
         "fnr_gap": results["fnr_gap"],
@@ -414,8 +439,9 @@ def shamir_reference_ms(num_nodes: int = NUM_SUPERNODES, repeats: int = 7) -> fl
     """The server's own CPU work that most decides whether a round fits Flower's delivery
     ticks: rebuilding ``num_nodes`` self-mask seeds from their threshold of shares each (what
     :class:`~fedparity.strategies.FPFLProtocol` does after every unmask; Lagrange
-    interpolation over the prime field of ``SHAMIR_PRIME`` by the ``shamirs`` package). Median of ``repeats``, in ms: a machine speed reference for the
-    round times, which are quantised by the 0.1 s tick and so move in steps with CPU speed."""
+    interpolation over the prime field of ``SHAMIR_PRIME`` by the ``shamirs`` package).
+    Median of ``repeats``, in ms: a machine speed reference for the round times, which are
+    quantised by the 0.1 s tick and so move in steps with CPU speed."""
     from fedparity.mechanisms.secure_sum import (
         combine_self_seed,
         new_self_seed,
@@ -446,7 +472,12 @@ def timing_markdown(flwr: dict[str, Any], stats: dict[str, Any] | None) -> list[
         f"Command: `{flwr['command']}` (the config copied with `data-dir` and `output-dir` "
         "set; otherwise as named); status "
         f"`{flwr['status']}`. End to end = from before starting the SuperLink to the end of "
-        "`flwr run` (Flower start-up included).",
+        "`flwr run` (Flower start-up included)."
+        + (
+            ""
+            if flwr["rounds"] == load_config("fpfl")["fpfl-rounds"]
+            else f" **T overridden to {flwr['rounds']} rounds (quick check).**"
+        ),
         "",
         "| measure | value | target | verdict |",
         "|---|---:|---:|---|",
@@ -456,6 +487,9 @@ def timing_markdown(flwr: dict[str, Any], stats: dict[str, Any] | None) -> list[
         f"| <= {ROUND_TARGET_S} | {_verdict(flwr['round_pass'])} |",
         f"| per round, median (s) | {flwr['round_seconds_median']:.3f} | | |",
         f"| per round, max (s) | {flwr['round_seconds_max']:.3f} | | |",
+        "| rounds of 2 / 3 / 4+ Flower ticks (0.1 s each) | "
+        + " / ".join(str(count) for count in flwr["round_ticks"].values())
+        + " | | |",
         f"| wall time / rounds (s, {flwr['rounds']} rounds) "
         f"| {flwr['wall_seconds_per_round']:.3f} | | |",
         f"| SuperLink start-up (s) | {flwr['superlink_startup_seconds']:.1f} | | |",
@@ -491,11 +525,12 @@ def run_timing(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     adult_dir = Path(args.adult_dir).resolve()
     print("[timing] flwr run ...", flush=True)
     reference = shamir_reference_ms()
-    flwr = time_flwr_run(adult_dir, args.timeout)
+    flwr = time_flwr_run(adult_dir, args.timeout, args.rounds)
     flwr["shamir_reference_ms"] = reference
     print(
         f"[timing] end to end {flwr['end_to_end_seconds']:.1f} s, "
-        f"{flwr['round_seconds_mean']:.3f} s/round (mean)",
+        f"{flwr['round_seconds_mean']:.3f} s/round (mean), rounds of 2/3/4+ ticks: "
+        + "/".join(str(count) for count in flwr["round_ticks"].values()),
         flush=True,
     )
     stats = None
