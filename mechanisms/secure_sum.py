@@ -37,12 +37,14 @@ Protocol
    the sealed shares and ``t``. A node masks a round number at most once, in increasing
    order.
 3. *Round r, unmask.* The server names the survivors ``S`` (vectors received) and the dropped
-   ``D``; each survivor opens the shares sealed for it and returns the shares of ``b_u`` for
-   ``u`` in ``S`` and its pair seeds ``k_vdr`` for ``d`` in ``D`` (:func:`reveal_round_seeds`)
-   -- once per round, only for the round it masked last, only if ``S`` and ``D`` split that
-   round's members and ``S`` holds at least ``max(min-survivors, n_min)`` nodes. The server
-   rebuilds each ``b_u`` from ``t_u`` shares (:func:`combine_self_seed`) and removes every mask
-   (:func:`unmask_sum`); :meth:`FixedPointCodec.decode` gives the floats.
+   ``D`` and asks every survivor when ``D`` is not empty, else the ``max t_u`` survivors of
+   the smallest share indices; each survivor asked opens the shares sealed for it and returns
+   the shares of ``b_u`` for ``u`` in ``S`` and its pair seeds ``k_vdr`` for ``d`` in ``D``
+   (:func:`reveal_round_seeds`) -- once per round, only for the round it masked last, only
+   if ``S`` and ``D`` split that round's members and ``S`` holds at least
+   ``max(min-survivors, n_min)`` nodes. The server rebuilds each ``b_u`` from ``t_u`` shares
+   (:func:`combine_self_seed`) and removes every mask (:func:`unmask_sum`);
+   :meth:`FixedPointCodec.decode` gives the floats.
 
 Fixed point (:class:`FixedPointCodec`, :func:`contribution_codec`): ``enc(x) = rint(x *
 scale)`` as int64 viewed as uint64, with a power-of-two scale such that the sum of

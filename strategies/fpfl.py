@@ -13,11 +13,14 @@ Round ``t``: ``query.fpfl_round`` sends the current weights to every member node
 samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic vectors, adds
 its noise share and replies with that sum **double-masked**, sealed Shamir shares of its
 self-mask and their threshold (:mod:`fedparity.mechanisms.secure_sum`). ``query.fpfl_reveal``
-then asks the survivors for the shares of the survivors' self-masks and their pair seeds with
-the nodes that did not reply, provided enough of them survive for the noise to be complete
-and for every survivor's threshold; the server removes every mask and reads only the sum over
-all survivors. Otherwise the round is lost (the weights do not move, the round still counts as
-spent privacy).
+then asks survivors for the shares of the survivors' self-masks and their pair seeds with the
+nodes that did not reply, provided enough of them survive for the noise to be complete and for
+every survivor's threshold: every survivor when a node dropped (its pair masks need each pair
+seed), else only the survivors holding the smallest share indices, as many as the largest
+threshold (the shares the seeds are rebuilt from: 8 messages instead of 10 in a round of 10
+nodes with t = 8). The server removes every mask and reads only the sum over all survivors.
+Otherwise the round is lost (the weights do not move, the round still counts as spent
+privacy).
 
 The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`; the updates,
 model selection and accounting are done by the caller (:mod:`fedparity.server.fpfl_job`) with
@@ -412,7 +415,7 @@ class FPFLProtocol:
         sealed: dict[int, tuple[dict[int, bytes], int]],
         outcome: RoundOutcome,
     ) -> RoundOutcome:
-        """The unmask exchange (every masked round): each survivor returns the shares of the
+        """The unmask exchange (every masked round): each survivor asked returns the shares of the
         survivors' self-masks and its pair seeds with the dropped nodes; the server rebuilds
         the self-mask seeds (Shamir) and removes every mask (Bonawitz et al. 2017)."""
         survivors = outcome.replied
@@ -427,7 +430,12 @@ class FPFLProtocol:
             )
             return outcome
         boxes = {node: sealed[node][0] for node in survivors}
-        answers, failures = self._reveal(round_number, survivors, dropped, boxes)
+        # Every seed is rebuilt from the shares of the smallest indices, those the first
+        # survivors (in the members' order) hold: with nobody dropped, only as many
+        # survivors as the largest threshold are asked; a dropped node's pair masks need
+        # the pair seed of every survivor, so then all are asked.
+        asked = survivors if dropped else survivors[: max(thresholds.values())]
+        answers, failures = self._reveal(round_number, survivors, dropped, boxes, asked)
         if failures:
             outcome.reason = (
                 f"{len(dropped)} node(s) dropped and the survivors did not unmask the sum "
@@ -469,13 +477,14 @@ class FPFLProtocol:
         survivors: list[int],
         dropped: list[int],
         sealed: dict[int, dict[int, bytes]],
+        asked: list[int],
     ) -> tuple[
         dict[int, tuple[dict[int, bytes], dict[tuple[int, int], bytes]]], list[tuple[int, str]]
     ]:
-        """``{survivor: ({owner: self-mask share}, {(survivor, dropped): pair seed})}`` and the
-        survivors that failed to answer."""
+        """``{survivor: ({owner: self-mask share}, {(survivor, dropped): pair seed})}`` of the
+        ``asked`` survivors, and those of them that failed to answer."""
         messages = []
-        for node in survivors:
+        for node in asked:
             senders = [peer for peer in survivors if peer != node]
             settings = ConfigRecord(
                 {
@@ -497,7 +506,7 @@ class FPFLProtocol:
         failures: list[tuple[int, str]] = []
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
-            if node not in survivors or node in answers:
+            if node not in asked or node in answers:
                 continue
             if reply.has_error():
                 failures.append((node, f"unmask refused or failed: {reply.error.reason}"))
@@ -523,7 +532,7 @@ class FPFLProtocol:
                 dict(zip(owners, shares, strict=True)),
                 {(node, peer): seed for peer, seed in zip(peers, seeds, strict=True)},
             )
-        failures += [(node, "no unmask reply") for node in survivors if node not in answers]
+        failures += [(node, "no unmask reply") for node in asked if node not in answers]
         if failures:
             log(logging.WARNING, "FPFL round %d: unmasking failed: %s", round_number, failures)
         return answers, failures

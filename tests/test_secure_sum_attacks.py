@@ -361,6 +361,7 @@ class NodesGrid:
     def __init__(self, nodes: MaskingNodes, tamper=None) -> None:  # noqa: ANN001
         self.nodes, self.tamper = nodes, tamper
         self.sent: list[str] = []
+        self.receivers: list[int] = []
         self.replies: dict[str, object] = {}
 
     def push_messages(self, messages: list) -> list[str]:  # noqa: ANN001
@@ -373,6 +374,7 @@ class NodesGrid:
             node = int(message.metadata.dst_node_id)
             action = message.metadata.message_type.removeprefix("query.")
             self.sent.append(action)
+            self.receivers.append(node)
             try:
                 reply = self.nodes.handlers[action](message, self.nodes.contexts[node])
             except (NodeRefusal, PolicyRefusal) as refusal:
@@ -384,6 +386,10 @@ class NodesGrid:
                 self.replies[message_id] = reply
             ids.append(message_id)
         return ids
+
+    def asked(self, action: str) -> list[int]:
+        """The nodes sent ``action``, in the order sent."""
+        return [n for a, n in zip(self.sent, self.receivers, strict=True) if a == action]
 
     def pull_messages(self, message_ids: set[str]) -> list:  # noqa: ANN001
         return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
@@ -426,7 +432,28 @@ def test_the_server_unmasks_with_each_nodes_own_threshold_of_shares() -> None:
     outcome = protocol.run_round(1, nodes.weights)
     assert outcome.total is not None, outcome.reason
     np.testing.assert_allclose(outcome.total, 4 * nodes.true_vector(), atol=1e-9)
-    assert grid.sent.count("fpfl_reveal") == 4
+    # Nobody dropped: only the survivors holding the smallest share indices are asked, as many
+    # as the largest threshold (2 here); their shares rebuild every seed.
+    assert grid.sent.count("fpfl_reveal") == 2
+    assert grid.asked("fpfl_reveal") == MEMBERS[:2]
+
+
+def test_with_a_node_dropped_every_survivor_is_asked_for_its_pair_seed() -> None:
+    # Node 5's masked reply is lost: the pair masks of 5 in the other vectors need the pair
+    # seed of each of the three survivors, so all three are asked.
+    nodes = MaskingNodes(MEMBERS)
+
+    def tamper(node: int, reply):  # noqa: ANN001, ANN202
+        return None if node == 5 and grid.sent[-1] == "fpfl_round" else reply
+
+    grid = NodesGrid(nodes, tamper)
+    protocol = server_protocol(grid)
+    protocol.setup()
+    outcome = protocol.run_round(1, nodes.weights)
+    assert outcome.missing == [5]
+    assert outcome.total is not None, outcome.reason
+    np.testing.assert_allclose(outcome.total, 3 * nodes.true_vector(), atol=1e-9)
+    assert grid.asked("fpfl_reveal") == [3, 4, 6]
 
 
 @pytest.mark.parametrize("claimed", [1, 5, -3, 2.0, "3", True, b"3", [3]])
