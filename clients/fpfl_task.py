@@ -52,6 +52,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from ..mechanisms.dp_accounting import import_opacus
 from ..mechanisms.mmdm import StatisticsLayout
 from .fpfl_data import FPFLShard
 
@@ -431,8 +432,8 @@ def user_statistics(
         One row per user in :class:`fedparity.mechanisms.mmdm.StatisticsLayout` order (gradients are
         computed in the model's dtype). A user without samples gets a zero row.
     """
-    from opacus import GradSampleModule  # the accountants' package; loaded on first use
-
+    # Loaded on first use (the accountants' package), without Opacus's logging side effect.
+    grad_sample_module = import_opacus("opacus.grad_sample").GradSampleModule
     body, activation = _prepare(model, shard, constraint)
     cohort = shard if users is None else shard.select_users(users)
     layout = statistics_layout(model, shard.num_groups)
@@ -457,7 +458,7 @@ def user_statistics(
     # error, error 1{a, d'} (G)].
     sums = torch.zeros(num_users, 3 * num_groups + 3, dtype=torch.float64)
     member = constraint_mask(cohort.labels, constraint)
-    per_sample = GradSampleModule(body, batch_first=True, loss_reduction="sum")
+    per_sample = grad_sample_module(body, batch_first=True, loss_reduction="sum")
     try:
         for start in range(0, cohort.labels.shape[0], chunk_samples):
             rows = slice(start, start + chunk_samples)

@@ -266,3 +266,26 @@ def test_per_user_statistics_refuse_frozen_parameters_and_batch_norm() -> None:
         parameter.grad is None and not hasattr(parameter, "grad_sample")
         for parameter in model.parameters()
     )
+
+
+def test_per_user_statistics_import_opacus_without_its_root_log_handler() -> None:
+    # Opacus calls logging.basicConfig when imported: a root handler that prints every line of
+    # a Flower app twice. user_statistics loads it on first use, through the same guard as the
+    # accountants (a fresh interpreter: this process imported Opacus long ago).
+    import subprocess
+    import sys
+
+    probe = (
+        "import logging, sys; "
+        "from fedparity.clients.fpfl_data import synthetic_fpfl_users; "
+        "from fedparity.clients.fpfl_task import build_fpfl_model, user_statistics; "
+        "assert 'opacus' not in sys.modules; "
+        "shard = synthetic_fpfl_users(5, seed=1, num_features=3, num_groups=2); "
+        "user_statistics(build_fpfl_model('shallow', 3, seed=0), shard, constraint='fnr'); "
+        "assert 'opacus' in sys.modules; "
+        "print(len(logging.getLogger().handlers))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "0"
