@@ -61,6 +61,7 @@ from .logging_setup import quiet_known_noise
 from .messages import MessageError, fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .policy import node_policy
+from .process import freeze_warm_heap
 from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
 
 
@@ -400,7 +401,10 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
             ledger_path=lambda node: node_ledger_file(node, config),
             sessions=_sessions(config),
         )
-        return handlers[action](msg, context)
+        reply = handlers[action](msg, context)
+        if action == "fpfl_round":  # warmed up: data, model, torch and Opacus are loaded
+            freeze_warm_heap()
+        return reply
 
     handle.__name__ = action
     handle.__doc__ = f"``query.{action}`` of the library's FPFL handlers on this node's shard."

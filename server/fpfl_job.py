@@ -68,6 +68,7 @@ from ..clients.fpfl_task import (
     set_flat_parameters,
     statistics_layout,
 )
+from ..clients.process import freeze_warm_heap
 from ..mechanisms.dp_accounting import (
     PrivacySpent,
     calibrate_noise,
@@ -197,6 +198,7 @@ def train_fpfl(
         session=session,
     )
     protocol.setup()
+    freeze_warm_heap()  # data, model and accountant are loaded: full collections skip them
     fragile = _fragile(config, protocol, sigma)
     if fragile:
         if config.fpfl_require_dropout_tolerance:

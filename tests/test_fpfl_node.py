@@ -116,3 +116,27 @@ def test_seeded_streams_differ_by_node_and_round_and_repeat() -> None:
             noise_share_std=0.0,
             rng=round_rng(0, 0, 0),
         )
+
+
+def test_the_warm_heap_is_frozen_once_per_process() -> None:
+    # A second freeze would also freeze the cyclic garbage made since, which would then never
+    # be collected; garbage alive at the first call is collected, not frozen (a fresh
+    # interpreter: freezing this test process would outlive the test).
+    import subprocess
+    import sys
+
+    probe = "\n".join(
+        [
+            "import gc, weakref",
+            "from fedparity.clients.process import freeze_warm_heap",
+            "class Cycle: pass",
+            "a = Cycle(); a.me = a; dead = weakref.ref(a); del a",
+            "first = freeze_warm_heap(); frozen = gc.get_freeze_count()",
+            "second = freeze_warm_heap()",
+            "print(first, second, frozen > 1000, gc.get_freeze_count() == frozen, dead() is None)",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.split() == ["True", "False", "True", "True", "True"]
