@@ -173,12 +173,12 @@ def disparity_variance(margins: tuple[int, int, int], disparity: float = 0.0) ->
     """
     checked = _check_margins(margins)
     disparity = check_finite("disparity", disparity)
-    return float(_disparity_variances(np.asarray(checked, dtype=np.float64), disparity))
+    return float(disparity_variances(np.asarray(checked, dtype=np.float64), disparity))
 
 
-def _disparity_variances(margins: np.ndarray, disparity: np.ndarray | float) -> np.ndarray:
-    """:func:`disparity_variance` over arrays: ``margins`` (..., 3), ``disparity`` broadcasts
-    to (...)."""
+def disparity_variances(margins: np.ndarray, disparity: np.ndarray | float) -> np.ndarray:
+    """:func:`disparity_variance` over arrays, without its input checks: ``margins`` (..., 3)
+    of valid margins (n0, n1, x), ``disparity`` broadcasts to (...); returns (...)."""
     group0, group1, positives = margins[..., 0], margins[..., 1], margins[..., 2]
     total = group0 + group1
     rate = positives / total
@@ -474,7 +474,7 @@ def _variances_at(
         return variance_of_mean
     known = ~np.isnan(margins[..., 0])
     safe = np.where(known[..., None], margins, 1.0)
-    return np.where(known, _disparity_variances(safe, disparity), variance_of_mean)
+    return np.where(known, disparity_variances(safe, disparity), variance_of_mean)
 
 
 def _weights(
@@ -1190,6 +1190,7 @@ __all__ = [
     "bootstrap_disparity",
     "client_contribution",
     "disparity_variance",
+    "disparity_variances",
     "common_disparity_test",
     "equivalence_test",
     "fedevalfair",

@@ -89,7 +89,7 @@ from .estimators import (
     size_estimate_covariance,
     worst_case_square_sums,
 )
-from .fairtest import _disparity_variances
+from .fairtest import disparity_variances
 from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE
 from .planner import MAX_PLANNED_CLIENTS, MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
 from .reports import ReportMoments
@@ -848,10 +848,10 @@ class _Holders:
             [counts * self.fractions[0], counts * self.fractions[1], counts * self.positive_rate],
             axis=-1,
         )
-        weights = 1.0 / _disparity_variances(margins, 0.0)
+        weights = 1.0 / disparity_variances(margins, 0.0)
 
         def stderr(mu: float) -> float:
-            spread = float(np.sum(weights**2 * _disparity_variances(margins, mu)))
+            spread = float(np.sum(weights**2 * disparity_variances(margins, mu)))
             return math.sqrt(spread / copies) / float(weights.sum())
 
         return stderr(self.mu0), stderr(disparity)
