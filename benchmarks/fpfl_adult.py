@@ -94,17 +94,26 @@ def _load_average() -> str:
 
 
 def _git_commit() -> str:
+    """The short commit, marked when tracked files differ from it (the run measured other
+    code than the commit's)."""
     try:
-        out = subprocess.run(
+        commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             cwd=REPO,
             capture_output=True,
             text=True,
             check=True,
-        )
-        return out.stdout.strip()
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return f"{commit} with uncommitted changes" if changed else commit
 
 
 # --------------------------------------------------------------------------------------------
