@@ -112,6 +112,7 @@ __all__ = [
     "FPFL_STATE_KEY",
     "MAX_STEP_TO_SHARE_STD",
     "ROUNDS_STATE_KEY",
+    "SIGMA_STATE_KEY",
     "fpfl_handlers",
 ]
 
@@ -119,6 +120,8 @@ __all__ = [
 FPFL_STATE_KEY = "fpfl-masking"
 #: Node run-state record of how many noisy round contributions the node has released.
 ROUNDS_STATE_KEY = "fpfl-rounds"
+#: Node run-state record of the noise multiplier the node computed, and of what from.
+SIGMA_STATE_KEY = "fpfl-sigma"
 #: The largest quantisation step a node accepts, as a fraction of its noise-share std: the
 #: deterministic rounding must stay far below the noise that hides the sum.
 MAX_STEP_TO_SHARE_STD = 2.0**-10
@@ -152,6 +155,32 @@ def _pinned_secrets(context: Context, session: str) -> dict[int, bytes]:
     peers = [int(peer) for peer in state["peer-ids"]]  # type: ignore[union-attr]
     secrets = [bytes(secret) for secret in state["pair-secrets"]]  # type: ignore[union-attr]
     return dict(zip(peers, secrets, strict=True))
+
+
+def _noise_multiplier(
+    context: Context, session: str, settings: FPFLNodeSettings, population_size: int
+) -> float:
+    """``settings.noise_multiplier(K)``, kept in the node's run state with what it was
+    computed from: a deployed SuperNode starts a process for every message, and calibrating
+    sigma again (Opacus's accountant) cost every round's process about 1.8 s here. Any change
+    of the inputs (K comes with each round) computes it again."""
+    key = session_state_key(SIGMA_STATE_KEY, session)
+    inputs = repr(
+        (
+            settings.epsilon,
+            settings.delta,
+            settings.cohort_size,
+            settings.rounds,
+            settings.accountant,
+            population_size,
+        )
+    )
+    record = context.state.config_records.get(key)
+    if record is not None and record.get("inputs") == inputs:
+        return float(record["sigma"])  # type: ignore[arg-type]
+    sigma = settings.noise_multiplier(population_size)
+    context.state.config_records[key] = ConfigRecord({"inputs": inputs, "sigma": sigma})
+    return sigma
 
 
 def fpfl_handlers(
@@ -379,11 +408,11 @@ def fpfl_handlers(
         shard = node_users(context)
         if population_size < shard.num_users:
             raise NodeRefusal("fpfl: the population size is below this node's own users")
-        sigma = settings.noise_multiplier(population_size)
+        sigma = _noise_multiplier(context, session, settings, population_size)
         sample_rate = min(1.0, settings.cohort_size / population_size)
         try:
             share_std = settings.noise_share_std(
-                population_size, num_nodes, colluders=node_limits.tolerated_colluders
+                population_size, num_nodes, colluders=node_limits.tolerated_colluders, sigma=sigma
             )
         except ValueError:
             raise PolicyRefusal(

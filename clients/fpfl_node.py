@@ -264,15 +264,24 @@ class FPFLNodeSettings:
             self.epsilon, delta, self.cohort_size, population_size, self.rounds, self.accountant
         )
 
-    def noise_share_std(self, population_size: int, num_nodes: int, colluders: int = 0) -> float:
+    def noise_share_std(
+        self,
+        population_size: int,
+        num_nodes: int,
+        colluders: int = 0,
+        *,
+        sigma: float | None = None,
+    ) -> float:
         """This node's noise-share std in a round with ``num_nodes`` members:
         ``C sigma / sqrt(n_min - t)`` with distributed noise, else 0.
 
         ``t`` (``colluders``) nodes may collude with the server and subtract their own shares;
         the ``n_min - t`` honest survivors' shares still sum to the ``N(0, C^2 sigma^2)`` of
-        Algorithm 1. A round with ``n_min <= t`` is refused (``ValueError``).
+        Algorithm 1. A round with ``n_min <= t`` is refused (``ValueError``). ``sigma``: the
+        caller's :meth:`noise_multiplier` of ``population_size`` (default: computed here).
         """
-        sigma = self.noise_multiplier(population_size)
+        if sigma is None:
+            sigma = self.noise_multiplier(population_size)
         if not sigma or not self.distributed_noise:
             return 0.0
         assert self.clipping_bound is not None  # checked in __post_init__

@@ -33,16 +33,15 @@ output is a probability for others. The loss is computed from the logits before 
 (binary cross-entropy / cross-entropy with logits), which is exact and numerically stable.
 
 Per-user vectors are computed for all users at once (:func:`user_statistics`): every sample's
-gradients of its loss and surrogate terms in one backward pass (Opacus's per-sample gradient
-hooks), summed per user and group; :func:`user_statistics_loop` is the per-user Python-loop
-reference used only by tests and benchmarks.
+gradients of its loss and surrogate terms (``torch.func`` ``vmap`` over samples of ``jacrev``),
+summed per user and group; :func:`user_statistics_loop` is the per-user Python-loop reference
+used only by tests and benchmarks.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -51,8 +50,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch import nn
+from torch.func import functional_call, jacrev, vmap
 
-from ..mechanisms.dp_accounting import import_opacus
 from ..mechanisms.mmdm import StatisticsLayout
 from .fpfl_data import FPFLShard
 
@@ -385,12 +384,9 @@ def _prepare(
 # --------------------------------------------------------------------------------------------
 
 
-#: Default memory budget of one chunk: the per-sample gradients of ``2 * samples * p`` numbers
-#: (2^24 floats = 64 MB in float32).
+#: Default memory budget of one chunk: the per-sample Jacobians of ``2 * samples * p``
+#: numbers (2^24 floats = 64 MB in float32).
 GRADIENT_BUDGET = 1 << 24
-#: torch warns on every backward pass through Opacus's module hooks when the inputs need no
-#: gradient (they never do here): expected, not a fault.
-_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module"
 
 
 def user_statistics(
@@ -404,14 +400,14 @@ def user_statistics(
     """Unclipped statistic vectors of the users of ``shard``, vectorised (Eq. 17 + counts).
 
     A user's objectives are sums over its samples, ``L(d^k) = sum_i l_i`` and ``F(d'^k_a) =
-    sum_{i in d'^k_a} f_i``, so their gradients are sums of per-sample gradients. One forward
-    and one backward pass over the cohort's samples, stacked twice (loss terms, then surrogate
-    terms), give every sample's ``grad l_i`` and ``grad f_i`` at once through Opacus's
-    per-sample gradient hooks (``opacus.GradSampleModule``; layers without a grad sampler of
-    their own go through its ``torch.func`` fallback); an ``index_add`` sums them per user
-    and group. No Python loop over users; the only loop is over chunks of samples (memory
-    bound). A model with buffers (batch norm) is refused by Opacus: its per-sample gradients
-    would depend on the other samples.
+    sum_{i in d'^k_a} f_i``, so their gradients are sums of per-sample gradients: one
+    ``torch.func`` call (``vmap`` over samples of ``jacrev`` of the sample's ``[l_i, f_i]``,
+    evaluated with ``functional_call``) gives every sample's two gradients, and an
+    ``index_add`` sums them per user and group; the counts are summed the same way. No Python
+    loop over users; the only loop is over chunks of samples (memory bound). ``torch.func``
+    is part of torch: a node's process that handles one message (a deployed SuperNode) loads
+    nothing more for it. A model with buffers (batch norm) is refused: its output for one
+    sample depends on the others.
 
     Parameters
     ----------
@@ -424,7 +420,7 @@ def user_statistics(
     users : local user indices, optional
         The cohort (rows in this order); default all users of the shard.
     chunk_samples : int, optional
-        Samples per forward/backward pass; default ``GRADIENT_BUDGET / (2 p)``.
+        Samples per ``vmap`` call; default ``GRADIENT_BUDGET / (2 p)``.
 
     Returns
     -------
@@ -432,80 +428,72 @@ def user_statistics(
         One row per user in :class:`fedparity.mechanisms.mmdm.StatisticsLayout` order (gradients are
         computed in the model's dtype). A user without samples gets a zero row.
     """
-    # Loaded on first use (the accountants' package), without Opacus's logging side effect.
-    grad_sample_module = import_opacus("opacus.grad_sample").GradSampleModule
     body, activation = _prepare(model, shard, constraint)
+    if any(True for _ in model.buffers()):
+        raise ValueError(
+            "model: layers with buffers (batch norm) are not supported: a sample's output, and "
+            "so its user's statistics, would depend on the other samples"
+        )
     cohort = shard if users is None else shard.select_users(users)
     layout = statistics_layout(model, shard.num_groups)
     p, num_groups, num_users = layout.num_params, layout.num_groups, cohort.num_users
     if chunk_samples is None:
         chunk_samples = max(1, GRADIENT_BUDGET // (2 * p))
     chunk_samples = _check_int("chunk_samples", chunk_samples, 1)
-    parameters = list(model.parameters())
-    if not all(parameter.requires_grad for parameter in parameters):
-        raise ValueError(
-            "model: every parameter must require grad (the statistic vector holds a gradient "
-            "entry for each)"
-        )
-    dtype = parameters[0].dtype
-    # Per parameter, the row of a sample's gradient: user k's loss gradient is row k (G + 1),
-    # its surrogate gradient for group a is row k (G + 1) + 1 + a (zero outside d').
-    grads = [
-        torch.zeros(num_users * (num_groups + 1), parameter.numel(), dtype=dtype)
-        for parameter in parameters
-    ]
+    params = {name: value.detach() for name, value in model.named_parameters()}
+    dtype = next(iter(params.values())).dtype
+
+    def sample_terms(
+        weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        """One sample's ``[l_i, f_i]``."""
+        logits = functional_call(body, weights, (x[None],))
+        loss, surrogate = _loss_and_surrogate(logits, y[None], activation, constraint)
+        return torch.cat([loss, surrogate])
+
+    per_sample = vmap(jacrev(sample_terms), in_dims=(None, 0, 0))
+    # The row of a sample's gradient: user k's loss gradient is row k (G + 1), its surrogate
+    # gradient for group a is row k (G + 1) + 1 + a (zero outside d').
+    grads = torch.zeros(num_users * (num_groups + 1), p, dtype=dtype)
     # Per-sample counts and values summed per user: [l, f 1{a, d'} (G), 1{a, d'} (G), 1,
     # error, error 1{a, d'} (G)].
     sums = torch.zeros(num_users, 3 * num_groups + 3, dtype=torch.float64)
     member = constraint_mask(cohort.labels, constraint)
-    per_sample = grad_sample_module(body, batch_first=True, loss_reduction="sum")
-    try:
-        for start in range(0, cohort.labels.shape[0], chunk_samples):
-            rows = slice(start, start + chunk_samples)
-            x = torch.from_numpy(cohort.features[rows]).to(dtype)
-            y = torch.from_numpy(cohort.labels[rows])
-            group = torch.from_numpy(cohort.groups[rows])
-            user = torch.from_numpy(cohort.user_index[rows])
-            weight = torch.from_numpy(member[rows]).to(dtype)
-            n = y.shape[0]
-            logits = per_sample(torch.cat([x, x]))
-            loss, _ = _loss_and_surrogate(logits[:n], y, activation, constraint)
-            _, surrogate = _loss_and_surrogate(logits[n:], y, activation, constraint)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_HOOK_WARNING, category=UserWarning)
-                torch.autograd.grad(loss.sum() + (surrogate * weight).sum(), parameters)
-            target = torch.cat([user * (num_groups + 1), user * (num_groups + 1) + 1 + group])
-            for parameter, summed in zip(parameters, grads, strict=True):
-                summed.index_add_(0, target, parameter.grad_sample.reshape(2 * n, -1))
-                parameter.grad_sample = None
-            with torch.no_grad():
-                wrong = (_hard_predictions(logits[:n], activation) != y).to(torch.float64)
-                in_set = torch.zeros(n, num_groups, dtype=torch.float64)
-                in_set[torch.arange(n), group] = weight.to(torch.float64)
-                terms = torch.cat(
-                    [
-                        loss.to(torch.float64)[:, None],
-                        in_set * surrogate.to(torch.float64)[:, None],
-                        in_set,
-                        torch.ones(n, 1, dtype=torch.float64),
-                        wrong[:, None],
-                        in_set * wrong[:, None],
-                    ],
-                    dim=1,
-                )
-            sums.index_add_(0, user, terms)
-    finally:
-        per_sample.to_standard_module()  # hooks and per-sample attributes removed
+    for start in range(0, cohort.labels.shape[0], chunk_samples):
+        rows = slice(start, start + chunk_samples)
+        x = torch.from_numpy(cohort.features[rows]).to(dtype)
+        y = torch.from_numpy(cohort.labels[rows])
+        group = torch.from_numpy(cohort.groups[rows])
+        user = torch.from_numpy(cohort.user_index[rows])
+        weight = torch.from_numpy(member[rows]).to(dtype)
+        n = y.shape[0]
+        jacobians = per_sample(params, x, y)
+        sample_grads = torch.cat([jacobians[name].reshape(n, 2, -1) for name in params], dim=2)
+        sample_grads[:, 1] *= weight[:, None]
+        target = torch.stack([user * (num_groups + 1), user * (num_groups + 1) + 1 + group], 1)
+        grads.index_add_(0, target.reshape(-1), sample_grads.reshape(2 * n, p))
+        with torch.no_grad():
+            logits = body(x)
+            loss, surrogate = _loss_and_surrogate(logits, y, activation, constraint)
+            wrong = (_hard_predictions(logits, activation) != y).to(torch.float64)
+            in_set = torch.zeros(n, num_groups, dtype=torch.float64)
+            in_set[torch.arange(n), group] = weight.to(torch.float64)
+            terms = torch.cat(
+                [
+                    loss.to(torch.float64)[:, None],
+                    in_set * surrogate.to(torch.float64)[:, None],
+                    in_set,
+                    torch.ones(n, 1, dtype=torch.float64),
+                    wrong[:, None],
+                    in_set * wrong[:, None],
+                ],
+                dim=1,
+            )
+        sums.index_add_(0, user, terms)
     out = torch.empty(num_users, layout.size, dtype=torch.float64)
-    loss_grads = out[:, layout.block("loss_grad")]
-    surrogate_grads = out[:, layout.block("surrogate_grads")].view(num_users, num_groups, p)
-    offset = 0
-    for summed in grads:  # casting copies into the vector's blocks, parameter by parameter
-        size = summed.shape[1]
-        by_user = summed.view(num_users, num_groups + 1, size)
-        loss_grads[:, offset : offset + size].copy_(by_user[:, 0])
-        surrogate_grads[:, :, offset : offset + size].copy_(by_user[:, 1:])
-        offset += size
+    by_user = grads.view(num_users, num_groups + 1, p)
+    out[:, layout.block("loss_grad")] = by_user[:, 0]
+    out[:, layout.block("surrogate_grads")] = by_user[:, 1:].reshape(num_users, num_groups * p)
     g = num_groups
     out[:, layout.block("loss_sum")] = sums[:, :1]
     out[:, layout.block("surrogate_sums")] = sums[:, 1 : 1 + g]

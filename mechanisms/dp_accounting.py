@@ -59,7 +59,6 @@ __all__ = [
     "NoiseCalibration",
     "PrivacySpent",
     "calibrate_noise",
-    "import_opacus",
     "privacy_spent",
     "privacy_spent_history",
     "sample_rate",
@@ -73,7 +72,7 @@ EPSILON_TOLERANCE = 0.01
 PRV_EPSILON_ERROR = 0.01
 
 
-def import_opacus(module: str) -> ModuleType:
+def _opacus(module: str) -> ModuleType:
     """Import an Opacus module (lazily) without its side effect on logging: Opacus calls
     ``logging.basicConfig`` when imported, which adds a handler to the root logger and makes
     every log line of a Flower app appear twice. Handlers it adds are removed again."""
@@ -242,7 +241,7 @@ def privacy_spent_history(
             0.0, delta, 0, last_sigma, last_rate, accountant, history=tuple(segments)
         )
     # Opacus (and with it torch) is imported only here, so the module imports without them.
-    accountants = import_opacus("opacus.accountants")
+    accountants = _opacus("opacus.accountants")
     PRVAccountant, RDPAccountant = accountants.PRVAccountant, accountants.RDPAccountant  # noqa: N806
 
     if accountant == "prv":
@@ -259,7 +258,7 @@ def privacy_spent_history(
     curve = sum(steps * _one_step_rdp(sigma, rate) for sigma, rate, steps in segments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # reported as order_at_edge instead
-        epsilon, order = import_opacus("opacus.accountants.analysis.rdp").get_privacy_spent(
+        epsilon, order = _opacus("opacus.accountants.analysis.rdp").get_privacy_spent(
             orders=alphas, rdp=curve, delta=delta
         )
     return PrivacySpent(
@@ -279,8 +278,8 @@ def privacy_spent_history(
 def _one_step_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     """Opacus's RDP curve of one subsampled Gaussian step at RDPAccountant's default orders
     (read-only: cached)."""
-    alphas = import_opacus("opacus.accountants").RDPAccountant.DEFAULT_ALPHAS
-    curve = import_opacus("opacus.accountants.analysis.rdp").compute_rdp(
+    alphas = _opacus("opacus.accountants").RDPAccountant.DEFAULT_ALPHAS
+    curve = _opacus("opacus.accountants.analysis.rdp").compute_rdp(
         q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=alphas
     )
     curve = np.asarray(curve, dtype=np.float64)
@@ -332,7 +331,7 @@ def calibrate_noise(
     delta, rate, accountant = _check_common(delta, rate, accountant)
     steps = check_int_at_least("steps", steps, 1)
     epsilon_tolerance = check_positive_finite("epsilon_tolerance", epsilon_tolerance)
-    get_noise_multiplier = import_opacus("opacus.accountants.utils").get_noise_multiplier
+    get_noise_multiplier = _opacus("opacus.accountants.utils").get_noise_multiplier
 
     with warnings.catch_warnings():
         # Opacus warns about the RDP order grid while bisecting through huge sigmas; the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,3 +141,67 @@ def test_the_warm_heap_is_frozen_once_per_process() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert result.stdout.split() == ["True", "False", "True", "True", "True"]
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_node_computes_sigma_once_per_run_and_a_later_round_loads_no_opacus(
+    tmp_path: Path,
+) -> None:
+    # A deployed SuperNode hands every message to a new process with the node's run state:
+    # the sigma the node calibrated in round 1 is kept there (with what it was computed
+    # from), so round 2 neither calibrates again nor loads Opacus; another population size
+    # calibrates again.
+    import pickle
+    import subprocess
+    import sys
+
+    from flwr.app import ConfigRecord
+
+    from fedparity.clients.fpfl_handlers import SIGMA_STATE_KEY
+    from fedparity.clients.fpfl_node import _calibrated_sigma
+    from fedparity.clients.policy import NodePrivacyPolicy
+    from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes
+
+    nodes = MaskingNodes([3, 4, 5], PRIVATE_TRAINING, policy=NodePrivacyPolicy())
+    nodes.setup()
+    nodes.pin()
+    nodes.round(1)
+    record = nodes.contexts[3].state.config_records[SIGMA_STATE_KEY]
+    assert record["sigma"] == PRIVATE_TRAINING.noise_multiplier(POPULATION)
+    _calibrated_sigma.cache_clear()
+    nodes.round(2)
+    assert _calibrated_sigma.cache_info().misses == 0  # read from the run state
+    nodes.round(3, population=2 * POPULATION)
+    assert _calibrated_sigma.cache_info().misses == 1  # new inputs: calibrated again
+    # Round 4 in a fresh interpreter, with node 4's run state and its message: no Opacus.
+    context, message = nodes.contexts[4], nodes.round_message(4, [3, 4, 5], 2 * POPULATION)
+    assert isinstance(context.state.config_records[SIGMA_STATE_KEY], ConfigRecord)
+    payload = tmp_path / "round4.pickle"
+    payload.write_bytes(pickle.dumps((context, message)))
+    probe = "\n".join(
+        [
+            "import pickle, sys",
+            "from flwr.app import Message",
+            "from flwr.supercore.task_identity import TaskIdentity",
+            "TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0",
+            "from fedparity.clients import fpfl_handlers",
+            "from fedparity.clients.policy import NodePrivacyPolicy",
+            "from tests.fpfl_nodes import PRIVATE_TRAINING, make_model, node_users",
+            f"context, content = pickle.loads(open({str(payload)!r}, 'rb').read())",
+            "message = Message(content, dst_node_id=4, message_type='query.fpfl_round')",
+            "handlers = fpfl_handlers(make_model, node_users, PRIVATE_TRAINING,"
+            " policy=NodePrivacyPolicy())",
+            "reply = handlers['fpfl_round'](message, context)",
+            "assert not reply.has_error() and 'masked' in reply.content.array_records['fpfl']",
+            "print('opacus' in sys.modules)",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert result.stdout.strip().splitlines()[-1] == "False"
