@@ -23,10 +23,9 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
@@ -54,7 +53,6 @@ from .fedevalfair_handlers import (
 from .fpfl_data import FPFLShard, users_as_fpfl_shard
 from .fpfl_handlers import fpfl_handlers
 from .fpfl_node import node_settings, node_shard
-from .fpfl_task import build_model_for, logit_model, num_parameters, set_flat_parameters
 from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
@@ -62,7 +60,14 @@ from .messages import MessageError, fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
 from .policy import node_policy
 from .process import freeze_warm_heap
-from .task import build_model, evaluate_users, get_arrays, metric_values, set_arrays, train
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is loaded by the handlers that use a model (``fpfl_round``, ``train``, ``ldp_audit``,
+# ``fef_round1``), not by the app's import: a deployed SuperNode starts a process for every
+# message, and loading torch took 1.4 s of each here, also for the FPFL setup, keys and
+# reveal, the FedEvalFair endorse and later rounds, and ``describe``.
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -151,6 +156,9 @@ def received_model(
 ) -> torch.nn.Module:
     """The received model as a module returning logits: the FedAvg logistic regression, or
     in the pipeline the FPFL network (``fpfl-architecture``) from its flat ``weights``."""
+    from .fpfl_task import build_model_for, logit_model, num_parameters, set_flat_parameters
+    from .task import build_model, set_arrays
+
     if config.task == "pipeline":
         if arrays is None or "weights" not in arrays:
             raise MessageError("message array 'weights' is missing")
@@ -207,6 +215,8 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
 
 def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     """Local FedAvg training on the shard (one reply: arrays + num-examples)."""
+    from .task import get_arrays, train
+
     shard = load_shard(context, config, "train")
     arrays = msg.content["arrays"]
     model = received_model(shard, arrays, config)
@@ -265,6 +275,8 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
     node's shard: evaluate the received model per user and reply with perturbed pairs only."""
 
     def shard_users(arrays: ArrayRecord, metric: str, node: Context) -> LocalUsers:
+        from .task import evaluate_users, metric_values
+
         shard = load_shard(node, config, "test")
         if not shard.num_users:
             return LocalUsers(np.zeros(0, dtype=np.int64), np.zeros(0))
@@ -370,6 +382,8 @@ def _fpfl_model(
     weights into all of its parameters before using it (the models have no buffers), and a
     process handles one message at a time, so one instance serves every message (copying it
     per message cost 0.7 ms of every simulated node's round)."""
+    from .fpfl_task import build_model_for
+
     return build_model_for(architecture, input_shape, num_classes=num_classes, seed=seed)
 
 

@@ -19,10 +19,10 @@ from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.calibration import MechanismChoice
 from ..mechanisms.dp_accounting import AccountantName
 from ..mechanisms.fairtest import Mode
+from ..mechanisms.metrics import METRIC_NAMES
 from ..mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
+from ..mechanisms.mmdm import CONSTRAINTS
 from .data import DATASETS
-from .fpfl_task import CONSTRAINTS
-from .task import METRIC_NAMES
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
 #: The two trainings of ``task = "pipeline"``: FPFL and its PFL twin (same clipping, noise,

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tenseal as ts
-import torch
 
 from ..mechanisms.ckks import (
     CkksParameters,
@@ -66,6 +66,9 @@ from ..mechanisms.protocol import (
     STAGE1_WIDTH,
 )
 from .data import UserShard
+
+if TYPE_CHECKING:
+    import torch
 
 #: Largest magnitude a decrypted sum may have (a sum under a foreign key decrypts to ~1e30).
 MAX_MAGNITUDE = 1e12
@@ -140,6 +143,8 @@ def holder_predictions(
     """0/1 predictions of the global model (``"trained"``), or of its fair-by-construction
     variant (``"fair"``): Bernoulli(p) with p the model's mean predicted probability on this
     test set, drawn independently of every feature, so P(Yhat = 1 | A) does not depend on A."""
+    import torch  # the model's round only: the other FedEvalFair messages load no torch
+
     model.eval()
     with torch.no_grad():
         scores = torch.sigmoid(model(torch.from_numpy(shard.features)).reshape(-1)).numpy()

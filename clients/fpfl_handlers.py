@@ -63,9 +63,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
@@ -90,7 +90,6 @@ from ..mechanisms.secure_sum import (
 )
 from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
-from .fpfl_task import set_flat_parameters
 from .identity import NodeIdentity, node_identity
 from .ledger import default_ledger_path, ledger_totals, open_node_ledger, save_node_ledger
 from .messages import (
@@ -105,6 +104,9 @@ from .messages import (
     session_state_key,
 )
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FPFL_LEDGER_REFUSAL",
@@ -448,6 +450,8 @@ def fpfl_handlers(
             )
             if share_std > 0 and codec.step > MAX_STEP_TO_SHARE_STD * share_std:
                 raise NodeRefusal("fpfl: the quantisation step is not far below the noise share")
+        from .fpfl_task import set_flat_parameters  # torch: the round's, not every message's
+
         model = make_model()
         set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
         rng = round_rng(settings.client_seed, stream(context), round_number)

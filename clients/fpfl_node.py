@@ -37,25 +37,21 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from ..mechanisms.dp_accounting import calibrate_noise
+from ..mechanisms.mmdm import CONSTRAINTS
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
 from .config import RunConfig
 from .data import ADULT_DIR_ENV, concat_shards, load_partition
 from .fpfl_data import FPFLShard, fpfl_population, users_as_fpfl_shard
-from .fpfl_task import (
-    CONSTRAINTS,
-    build_model_for,
-    set_flat_parameters,
-    shard_contribution,
-    statistics_layout,
-    user_statistics,
-)
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FPFLNodeSettings",
@@ -338,6 +334,10 @@ def cohort_contribution(
     holding the round's weights): the sum of its cohort users' statistic vectors (clipped to
     ``clipping_bound`` unless None) plus its noise share ``N(0, noise_share_std^2 I)``
     (FPFL Algorithm 1, ``UserStatistics``; Poisson cohort with rate ``sample_rate``)."""
+    # torch's modules are loaded by the round itself, not by a node's other messages (a
+    # deployed SuperNode starts a process for each).
+    from .fpfl_task import shard_contribution, statistics_layout, user_statistics
+
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
     if not math.isfinite(noise_share_std) or noise_share_std < 0:
@@ -381,6 +381,8 @@ def node_contribution(
 ) -> NDArray[np.float64]:
     """:func:`cohort_contribution` of the project app's model (``fpfl-architecture``) with
     ``weights``."""
+    from .fpfl_task import build_model_for, set_flat_parameters
+
     model = build_model_for(
         config.fpfl_architecture,
         shard.features.shape[1:],

@@ -52,7 +52,7 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from ..mechanisms.mmdm import StatisticsLayout
+from ..mechanisms.mmdm import CONSTRAINTS, StatisticsLayout
 from .fpfl_data import FPFLShard
 
 __all__ = [
@@ -81,7 +81,6 @@ __all__ = [
 ]
 
 Constraint = Literal["fnr", "accuracy"]
-CONSTRAINTS: tuple[str, ...] = ("fnr", "accuracy")
 Architecture = Literal["shallow", "deep"]
 #: Hidden layer widths of the paper's fully connected networks (Section 4.1).
 ARCHITECTURES: dict[str, tuple[int, ...]] = {"shallow": (10,), "deep": (16, 8, 8)}

@@ -54,6 +54,7 @@ from ._validation import (
 )
 
 __all__ = [
+    "CONSTRAINTS",
     "CONSTRAINT_ACTIVATIONS",
     "AggregateStatistics",
     "CohortMetrics",
@@ -76,6 +77,9 @@ __all__ = [
 ]
 
 FloatArray = NDArray[np.float64]
+#: The fairness constraints (Rodriguez-Galvez et al. 2021, Section 3.1 and Eq. 13-14): FNR
+#: parity (equal opportunity, binary) and accuracy parity.
+CONSTRAINTS: tuple[str, ...] = ("fnr", "accuracy")
 #: What decides the active constraints and their size: see :func:`evaluate_constraints`.
 CONSTRAINT_ACTIVATIONS = ("surrogate", "counts")
 
