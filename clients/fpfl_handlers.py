@@ -18,8 +18,9 @@ Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Le
     for action, handler in fpfl_handlers(make_model, my_users, settings).items():
         app.query(action)(handler)
 
-``make_model()`` returns a fresh instance of your model, ending in ``nn.Sigmoid`` (binary) or
-``nn.Softmax(dim=-1)`` (multi-class): the fairness surrogates need probabilities.
+``make_model()`` returns an instance of your model (one built once will do: every round loads
+all of its parameters), ending in ``nn.Sigmoid`` (binary) or ``nn.Softmax(dim=-1)``
+(multi-class): the fairness surrogates need probabilities; batch norm is refused.
 ``my_users(context)`` returns the node's users as an
 :class:`~fedparity.clients.fpfl_data.FPFLShard`. The node recomputes ``sigma`` from
 ``settings`` and never takes a noise level from the server, and it holds to its own
@@ -202,8 +203,9 @@ def fpfl_handlers(
     Parameters
     ----------
     make_model : callable
-        A fresh instance of the model the server trains (the round's weights are loaded
-        into it in ``named_parameters`` order).
+        An instance of the model the server trains: each round loads its weights into all
+        of the model's parameters (``named_parameters`` order), so a model without buffers
+        may be built once and returned every time (the project's app does).
     node_users : callable
         ``node_users(context) -> FPFLShard``: this node's users and their samples.
     settings : FPFLNodeSettings
