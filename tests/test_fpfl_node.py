@@ -20,6 +20,7 @@ from fedparity.clients.fpfl_task import (
 )
 from fedparity.mechanisms.dp_accounting import calibrate_noise
 from fedparity.mechanisms.secure_sum import minimum_survivors
+from tests.import_probe import last_line_printed
 
 CONFIG = RunConfig.from_mapping({"task": "fpfl", "fpfl-algorithm": "fl"})
 
@@ -123,9 +124,6 @@ def test_the_warm_heap_is_frozen_once_per_process() -> None:
     # A second freeze would also freeze the cyclic garbage made since, which would then never
     # be collected; garbage alive at the first call is collected, not frozen (a fresh
     # interpreter: freezing this test process would outlive the test).
-    import subprocess
-    import sys
-
     probe = "\n".join(
         [
             "import gc, weakref",
@@ -137,10 +135,7 @@ def test_the_warm_heap_is_frozen_once_per_process() -> None:
             "print(first, second, frozen > 1000, gc.get_freeze_count() == frozen, dead() is None)",
         ]
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.split() == ["True", "False", "True", "True", "True"]
+    assert last_line_printed(probe).split() == ["True", "False", "True", "True", "True"]
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -152,8 +147,6 @@ def test_a_node_computes_sigma_once_per_run_and_a_later_round_loads_no_opacus(
     # from), so round 2 neither calibrates again nor loads Opacus; another population size
     # calibrates again.
     import pickle
-    import subprocess
-    import sys
 
     from flwr.app import ConfigRecord
 
@@ -196,12 +189,4 @@ def test_a_node_computes_sigma_once_per_run_and_a_later_round_loads_no_opacus(
             "print('opacus' in sys.modules)",
         ]
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert result.stdout.strip().splitlines()[-1] == "False"
+    assert last_line_printed(probe) == "False"

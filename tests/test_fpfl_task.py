@@ -31,6 +31,7 @@ from fedparity.clients.fpfl_task import (
     user_statistics,
     user_statistics_loop,
 )
+from tests.import_probe import last_line_printed
 
 # Vectorised vs loop: the same float32 per-sample terms summed in a different order over a
 # user's few samples; entries are <= ~10 in size, so differences are ~1e-6 at most.
@@ -261,9 +262,6 @@ def test_per_user_statistics_refuse_batch_norm_and_leave_the_model_as_it_was() -
 def test_per_user_statistics_load_nothing_beyond_torch() -> None:
     # A deployed SuperNode starts a process for every message: the statistics must not load
     # Opacus (1.4 s here) or scipy. A fresh interpreter: this process loaded both long ago.
-    import subprocess
-    import sys
-
     probe = (
         "import sys; "
         "from fedparity.clients.fpfl_data import synthetic_fpfl_users; "
@@ -272,7 +270,4 @@ def test_per_user_statistics_load_nothing_beyond_torch() -> None:
         "user_statistics(build_fpfl_model('shallow', 3, seed=0), shard, constraint='fnr'); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'opacus', 'scipy'}))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert last_line_printed(probe) == "[]"

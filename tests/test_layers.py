@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.import_probe import modules_loaded_by
+from tests.import_probe import last_line_printed, modules_loaded_by
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("mechanisms", "clients", "strategies", "server")
@@ -312,7 +312,7 @@ def test_the_cycle_check_sees_an_eager_package_init() -> None:
 _CONCURRENT_IMPORTS = """
 import importlib, sys, threading
 import fedparity.server.app, fedparity.clients.app  # third-party imports done once
-from tests.import_probe import modules_loaded_by
+from tests.import_probe import last_line_printed, modules_loaded_by
 sys.setswitchinterval(1e-6)  # switch threads often: the race window is microseconds
 failures = []
 for _ in range({repeats}):
@@ -381,7 +381,4 @@ def test_a_nodes_messages_without_a_model_load_no_torch() -> None:
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'opacus'}))",
         ]
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+    assert last_line_printed(probe) == "[]"
