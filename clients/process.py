@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["freeze_warm_heap"]
+__all__ = ["freeze_warm_heap", "thaw_heap"]
 
 _frozen = False
 
@@ -29,3 +29,12 @@ def freeze_warm_heap() -> bool:
     gc.freeze()
     _frozen = True
     return True
+
+
+def thaw_heap() -> None:
+    """Undo :func:`freeze_warm_heap` (:func:`gc.unfreeze`): for a process that goes on after
+    the work it froze for (a job run from Python with :mod:`fedparity.server.api`, the
+    pipeline's second training); the next :func:`freeze_warm_heap` freezes again."""
+    global _frozen
+    gc.unfreeze()
+    _frozen = False

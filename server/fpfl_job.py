@@ -68,7 +68,7 @@ from ..clients.fpfl_task import (
     set_flat_parameters,
     statistics_layout,
 )
-from ..clients.process import freeze_warm_heap
+from ..clients.process import freeze_warm_heap, thaw_heap
 from ..mechanisms.dp_accounting import (
     PrivacySpent,
     calibrate_noise,
@@ -381,6 +381,7 @@ def train_fpfl(
         if stop_reason:
             break
     progress.close()
+    thaw_heap()  # the process may go on (the Python API, the pipeline's next training)
     if stop_reason:
         log(
             logging.ERROR,

@@ -120,22 +120,24 @@ def test_seeded_streams_differ_by_node_and_round_and_repeat() -> None:
         )
 
 
-def test_the_warm_heap_is_frozen_once_per_process() -> None:
+def test_the_warm_heap_is_frozen_once_per_process_until_thawed() -> None:
     # A second freeze would also freeze the cyclic garbage made since, which would then never
-    # be collected; garbage alive at the first call is collected, not frozen (a fresh
-    # interpreter: freezing this test process would outlive the test).
+    # be collected; garbage alive at the first call is collected, not frozen; a thawed heap
+    # (the end of a training) can be frozen again (a fresh interpreter: freezing this test
+    # process would outlive the test).
     probe = "\n".join(
         [
             "import gc, weakref",
-            "from fedparity.clients.process import freeze_warm_heap",
+            "from fedparity.clients.process import freeze_warm_heap, thaw_heap",
             "class Cycle: pass",
             "a = Cycle(); a.me = a; dead = weakref.ref(a); del a",
             "first = freeze_warm_heap(); frozen = gc.get_freeze_count()",
-            "second = freeze_warm_heap()",
-            "print(first, second, frozen > 1000, gc.get_freeze_count() == frozen, dead() is None)",
+            "second = freeze_warm_heap(); still = gc.get_freeze_count() == frozen",
+            "thaw_heap(); thawed = gc.get_freeze_count() == 0; again = freeze_warm_heap()",
+            "print(first, second, frozen > 1000, still, dead() is None, thawed, again)",
         ]
     )
-    assert last_line_printed(probe).split() == ["True", "False", "True", "True", "True"]
+    assert last_line_printed(probe).split() == ["True", "False"] + ["True"] * 5
 
 
 @pytest.mark.usefixtures("task_identity")
