@@ -48,6 +48,8 @@ import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,8 @@ import tomli_w
 
 from fedparity.server.api import run_simulation_job
 from fedparity.server.fpfl_report import PAPER_TABLE2
+from fedparity.server.progress import Progress
+from fedparity.server.run_record import read_status
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,6 +74,8 @@ LABELS = {
 }
 METRICS = ("accuracy", "fnr_gap", "eo_gap", "demp_gap", "pp_gap")
 NUM_SUPERNODES = 10
+#: How often the progress of a ``flwr run`` is read from its ``status.json`` (s).
+STATUS_POLL_S = 1.0
 E2E_TARGET_S = 200.0
 ROUND_TARGET_S = 0.3
 SPEEDUP_TARGET = 10.0
@@ -370,6 +376,31 @@ def ticks_histogram(per_round: list[float]) -> dict[str, int]:
     }
 
 
+def follow_rounds(job: Future[Any], output_dir: Path, total_rounds: int) -> None:
+    """Show the rounds of the run in ``output_dir`` until ``job`` ends: a bar on a terminal,
+    a line per ~10 % otherwise, from the first round on (Flower's start-up is not counted in
+    the rate). The count is ``fpfl_rounds_released`` of the run's ``status.json``, which the
+    ServerApp updates before it sends each round; reading it once a second costs the run
+    nothing measurable."""
+    progress: Progress | None = None
+    while not wait_for([job], timeout=STATUS_POLL_S).done:
+        try:
+            status = read_status(output_dir) or {}
+        except (OSError, ValueError):  # a reader error: try again at the next poll
+            continue
+        released = status.get("fpfl_rounds_released", 0)
+        if not isinstance(released, int) or released <= 0:
+            continue
+        if progress is None:
+            progress = Progress(
+                "flwr run", total_rounds, units="rounds", initial=min(released, total_rounds)
+            ).start()
+        elif released > progress.done:
+            progress.advance(released - progress.done)
+    if progress is not None:
+        progress.close()
+
+
 def time_flwr_run(adult_dir: Path, timeout: float, rounds: int | None = None) -> dict[str, Any]:
     """``flwr run`` of configs/adult-fpfl.toml with 10 virtual SuperNodes, timed end to end
     (``rounds`` overrides T for a quick check)."""
@@ -386,9 +417,14 @@ def time_flwr_run(adult_dir: Path, timeout: float, rounds: int | None = None) ->
         config_path = scratch / "adult-fpfl.toml"
         config_path.write_text(tomli_w.dumps(config), encoding="utf-8")
         started = time.perf_counter()
-        with local_simulation(REPO, NUM_SUPERNODES, scratch / "flwr-home") as simulation:
+        with (
+            local_simulation(REPO, NUM_SUPERNODES, scratch / "flwr-home") as simulation,
+            ThreadPoolExecutor(max_workers=1) as pool,
+        ):
             superlink_ready = time.perf_counter()
-            run = simulation.run(config_path, timeout=timeout)
+            job = pool.submit(simulation.run, config_path, timeout=timeout)
+            follow_rounds(job, output, int(config["fpfl-rounds"]))
+            run = job.result()
         end_to_end = time.perf_counter() - started
         results = json.loads((output / "results.json").read_text())
     per_round = [float(entry["seconds"]) for entry in results["history"]]
