@@ -37,6 +37,9 @@ LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 #: Flower's console format ("INFO :      text") and logging.basicConfig's as Opacus sets it
 #: ("11/25/2026 06:36:01:INFO:text"): the same record through two handlers.
 LOG_PREFIX = re.compile(rf"^(?:\d\d/\d\d/\d{{4}} \d\d:\d\d:\d\d:)?(?:{LEVELS})\s*:\s*")
+#: Ray's prefix on a line it forwards from another process ("(pid=9847) ",
+#: "(ClientAppActor pid=9847) "): with nothing after it, the line is blank.
+RAY_PROCESS_PREFIX = re.compile(r"^\((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?\)")
 #: Lines that legitimately repeat (never twice in a row): the settings line of each LDP audit.
 REPEATS_BY_DESIGN = (re.compile(r"^└── metric \w+, confidence [\d.]+, group sizes \w+$"),)
 #: Known noise that the apps silence (clients/logging_setup.py).
@@ -65,7 +68,11 @@ def message(line: str) -> str:
 
 def repeated_lines(output: str) -> tuple[list[str], list[str]]:
     """(lines equal to the one before, lines seen twice overall that may not repeat)."""
-    lines = [text for text in map(message, output.splitlines()) if text]
+    lines = [
+        text
+        for text in map(message, output.splitlines())
+        if RAY_PROCESS_PREFIX.sub("", text).strip()
+    ]
     in_a_row = [b for a, b in zip(lines, lines[1:], strict=False) if a == b]
     overall = [
         text
@@ -88,6 +95,20 @@ def test_repeated_lines_are_found_through_either_handler_format() -> None:
         "INFO :      \n"
     )
     assert repeated_lines(doubled) == (["[AUDIT 1/2] epsilon 1"], ["[AUDIT 1/2] epsilon 1"])
+
+
+def test_blank_lines_ray_forwards_from_another_process_are_no_repetition() -> None:
+    # A Ray worker's crash report (seen once in CI, from a worker running no fedparity code)
+    # holds blank lines with the worker's prefix; the job's own lines are what is checked.
+    forwarded = (
+        "(pid=9847) Fatal Python error: Aborted\n"
+        "(pid=9847) \n"
+        "(pid=9847) \n"
+        "(ClientAppActor pid=9850) \n"
+        "INFO :      results written to /tmp/run\n"
+        "(pid=9847) Fatal Python error: Aborted\n"
+    )
+    assert repeated_lines(forwarded) == ([], ["(pid=9847) Fatal Python error: Aborted"])
 
 
 class Collect(logging.Handler):
