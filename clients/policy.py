@@ -44,8 +44,8 @@ key                            default     meaning
                                            shares are sized for ``n_min - t`` honest ones)
 ``max-nodes``                  1000        most nodes a round may claim (noise shares
                                            shrink with the node count)
-``max-population``             10000000    most users K the server may claim (the node
-                                           samples and calibrates with min(K, this))
+``max-population``             10000000    most users K a run may claim (a larger K is
+                                           refused at setup)
 ``min-holders``                2           fewest holders in a CKKS sum a key holder opens
 ``min-users-for-counts``       10          below this many users a node sends no counts
                                            (of reports, samples, refusals, spent budget)
@@ -55,6 +55,19 @@ key                            default     meaning
 ``require-roster``             false       FPFL masking only with peers whose masking keys
                                            are signed by members of the node's roster
                                            (node config ``roster``, ``identity-key``)
+``fpfl-min-noise-multiplier``  0.5         smallest noise multiplier sigma of an FPFL
+                                           training (a floor under any population size)
+``fpfl-max-dropout-tolerance`` 0.3         largest dropout tolerance rho of an FPFL run,
+                                           below 0.5 (split views of the survivors)
+``fpfl-max-weight``            10000       largest absolute model weight a round may carry
+``fpfl-max-rounds``            10000       most rounds T of an FPFL training
+``max-groups``                 256         most protected groups a run may claim
+``max-users-per-node``         10000000    most simulated users per node (embedded data)
+``max-resamples``              10000       most bootstrap resamples (``fef-resamples``)
+``fef-max-releases-per-key``   200         most FedEvalFair releases a key holder makes
+                                           with one secret key (its flooding margin)
+``allowed-apps``               (none)      SHA-256 hashes of the app bundles (FABs) this
+                                           node's gated ClientApp process may run
 =============================  ==========  ===============================================
 """
 
@@ -98,11 +111,28 @@ class PolicyRefusal(Exception):
         self.rule = rule
 
 
-def _number(minimum: float, maximum: float = math.inf, *, integer: bool = False) -> dict:
-    return {"kind": "integer" if integer else "number", "minimum": minimum, "maximum": maximum}
+def _number(
+    minimum: float,
+    maximum: float = math.inf,
+    *,
+    integer: bool = False,
+    closed_low: bool = False,
+    open_high: bool = False,
+) -> dict:
+    """A numeric key's rule: ``(minimum, maximum]`` by default; ``closed_low`` includes the
+    minimum, ``open_high`` excludes the maximum (integers: ``>= minimum``)."""
+    return {
+        "kind": "integer" if integer else "number",
+        "minimum": minimum,
+        "maximum": maximum,
+        "closed_low": closed_low,
+        "open_high": open_high,
+    }
 
 
 _BOOLEAN: dict = {"kind": "boolean"}
+#: ``allowed-apps``: SHA-256 hex digests (64 lowercase hex characters each).
+_HASHES: dict = {"kind": "hashes"}
 
 
 @dataclass(frozen=True)
@@ -126,6 +156,17 @@ class NodePrivacyPolicy:
     min_users_for_counts: int = field(default=10, metadata=_number(1, integer=True))
     allow_ephemeral_ledger: bool = field(default=False, metadata=_BOOLEAN)
     require_roster: bool = field(default=False, metadata=_BOOLEAN)
+    fpfl_min_noise_multiplier: float = field(default=0.5, metadata=_number(0.0, closed_low=True))
+    fpfl_max_dropout_tolerance: float = field(
+        default=0.3, metadata=_number(0.0, 0.5, closed_low=True, open_high=True)
+    )
+    fpfl_max_weight: float = field(default=1e4, metadata=_number(0.0))
+    fpfl_max_rounds: int = field(default=10_000, metadata=_number(1, integer=True))
+    max_groups: int = field(default=256, metadata=_number(2, integer=True))
+    max_users_per_node: int = field(default=10_000_000, metadata=_number(1, integer=True))
+    max_resamples: int = field(default=10_000, metadata=_number(1, integer=True))
+    fef_max_releases_per_key: int = field(default=200, metadata=_number(1, integer=True))
+    allowed_apps: tuple[str, ...] = field(default=(), metadata=_HASHES)
     #: Where the policy came from (reported in the node's logs; not a policy key).
     source: str = field(default="built-in defaults", compare=False)
 
@@ -194,6 +235,8 @@ class NodePrivacyPolicy:
             allow_seeded_noise=True,
             allow_non_private=True,
             allow_ephemeral_ledger=True,
+            fpfl_min_noise_multiplier=0.25,
+            fpfl_max_dropout_tolerance=0.45,
             source="simulation defaults",
         )
 
@@ -235,6 +278,58 @@ class NodePrivacyPolicy:
             raise PolicyRefusal("the population size must be at least 1")
         return min(int(population_size), self.max_population)
 
+    def check_population(self, population_size: int) -> None:
+        """Refuse a population size ``K`` outside ``[1, max-population]`` (a run agrees on one
+        ``K`` at setup; a node never calibrates with another ``K`` than the run's)."""
+        if not 1 <= population_size <= self.max_population:
+            raise PolicyRefusal("the run's population size is outside [1, max-population]")
+
+    def check_sizes(
+        self,
+        *,
+        num_groups: int | None = None,
+        users_per_node: int | None = None,
+        resamples: int | None = None,
+        rounds: int | None = None,
+    ) -> None:
+        """Refuse sizes beyond the policy's caps (``max-groups``, ``max-users-per-node``,
+        ``max-resamples``, ``fpfl-max-rounds``), before any work: a node never allocates what
+        a server-chosen number asks for (None: not checked)."""
+        if num_groups is not None and not 2 <= num_groups <= self.max_groups:
+            raise PolicyRefusal("the run's number of groups is outside [2, max-groups]")
+        if users_per_node is not None and not 1 <= users_per_node <= self.max_users_per_node:
+            raise PolicyRefusal("the run's users per node are outside [1, max-users-per-node]")
+        if resamples is not None and not 1 <= resamples <= self.max_resamples:
+            raise PolicyRefusal("the run's bootstrap resamples are outside [1, max-resamples]")
+        if rounds is not None and not 1 <= rounds <= self.fpfl_max_rounds:
+            raise PolicyRefusal("the training's rounds are outside [1, fpfl-max-rounds]")
+
+    def check_fpfl_noise(self, noise_multiplier: float, dropout_tolerance: float) -> None:
+        """Refuse a noisy FPFL run whose noise multiplier is below ``fpfl-min-noise-multiplier``
+        or whose dropout tolerance is above ``fpfl-max-dropout-tolerance``."""
+        if not noise_multiplier >= self.fpfl_min_noise_multiplier:
+            raise PolicyRefusal(
+                "the training's noise multiplier is below fpfl-min-noise-multiplier"
+            )
+        self.check_dropout_tolerance(dropout_tolerance)
+
+    def check_dropout_tolerance(self, dropout_tolerance: float) -> None:
+        """Refuse a dropout tolerance above ``fpfl-max-dropout-tolerance`` (with or without
+        noise: it sets how few survivors a node reveals masks for)."""
+        if not 0.0 <= dropout_tolerance <= self.fpfl_max_dropout_tolerance:
+            raise PolicyRefusal("the run's dropout tolerance is above fpfl-max-dropout-tolerance")
+
+    def check_weights(self, largest_magnitude: float) -> None:
+        """Refuse model weights whose largest magnitude is above ``fpfl-max-weight`` (checked
+        before any data is read: overflowing weights would make a reply depend on the data)."""
+        if not largest_magnitude <= self.fpfl_max_weight:
+            raise PolicyRefusal("the round's model weights are above fpfl-max-weight")
+
+    def check_app(self, app_hash: str) -> None:
+        """Refuse an app bundle whose SHA-256 hash is not in ``allowed-apps``."""
+        if app_hash.lower() not in self.allowed_apps:
+            raise PolicyRefusal("the run's app bundle is not in allowed-apps")
+
     def check_nodes(self, num_nodes: int) -> None:
         """Refuse a round that claims more nodes than ``max-nodes`` (or fewer than two)."""
         if not 2 <= num_nodes <= self.max_nodes:
@@ -271,6 +366,27 @@ def _renamed_keys(mapping: Mapping[str, Any], source: str) -> dict[str, Any]:
     return renamed
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _check_hashes(key: str, value: Any) -> tuple[str, ...]:
+    """A list of SHA-256 hex digests: a TOML list, or one string of comma- or space-separated
+    digests (node config values are strings)."""
+    items = value.replace(",", " ").split() if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+        raise ValueError(
+            f"privacy-policy key {key} must be a list of SHA-256 hex digests, got {value!r}"
+        )
+    digests = tuple(item.strip().lower() for item in items)
+    for digest in digests:
+        if len(digest) != 64 or not set(digest) <= _HEX:
+            raise ValueError(
+                f"privacy-policy key {key} must hold SHA-256 hex digests (64 hex characters), "
+                f"got {digest!r}"
+            )
+    return digests
+
+
 def _check(key: str, value: Any, rule: Mapping[str, Any]) -> Any:
     if rule["kind"] == "boolean":
         if isinstance(value, bool):
@@ -278,11 +394,16 @@ def _check(key: str, value: Any, rule: Mapping[str, Any]) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise ValueError(f"privacy-policy key {key} must be true or false, got {value!r}")
+    if rule["kind"] == "hashes":
+        return _check_hashes(key, value)
     low, high = rule["minimum"], rule["maximum"]
+    closed_low, open_high = rule["closed_low"], rule["open_high"]
     if rule["kind"] == "integer":
         span = f"an integer >= {low}"
     else:
-        span = f"a number in ({low:g}, " + ("inf)" if math.isinf(high) else f"{high:g}]")
+        span = f"a number in {'[' if closed_low else '('}{low:g}, " + (
+            "inf)" if math.isinf(high) else f"{high:g}{')' if open_high else ']'}"
+        )
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
@@ -291,7 +412,9 @@ def _check(key: str, value: Any, rule: Mapping[str, Any]) -> Any:
         if not (number.is_integer() and number >= low):
             raise ValueError(f"privacy-policy key {key} must be {span}, got {value!r}")
         return int(number)
-    if not (math.isfinite(number) and low < number <= high):
+    above_low = number >= low if closed_low else number > low
+    below_high = number < high if open_high else number <= high
+    if not (math.isfinite(number) and above_low and below_high):
         raise ValueError(f"privacy-policy key {key} must be {span}, got {value!r}")
     return number
 

@@ -420,3 +420,44 @@ def test_every_policy_key_is_documented() -> None:
     for key in NodePrivacyPolicy.keys():
         assert f"`{key}`" in page, key
         assert f"``{key}``" in (policy_module.__doc__ or ""), key
+
+
+def test_new_policy_keys_parse_and_name_their_range() -> None:
+    """The caps added for agreed run parameters: ranges are enforced with the key named, the
+    dropout-tolerance cap stays below 0.5, and allowed-apps takes a TOML list or the
+    comma/space-separated string a node config holds."""
+    digest = "ab" * 32
+    policy = NodePrivacyPolicy.from_mapping(
+        {
+            "fpfl-min-noise-multiplier": 0,
+            "fpfl-max-dropout-tolerance": 0.49,
+            "allowed-apps": f"{digest.upper()}, {'cd' * 32}",
+        },
+        source="test",
+    )
+    assert policy.fpfl_min_noise_multiplier == 0.0
+    assert policy.allowed_apps == (digest, "cd" * 32)
+    policy.check_app(digest.upper())
+    with pytest.raises(PolicyRefusal, match="allowed-apps"):
+        policy.check_app("ef" * 32)
+    assert NodePrivacyPolicy.from_mapping({"allowed-apps": [digest]}, source="t").allowed_apps == (
+        digest,
+    )
+    for key, value, span in [
+        ("fpfl-max-dropout-tolerance", 0.5, r"\[0, 0.5\)"),
+        ("fpfl-min-noise-multiplier", -0.1, r"\[0, inf\)"),
+        ("fpfl-max-weight", 0, r"\(0, inf\)"),
+        ("max-groups", 1, "an integer >= 2"),
+        ("allowed-apps", ["abc"], "64 hex characters"),
+    ]:
+        with pytest.raises(ValueError, match=f"{key} must .*{span}"):
+            NodePrivacyPolicy.from_mapping({key: value}, source="test")
+    default = NodePrivacyPolicy()
+    with pytest.raises(PolicyRefusal, match="max-groups"):
+        default.check_sizes(num_groups=default.max_groups + 1)
+    with pytest.raises(PolicyRefusal, match="fpfl-min-noise-multiplier"):
+        default.check_fpfl_noise(0.49, 0.2)
+    with pytest.raises(PolicyRefusal, match="fpfl-max-dropout-tolerance"):
+        default.check_fpfl_noise(1.0, 0.31)
+    with pytest.raises(PolicyRefusal, match="fpfl-max-weight"):
+        default.check_weights(float("nan"))
