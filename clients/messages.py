@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from flwr.app import Message
 from flwr.common import log
 
-from ..mechanisms.protocol import SESSION_KEY
+from ..mechanisms.protocol import SESSION_KEY, MessageError
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",
@@ -36,12 +36,6 @@ __all__ = [
     "session_state_key",
     "str_field",
 ]
-
-
-class MessageError(ValueError):
-    """A field of a received message is missing or malformed (the text names the field only)."""
-
-    fixed_text = True
 
 
 class NodeRefusal(Exception):

@@ -1,13 +1,15 @@
-"""Wire names and sizes shared by the Flower handlers (``clients``) and strategies.
+"""Wire names, sizes and message types shared by the Flower handlers (``clients``) and
+strategies.
 
 The message types, record keys and FedEvalFair vector layouts that both ends of each
-protocol must agree on. Pure constants (no Flower import), so that a client never imports a
-server strategy and a strategy never imports a client module.
+protocol must agree on, and the typed messages of the FPFL protocol
+(:mod:`fedparity.mechanisms.protocol.fpfl`). No Flower import, so that a client never imports
+a server strategy and a strategy never imports a client module.
 """
 
 from __future__ import annotations
 
-from .fairtest import ROUND1_FIELDS, STAGE1_FIELDS
+from ..fairtest import ROUND1_FIELDS, STAGE1_FIELDS
 
 __all__ = [
     "AUDIT_MESSAGE_TYPE",
@@ -30,6 +32,7 @@ __all__ = [
     "FPFL_SETUP_MESSAGE_TYPE",
     "GROUPS_KEY",
     "METRICS_KEY",
+    "MessageError",
     "RELEASE_SIZE",
     "SESSION_KEY",
     "RELEASE_WIDTH",
@@ -42,6 +45,15 @@ __all__ = [
     "USER_COUNT_KEYS",
     "VALUES_KEY",
 ]
+
+
+class MessageError(ValueError):
+    """A field of a received message is missing or malformed: the one error type of the wire
+    protocols, raised the same way by a node and by a server. The text names the field only,
+    never a value, so it is safe to send back (``fixed_text``)."""
+
+    fixed_text = True
+
 
 # -- sessions --------------------------------------------------------------------------------
 
