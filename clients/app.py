@@ -5,7 +5,9 @@ A node hosts a shard of users (``users-per-node``; 1 on a real device), selected
 config ``partition-id`` / ``num-partitions``. Handlers:
 
 * ``query.describe``  -- the shard's feature count and sizes (so the server can build the model);
-* ``train``           -- FedAvg local training on the shard's training data;
+* ``train``           -- FedAvg local training on the shard's training data, only on a node
+  whose policy allows non-private training (``allow-non-private``) and for a run that trains
+  with FedAvg (its updates are neither noised nor charged to the users' ledgers);
 * ``query.ldp_audit`` -- evaluate the global model per user, perturb each user's
   (group, metric) pair with the requested mechanism and reply with the perturbed pairs only.
 
@@ -56,9 +58,9 @@ from .fpfl_node import node_settings, node_shard
 from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
-from .messages import MessageError, fixed_error_texts, int_field
+from .messages import MessageError, NodeRefusal, fixed_error_texts, int_field
 from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
-from .policy import node_policy
+from .policy import PolicyRefusal, node_policy
 from .process import freeze_warm_heap
 
 if TYPE_CHECKING:
@@ -213,10 +215,34 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=msg)
 
 
+#: The policy rule a node without ``allow-non-private`` refuses ``train`` with (a fixed sentence).
+NON_PRIVATE_TRAINING_RULE = "non-private FedAvg training (train) needs allow-non-private"
+#: The refusal of ``train`` when the node's own run config trains no model with FedAvg.
+NO_FEDAVG_TRAINING_TEXT = (
+    "this node's run config trains no model with FedAvg (task, model-file, num-server-rounds)"
+)
+
+
+def check_fedavg_training(context: Context, config: RunConfig) -> None:
+    """Refuse plain FedAvg training unless the node's own policy allows non-private training
+    (``allow-non-private``: the simulation policy does, the built-in one does not) and the run
+    trains with FedAvg (:attr:`RunConfig.trains_with_fedavg`). Decided from the policy and the
+    run config alone, before any data is read, so the refusal says nothing about the data."""
+    if not node_policy(context.node_config).allow_non_private:
+        raise PolicyRefusal(NON_PRIVATE_TRAINING_RULE)
+    if not config.trains_with_fedavg:
+        raise NodeRefusal(NO_FEDAVG_TRAINING_TEXT)
+
+
 def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Local FedAvg training on the shard (one reply: arrays + num-examples)."""
+    """Local FedAvg training on the shard (one reply: arrays + num-examples).
+
+    The reply is the model trained on the node's own data, in clear and uncharged: on a
+    one-user device one step from zero weights gives back the user's row. So it is refused
+    (:func:`check_fedavg_training`) unless the node's policy allows non-private training."""
     from .task import get_arrays, train
 
+    check_fedavg_training(context, config)
     shard = load_shard(context, config, "train")
     arrays = msg.content["arrays"]
     model = received_model(shard, arrays, config)
@@ -449,6 +475,20 @@ HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
 }
 
 
+def check_run_sizes(context: Context, config: RunConfig) -> None:
+    """Refuse a run config whose sizes are beyond the node's policy caps (``max-groups``,
+    ``max-users-per-node`` for the embedded data, ``max-resamples`` for the FedEvalFair
+    bootstrap, ``fpfl-max-rounds``), before any handler runs: a node never allocates what a
+    server-chosen number asks for. Only the sizes the node's task uses are checked."""
+    node_policy(context.node_config).check_sizes(
+        num_groups=config.num_groups,
+        # a node's own data file holds its users; users-per-node sizes the embedded data only
+        users_per_node=config.users_per_node if own_data_file(context) is None else None,
+        resamples=config.fef_resamples if config.task in ("fedevalfair", "pipeline") else None,
+        rounds=config.fpfl_rounds if config.task in ("fpfl", "pipeline") else None,
+    )
+
+
 class _ProjectClientApp(ClientApp):
     """The project's ClientApp, pickled as the arguments of :func:`build_client_app`.
 
@@ -476,7 +516,8 @@ def build_client_app(
     overrides: Mapping[str, Any] | None = None,
     handlers: Mapping[str, Callable[[Message, Context, RunConfig], Message]] | None = None,
 ) -> ClientApp:
-    """The ClientApp: every handler gets the run config parsed (and validated) once.
+    """The ClientApp: every handler gets the run config parsed (and validated) once, and its
+    sizes checked against the node's policy caps (:func:`check_run_sizes`) before it runs.
 
     ``overrides`` are merged over ``context.run_config`` (Flower forbids changing it on a
     node): :mod:`fedparity.server.api` uses them to run a job from Python. ``handlers`` replaces
@@ -488,7 +529,9 @@ def build_client_app(
 
     def bind(handler: Callable[[Message, Context, RunConfig], Message]):  # noqa: ANN202
         def bound(msg: Message, context: Context) -> Message:
-            return handler(msg, context, RunConfig.from_mapping({**context.run_config, **extra}))
+            config = RunConfig.from_mapping({**context.run_config, **extra})
+            check_run_sizes(context, config)
+            return handler(msg, context, config)
 
         bound.__name__ = handler.__name__
         return fixed_error_texts(bound)

@@ -25,6 +25,10 @@ from ..mechanisms.mmdm import CONSTRAINTS
 from .data import DATASETS
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
+#: The jobs that evaluate a global model they train with plain FedAvg (the ``train`` message),
+#: unless the server's operator supplies one (``model-file``). FedAvg's updates are not
+#: private: a node answers ``train`` only if its own policy has ``allow-non-private``.
+FEDAVG_TASKS = ("ldp-audit", "fedevalfair")
 #: The two trainings of ``task = "pipeline"``: FPFL and its PFL twin (same clipping, noise,
 #: rounds and cohort; no MMDM). Each is a session of the FPFL and FedEvalFair protocols.
 PIPELINE_SESSIONS = ("fpfl", "pfl")
@@ -140,6 +144,19 @@ def _as_epsilons(key: str, value: Any) -> tuple[float, ...]:
     return epsilons
 
 
+def _as_model_file(key: str, value: Any) -> str:
+    """``""`` (train with FedAvg), or the absolute path of a ``.npz`` file (read by the server
+    only: a node never opens it)."""
+    if not isinstance(value, str):
+        raise ConfigError(f'{key} must be "" or the absolute path of a .npz file, got {value!r}')
+    if value and (not Path(value).is_absolute() or Path(value).suffix != ".npz"):
+        raise ConfigError(
+            f'{key} must be "" or the absolute path of a .npz file (the apps do not run in '
+            f"this folder), got {value!r}"
+        )
+    return value
+
+
 def _as_optional(key: str, value: Any, parse: Any) -> Any:
     """``parse(key, value)``, or None for "" (the key's documented "not set")."""
     if value == "" or value is None:
@@ -188,6 +205,7 @@ def _choice(allowed: tuple[str, ...]) -> Parser:
 _boolean = Parser(_as_bool, "boolean", "true | false")
 _text = Parser(lambda key, value: str(value), "string", "any")
 _epsilon_list = Parser(_as_epsilons, "string", "comma-separated numbers > 0")
+_model_file = Parser(_as_model_file, "string", '"" or an absolute path ending in .npz')
 
 
 def _optional(parse: Parser) -> Parser:
@@ -348,6 +366,13 @@ class RunConfig:
     num_server_rounds: int = _key(3, _integer(0), "FedAvg rounds before the audits")
     local_epochs: int = _key(1, _integer(1), "local epochs per FedAvg round")
     learning_rate: float = _key(0.1, _number(0.0, math.inf), "FedAvg local learning rate")
+    model_file: str = _key(
+        "",
+        _model_file,
+        "ldp-audit, fedevalfair: the model to evaluate, a .npz of its arrays on the server "
+        '(`np.savez(path, *get_arrays(model))`); no FedAvg round is run. "" = train with FedAvg, '
+        "which nodes answer only with allow-non-private",
+    )
     # --- LDP audit ------------------------------------------------------------------------
     metric: str = _key("accuracy", _choice(METRIC_NAMES), "the audited per-user metric")
     mechanism: str = _key("best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L) or best")
@@ -432,6 +457,12 @@ class RunConfig:
     )
 
     @property
+    def trains_with_fedavg(self) -> bool:
+        """The run trains its global model with plain FedAvg (``train`` messages): a FedAvg
+        job (:data:`FEDAVG_TASKS`) without ``model-file`` and with ``num-server-rounds`` >= 1."""
+        return self.task in FEDAVG_TASKS and not self.model_file and self.num_server_rounds > 0
+
+    @property
     def fpfl_uses_mmdm(self) -> bool:
         """MMDM (FFL, FFL + Clip, FPFL) rather than plain FederatedSGD."""
         return FPFL_ALGORITHMS[self.fpfl_algorithm][0]
@@ -469,6 +500,11 @@ class RunConfig:
         if config.dataset == "adult" and config.num_groups != 2:
             raise ConfigError('num-groups must be 2 for dataset = "adult" (groups: sex)')
         config = _adult_folder(config)
+        if config.model_file and config.task not in FEDAVG_TASKS:
+            raise ConfigError(
+                f"model-file is for task = {' or '.join(map(repr, FEDAVG_TASKS))}, got task = "
+                f"{config.task!r} (its training is its own: FPFL with user-level DP)"
+            )
         _check_fpfl(config)
         audited_models = len(PIPELINE_SESSIONS) if config.task == "pipeline" else 1
         total = audited_models * sum(config.epsilons)

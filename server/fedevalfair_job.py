@@ -43,6 +43,7 @@ from .html_report import write_report
 from .orchestration import (
     connect_nodes,
     harness_applies,
+    supplied_model,
     train_global_model,
     training_report,
 )
@@ -190,6 +191,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
     output_dir = record.folder
     started = time.perf_counter()
     protocol = fedevalfair_protocol(config, server_public_context(config))
+    supplied = supplied_model(config)  # model-file: read and checked before any work
     node_ids, nodes = connect_nodes(grid, config, minimum=2)
     log(
         logging.INFO,
@@ -202,6 +204,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         grid,
         config,
         int(nodes.num_features),  # type: ignore[arg-type]
+        supplied,
     )
     # The key holders decrypt aggregates in the protocol's last round: recorded before it
     # starts (FedEvalFair releases are not differentially private; see the docs).

@@ -31,6 +31,7 @@ from .html_report import write_report
 from .orchestration import (
     connect_nodes,
     harness_applies,
+    supplied_model,
     train_global_model,
     training_report,
 )
@@ -88,6 +89,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
     record = record if record is not None else open_run_record(config)
     output_dir = record.folder
     started = time.perf_counter()
+    supplied = supplied_model(config)  # model-file: read and checked before any work
     node_ids, nodes = connect_nodes(grid, config, minimum=1)
     log(
         logging.INFO,
@@ -101,6 +103,7 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
         grid,
         config,
         int(nodes.num_features),  # type: ignore[arg-type]
+        supplied,
     )
 
     truth: GroundTruth | None = None

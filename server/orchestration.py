@@ -2,21 +2,28 @@
 
 Every job (LDP audit, FedEvalFair, FPFL) starts the same way: wait until enough nodes are
 connected, ask each for its (public) shard shape with a ``query.describe`` message, build the
-model, and, for the jobs that need a trained global model, run FedAvg
-(:class:`~fedparity.strategies.robust_fedavg.RobustFedAvg`).
+model, and, for the jobs that evaluate a global model (LDP audit, FedEvalFair), either load the
+one the server's operator supplies (``model-file``: no node trains, nothing is released) or
+train it with plain FedAvg (:class:`~fedparity.strategies.robust_fedavg.RobustFedAvg`). FedAvg's
+updates are not private, so a node answers ``train`` only when its own policy allows
+non-private training; when the nodes refuse it, the job stops (:class:`TrainingRefused`)
+rather than evaluate an untrained model.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+import zipfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..clients.config import RunConfig
+from ..clients.config import ConfigError, RunConfig
 from ..clients.logging_setup import quiet_strategy_banner
 from ..clients.task import build_model, get_arrays
 from ..mechanisms.protocol import METRICS_KEY
@@ -157,26 +164,146 @@ def connect_nodes(
     return node_ids, nodes
 
 
+#: The policy key a node names when it refuses non-private training (its refusal is a fixed
+#: sentence ending with it: ``fedparity.clients.app.NON_PRIVATE_TRAINING_RULE``).
+NON_PRIVATE_POLICY_KEY = "allow-non-private"
+
+
+class TrainingRefused(RuntimeError):
+    """The nodes refused the FedAvg training by their privacy policy: the job stops rather than
+    evaluate the untrained initial model. The text says how to proceed."""
+
+
+def refused_training_text(refused: int, asked: int) -> str:
+    """What the run's status and log say when no node trained the model because ``refused``
+    of the ``asked`` nodes refused non-private training."""
+    return (
+        f"no node trained the model: {refused} of {asked} node(s) refused non-private training "
+        "(plain FedAvg sends model updates in clear, uncharged to the users' privacy ledgers; "
+        f"their privacy policy lacks {NON_PRIVATE_POLICY_KEY}), so the job stopped before "
+        "evaluating an untrained model. To proceed: supply the model to evaluate with "
+        "model-file (an absolute path to a .npz of its arrays on the server), or use "
+        'task = "pipeline", which trains with user-level DP through the secure sum and charges '
+        f"each user's ledger, or set {NON_PRIVATE_POLICY_KEY} = true in the privacy policy of "
+        "the nodes whose users agreed to non-private training"
+    )
+
+
 class _FedAvgWithProgress(RobustFedAvg):
-    """:class:`RobustFedAvg` that counts each aggregated round on :attr:`progress`."""
+    """:class:`RobustFedAvg` that counts each aggregated round on :attr:`progress`, and stops
+    the training (:class:`TrainingRefused`) at the first round, while no model has been
+    aggregated yet, in which every node that replied refused non-private training."""
 
     progress: Progress | None = None
+    _trained = False
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         aggregated = super().aggregate_train(server_round, replies)
+        if aggregated[0] is not None:
+            self._trained = True
+        elif not self._trained:
+            rejected = self.rejected.get(server_round, [])
+            refused = [r for r in rejected if NON_PRIVATE_POLICY_KEY in r.reason]
+            if refused and len(refused) == len(rejected):
+                raise TrainingRefused(refused_training_text(len(refused), len(self._sent)))
         if self.progress is not None:
             self.progress.advance()
         return aggregated
 
 
+def supplied_model(config: RunConfig) -> list[np.ndarray] | None:
+    """The model the server's operator supplies (``model-file``), read and checked before any
+    work: its arrays in the order of :func:`~fedparity.clients.task.get_arrays` (a ``.npz``
+    written by ``np.savez(path, *arrays)``, or with the model's ``state_dict`` names as keys),
+    finite numbers. None when ``model-file`` is empty (train with FedAvg). The shapes are
+    checked against the nodes' feature count by :func:`train_global_model`.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``model-file``, for a missing, unreadable or malformed file.
+    """
+    if not config.model_file:
+        return None
+    path = Path(config.model_file)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: np.asarray(archive[name]) for name in archive.files}
+    except FileNotFoundError:
+        raise ConfigError(f"model-file {path}: no such file (the server reads it)") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise ConfigError(
+            f"model-file {path}: not a .npz of the model's arrays ({error})"
+        ) from None
+    names = list(arrays)
+    positional = [f"arr_{index}" for index in range(len(names))]
+    if sorted(names) == sorted(positional):
+        names = positional  # np.savez(path, *arrays): arr_0, arr_1, ... in order
+    elif names != _state_dict_names():
+        raise ConfigError(
+            f"model-file {path}: holds arrays {', '.join(arrays) or 'none'}; expected the model's "
+            f"arrays in get_arrays order, saved with np.savez(path, *arrays) (arr_0, arr_1, ...) "
+            f"or with the names {', '.join(_state_dict_names())}"
+        )
+    ordered = [arrays[name] for name in names]
+    for name, array in zip(names, ordered, strict=True):
+        numeric = np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+        if not numeric or not np.isfinite(array).all():
+            raise ConfigError(f"model-file {path}: array {name} must hold finite numbers")
+    return ordered
+
+
+def _state_dict_names() -> list[str]:
+    """The ``state_dict`` names of the jobs' model (a logistic regression)."""
+    return list(build_model(1).state_dict())
+
+
+def _checked_model(
+    config: RunConfig, arrays: Sequence[np.ndarray], num_features: int
+) -> ArrayRecord:
+    """The supplied arrays as the model for ``num_features`` features (``ConfigError`` naming
+    ``model-file`` and the shapes when they differ)."""
+    expected = [np.asarray(array) for array in get_arrays(build_model(num_features))]
+    shapes = [tuple(array.shape) for array in arrays]
+    wanted = [tuple(array.shape) for array in expected]
+    if shapes != wanted:
+        raise ConfigError(
+            f"model-file {config.model_file}: arrays of shapes {shapes}; the nodes' data has "
+            f"{num_features} features, so the model's arrays have shapes {wanted}"
+        )
+    return ArrayRecord(
+        [np.asarray(a, dtype=e.dtype) for a, e in zip(arrays, expected, strict=True)]
+    )
+
+
 def train_global_model(
-    grid: Grid, config: RunConfig, num_features: int
+    grid: Grid,
+    config: RunConfig,
+    num_features: int,
+    supplied: Sequence[np.ndarray] | None = None,
 ) -> tuple[ArrayRecord, dict[int, float], RobustFedAvg]:
-    """``num-server-rounds`` rounds of FedAvg from a seeded initial model."""
-    arrays = ArrayRecord(get_arrays(build_model(num_features, seed=config.seed)))
+    """The global model: the ``supplied`` one (from :func:`supplied_model`; no FedAvg round,
+    no message) when the run config names ``model-file``, else ``num-server-rounds`` rounds of
+    FedAvg from a seeded initial model.
+
+    Raises
+    ------
+    TrainingRefused
+        When, before any round produced a model, every node that replied to a round refused
+        non-private training by its policy.
+    """
     strategy = _FedAvgWithProgress(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
+    if config.model_file:
+        arrays = supplied if supplied is not None else supplied_model(config)
+        log(
+            logging.INFO,
+            "model-file: evaluating the supplied model %s (no FedAvg round)",
+            config.model_file,
+        )
+        return _checked_model(config, arrays, num_features), {}, strategy  # type: ignore[arg-type]
+    arrays = ArrayRecord(get_arrays(build_model(num_features, seed=config.seed)))
     losses: dict[int, float] = {}
     if config.num_server_rounds:
         strategy.progress = Progress(
@@ -205,9 +332,11 @@ def train_global_model(
 
 
 def training_report(config: RunConfig, losses: dict[int, float], strategy: RobustFedAvg) -> dict:
-    """The ``training`` section of results.json."""
+    """The ``training`` section of results.json (``model_file``: the supplied model, which no
+    round trained)."""
     return {
-        "rounds": config.num_server_rounds,
+        "rounds": 0 if config.model_file else config.num_server_rounds,
+        "model_file": config.model_file or None,
         "train_loss": losses,
         "rejected_replies": {
             rnd: [{"node_id": r.node_id, "reason": r.reason} for r in items]

@@ -87,7 +87,9 @@ def test_describe_reports_only_shapes() -> None:
 
 
 def test_train_replies_updated_arrays_and_weight() -> None:
-    context = make_context()
+    # Plain FedAvg is not private: a node answers train only when its policy allows it (the
+    # refusal without it: tests/test_training_gate.py).
+    context = make_context({"allow-non-private": True})
     arrays = model_arrays(context)
     request = Message(
         content=RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1})}),

@@ -511,7 +511,9 @@ def test_the_built_in_node_refuses_or_trains_for_any_train_message(data: st.Data
     context = Context(
         run_id=1,
         node_id=3,
-        node_config={"partition-id": 0, "num-partitions": 2},
+        # a node whose policy allows plain FedAvg (without it every train is refused before
+        # the message is read: tests/test_training_gate.py)
+        node_config={"partition-id": 0, "num-partitions": 2, "allow-non-private": True},
         state=RecordDict(),
         run_config={},
     )

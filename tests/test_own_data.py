@@ -294,8 +294,11 @@ def test_three_supernodes_each_read_their_own_file(tmp_path: Path) -> None:
     files = [
         population_csv(tmp_path / f"node-{i}.csv", users=100 + 50 * i, seed=i) for i in range(3)
     ]
+    # The nodes also train the FedAvg round on their own files: their operators allow plain
+    # (non-private) FedAvg, which the built-in policy refuses (tests/test_training_gate.py).
     node_configs = [
-        f'partition-id={i} num-partitions=3 data-file="{path}"' for i, path in enumerate(files)
+        f'partition-id={i} num-partitions=3 allow-non-private=true data-file="{path}"'
+        for i, path in enumerate(files)
     ]
     output = tmp_path / "run"
     with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home") as deployment:
