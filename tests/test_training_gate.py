@@ -61,7 +61,8 @@ def _context(node_config: dict, run_config: dict) -> Context:
 
 
 def _device(tmp_path: Path, **extra: object) -> dict:
-    """A one-user device's node config: its own one-row file and a ledger folder."""
+    """A one-user device's node config: its own one-row file (two protected groups, set by the
+    node's operator) and a ledger folder."""
     rows = tmp_path / "me.csv"
     rows.write_text("group,label,a,b,c\n1,1," + ",".join(f"{v:g}" for v in ROW) + "\n")
     ledgers = tmp_path / "ledgers"
@@ -70,6 +71,7 @@ def _device(tmp_path: Path, **extra: object) -> dict:
         "partition-id": 0,
         "num-partitions": 1,
         "data-file": str(rows),
+        "num-groups": 2,
         "ledger-dir": str(ledgers),
         **extra,
     }
