@@ -1488,6 +1488,10 @@ class Deployment:
     extra_supernodes : list[ManagedProcess]
         SuperNodes started by :meth:`start_unauthorized_supernode` (stopped on exit
         like the others).
+    superexecs : list[ManagedProcess]
+        The SuperExecs started beside SuperNodes run with ``--isolation process``
+        (``local_deployment(..., superexecs=...)``), named ``superexec-<i>`` after their
+        SuperNode; empty when every SuperNode starts its own (Flower's default).
 
     Notes
     -----
@@ -1512,14 +1516,15 @@ class Deployment:
     node_auth: bool = False
     node_keys: list[NodeKey] = field(default_factory=list)
     extra_supernodes: list[ManagedProcess] = field(default_factory=list)
+    superexecs: list[ManagedProcess] = field(default_factory=list)
     _background_runs: list[BackgroundRun] = field(default_factory=list, repr=False)
     # The list local_deployment stops on exit: processes started later are added to it.
     _started: list[ManagedProcess] = field(default_factory=list, repr=False)
 
     @property
     def processes(self) -> list[ManagedProcess]:
-        """SuperLink first, then the SuperNodes, then the extra SuperNodes."""
-        return [self.superlink, *self.supernodes, *self.extra_supernodes]
+        """SuperLink first, then the SuperNodes, the extra SuperNodes, the SuperExecs."""
+        return [self.superlink, *self.supernodes, *self.extra_supernodes, *self.superexecs]
 
     @property
     def log_paths(self) -> dict[str, Path]:
@@ -1909,8 +1914,11 @@ def _supernode_cmd(
     node_config: str,
     tls: TlsMaterial | None = None,
     auth_key: NodeKey | None = None,
+    isolation: str | None = None,
 ) -> list[str]:
     cmd = [flower_executable("flower-supernode")]
+    if isolation is not None:
+        cmd += ["--isolation", isolation]
     if tls is None:
         cmd.append("--insecure")
     else:
@@ -1946,6 +1954,7 @@ def local_deployment(
     keep_work_dir: bool = False,
     tls: TlsMaterial | None = None,
     node_auth: bool = False,
+    superexecs: Sequence[Sequence[str] | None] | None = None,
 ) -> Iterator[Deployment]:
     """Start one SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1.
 
@@ -1965,6 +1974,13 @@ def local_deployment(
 
     and the ``flwr`` connection has ``root-certificates = "CA"`` instead of
     ``insecure = true``. The SuperLink's one port then serves HTTPS only.
+
+    With a command ``C`` in ``superexecs[i]``, SuperNode ``i`` runs its ClientApps through a
+    SuperExec started here instead of its own (an operator's SuperExec, e.g. fedparity's
+    app gate)::
+
+        flower-supernode --isolation process ...                # as above
+        C --insecure --runtime-api-address 127.0.0.1:Q_i          # same environment as node i
 
     The block is entered once the SuperLink answers ``/health``, every SuperNode
     answers ``/health`` and has logged ``SuperNode ID: ...`` (i.e. registered).
@@ -2006,6 +2022,13 @@ def local_deployment(
         SuperNode authentication (needs ``tls``): SuperNode ``i`` uses
         ``tls.node_keys[i]`` (made in ``W/node-keys`` if ``tls`` has fewer keys), whose
         public key is registered with ``flwr supernode register`` before it starts.
+    superexecs : Sequence[Sequence[str] or None] or None
+        One entry per SuperNode: None keeps Flower's default (``--isolation subprocess``: the
+        SuperNode starts ``flower-superexec`` itself); a command (executable and options, the
+        executable found with :func:`flower_executable` unless it is a path) runs the
+        SuperNode with ``--isolation process`` and that SuperExec beside it, logging to
+        ``W/superexec-<i>.log`` (:attr:`Deployment.superexecs`; not restarted by
+        :meth:`Deployment.start_supernode`). None (default): Flower's default for all.
 
     Yields
     ------
@@ -2028,6 +2051,9 @@ def local_deployment(
         raise ValueError(f"{len(node_configs)} node_configs for {num_supernodes} supernodes")
     if node_auth and tls is None:
         raise ValueError("node_auth=True needs tls (Flower refuses node keys over --insecure)")
+    superexec_cmds = list(superexecs) if superexecs is not None else [None] * num_supernodes
+    if len(superexec_cmds) != num_supernodes:
+        raise ValueError(f"{len(superexec_cmds)} superexecs for {num_supernodes} supernodes")
     app_dir = Path(app_dir).resolve()
     _check_app_dir(app_dir)
     flwr_home = Path(flwr_home).resolve()
@@ -2076,7 +2102,12 @@ def local_deployment(
             node_home = work / f"supernode-{i}"
             node_home.mkdir(exist_ok=True)
             cmd = _supernode_cmd(
-                address, port, node_config, tls, node_keys[i] if node_auth else None
+                address,
+                port,
+                node_config,
+                tls,
+                node_keys[i] if node_auth else None,
+                isolation=None if superexec_cmds[i] is None else "process",
             )
             node = _start(
                 f"supernode-{i}",
@@ -2091,6 +2122,7 @@ def local_deployment(
             supernodes.append(node)
 
         _wait_http_ready(supernodes, deadline, started)
+        superexec_procs = _start_superexecs(superexec_cmds, supernodes, work, run_cwd, started)
         node_ids = _wait_registered(supernodes, deadline, started)
         deployment = Deployment(
             app_dir=app_dir,
@@ -2105,11 +2137,36 @@ def local_deployment(
             tls=tls,
             node_auth=node_auth,
             node_keys=node_keys,
+            superexecs=superexec_procs,
             _started=started,
         )
         # Runs left in the background are killed first, while the SuperLink still runs.
         stack.callback(deployment._close_background_runs)
         yield deployment
+
+
+def _start_superexecs(
+    commands: Sequence[Sequence[str] | None],
+    supernodes: Sequence[ManagedProcess],
+    work: Path,
+    cwd: Path,
+    started: list[ManagedProcess],
+) -> list[ManagedProcess]:
+    """Start ``commands[i]`` against SuperNode ``i``'s Runtime API (None: nothing), with that
+    SuperNode's environment; each is appended to ``started`` (stopped on exit)."""
+    procs: list[ManagedProcess] = []
+    for i, (command, node) in enumerate(zip(commands, supernodes, strict=True)):
+        if command is None:
+            continue
+        if not command:
+            raise ValueError(f"superexecs[{i}] is an empty command")
+        executable = command[0] if os.sep in command[0] else flower_executable(command[0])
+        cmd = [executable, *command[1:], "--insecure", "--runtime-api-address"]
+        cmd.append(f"{HOST}:{node.port}")
+        proc = _start(f"superexec-{i}", cmd, work / f"superexec-{i}.log", cwd, node.env, 0)
+        started.append(proc)
+        procs.append(proc)
+    return procs
 
 
 def _wait_registered(
