@@ -1,0 +1,396 @@
+"""The app gate (fedparity.clients.app_gate): a SuperNode runs only the app bundles its operator
+approved, by SHA-256 in ``allowed-apps`` of the node's policy.
+
+The attack: in Flower the server ships the ClientApp code. The run's bundle names its own
+``clientapp``; the SuperNode installs the bundle and imports it beside the node's data, keys and
+secret context. Before the gate, a node ran whatever bundle the server sent (the ungated node of
+the deployment test still does: its marker file appears). Here the checks run on real bundle
+bytes built by Flower's builder, with Flower's real installer, and, in the deployment test,
+through a real SuperLink and SuperNodes with ``flower-supernode --isolation process`` and
+``fedparity-superexec``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import shutil
+import subprocess
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, RecordDict
+from flwr.cli.build import build_fab_from_disk
+from flwr.common.config import get_project_dir
+from flwr.supercore.fab import Fab
+from flwr.supercore.run import Run
+
+from fedparity.clients import app_gate
+from fedparity.clients.app_gate import (
+    APP_REFUSED_TEXT,
+    CHECKED_FLOWER,
+    AppGate,
+    app_bundle_hash,
+    app_hash_main,
+    check_app_bundle,
+    check_flower,
+    install_gate,
+)
+from fedparity.clients.messages import NodeRefusal
+from fedparity.clients.policy import POLICY_ENV, NodePrivacyPolicy
+from tests.flower_processes import flower_executable, local_deployment, run_flwr
+
+GATE_APP = Path(__file__).resolve().parent / "gate_app"
+MARKER = "hostile-clientapp-ran"
+#: The ClientApp a hostile server ships instead of the approved one: importing it writes a
+#: marker into the node's home (it could as well read the node's keys and data).
+HOSTILE_CLIENT = textwrap.dedent(
+    f'''
+    """A ClientApp the node's operator never approved."""
+    import os
+    from pathlib import Path
+
+    (Path.home() / "{MARKER}").write_text(str(os.getpid()))
+
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+
+    @app.query()
+    def query(msg, context):
+        return Message(RecordDict({{"gate": ConfigRecord({{"ran": "hostile"}})}}), reply_to=msg)
+    '''
+)
+
+
+def hostile_app(folder: Path) -> Path:
+    """The approved app with its ClientApp replaced: same name and version, another bundle."""
+    app = folder / "gateapp"
+    shutil.copytree(GATE_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    (app / "gateapp" / "client_app.py").write_text(HOSTILE_CLIENT, encoding="utf-8")
+    return app
+
+
+@pytest.fixture(scope="module")
+def approved_fab() -> bytes:
+    return build_fab_from_disk(GATE_APP)
+
+
+@pytest.fixture(scope="module")
+def hostile_fab(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return build_fab_from_disk(hostile_app(tmp_path_factory.mktemp("hostile")))
+
+
+def sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def allowing(*contents: bytes) -> NodePrivacyPolicy:
+    return NodePrivacyPolicy(allowed_apps=tuple(sha256(c) for c in contents), source="test")
+
+
+def refused(call, *args, **kwargs) -> str:
+    """The text of the NodeRefusal ``call`` raises (fails if it raises nothing)."""
+    with pytest.raises(NodeRefusal) as caught:
+        call(*args, **kwargs)
+    return str(caught.value)
+
+
+# ------------------------------------------------------------------------------ the check
+
+
+def test_an_approved_bundle_passes_with_the_hash_flower_gives_it(approved_fab: bytes) -> None:
+    digest = check_app_bundle(approved_fab, sha256(approved_fab), allowing(approved_fab))
+    # Flower names a bundle by the SHA-256 of its bytes (flwr run, the SuperLink, the installer)
+    assert digest == sha256(approved_fab) == app_bundle_hash(GATE_APP)
+
+
+def test_a_bundle_not_in_allowed_apps_is_refused_with_the_fixed_sentence(
+    approved_fab: bytes, hostile_fab: bytes
+) -> None:
+    # Before the gate, the node installed and imported it.
+    policy = allowing(approved_fab)
+    assert refused(check_app_bundle, hostile_fab, sha256(hostile_fab), policy) == APP_REFUSED_TEXT
+
+
+def test_a_bundle_whose_bytes_are_not_the_hash_the_run_names_is_refused(
+    approved_fab: bytes, hostile_fab: bytes
+) -> None:
+    # Flower installs a bundle under the hash of its bytes but loads the ClientApp from the
+    # folder of the hash the run names: a mismatch would load another folder's code.
+    both = allowing(approved_fab, hostile_fab)
+    claimed = sha256(approved_fab)
+    assert refused(check_app_bundle, hostile_fab, claimed, both) == APP_REFUSED_TEXT
+    assert refused(check_app_bundle, approved_fab, claimed.upper(), both) == APP_REFUSED_TEXT
+
+
+def test_without_allowed_apps_every_bundle_is_refused(approved_fab: bytes) -> None:
+    for policy in (NodePrivacyPolicy(), NodePrivacyPolicy.simulation()):
+        assert not policy.allowed_apps
+        text = refused(check_app_bundle, approved_fab, sha256(approved_fab), policy)
+        assert text == APP_REFUSED_TEXT
+
+
+# ------------------------------------------------------ the gate around Flower's installer
+
+
+def pulled(content: bytes, node_config: dict | None = None, **run_fields) -> tuple:
+    """What Flower's ``pull_task_input`` returns for a run of ``content`` (real Flower types)."""
+    fields = {"fab_id": "fedparity-tests/gateapp", "fab_version": "1.0.0", **run_fields}
+    run = replace(Run.create_empty(7), fab_hash=sha256(content), **fields)
+    context = Context(7, 1, dict(node_config or {}), RecordDict(), {})
+    message = object()  # passed through untouched (a real one needs a running task)
+    return message, context, run, Fab(sha256(content), content, {})
+
+
+@pytest.fixture
+def flwr_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "flwr-home"
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    return home
+
+
+def gate_for(task: tuple, environ: dict[str, str] | None = None) -> AppGate:
+    from flwr.cli.install import install_from_fab
+
+    gate = AppGate(lambda client: task, install_from_fab, environ or {})
+    assert gate.pull_task_input(client=None) == task
+    return gate
+
+
+def installed_apps(flwr_home: Path) -> list[str]:
+    apps = flwr_home / "apps"
+    return sorted(p.name for p in apps.iterdir()) if apps.exists() else []
+
+
+def test_the_gate_installs_an_approved_bundle_where_flower_loads_it(
+    approved_fab: bytes, flwr_home: Path
+) -> None:
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})  # policy key in node config
+    installed = gate_for(task).install_from_fab(approved_fab, skip_prompt=True)
+    run, fab = task[2], task[3]
+    assert installed == get_project_dir(run.fab_id, run.fab_version, fab.hash_str)
+    assert (installed / "gateapp" / "client_app.py").is_file()
+
+
+def test_the_gate_refuses_before_any_byte_of_the_bundle_is_written(
+    approved_fab: bytes, hostile_fab: bytes, flwr_home: Path, tmp_path: Path
+) -> None:
+    # Before the gate, Flower's installer unpacked it into FLWR_HOME/apps and the loader
+    # imported its ClientApp.
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'allowed-apps = ["{sha256(approved_fab)}"]\n', encoding="utf-8")
+    task = pulled(hostile_fab)
+    gate = gate_for(task, {POLICY_ENV: str(policy_file)})  # the SuperExec's environment
+    assert refused(gate.install_from_fab, hostile_fab, skip_prompt=True) == APP_REFUSED_TEXT
+    assert installed_apps(flwr_home) == []
+    # the node config's policy wins over the environment's, as for every other limit
+    gate = gate_for(pulled(approved_fab, {"allowed-apps": ""}), {POLICY_ENV: str(policy_file)})
+    assert refused(gate.install_from_fab, approved_fab, skip_prompt=True) == APP_REFUSED_TEXT
+    assert installed_apps(flwr_home) == []
+
+
+def test_the_gate_refuses_when_the_policy_cannot_be_read(
+    approved_fab: bytes, flwr_home: Path, tmp_path: Path
+) -> None:
+    task = pulled(approved_fab, {"privacy-policy": str(tmp_path / "missing.toml")})
+    assert refused(gate_for(task).install_from_fab, approved_fab) == APP_REFUSED_TEXT
+    assert installed_apps(flwr_home) == []
+
+
+def test_a_run_that_names_another_app_than_its_bundle_is_refused(
+    approved_fab: bytes, flwr_home: Path
+) -> None:
+    # Flower loads the ClientApp from the folder of the run's app id and version: a run naming
+    # another app would load another folder's code than the approved bundle's.
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)}, fab_id="other/app")
+    assert refused(gate_for(task).install_from_fab, approved_fab) == APP_REFUSED_TEXT
+    # refused after installing the approved bundle, before Flower's loader runs
+    assert installed_apps(flwr_home) == [
+        f"fedparity-tests.gateapp.1.0.0.{sha256(approved_fab)[:8]}"
+    ]
+
+
+def test_the_gate_installs_only_the_pulled_bundle(
+    approved_fab: bytes, hostile_fab: bytes, flwr_home: Path
+) -> None:
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
+    assert refused(gate_for(task).install_from_fab, hostile_fab) == APP_REFUSED_TEXT
+    from flwr.cli.install import install_from_fab
+
+    never_pulled = AppGate(lambda client: task, install_from_fab, {})
+    assert refused(never_pulled.install_from_fab, approved_fab) == APP_REFUSED_TEXT
+    assert installed_apps(flwr_home) == []
+
+
+# ------------------------------------------------------------ what the gate relies on in Flower
+
+
+def test_install_gate_replaces_the_two_names_in_flowers_clientapp_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr.cli.install import install_from_fab
+    from flwr.supernode.runtime import run_clientapp
+
+    for name in ("pull_task_input", "install_from_fab"):  # restored after the test
+        monkeypatch.setattr(run_clientapp, name, getattr(run_clientapp, name))
+    assert run_clientapp.install_from_fab is install_from_fab
+    gate = install_gate({})
+    assert run_clientapp.install_from_fab == gate.install_from_fab
+    assert run_clientapp.pull_task_input == gate.pull_task_input
+    assert install_gate({}) is gate  # idempotent
+    check_flower()  # still passes with the gate in place
+
+
+def test_flowers_clientapp_process_pulls_then_installs_then_loads_inside_one_try() -> None:
+    """Fails when Flower changes what the gate relies on (checked against Flower 1.41): the
+    bundle is installed by the module's ``install_from_fab`` right after the module's
+    ``pull_task_input`` and before anything of it is loaded, inside the ``try`` whose
+    ``except`` replies to the pulled message with the exception's text."""
+    from flwr.supernode.runtime import run_clientapp
+
+    source = textwrap.dedent(inspect.getsource(run_clientapp.run_clientapp))
+    function = ast.parse(source).body[0]
+    (block,) = [node for node in function.body if isinstance(node, ast.Try)]
+    calls = [
+        ast.unparse(node.func)
+        for statement in block.body
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Call)
+    ]
+    pull, install = calls.index("pull_task_input"), calls.index("install_from_fab")
+    assert calls.count("pull_task_input") == 1 and calls.count("install_from_fab") == 1
+    assert set(calls[:pull]) == {"HeartbeatSender", "make_task_heartbeat_fn_http"} | {
+        "heartbeat_sender.start"
+    }
+    assert set(calls[pull + 1 : install]) <= {"log"}
+    assert calls.index("load_client_app_fn") > install
+    assert calls.index("client_app") > install
+    pulled_names = [
+        ast.unparse(node.targets[0])
+        for node in block.body
+        if isinstance(node, ast.Assign) and "pull_task_input" in ast.unparse(node.value)
+    ]
+    assert pulled_names == ["(message, context, run, fab)"]
+    (handler,) = block.handlers
+    assert ast.unparse(handler.type) == "Exception"
+    handler_source = ast.unparse(handler)
+    assert "Message(Error(code=e_code, reason=reason), reply_to=message)" in handler_source
+    assert 'reason = str(type(ex)) + ":<\'" + str(ex) + "\'>"' in handler_source
+
+
+def test_flowers_superexec_starts_clientapps_by_the_command_table() -> None:
+    """Fails when Flower's subprocess executor stops reading the table that
+    ``fedparity-superexec`` points at ``fedparity-clientapp`` (checked against Flower 1.41)."""
+    from flwr.supercore import constant
+    from flwr.supercore.superexec.executor import subprocess_executor
+
+    assert constant.TASK_TYPE_TO_COMMAND[constant.TaskType.CLIENT_APP] == "flwr-clientapp"
+    assert subprocess_executor.TASK_TYPE_TO_COMMAND is constant.TASK_TYPE_TO_COMMAND
+    source = textwrap.dedent(inspect.getsource(subprocess_executor.SubprocessExecutor.launch))
+    (args,) = [
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "args"
+    ]
+    assert ast.unparse(args.elts[0]) == "TASK_TYPE_TO_COMMAND[spec.task_type]"
+
+
+def test_the_gate_refuses_to_start_under_another_flower(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app_gate, "version", lambda name: "1.42.0")
+    with pytest.raises(RuntimeError, match=rf"checked against Flower {CHECKED_FLOWER}.*1\.42\.0"):
+        check_flower()
+    with pytest.raises(SystemExit, match="fedparity-clientapp: .*refusing to start"):
+        app_gate.clientapp_main()
+
+
+# ------------------------------------------------------------------------- the commands
+
+
+def test_app_hash_of_a_bundle_file_and_of_its_folder_agree(
+    approved_fab: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fab = tmp_path / "gateapp.fab"
+    fab.write_bytes(approved_fab)
+    app_hash_main([str(fab), str(GATE_APP)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{sha256(approved_fab)}  {fab}", f"{sha256(approved_fab)}  {GATE_APP}"]
+    (tmp_path / "notes.txt").write_text("not a bundle")
+    for bad, says in (("notes.txt", "not a Flower app bundle"), ("gone.fab", "no such file")):
+        with pytest.raises(SystemExit) as caught:
+            app_hash_main([str(tmp_path / bad)])
+        assert caught.value.code == 2
+        assert says in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two interpreters importing Flower: over 5 s
+def test_fedparity_superexec_checks_its_policy_file_before_starting(tmp_path: Path) -> None:
+    command = [flower_executable("fedparity-superexec"), "--runtime-api-address", "127.0.0.1:1"]
+    bad = tmp_path / "policy.toml"
+    bad.write_text('allowed-apps = ["not-a-hash"]\n', encoding="utf-8")
+    result = subprocess.run(
+        [*command, "--privacy-policy", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "--privacy-policy: privacy-policy key allowed-apps must hold SHA-256" in result.stderr
+    result = subprocess.run(
+        [*command, "--executor", "kubernetes"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "--executor must be subprocess" in result.stderr
+
+
+# --------------------------------------------------------------------------- deployment
+
+
+@pytest.mark.slow  # a real SuperLink and two SuperNodes, two runs: about 45 s
+def test_a_gated_supernode_refuses_an_unapproved_bundle_and_runs_the_approved_one(
+    tmp_path: Path,
+) -> None:
+    """A real SuperLink and two SuperNodes: node 0 started as the operator's docs say
+    (``flower-supernode --isolation process`` and ``fedparity-superexec --privacy-policy FILE``
+    whose ``allowed-apps`` holds the approved bundle's hash), node 1 as Flower's default. The
+    server ships the approved app with another ClientApp: node 1 runs it (its marker appears:
+    what every node did before the gate), node 0 answers with the fixed sentence and neither
+    installs nor imports it. The approved bundle then runs on both."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'allowed-apps = ["{app_bundle_hash(GATE_APP)}"]\n', encoding="utf-8")
+    hostile = hostile_app(tmp_path / "server")
+    gated = ["fedparity-superexec", "--privacy-policy", str(policy)]
+    work = tmp_path / "deployment"
+    with local_deployment(
+        GATE_APP, 2, None, tmp_path / "flwr-home", work_dir=work, superexecs=[gated, None]
+    ) as dep:
+        gated_id, open_id = (str(node) for node in dep.node_ids)
+
+        def replies(app: Path, name: str) -> dict[str, str]:
+            out = tmp_path / name
+            config = {"output-dir": str(out), "min-nodes": 2}
+            run_flwr(app, dep.federation, config, dep.flwr_home, timeout=180)
+            return json.loads((out / "replies.json").read_text(encoding="utf-8"))
+
+        answers = replies(hostile, "hostile")
+        assert answers[open_id] == "answered: hostile"
+        assert (work / "supernode-1" / MARKER).is_file()  # the attack, on the ungated node
+        expected = (
+            f"refused: <class 'fedparity.clients.messages.NodeRefusal'>:<'{APP_REFUSED_TEXT}'>"
+        )
+        assert answers[gated_id] == expected
+        assert not (work / "supernode-0" / MARKER).exists()
+        assert installed_apps(work / "supernode-0") == []
+
+        answers = replies(GATE_APP, "approved")
+        assert answers == {gated_id: "answered: gateapp 1.0.0", open_id: "answered: gateapp 1.0.0"}
+        assert installed_apps(work / "supernode-0") == [
+            f"fedparity-tests.gateapp.1.0.0.{app_bundle_hash(GATE_APP)[:8]}"
+        ]
+        assert not (work / "supernode-0" / MARKER).exists()
+        assert dep.superexecs[0].alive()
+        log = dep.superexecs[0].log_text()
+        assert "app gate: refused the app bundle" in log and "is in allowed-apps" in log
