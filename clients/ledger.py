@@ -13,6 +13,20 @@ without a ledger folder, the node's run state (it lasts as long as the run). A f
 lost, damaged or foreign stops the node's releases until its operator restores it
 (:class:`~fedparity.mechanisms.accounting.LedgerFileError`).
 
+Users by id: a handler that knows its users' ids passes them
+(``open_node_ledger(..., user_ids=ids)``) and charges them by id
+(``ledger.charge(release, user_ids=ids)``): the users of one release need not be those of the
+last (a data file whose ``split`` column gives the test and the training rows to different
+users), an id the ledger has not seen starts at zero, users not in a release are untouched.
+A caller that passes only a user count gets the ledger as before ids: its users by position,
+and it must hold exactly that many (a keyed ledger of that many users in id order).
+
+A ledger of an older fedparity holds its users by position (the ``i``-th smallest id of the
+node's users at the time): the first handler that opens it with ids names them, position ``i``
+becoming the ``i``-th smallest of those ids (logged once); a ledger by position with another
+number of users than the handler's ids cannot be named and stops the node's releases, as a
+ledger of another user count always did.
+
 A basic-composition LDP ledger of older fedparity versions (``ShardLedger``'s ``.npz``) found
 where the new ledger is expected is migrated once: each user's spent epsilon becomes one pure
 ``ApproximateDPRelease(epsilon=spent, delta=0)`` of that user, the old file is kept as
@@ -26,8 +40,10 @@ import os
 import zipfile
 from pathlib import Path
 
+import numpy as np
 from flwr.app import ConfigRecord, Context
 from flwr.common import log
+from numpy.typing import ArrayLike
 
 from ..mechanisms.accounting import ShardLedger, ledger_marker
 from ..mechanisms.privacy_ledger import UserLedger
@@ -93,9 +109,16 @@ def legacy_ledger_paths(path: Path) -> list[Path]:
     return list(dict.fromkeys(candidates))
 
 
-def _migrate(legacy: Path, path: Path, budget: float, delta: float, num_users: int) -> UserLedger:
-    """The ledger of the basic-composition ledger ``legacy``, saved at ``path``; ``legacy``
-    is kept as ``<name>.migrated``."""
+def _migrate(
+    legacy: Path,
+    path: Path,
+    budget: float,
+    delta: float,
+    num_users: int,
+    user_ids: np.ndarray | None,
+) -> UserLedger:
+    """The ledger of the basic-composition ledger ``legacy`` (by position; named by
+    ``user_ids`` when given), saved at ``path``; ``legacy`` is kept as ``<name>.migrated``."""
     shard = ShardLedger.load(legacy, num_users)
     ledger = UserLedger.from_spent(
         shard.spent,
@@ -104,6 +127,8 @@ def _migrate(legacy: Path, path: Path, budget: float, delta: float, num_users: i
         job="ldp_audit",
         label=f"migrated from the basic-composition ledger {legacy.name}",
     )
+    if user_ids is not None:
+        ledger.include_users(user_ids, source=str(legacy))
     kept = legacy.with_name(legacy.name + MIGRATED_SUFFIX)
     os.replace(legacy, kept)  # before the save: a crash in between is the lost-file error
     ledger.save(path)
@@ -118,20 +143,40 @@ def _migrate(legacy: Path, path: Path, budget: float, delta: float, num_users: i
 
 
 def open_node_ledger(
-    context: Context, path: Path | None, policy: NodePrivacyPolicy, num_users: int
+    context: Context,
+    path: Path | None,
+    policy: NodePrivacyPolicy,
+    num_users: int,
+    *,
+    user_ids: ArrayLike | None = None,
 ) -> UserLedger:
-    """The node's ledger of ``num_users`` users: the file ``path`` (migrating a
-    basic-composition ledger found there), or the run state when ``path`` is None; a new one
-    at the policy's ``user-epsilon-budget`` and ``user-delta``. A stored ledger keeps the
-    smaller budget and delta. :class:`LedgerFileError` when it cannot be used."""
+    """The node's ledger: the file ``path`` (migrating a basic-composition ledger found
+    there), or the run state when ``path`` is None; a new one at the policy's
+    ``user-epsilon-budget`` and ``user-delta``. A stored ledger keeps the smaller budget and
+    delta. :class:`LedgerFileError` when it cannot be used.
+
+    With ``user_ids`` (the ``num_users`` users' ids) the ledger is keyed by id: it holds these
+    users (those it had not seen at zero) and every other user it ever held; charge them with
+    ``ledger.charge(release, user_ids=user_ids)``. Without, it holds exactly ``num_users``
+    users by position (module docstring)."""
     budget, delta = policy.user_epsilon_budget, policy.user_delta
+    ids = None
+    if user_ids is not None:
+        ids = np.asarray(user_ids)
+        if ids.shape != (num_users,):
+            raise ValueError(
+                f"user_ids must hold one id per user ({num_users}), got shape {ids.shape}"
+            )
     if path is None:
         record = context.state.config_records.get(LEDGER_STATE_KEY)
         if record is None:
-            return UserLedger(budget, delta, num_users)
+            return UserLedger(budget, delta, num_users, user_ids=ids)
+        source = "in this node's run state"
         ledger = UserLedger.from_json(
-            str(record["json"]), num_users, source="in this node's run state"
+            str(record["json"]), num_users if ids is None else None, source=source
         )
+        if ids is not None:
+            _include(ledger, ids, source)
         ledger.budget, ledger.delta = min(ledger.budget, budget), min(ledger.delta, delta)
         return ledger
     for legacy in legacy_ledger_paths(path):
@@ -140,8 +185,27 @@ def open_node_ledger(
         else:  # beside it, before any new ledger was saved (a damaged one is an error)
             found = legacy.is_file() and not path.exists() and not ledger_marker(path).exists()
         if found:
-            return _migrate(legacy, path, budget, delta, num_users)
-    return UserLedger.load_or_create(path, budget, delta, num_users)
+            return _migrate(legacy, path, budget, delta, num_users, ids)
+    if ids is None or not path.exists():
+        return UserLedger.load_or_create(path, budget, delta, num_users, user_ids=ids)
+    ledger = UserLedger.load(path)  # any count, by id or by position: named here
+    _include(ledger, ids, str(path))
+    ledger.budget, ledger.delta = min(ledger.budget, budget), min(ledger.delta, delta)
+    return ledger
+
+
+def _include(ledger: UserLedger, user_ids: np.ndarray, source: str) -> None:
+    """:meth:`UserLedger.include_users`, logging when a ledger by position gets its ids."""
+    by_position = not ledger.keyed
+    ledger.include_users(user_ids, source=source)
+    if by_position:
+        log(
+            logging.INFO,
+            "privacy ledger %s: its %d users, kept by position, are now named by user id "
+            "(position i = the i-th smallest id of this node's users)",
+            source,
+            ledger.num_users,
+        )
 
 
 def save_node_ledger(context: Context, path: Path | None, ledger: UserLedger) -> None:

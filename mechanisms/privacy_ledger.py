@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ._files import write_file_atomic
 from ._validation import (
@@ -103,9 +104,12 @@ NEIGHBOURING = "replace-one-user"
 #: Width of the PLD's privacy-loss grid: epsilons are upper bounds within about this much per
 #: release (1e-4 is ~10 times slower for a change below 1e-3 on 1000 FPFL rounds).
 VALUE_DISCRETIZATION_INTERVAL = 1e-3
-#: Marker and version of a ledger file: anything else is refused as foreign.
+#: Marker and version of a ledger file: anything else is refused as foreign. Version 1 holds
+#: its users by position (no ids); version 2 names them (``user_ids``), so that an older
+#: fedparity refuses it rather than reading it by position.
 LEDGER_FORMAT = "fedparity-privacy-ledger"
 LEDGER_VERSION = 1
+LEDGER_VERSION_KEYED = 2
 #: How many refused users a :class:`PrivacyBudgetExceeded` message names.
 NAMED_USERS = 5
 
@@ -521,7 +525,7 @@ def compose(
 
 
 class UserLedger:
-    """The privacy ledgers of the ``num_users`` users of one node (one user: ``num_users=1``).
+    """The privacy ledgers of the users of one node (one user: ``num_users=1``).
 
     Memory grows with the releases, not with their product with the users: the ledger keeps
     each distinct release once and, per release, a boolean mask of the users who took part
@@ -529,13 +533,26 @@ class UserLedger:
     Poisson sampling is in its PLD). Users who took part in the same releases share one
     composition.
 
+    **Users by id or by position.** A ledger made with ``user_ids`` is *keyed*: it names its
+    users, keeps them sorted by id, and a release is charged to ids
+    (``charge(release, user_ids=...)``), so the users of one release need not be those of the
+    last: an id it has not seen starts at zero (:meth:`add_users`), users not in a release are
+    untouched. A ledger made with ``num_users`` alone holds its users *by position*
+    ``0 .. num_users - 1`` (as every ledger of fedparity before ids): boolean masks of that
+    length say who took part. :meth:`include_users` names the users of a positional ledger
+    (position ``i`` becomes the ``i``-th smallest id). Positions stay valid on a keyed ledger
+    (its users in id order), so every method that takes a user index or a mask works on both.
+
     Parameters
     ----------
     budget : float
         Each user's epsilon budget at ``delta``.
     delta : float
         The delta of the users' policy: every total is stated at it.
-    num_users : int
+    num_users : int, optional
+        The number of users (default: 1, or the number of ``user_ids``).
+    user_ids : array of int, optional
+        The users' ids (distinct integers): a keyed ledger.
     value_discretization_interval : float
         The PLD's grid (:data:`VALUE_DISCRETIZATION_INTERVAL`).
     """
@@ -544,13 +561,25 @@ class UserLedger:
         self,
         budget: float,
         delta: float,
-        num_users: int = 1,
+        num_users: int | None = None,
         *,
+        user_ids: ArrayLike | None = None,
         value_discretization_interval: float = VALUE_DISCRETIZATION_INTERVAL,
     ) -> None:
         self.budget = check_epsilon("budget", budget)
         self.delta = check_open_unit("delta", delta)
-        self.num_users = check_int_at_least("num_users", num_users, 1)
+        self._user_ids: np.ndarray | None = None
+        if user_ids is None:
+            count = 1 if num_users is None else num_users
+            self.num_users = check_int_at_least("num_users", count, 1)
+        else:
+            ids = _check_user_ids(user_ids)
+            if num_users is not None and check_int_at_least("num_users", num_users, 1) != ids.size:
+                raise ValueError(
+                    f"num_users ({num_users}) must be the number of user_ids ({ids.size})"
+                )
+            self._user_ids = np.sort(ids)
+            self.num_users = int(ids.size)
         self.value_discretization_interval = check_positive_finite(
             "value_discretization_interval", value_discretization_interval
         )
@@ -563,6 +592,80 @@ class UserLedger:
     @property
     def releases(self) -> tuple[Release, ...]:
         return tuple(self._releases)
+
+    @property
+    def keyed(self) -> bool:
+        """True when the ledger names its users (``user_ids``), False when it holds them by
+        position."""
+        return self._user_ids is not None
+
+    @property
+    def user_ids(self) -> np.ndarray | None:
+        """The users' ids in position order (sorted; a copy), or None for a ledger by
+        position."""
+        return None if self._user_ids is None else self._user_ids.copy()
+
+    def positions(self, user_ids: ArrayLike) -> np.ndarray:
+        """The positions of the users ``user_ids`` (in the given order) in a keyed ledger;
+        ``ValueError`` naming ids the ledger does not hold (:meth:`add_users` them first)."""
+        if self._user_ids is None:
+            raise ValueError(
+                "this ledger holds its users by position, not by id: name them first "
+                "(include_users)"
+            )
+        ids = _check_user_ids(user_ids, allow_empty=True)
+        where = np.searchsorted(self._user_ids, ids)
+        found = where < self._user_ids.size
+        found[found] = self._user_ids[where[found]] == ids[found]
+        if not found.all():
+            missing = ids[~found]
+            named = ", ".join(str(user) for user in missing[:NAMED_USERS].tolist())
+            more = f" and {missing.size - NAMED_USERS} more" if missing.size > NAMED_USERS else ""
+            raise ValueError(f"user id {named}{more} is not in this ledger (add_users first)")
+        return where.astype(np.int64)
+
+    def add_users(self, user_ids: ArrayLike) -> int:
+        """Add the ids the keyed ledger does not hold yet, at zero spending (they took part in
+        no earlier release); returns how many were new. Known ids are left as they are."""
+        if self._user_ids is None:
+            raise ValueError(
+                "this ledger holds its users by position, not by id: name them first "
+                "(include_users)"
+            )
+        ids = _check_user_ids(user_ids, allow_empty=True)
+        new = np.setdiff1d(ids, self._user_ids)
+        if new.size == 0:
+            return 0
+        merged = np.union1d(self._user_ids, new)
+        kept = np.searchsorted(merged, self._user_ids)
+        for index, mask in enumerate(self._participants):
+            widened = np.zeros(merged.size, dtype=bool)
+            widened[kept] = mask
+            self._participants[index] = widened
+        self._user_ids = merged
+        self.num_users = int(merged.size)
+        return int(new.size)
+
+    def include_users(self, user_ids: ArrayLike, *, source: str = "the ledger") -> None:
+        """Make sure the users ``user_ids`` are in the ledger, by id.
+
+        A keyed ledger adds the ids it does not hold (:meth:`add_users`). A ledger by position
+        (a file of an older fedparity, or of a caller that passed a user count) is named: its
+        users were the ones at these positions of the node's users sorted by id, so position
+        ``i`` becomes the ``i``-th smallest of ``user_ids``. That needs as many ids as it has
+        users; otherwise which user spent what cannot be told, and
+        :class:`~fedparity.mechanisms.accounting.LedgerFileError` says so (``source`` names
+        the ledger)."""
+        ids = _check_user_ids(user_ids, allow_empty=True)
+        if self._user_ids is not None:
+            self.add_users(ids)
+            return
+        if ids.size != self.num_users:
+            raise LedgerFileError(
+                f"ledger {source} holds {self.num_users} users by position (no user ids), this "
+                f"node has {ids.size}: which of them spent what cannot be told; {_RECOVERY}"
+            )
+        self._user_ids = np.sort(ids)
 
     def participants(self, index: int) -> np.ndarray:
         """The boolean mask of the users who took part in release ``index`` (a copy)."""
@@ -619,9 +722,23 @@ class UserLedger:
 
     # -- charging ---------------------------------------------------------------------------
 
-    def can_afford(self, release: Release, users: np.ndarray | None = None) -> np.ndarray:
-        """The boolean mask of the wanted users (all, or ``users``) whose total stays within
-        the budget with ``release`` added."""
+    def can_afford(
+        self,
+        release: Release,
+        users: np.ndarray | None = None,
+        *,
+        user_ids: ArrayLike | None = None,
+    ) -> np.ndarray:
+        """The boolean mask of the wanted users (all, or the mask ``users``) whose total stays
+        within the budget with ``release`` added. With ``user_ids`` (a keyed ledger): one
+        entry per given id, in the given order."""
+        if user_ids is not None:
+            if users is not None:
+                raise ValueError("give users (a mask) or user_ids, not both")
+            where = self.positions(user_ids)
+            mask = np.zeros(self.num_users, dtype=bool)
+            mask[where] = True
+            return self.can_afford(release, mask)[where]
         wanted = self._mask(users)
         allowed = np.zeros(self.num_users, dtype=bool)
         release_pld = release.privacy_loss_distribution(self.value_discretization_interval)
@@ -634,29 +751,43 @@ class UserLedger:
             allowed[members] = after.epsilon <= self.budget + BUDGET_TOLERANCE
         return allowed
 
-    def check(self, release: Release, users: np.ndarray | None = None) -> None:
+    def check(
+        self,
+        release: Release,
+        users: np.ndarray | None = None,
+        *,
+        user_ids: ArrayLike | None = None,
+    ) -> None:
         """Raise :class:`PrivacyBudgetExceeded` naming the users ``release`` would take past
-        the budget; changes nothing."""
-        wanted = self._mask(users)
+        the budget (all, the mask ``users``, or the ids ``user_ids``); changes nothing."""
+        wanted = self._wanted(users, user_ids)
         refused = np.flatnonzero(wanted & ~self.can_afford(release, wanted))
         if refused.size == 0:
             return
-        named = ", ".join(str(user) for user in refused[:NAMED_USERS])
+        names = refused if self._user_ids is None else self._user_ids[refused]
+        named = ", ".join(str(user) for user in names[:NAMED_USERS].tolist())
         more = f" and {refused.size - NAMED_USERS} more" if refused.size > NAMED_USERS else ""
         worst = int(refused[0])
         after = self._total(self.releases_of(worst), extra=release)
         raise PrivacyBudgetExceeded(
             f"the {release.kind} release of job {release.job!r} ({_describe(release)}) would "
             f"take user {named}{more} ({refused.size} of {int(wanted.sum())}) past the budget "
-            f"epsilon={self.budget:g} at delta={self.delta:g}: user {worst} would reach "
+            f"epsilon={self.budget:g} at delta={self.delta:g}: user {int(names[0])} would reach "
             f"epsilon={after.epsilon:.4g} (from {self.total(worst).epsilon:.4g}; "
             f"{NEIGHBOURING}); nothing was released or recorded"
         )
 
-    def charge(self, release: Release, users: np.ndarray | None = None) -> None:
-        """Record ``release`` for the wanted users, or raise :class:`PrivacyBudgetExceeded`
-        (from :meth:`check`) and record nothing."""
-        wanted = self._mask(users)
+    def charge(
+        self,
+        release: Release,
+        users: np.ndarray | None = None,
+        *,
+        user_ids: ArrayLike | None = None,
+    ) -> None:
+        """Record ``release`` for the wanted users (all, the mask ``users``, or the ids
+        ``user_ids`` of a keyed ledger; users not named are untouched), or raise
+        :class:`PrivacyBudgetExceeded` (from :meth:`check`) and record nothing."""
+        wanted = self._wanted(users, user_ids)
         self.check(release, wanted)
         if wanted.any():
             self._releases.append(release)
@@ -670,14 +801,16 @@ class UserLedger:
             everyone = bool(mask.all())
             packed = "all" if everyone else base64.b64encode(np.packbits(mask)).decode("ascii")
             releases.append({**release.to_dict(), "participants": packed})
+        named = {} if self._user_ids is None else {"user_ids": self._user_ids.tolist()}
         return json.dumps(
             {
                 "format": LEDGER_FORMAT,
-                "version": LEDGER_VERSION,
+                "version": LEDGER_VERSION if self._user_ids is None else LEDGER_VERSION_KEYED,
                 "neighbouring": NEIGHBOURING,
                 "budget": self.budget,
                 "delta": self.delta,
                 "num_users": self.num_users,
+                **named,
                 "value_discretization_interval": self.value_discretization_interval,
                 "releases": releases,
             },
@@ -695,9 +828,9 @@ class UserLedger:
 
     @classmethod
     def load(cls, path: str | Path, num_users: int | None = None) -> UserLedger:
-        """Read a saved ledger (of ``num_users`` users, or any number when None);
-        :class:`LedgerFileError` naming the file and the way to recover when it cannot be
-        used."""
+        """Read a saved ledger (of ``num_users`` users, or any number when None; by id or by
+        position); :class:`LedgerFileError` naming the file and the way to recover when it
+        cannot be used."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -719,23 +852,37 @@ class UserLedger:
             raise LedgerFileError(
                 f"ledger {source} cannot be read ({type(error).__name__}: {error}); {_RECOVERY}"
             ) from None
+        versions = (LEDGER_VERSION, LEDGER_VERSION_KEYED)
         if (
             not isinstance(data, dict)
             or data.get("format") != LEDGER_FORMAT
-            or data.get("version") != LEDGER_VERSION
+            or data.get("version") not in versions
+            or isinstance(data.get("version"), bool)
         ):
             found = (data.get("format"), data.get("version")) if isinstance(data, dict) else None
             raise LedgerFileError(
                 f"ledger {source} is not a fedparity privacy ledger (format, version: "
-                f"{found!r}; expected {LEDGER_FORMAT!r}, {LEDGER_VERSION}); {_RECOVERY}"
+                f"{found!r}; expected {LEDGER_FORMAT!r}, {' or '.join(map(str, versions))}); "
+                f"{_RECOVERY}"
             )
         try:
             if data.get("neighbouring") != NEIGHBOURING:
                 raise ValueError(f"its relation is {data.get('neighbouring')!r}")
+            keyed = data["version"] == LEDGER_VERSION_KEYED
+            if keyed != ("user_ids" in data):
+                raise ValueError(f"version {data['version']} with{'out' * keyed} user_ids")
+            ids = data["user_ids"] if keyed else None
+            if keyed and (
+                not isinstance(ids, list)
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+                or ids != sorted(set(ids))
+            ):
+                raise ValueError("user_ids must be a sorted list of distinct integers")
             ledger = cls(
                 data["budget"],
                 data["delta"],
                 data["num_users"],
+                user_ids=ids,
                 value_discretization_interval=data["value_discretization_interval"],
             )
             for entry in data["releases"]:
@@ -782,20 +929,38 @@ class UserLedger:
 
     @classmethod
     def load_or_create(
-        cls, path: str | Path, budget: float, delta: float, num_users: int = 1
+        cls,
+        path: str | Path,
+        budget: float,
+        delta: float,
+        num_users: int | None = None,
+        *,
+        user_ids: ArrayLike | None = None,
     ) -> UserLedger:
         """Load a saved ledger (keeping every release) or start an empty one.
 
-        A saved ledger keeps the smaller budget and the smaller delta of the stored and the
-        asked ones, so asking more later never re-enables users who have spent theirs. A
-        ledger whose ``.created`` marker is there but whose file is gone was lost:
-        :class:`LedgerFileError`.
+        With ``user_ids`` the ledger is keyed by them (:meth:`include_users`: new ids start at
+        zero, a ledger by position is named); with ``num_users`` alone it must hold that many
+        users (by position, or a keyed ledger of that many users in id order). A saved ledger
+        keeps the smaller budget and the smaller delta of the stored and the asked ones, so
+        asking more later never re-enables users who have spent theirs. A ledger whose
+        ``.created`` marker is there but whose file is gone was lost: :class:`LedgerFileError`.
         """
         budget = check_epsilon("budget", budget)
         delta = check_open_unit("delta", delta)
         path = Path(path)
+        if user_ids is not None:
+            user_ids = _check_user_ids(user_ids)
+            if num_users is not None and num_users != user_ids.size:
+                raise ValueError(
+                    f"num_users ({num_users}) must be the number of user_ids ({user_ids.size})"
+                )
+        elif num_users is None:
+            num_users = 1
         if path.exists():
-            ledger = cls.load(path, num_users)
+            ledger = cls.load(path, None if user_ids is not None else num_users)
+            if user_ids is not None:
+                ledger.include_users(user_ids, source=str(path))
             ledger.budget = min(ledger.budget, budget)
             ledger.delta = min(ledger.delta, delta)
             ledger._plds.clear()
@@ -808,7 +973,7 @@ class UserLedger:
                 f"backup; no release is made until then (to accept that these users start "
                 f"again at zero, delete {marker} yourself)"
             )
-        return cls(budget, delta, num_users)
+        return cls(budget, delta, num_users, user_ids=user_ids)
 
     # -- internals --------------------------------------------------------------------------
 
@@ -818,6 +983,16 @@ class UserLedger:
         if not 0 <= user < self.num_users:
             raise ValueError(f"user must be in [0, {self.num_users - 1}], got {user}")
         return int(user)
+
+    def _wanted(self, users: np.ndarray | None, user_ids: ArrayLike | None) -> np.ndarray:
+        """The mask of the users named by a mask (``users``) or by ids (``user_ids``)."""
+        if user_ids is None:
+            return self._mask(users)
+        if users is not None:
+            raise ValueError("give users (a mask) or user_ids, not both")
+        mask = np.zeros(self.num_users, dtype=bool)
+        mask[self.positions(user_ids)] = True
+        return mask
 
     def _mask(self, users: np.ndarray | None) -> np.ndarray:
         if users is None:
@@ -871,6 +1046,23 @@ _RECOVERY = (
     "by fedparity: delete the file yourself only if you accept that these users start again "
     "at zero)"
 )
+
+
+def _check_user_ids(user_ids: ArrayLike, *, allow_empty: bool = False) -> np.ndarray:
+    """``user_ids`` as a 1-d int64 array of distinct integers (``ValueError`` otherwise)."""
+    ids = np.asarray(user_ids)
+    if ids.ndim != 1 or not (
+        np.issubdtype(ids.dtype, np.integer) or (ids.size == 0 and ids.dtype == np.float64)
+    ):
+        raise ValueError(f"user_ids must be a 1-d array of integers, got {ids.dtype} {ids.shape}")
+    if ids.size == 0 and not allow_empty:
+        raise ValueError("user_ids must name at least one user")
+    if ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError("user_ids must fit in a signed 64-bit integer")
+    ids = ids.astype(np.int64)
+    if np.unique(ids).size != ids.size:
+        raise ValueError("user_ids must be distinct")
+    return ids
 
 
 def _unpack(packed: Any, num_users: int) -> np.ndarray:
