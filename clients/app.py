@@ -24,6 +24,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,15 @@ from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
 )
-from .config import PIPELINE_SESSIONS, RunConfig
-from .data import ADULT_DIR_ENV, UserShard, adult_holder, load_partition, synthetic_holder
+from .config import DEFAULT_ADULT_DOWNLOAD_DIR, PIPELINE_SESSIONS, RunConfig
+from .data import (
+    ADULT_DIR_ENV,
+    UserShard,
+    adult_folder,
+    adult_holder,
+    load_partition,
+    synthetic_holder,
+)
 from .fedevalfair import (
     holder_statistics,
 )
@@ -59,7 +67,13 @@ from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
 from .messages import MessageError, NodeRefusal, fixed_error_texts, int_field
-from .own_data import DATA_FILE_NODE_KEY, own_fpfl_shard, own_shard, read_data_file
+from .own_data import (
+    DATA_FILE_NODE_KEY,
+    check_run_num_groups,
+    own_fpfl_shard,
+    own_shard,
+    read_data_file,
+)
 from .policy import PolicyRefusal, node_policy
 from .process import freeze_warm_heap
 
@@ -89,37 +103,81 @@ def own_data_file(context: Context) -> str | None:
     return str(value) if value else None
 
 
+#: Node config key of the node's own folder for UCI Adult (default
+#: :data:`~fedparity.clients.config.DEFAULT_ADULT_DOWNLOAD_DIR`): the only folder a node
+#: downloads into.
+ADULT_DIR_NODE_KEY = "adult-dir"
+
+
+def node_adult_dir(context: Context) -> Path:
+    """The node's own UCI Adult folder: node config ``adult-dir`` (an absolute path), else
+    :data:`~fedparity.clients.config.DEFAULT_ADULT_DOWNLOAD_DIR`."""
+    value = context.node_config.get(ADULT_DIR_NODE_KEY)
+    folder = Path(str(value) if value else DEFAULT_ADULT_DOWNLOAD_DIR).expanduser()
+    if not folder.is_absolute():
+        raise ValueError(
+            f"node config {ADULT_DIR_NODE_KEY} must be an absolute path, got {value!r}"
+        )
+    return folder
+
+
+def node_data_config(context: Context, config: RunConfig) -> RunConfig:
+    """``config`` as this node reads embedded data: with ``dataset = "adult"`` and
+    ``download = true`` the UCI files are read from the run config's ``data-dir`` when it
+    holds them, else from the node's own folder (:func:`node_adult_dir`), fetched into it
+    when missing; the run's ``data-dir`` is never created or written by a node (a server
+    could name any folder). The result names the folder found, with ``download = false``."""
+    if config.dataset != "adult" or not config.download:
+        return config
+    folder = adult_folder(
+        config.data_dir or os.environ.get(ADULT_DIR_ENV, ""),
+        download=True,
+        download_dir=node_adult_dir(context),
+    )
+    return replace(config, data_dir=str(folder), download=False)
+
+
 def load_shard(context: Context, config: RunConfig, split: str) -> UserShard:
     """This node's users (``split`` = "train" or "test"): from the node's own data file when
     its node config names one (:mod:`fedparity.clients.own_data`; never a fallback to
-    embedded data), else from the embedded population. For FedEvalFair the node is a data
-    holder and every row is its own user (:func:`fedparity.clients.data.adult_holder`)."""
+    embedded data), else from the embedded population (:func:`node_data_config`). For
+    FedEvalFair the node is a data holder and every row is its own user
+    (:func:`fedparity.clients.data.adult_holder`).
+
+    A run whose ``num-groups`` is not the node config's (required with ``data-file``) is
+    refused before the file is read (:func:`~fedparity.clients.own_data.check_run_num_groups`):
+    the answer never depends on the groups in the file."""
     data_file = own_data_file(context)
     if data_file is not None:
-        return own_shard(read_data_file(data_file), split, num_groups=config.num_groups)
+        num_groups = check_run_num_groups(context.node_config, config.num_groups)
+        return own_shard(read_data_file(data_file), split, num_groups=num_groups)
     partition_id, num_partitions = _partition(context)
-    return load_shard_for(config, partition_id, num_partitions, split)
+    return load_shard_for(node_data_config(context, config), partition_id, num_partitions, split)
 
 
 def fpfl_users(context: Context, config: RunConfig) -> FPFLShard:
     """This node's FPFL users: from the node's own data file when its node config names one
-    (its ``train`` rows; never a fallback to embedded data), else its partition of the
-    embedded population."""
+    (its ``train`` rows, after the run's ``num-groups`` was checked against the node
+    config's, as in :func:`load_shard`; never a fallback to embedded data), else its
+    partition of the embedded population."""
     data_file = own_data_file(context)
     if data_file is not None:
-        return own_fpfl_shard(read_data_file(data_file), num_groups=config.num_groups)
+        num_groups = check_run_num_groups(context.node_config, config.num_groups)
+        return own_fpfl_shard(read_data_file(data_file), num_groups=num_groups)
     if config.task == "pipeline":  # the audited users, on their training rows
         return users_as_fpfl_shard(
             load_shard(context, config, "train"), num_groups=config.num_groups
         )
     partition_id, num_partitions = _partition(context)
-    return node_shard(config, partition_id, num_partitions)
+    return node_shard(node_data_config(context, config), partition_id, num_partitions)
 
 
 def load_shard_for(
     config: RunConfig, partition_id: int, num_partitions: int, split: str
 ) -> UserShard:
-    """The shard of partition ``partition_id`` (also used by the simulation harness)."""
+    """The shard of partition ``partition_id`` (also used by the simulation harness). A node
+    passes its config through :func:`node_data_config` first, so that it never downloads into
+    the run's ``data-dir``."""
     if config.task == "fedevalfair":
         if config.dataset == "adult":
             folder = config.data_dir or os.environ.get(ADULT_DIR_ENV, "")
@@ -179,7 +237,9 @@ def received_model(
 
 
 def describe(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Reply with the shard's shape (no private content: sizes and feature count)."""
+    """Reply with the shard's shape (no private content: sizes and feature count). On a node
+    with its own data file a run whose ``num-groups`` is not the node config's is refused
+    before the file is read (:func:`load_shard`, :func:`fpfl_users`)."""
     partition_id, num_partitions = _partition(context)
     if config.task in ("fpfl", "pipeline"):
         users = fpfl_users(context, config)
@@ -282,11 +342,12 @@ def node_ledger_file(context: Context, config: RunConfig) -> Path | None:
       users train and are audited), and every job on a node's own data file (one set of users);
     * ``ledger-fpfl-partition-<i>.json``: ``task = "fpfl"`` on the embedded data, whose users
       are other people (Adult dealt into Poisson-sized users, or a synthetic generator of its
-      own): charging them to the audit's users would mix two populations (and a different
-      user count is refused).
+      own): charging them to the audit's users would mix two populations.
 
-    A ``ledger-partition-<i>.npz`` of an older version beside the first is migrated
-    (:mod:`fedparity.clients.ledger`)."""
+    The LDP audit charges its users by id (a data file's test users need not be its training
+    users: :mod:`fedparity.clients.ledger`); a ledger of an older version, kept by position,
+    is named by the first audit's ids, and a ``ledger-partition-<i>.npz`` beside the first is
+    migrated."""
     folder = node_ledger_dir(context)
     if folder is None:
         return None
@@ -307,7 +368,12 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
         if not shard.num_users:
             return LocalUsers(np.zeros(0, dtype=np.int64), np.zeros(0))
         model = received_model(shard, arrays, config)
-        return LocalUsers(shard.user_groups, metric_values(evaluate_users(model, shard), metric))
+        return LocalUsers(
+            shard.user_groups,
+            metric_values(evaluate_users(model, shard), metric),
+            # the ledger is charged by user id: another split's users are other users
+            user_ids=shard.user_ids,
+        )
 
     handler = ldp_audit_handler(
         shard_users,

@@ -33,6 +33,21 @@ LedgerFileError`) until the operator restores it.
 The perturbation randomness comes from a cryptographically secure generator keyed by the
 operating system (:func:`~fedparity.mechanisms.secure_random.secure_generator`), never from
 a seed the server could know.
+
+Replies that do not depend on the data. Whether a node answers is decided from the request
+and its own policy before your function runs: an audit of TPR, FPR or FNR (undefined for a
+user without positives, resp. negatives) must carry the undefined category, or every node
+refuses it alike (:data:`NO_UNDEFINED_CATEGORY_REFUSAL`); refusing only where some user's
+metric is undefined would tell the server a label bit, uncharged and as often as it asks.
+With the undefined category such a user reports that category (with the value 0). A metric
+that should always be defined (accuracy) but that your function returns as NaN for some user
+is replaced by a uniformly random value in [0, 1] for that user, who then reports like
+everyone else (the node logs how many at WARNING): the reply never depends on it.
+
+Users by id: give :class:`LocalUsers` the users' ids (``user_ids``, as
+:meth:`LocalUsers.from_rows` does) and the ledger charges each audit to those ids, so the users
+of one audit need not be those of the last (another test set, a user who joined); without ids
+the node's users are charged by position, and the ledger must always hold that many users.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..mechanisms import build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE, LedgerFileError
-from ..mechanisms.metrics import METRIC_NAMES, user_rates
+from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS, user_rates
 from ..mechanisms.privacy_ledger import GapReportRelease
 from ..mechanisms.protocol import (
     GROUPS_KEY,
@@ -81,6 +96,7 @@ __all__ = [
     "DEFAULT_LEDGER_DIR",
     "LEDGER_UNUSABLE_REPLY",
     "LEDGER_STATE_KEY",
+    "NO_UNDEFINED_CATEGORY_REFUSAL",
     "LedgerPathFn",
     "LocalUsers",
     "LocalUsersFn",
@@ -96,16 +112,27 @@ LEDGER_UNUSABLE_REPLY = (
 )
 
 
+#: The refusal of an audit of a metric that can be undefined (TPR, FPR, FNR) without the
+#: undefined category: the same for every node, decided before any data is read.
+NO_UNDEFINED_CATEGORY_REFUSAL = (
+    "ldp_audit: refusing: an audit of TPR, FPR or FNR must carry the undefined category (a "
+    "user without positives, resp. negatives, has no such rate)"
+)
+
+
 @dataclass(frozen=True)
 class LocalUsers:
-    """The node's users for one audit: each user's protected group and metric value.
+    """The node's users for one audit: each user's protected group and metric value, and
+    optionally their ids.
 
     ``metrics`` are in [0, 1], NaN where the metric is undefined for the user (e.g. TPR
-    without positives).
+    without positives). ``user_ids`` (distinct integers, one per user) key the node's ledger
+    by user; None: the users are charged by position (module docstring).
     """
 
     groups: NDArray[np.int64]
     metrics: NDArray[np.float64]
+    user_ids: NDArray[np.int64] | None = None
 
     def __post_init__(self) -> None:
         groups = np.asarray(self.groups)
@@ -119,6 +146,16 @@ class LocalUsers:
         finite = metrics[np.isfinite(metrics)]
         if np.isinf(metrics).any() or ((finite < 0) | (finite > 1)).any():
             raise ValueError("metrics must be in [0, 1] (NaN where undefined)")
+        if self.user_ids is not None:
+            ids = np.asarray(self.user_ids)
+            if ids.shape != groups.shape or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+                raise ValueError(
+                    f"user_ids must be integers, one per user ({groups.shape}), got "
+                    f"{ids.dtype} {ids.shape}"
+                )
+            if np.unique(ids).size != ids.size:
+                raise ValueError("user_ids must be distinct (one id per user)")
+            object.__setattr__(self, "user_ids", ids.astype(np.int64))
         object.__setattr__(self, "groups", groups.astype(np.int64))
         object.__setattr__(self, "metrics", metrics)
 
@@ -138,7 +175,8 @@ class LocalUsers:
     ) -> LocalUsers:
         """Users from prediction rows: each row's protected group, label, prediction and (on a
         node with several users) user id. Without ``user_ids`` every row is the one user's
-        (a device with one user). A user's rows must share one group."""
+        (a device with one user, charged by position); with them the users (sorted by id)
+        carry their ids. A user's rows must share one group."""
         row_groups = np.asarray(groups)
         ids = np.zeros(row_groups.shape, dtype=np.int64) if user_ids is None else user_ids
         unique, index = np.unique(np.asarray(ids), return_inverse=True)
@@ -147,12 +185,18 @@ class LocalUsers:
             raise ValueError(f"groups must have one value per row ({index.shape})")
         if row_groups.size == 0:
             return cls(np.zeros(0, dtype=np.int64), np.zeros(0))
+        if user_ids is not None and not np.issubdtype(unique.dtype, np.integer):
+            raise ValueError(f"user_ids must be integers, got {unique.dtype}")
         user_groups = np.zeros(unique.size, dtype=row_groups.dtype)
         user_groups[index] = row_groups
         if (user_groups[index] != row_groups).any():
             raise ValueError("a user's rows must all have the same protected group")
         rates = user_rates(index, labels, predictions, int(unique.size))
-        return cls(user_groups.astype(np.int64), rates.metric(metric))
+        return cls(
+            user_groups.astype(np.int64),
+            rates.metric(metric),
+            None if user_ids is None else unique.astype(np.int64),
+        )
 
 
 #: ``local_users(arrays, metric, context)``: the node's users evaluated on the received model.
@@ -201,6 +245,13 @@ def ldp_audit_handler(
         undefined_category = audit.get("undefined-category", False)
         if not isinstance(undefined_category, bool):
             raise MessageError("message field 'undefined-category' must be true or false")
+        metric = str_field(audit, "metric")
+        if metric not in METRIC_NAMES:
+            raise MessageError(f"message field 'metric' must be one of {', '.join(METRIC_NAMES)}")
+        if metric in UNDEFINABLE_METRICS and not undefined_category:
+            # Refusing only where some user's metric is undefined would be a label bit
+            # (uncharged, repeatable): every node refuses this request alike, before its data.
+            raise NodeRefusal(NO_UNDEFINED_CATEGORY_REFUSAL)
         categories = num_groups + int(undefined_category)
         if requested_groups != categories:
             raise NodeRefusal(
@@ -221,22 +272,28 @@ def ldp_audit_handler(
                 "ldp_audit: the requested mechanism's true epsilon exceeds the audit budget; "
                 "refusing"
             )
-        metric = str_field(audit, "metric")
-        if metric not in METRIC_NAMES:
-            raise MessageError(f"message field 'metric' must be one of {', '.join(METRIC_NAMES)}")
         users = local_users(msg.content["arrays"], metric, context)
         if not isinstance(users, LocalUsers):
             raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
         if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):
             raise ValueError(f"a user's group is outside [0, {num_groups})")
         defined = np.isfinite(users.metrics)
+        rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
+        metrics = users.metrics
         if not undefined_category and not defined.all():
-            # Silence would tell the server which users have an undefined metric (a label
-            # bit): without the undefined category in the audit, the node does not answer.
-            raise NodeRefusal(
-                "ldp_audit: refusing: the metric is undefined for some of this node's users and "
-                "the audit has no undefined category for them to report"
+            # Only a metric that should always be defined gets here (the undefinable ones
+            # need the undefined category): those users report a uniformly random value, so
+            # that whether and how the node answers never depends on their data.
+            missing = ~defined
+            log(
+                logging.WARNING,
+                "ldp_audit: the metric %s is undefined (NaN) for %d user(s); they report a "
+                "uniformly random value in [0, 1] instead",
+                metric,
+                int(missing.sum()),
             )
+            metrics = np.where(missing, rng.uniform(0.0, 1.0, size=metrics.shape), metrics)
+            defined = np.ones_like(defined)
         groups = np.zeros(0, dtype=np.int64)
         values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
         refused = 0
@@ -258,7 +315,9 @@ def ldp_audit_handler(
                     limits.source,
                 )
             try:
-                ledger = open_node_ledger(context, path, limits, users.num_users)
+                ledger = open_node_ledger(
+                    context, path, limits, users.num_users, user_ids=users.user_ids
+                )
             except LedgerFileError as error:
                 # The detail names the node's files: it stays in the node's log.
                 log(logging.ERROR, "ldp_audit: %s", error)
@@ -266,16 +325,19 @@ def ldp_audit_handler(
             release = GapReportRelease.from_mechanism(
                 mechanism, job="ldp_audit", label=f"audit of {metric}"
             )
-            answering = ledger.can_afford(release)  # every user reports, or refuses
-            ledger.charge(release, answering)
+            if users.user_ids is None:  # by position: the ledger holds exactly these users
+                answering = ledger.can_afford(release)  # every user reports, or refuses
+                ledger.charge(release, answering)
+            else:  # by id: the ledger's other users (e.g. of another split) are untouched
+                answering = ledger.can_afford(release, user_ids=users.user_ids)
+                ledger.charge(release, user_ids=users.user_ids[answering])
             refused = int((~answering).sum())
             # charged (atomically) before anything is released
             save_node_ledger(context, path, ledger)
             totals = ledger_totals(ledger)
             # an undefined metric is the undefined category with the value 0 (m = 1/2)
             user_groups = np.where(defined, users.groups, num_groups)
-            user_values = np.where(defined, metric_to_value(np.nan_to_num(users.metrics)), 0.0)
-            rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
+            user_values = np.where(defined, metric_to_value(np.nan_to_num(metrics)), 0.0)
             reports = mechanism.perturb(user_groups[answering], user_values[answering], rng)
             groups, values = reports.groups, reports.values
         if refused:

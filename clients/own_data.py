@@ -1,16 +1,28 @@
 """A node's own data file (CSV or Parquet), named in its node config.
 
-Start a SuperNode with ``--node-config "data-file=/path/rows.csv"`` and the built-in
-ClientApp reads that node's rows instead of an embedded population, in every job (LDP audit,
-FedEvalFair and FPFL training). There is never a fallback to embedded data: a file that
+Start a SuperNode with ``--node-config 'data-file="/path/rows.csv" num-groups=2'`` and the
+built-in ClientApp reads that node's rows instead of an embedded population, in every job (LDP
+audit, FedEvalFair and FPFL training). There is never a fallback to embedded data: a file that
 cannot be used stops the node with a message naming the file and the column.
+
+``num-groups`` (node config, required with ``data-file``) is the number of protected groups
+of the file, stated by the node's operator. A run is answered only when its run config's
+``num-groups`` is the same; otherwise every job and ``describe`` refuse it with one fixed
+sentence, decided before the file is read. Checking the run's number against the file would
+make the answer depend on the data: a server trying 2, 3, 4, ... groups would learn the
+largest group among the node's users, on a one-user device that user's protected group.
+A node config without ``num-groups`` refuses every job (the sentence asks the operator to set
+it); a file with a group at or above the node's ``num-groups`` is the operator's error
+(:class:`DataFileError` in the node's log; the server reads a fixed sentence, whatever run it
+sends).
 
 Schema (one row per example; column order does not matter)
 ----------------------------------------------------------
 ``label``
     The true label, 0 or 1.
 ``group``
-    The protected group, an integer in ``[0, num-groups)``.
+    The protected group, an integer in ``[0, num-groups)`` (the node config's
+    ``num-groups``).
 ``user`` (optional)
     An integer user id, so one device can host many users; without it every row belongs to
     the device's one user. All rows of a user must share one group.
@@ -27,20 +39,30 @@ example); ``.parquet`` / ``.pq`` files need ``pyarrow`` (``pip install 'fedparit
 from __future__ import annotations
 
 import csv
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from flwr.common import log
 from numpy.typing import NDArray
 
+from ..mechanisms._validation import MAX_GROUPS
 from .data import UserShard
 from .fpfl_data import FPFLShard
+from .messages import NodeRefusal
 
 __all__ = [
     "DATA_FILE_NODE_KEY",
+    "NUM_GROUPS_MISMATCH_REFUSAL",
+    "NUM_GROUPS_MISSING_REFUSAL",
+    "NUM_GROUPS_NODE_KEY",
     "DataFileError",
     "OwnRows",
+    "check_run_num_groups",
+    "node_num_groups",
     "own_fpfl_shard",
     "own_shard",
     "read_data_file",
@@ -48,6 +70,18 @@ __all__ = [
 
 #: Node config key naming the node's own data file.
 DATA_FILE_NODE_KEY = "data-file"
+#: Node config key of the number of protected groups of the node's own data file.
+NUM_GROUPS_NODE_KEY = "num-groups"
+#: What the server reads from a node with a data file and no valid ``num-groups``.
+NUM_GROUPS_MISSING_REFUSAL = (
+    "this node reads its own data file, but its node config sets no num-groups (an integer in "
+    f"[2, {MAX_GROUPS}], the number of protected groups of the file): its operator must set it"
+)
+#: What the server reads when its run's ``num-groups`` is not the node's.
+NUM_GROUPS_MISMATCH_REFUSAL = (
+    "the run's num-groups is not the number of protected groups of this node's own data (node "
+    "config num-groups); refusing"
+)
 LABEL_COLUMN = "label"
 GROUP_COLUMN = "group"
 USER_COLUMN = "user"
@@ -58,6 +92,43 @@ _SPLITS = ("train", "test")
 
 class DataFileError(ValueError):
     """The node's own data file cannot be used (the message names the file and column)."""
+
+
+def node_num_groups(node_config: Mapping[str, object]) -> int:
+    """The node config's ``num-groups`` (an integer in ``[2, 1024]``): the number of protected
+    groups of the node's own data file. Missing or invalid: :class:`NodeRefusal` with
+    :data:`NUM_GROUPS_MISSING_REFUSAL` (the node's log names the value)."""
+    value = node_config.get(NUM_GROUPS_NODE_KEY)
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    if number is None or not 2 <= number <= MAX_GROUPS:
+        log(
+            logging.ERROR,
+            "node config %s must be an integer in [2, %d] (the number of protected groups of "
+            "the data file %s) when %s is set, got %r",
+            NUM_GROUPS_NODE_KEY,
+            MAX_GROUPS,
+            node_config.get(DATA_FILE_NODE_KEY),
+            DATA_FILE_NODE_KEY,
+            value,
+        )
+        raise NodeRefusal(NUM_GROUPS_MISSING_REFUSAL)
+    return number
+
+
+def check_run_num_groups(node_config: Mapping[str, object], run_num_groups: int) -> int:
+    """The node's own ``num-groups`` (:func:`node_num_groups`), refusing with
+    :data:`NUM_GROUPS_MISMATCH_REFUSAL` a run whose ``num-groups`` differs. Call it before
+    the data file is read: the answer then depends on the request and the node config only."""
+    own = node_num_groups(node_config)
+    if run_num_groups != own:
+        raise NodeRefusal(NUM_GROUPS_MISMATCH_REFUSAL)
+    return own
 
 
 @dataclass(frozen=True)
@@ -191,7 +262,8 @@ def read_data_file(path: str | os.PathLike[str]) -> OwnRows:
 
 
 def own_shard(rows: OwnRows, split: str, *, num_groups: int) -> UserShard:
-    """The node's users for ``split`` (``"train"`` or ``"test"``) as a UserShard."""
+    """The node's users for ``split`` (``"train"`` or ``"test"``) as a UserShard;
+    ``num_groups`` is the node's own (node config ``num-groups``)."""
     if split not in _SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     _check_groups(rows, num_groups)
@@ -217,13 +289,14 @@ def _check_groups(rows: OwnRows, num_groups: int) -> None:
     if rows.groups.max() >= num_groups:
         raise DataFileError(
             f"{rows.path}: column {GROUP_COLUMN!r} must hold groups in [0, {num_groups}) "
-            f"(num-groups = {num_groups}), got {int(rows.groups.max())}"
+            f"(node config {NUM_GROUPS_NODE_KEY} = {num_groups}), got {int(rows.groups.max())}"
         )
 
 
 def own_fpfl_shard(rows: OwnRows, *, num_groups: int) -> FPFLShard:
     """The node's users for FPFL training: the ``train`` rows (all rows without a ``split``
-    column), each row a sample of its user with its own protected group, binary labels."""
+    column), each row a sample of its user with its own protected group, binary labels;
+    ``num_groups`` is the node's own (node config ``num-groups``)."""
     _check_groups(rows, num_groups)
     keep = np.ones(rows.labels.size, dtype=bool) if rows.splits is None else rows.splits == "train"
     if not keep.any():

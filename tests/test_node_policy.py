@@ -202,14 +202,16 @@ def test_a_user_with_an_undefined_metric_reports_like_everyone_else(tmp_path: Pa
         assert set(reply.content.metric_records["metrics"]) == {"epsilon-charged"}
         reports = reply.content.array_records["reports"]
         assert reports["groups"].numpy().size == 1  # one report, whatever the metric
-    # an audit without the undefined category is refused rather than answered by silence
+    # an audit without the undefined category is refused by every node alike, before its
+    # data (tests/test_data_independent_replies.py)
     plain = LdpGapAudit(
         RandomizedResponseMechanism(1.0, 1.0), budget=2.0, metric="tpr", undefined_category=False
     )
-    handler = ldp_audit_handler(lambda *_: one_user(np.nan), num_groups=2)
-    message = plain.configure_audit(ArrayRecord({"w": Array(np.zeros(1))}), [3])[0]
-    with pytest.raises(NodeRefusal, match="no undefined category"):
-        handler(message, _context({"ledger-dir": str(tmp_path / "plain")}))
+    for metric in (np.nan, 0.75):
+        handler = ldp_audit_handler(lambda *_, m=metric: one_user(m), num_groups=2)
+        message = plain.configure_audit(ArrayRecord({"w": Array(np.zeros(1))}), [3])[0]
+        with pytest.raises(NodeRefusal, match="must carry the undefined category"):
+            handler(message, _context({"ledger-dir": str(tmp_path / "plain")}))
 
 
 def test_a_small_node_sends_no_counts_in_clear(tmp_path: Path) -> None:
@@ -403,7 +405,9 @@ def test_a_one_user_device_describes_its_users_but_not_its_samples(tmp_path: Pat
 
     rows = tmp_path / "me.csv"
     rows.write_text("group,label,age\n1,1,0.5\n1,0,0.25\n1,1,0.75\n", encoding="utf-8")
-    context = _context({"partition-id": 0, "num-partitions": 1, "data-file": str(rows)})
+    context = _context(
+        {"partition-id": 0, "num-partitions": 1, "data-file": str(rows), "num-groups": 2}
+    )
     request = Message(RecordDict({}), dst_node_id=3, message_type="query.describe")
     for task in ("ldp-audit", "fpfl"):
         reply = describe(request, context, RunConfig.from_mapping({"task": task}))

@@ -111,7 +111,9 @@ def test_missing_empty_and_unknown_files_are_refused(tmp_path: Path) -> None:
 
 def test_groups_beyond_num_groups_and_users_in_two_groups_are_refused(tmp_path: Path) -> None:
     rows = read_data_file(write_csv(tmp_path / "g.csv", ["1,2,1,test,1,1"]))
-    with pytest.raises(DataFileError, match=r"groups in \[0, 2\) \(num-groups = 2\), got 2"):
+    with pytest.raises(
+        DataFileError, match=r"groups in \[0, 2\) \(node config num-groups = 2\), got 2"
+    ):
         own_shard(rows, "test", num_groups=2)
     rows = read_data_file(write_csv(tmp_path / "u.csv", ["1,0,1,test,1,1", "1,1,0,test,1,1"]))
     with pytest.raises(DataFileError, match="rows of a user must share one group"):
@@ -152,7 +154,8 @@ def node_context(node_config: dict[str, object]) -> Context:
     return Context(
         run_id=1,
         node_id=5,
-        node_config={"partition-id": 0, "num-partitions": 1, **node_config},
+        # num-groups: the node's own number of groups, required with a data-file
+        node_config={"partition-id": 0, "num-partitions": 1, "num-groups": 2, **node_config},
         state=RecordDict(),
         run_config={"epsilons": "1", "user-budget": 3.0},
     )
@@ -243,6 +246,7 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
         def handle(msg: Message, context: Context, action: str = action) -> Message:
             partition = int(context.node_config["partition-id"])
             context.node_config["data-file"] = str(files[partition])  # the node's own config
+            context.node_config["num-groups"] = 2
             return HANDLERS[f"query.{action}"](msg, context, config)
 
         client_app.query(action)(handle)
@@ -297,7 +301,7 @@ def test_three_supernodes_each_read_their_own_file(tmp_path: Path) -> None:
     # The nodes also train the FedAvg round on their own files: their operators allow plain
     # (non-private) FedAvg, which the built-in policy refuses (tests/test_training_gate.py).
     node_configs = [
-        f'partition-id={i} num-partitions=3 allow-non-private=true data-file="{path}"'
+        f'partition-id={i} num-partitions=3 allow-non-private=true num-groups=2 data-file="{path}"'
         for i, path in enumerate(files)
     ]
     output = tmp_path / "run"

@@ -8,6 +8,7 @@ from .adult import AdultData as AdultData
 from .adult import AdultSplit as AdultSplit
 from .adult import AdultUsers as AdultUsers
 from .adult import adult_features as adult_features
+from .adult import adult_folder as adult_folder
 from .adult import adult_partition as adult_partition
 from .adult import adult_users as adult_users
 from .adult import load_adult as load_adult

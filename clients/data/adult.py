@@ -102,7 +102,7 @@ def load_adult(
     *,
     download: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
-    source_url: str = ADULT_URL,
+    source_url: str | None = None,
 ) -> AdultData:
     """Read ``adult.data`` and ``adult.test`` (UCI format) from ``data_dir``.
 
@@ -113,14 +113,39 @@ def load_adult(
     If the files are not in ``data_dir`` (nor in ``cache_dir`` when given): with
     ``download=False`` raise ``FileNotFoundError``; with ``download=True`` fetch them from
     ``source_url`` (default :data:`ADULT_URL`, UCI) into ``cache_dir`` (default ``data_dir``)
-    and read them from there.
+    and read them from there (:func:`adult_folder`; with ``cache_dir`` given, ``data_dir`` is
+    only read).
     Parsed files are cached in memory per folder and modification time.
     """
-    data_path = Path(data_dir).expanduser()
-    candidates = [data_path] if cache_dir is None else [data_path, Path(cache_dir).expanduser()]
+    folder = adult_folder(
+        data_dir,
+        download=download,
+        download_dir=data_dir if cache_dir is None else cache_dir,
+        source_url=source_url,
+    )
+    return _read_adult_cached(*_cache_key(folder))
+
+
+def adult_folder(
+    data_dir: str | os.PathLike[str],
+    *,
+    download: bool,
+    download_dir: str | os.PathLike[str],
+    source_url: str | None = None,
+) -> Path:
+    """The folder holding ``adult.data`` and ``adult.test``: ``data_dir`` when it holds both,
+    else ``download_dir`` when it does, else, with ``download=True``, ``download_dir`` after
+    the missing files were fetched into it from ``source_url`` (default :data:`ADULT_URL`).
+
+    Only ``download_dir`` is ever created or written: a node passes its own data folder
+    there, so a folder named by the server (run config ``data-dir``) is only read from.
+    ``FileNotFoundError`` naming both folders when the files are in neither and
+    ``download=False``.
+    """
+    candidates = list(dict.fromkeys([Path(data_dir).expanduser(), Path(download_dir).expanduser()]))
     for folder in candidates:
         if all((folder / name).is_file() for name in ADULT_FILES):
-            return _read_adult_cached(*_cache_key(folder))
+            return folder
     if not download:
         searched = " or ".join(f"'{folder}'" for folder in candidates)
         raise FileNotFoundError(
@@ -129,8 +154,8 @@ def load_adult(
             "data_dir at a folder containing them"
         )
     target = candidates[-1]
-    _download_adult(target, source_url)
-    return _read_adult_cached(*_cache_key(target))
+    _download_adult(target, ADULT_URL if source_url is None else source_url)
+    return target
 
 
 def _download_adult(target: Path, source_url: str = ADULT_URL) -> None:
