@@ -10,8 +10,9 @@ Pure numpy + TenSEAL, imported only inside the functions that need it (no Flower
 Flower handlers and strategy call these functions. Modules: :mod:`.keys` (parameters, key
 files), :mod:`.vectors` (one-ciphertext messages and the checks after decryption),
 :mod:`.aggregation` (the server's sum, and a holder's own recomputation), :mod:`.signing`
-(signed ciphertexts and endorsed sums), :mod:`.flooding` (noise flooding of released
-decryptions), :mod:`.errors`.
+(signed ciphertexts, endorsed sums and the one committed set of a run), :mod:`.flooding`
+(noise flooding of released decryptions), :mod:`.releases` (a key holder's journal of its
+commitments and releases per secret key), :mod:`.errors`.
 
 Threat model
 ------------
@@ -21,7 +22,9 @@ Threat model
   plaintext it ever receives is the aggregate vector that the key holders release in round 3,
   noise-flooded (:mod:`.flooding`). Against an *active* server (forged sums, claimed counts,
   replays) holders decrypt only sums of ciphertexts signed by distinct members of their roster
-  for the run and round (:mod:`.signing`); docs/threat-model.md has the whole model.
+  for the run and round (:mod:`.signing`), and release over one round-2 set per run, signed by
+  every holder in it (so releases cannot be differenced down to one holder); docs/threat-model.md
+  has the whole model.
 * **Key holders**: the clients (one secret context shared by all of them, provisioned out of
   band, see :func:`secret_context_path`) or a separate key authority holding the same file.
   TenSEAL has no threshold decryption: a server that colludes with *one* key holder can decrypt

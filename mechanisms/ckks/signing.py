@@ -19,6 +19,18 @@ sum only with a valid endorsement by a roster member whose contributor list has 
 ``min_holders`` distinct roster members and includes the holder itself
 (:func:`verify_endorsements`).
 
+One committed set per run: every holder has the secret key, so a server that asked two key
+holders to release over two different round-2 sets of one run (``{a, b, c}`` and ``{a, b}``)
+would get holder ``c``'s statistics from the difference. Before round 3 every round-2 holder
+signs :func:`commitment_transcript` -- the run (and session), the :func:`set_digest` of the
+round-1 and of the round-2 signed ciphertexts -- once per run, and a key holder releases only
+with valid signatures on that very commitment by *every* signer of the round-2 set
+(:func:`verify_commitment`). Two releases over different round-2 sets of one run would need an
+honest holder in both sets to sign two commitments, which it refuses; sets without a common
+holder are disjoint, so no difference of releases is a sum over fewer than ``min_holders``
+holders (the idea of the consistency check of Bonawitz et al., "Practical Secure Aggregation
+for Privacy-Preserving Machine Learning", CCS 2017, applied to the released set).
+
 Pure Python plus ``cryptography``: no Flower import.
 """
 
@@ -34,19 +46,26 @@ from ..identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, Roster, transcript, 
 
 __all__ = [
     "CIPHERTEXT_LABEL",
+    "COMMITMENT_LABEL",
     "ENDORSEMENT_LABEL",
     "SignedCiphertext",
+    "SignedDigest",
     "UnverifiedSumError",
     "ciphertext_transcript",
+    "commitment_digest",
+    "commitment_transcript",
     "contributors_digest",
     "endorsement_transcript",
     "pack_keys",
     "session_id",
+    "set_digest",
     "signed_arrays",
     "signed_from_arrays",
     "unpack_keys",
+    "verify_commitment",
     "verify_contributions",
     "verify_endorsements",
+    "verify_round_sets",
 ]
 
 #: Label of a holder's signature on one of its ciphertexts (versioned: a new layout is a new
@@ -54,6 +73,8 @@ __all__ = [
 CIPHERTEXT_LABEL = "fedparity/fedevalfair/ciphertext/v1"
 #: Label of a verifier's endorsement of a sum it recomputed.
 ENDORSEMENT_LABEL = "fedparity/fedevalfair/endorsement/v1"
+#: Label of a round-2 holder's commitment to the run's round-1 and round-2 sets.
+COMMITMENT_LABEL = "fedparity/fedevalfair/commitment/v1"
 
 
 def session_id(run_id: int, session: str = "") -> int:
@@ -88,6 +109,21 @@ class SignedCiphertext:
         """SHA-256 of the ciphertext bytes (what the signature covers)."""
         return hashlib.sha256(self.payload).digest()
 
+    def without_payload(self) -> SignedDigest:
+        """The signer, the ciphertext's SHA-256 and the signature (enough to check it)."""
+        return SignedDigest(self.signer, self.digest, self.signature)
+
+
+@dataclass(frozen=True)
+class SignedDigest:
+    """A signed ciphertext without its bytes: the signer's public key, the SHA-256 of the
+    ciphertext and the signature (about 130 bytes instead of ~330 kB; what a holder needs to
+    check the signature and to commit to a set, :func:`commitment_transcript`)."""
+
+    signer: bytes
+    digest: bytes
+    signature: bytes
+
 
 def ciphertext_transcript(run_id: int, round_number: int, digest: bytes, reference: bytes) -> bytes:
     """What a holder signs for a ciphertext of SHA-256 ``digest`` in ``round_number`` of run
@@ -104,6 +140,27 @@ def endorsement_transcript(
     return transcript(
         ENDORSEMENT_LABEL, int(run_id), int(round_number), sum_digest, pack_keys(contributors)
     )
+
+
+def set_digest(entries: Iterable[SignedCiphertext | SignedDigest]) -> bytes:
+    """SHA-256 of a signed set: every entry's signer key and ciphertext SHA-256, sorted by
+    signer (order-free; each holder signs one ciphertext per round, so this names the set)."""
+    ordered = sorted(entries, key=lambda entry: bytes(entry.signer))
+    return hashlib.sha256(
+        b"".join(bytes(entry.signer) + entry.digest for entry in ordered)
+    ).digest()
+
+
+def commitment_transcript(run_id: int, round1_digest: bytes, round2_digest: bytes) -> bytes:
+    """What a round-2 holder signs to commit run ``run_id`` (a :func:`session_id`) to the
+    round-1 and round-2 sets of :func:`set_digest` ``round1_digest`` and ``round2_digest``;
+    an honest holder signs one commitment per run."""
+    return transcript(COMMITMENT_LABEL, int(run_id), bytes(round1_digest), bytes(round2_digest))
+
+
+def commitment_digest(run_id: int, round1_digest: bytes, round2_digest: bytes) -> bytes:
+    """SHA-256 of :func:`commitment_transcript`: the name of one committed pair of sets."""
+    return hashlib.sha256(commitment_transcript(run_id, round1_digest, round2_digest)).digest()
 
 
 def contributors_digest(keys: Iterable[bytes]) -> bytes:
@@ -162,7 +219,7 @@ def _uint8(arrays: Mapping[str, np.ndarray], name: str) -> np.ndarray:
 
 
 def verify_contributions(
-    entries: Sequence[SignedCiphertext],
+    entries: Sequence[SignedCiphertext | SignedDigest],
     roster: Roster,
     *,
     run_id: int,
@@ -250,3 +307,72 @@ def verify_endorsements(
             raise UnverifiedSumError("an endorsement does not verify for this sum, run and round")
         endorsers.add(endorser)
     return keys
+
+
+def verify_round_sets(
+    round1: Sequence[SignedCiphertext | SignedDigest],
+    round2: Sequence[SignedCiphertext | SignedDigest],
+    roster: Roster,
+    *,
+    run_id: int,
+    min_holders: int,
+) -> tuple[list[bytes], list[bytes]]:
+    """Check a run's round-1 and round-2 signed sets as a key holder needs them: each by
+    distinct roster members, at least ``min_holders``, the round-2 signatures over the round-1
+    contributors (:func:`verify_contributions`), and every round-2 signer a round-1
+    contributor; return both sorted signer lists."""
+    round1_keys = verify_contributions(
+        round1, roster, run_id=run_id, round_number=1, min_holders=min_holders
+    )
+    round2_keys = verify_contributions(
+        round2,
+        roster,
+        run_id=run_id,
+        round_number=2,
+        reference=contributors_digest(round1_keys),
+        min_holders=min_holders,
+    )
+    if not set(round2_keys) <= set(round1_keys):
+        raise UnverifiedSumError("a round-2 contributor did not contribute to round 1")
+    return round1_keys, round2_keys
+
+
+def verify_commitment(
+    signatures: Sequence[tuple[bytes, bytes]],
+    round2_keys: Sequence[bytes],
+    roster: Roster,
+    *,
+    run_id: int,
+    round1_digest: bytes,
+    round2_digest: bytes,
+) -> list[bytes]:
+    """Check the commitment signatures ``(signer, signature)`` on
+    :func:`commitment_transcript` of this run and sets before a release; return the sorted
+    signer keys.
+
+    The rule: the signers are distinct roster members and exactly the round-2 contributors
+    ``round2_keys`` -- every one of them, nobody else -- and every signature verifies. Since
+    an honest holder commits once per run, two different round-2 sets of one run can both be
+    released only if no honest holder is in both (module docstring).
+
+    Raises
+    ------
+    UnverifiedSumError
+        Any of the above fails (fixed sentences).
+    """
+    message = commitment_transcript(run_id, round1_digest, round2_digest)
+    signers: set[bytes] = set()
+    for signer, signature in signatures:
+        signer = bytes(signer)
+        if signer not in roster or signer in signers:
+            raise UnverifiedSumError("a commitment is not signed by distinct roster members")
+        if len(signature) != SIGNATURE_BYTES or not verify_signature(signer, signature, message):
+            raise UnverifiedSumError(
+                "a commitment signature does not verify for this run and these sets"
+            )
+        signers.add(signer)
+    if signers != {bytes(key) for key in round2_keys}:
+        raise UnverifiedSumError(
+            "the commitment is not signed by every round-2 holder (and by them only)"
+        )
+    return sorted(signers)
