@@ -187,6 +187,7 @@ def measure_handlers(k: int, seed: int, secret_path: Path, public: Any) -> dict[
         ROUND1_SIZE,
         ROUND2_SIZE,
     )
+    from fedparity.mechanisms.protocol.fedevalfair import FEF_COMMIT_MESSAGE_TYPE
     from fedparity.strategies import FedEvalFairProtocol
 
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
@@ -212,8 +213,17 @@ def measure_handlers(k: int, seed: int, secret_path: Path, public: Any) -> dict[
     )
     protocol = FedEvalFairProtocol(public, key_holders=KEY_HOLDERS)
     nodes = list(identities)
+    # each holder's key journal (commitments and releases per key) in a folder of this call
+    ledger_folder = tempfile.TemporaryDirectory(prefix="fef-benchmark-ledgers-")
+    ledgers = Path(ledger_folder.name)
     contexts = {
-        n: Context(run_id=run_id, node_id=n, node_config={}, state=RecordDict(), run_config={})
+        n: Context(
+            run_id=run_id,
+            node_id=n,
+            node_config={"ledger-dir": str(ledgers / f"holder-{n}")},
+            state=RecordDict(),
+            run_config={},
+        )
         for n in nodes
     }
 
@@ -255,9 +265,20 @@ def measure_handlers(k: int, seed: int, secret_path: Path, public: Any) -> dict[
         run_id=run_id,
         reference=contributors_digest(contributors),
     )
-    holders = sorted(second.accepted)[:KEY_HOLDERS]
-    content3 = protocol.round3_content(first.entries, second.entries)
+    commit = protocol.commit_content(first.entries, second.entries)
     seconds["server r2"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    commit_replies = [ask("fef_commit", FEF_COMMIT_MESSAGE_TYPE, n, commit) for n in nodes]
+    seconds["holders commit"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    commitments, _ = protocol.collect_commitments(
+        commit_replies, first.entries, second.entries, list(second.accepted), run_id=run_id
+    )
+    holders = sorted(second.accepted)[:KEY_HOLDERS]
+    content3 = protocol.round3_content(
+        first.entries, second.entries, [(signer, sig) for _, signer, sig in commitments]
+    )
+    seconds["server commit"] = time.perf_counter() - clock
     clock = time.perf_counter()
     releases = [ask("fef_round3", FEF_ROUND_MESSAGE_TYPES[2], n, content3) for n in holders]
     seconds["key holders r3"] = time.perf_counter() - clock
@@ -285,6 +306,7 @@ def measure_handlers(k: int, seed: int, secret_path: Path, public: Any) -> dict[
         ):
             errors.append(abs(mine.pvalue - theirs.pvalue))
     payload = len(first.entries[0].payload)
+    ledger_folder.cleanup()
     return {
         "holders": k,
         "wall_seconds": wall,

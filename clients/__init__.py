@@ -1,7 +1,8 @@
 """Client side of fedparity: Flower handlers for your own ``ClientApp``.
 
 * :func:`ldp_audit_handler` with :class:`LocalUsers` -- the LDP gap audit on a node;
-* :func:`fedevalfair_handlers` with :class:`HolderRows` -- a FedEvalFair data holder;
+* :func:`fedevalfair_handlers` with :class:`HolderRows` -- a FedEvalFair data holder (the bound
+  methods of a :class:`FedEvalFairHolder`);
 * :func:`fpfl_handlers` with :class:`FPFLNodeSettings` and :class:`FPFLShard` -- FPFL training
   of your torch model on the node's users.
 

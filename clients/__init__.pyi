@@ -1,3 +1,4 @@
+from .fedevalfair_handlers import FedEvalFairHolder as FedEvalFairHolder
 from .fedevalfair_handlers import HolderRows as HolderRows
 from .fedevalfair_handlers import fedevalfair_handlers as fedevalfair_handlers
 from .fpfl_data import FPFLShard as FPFLShard

@@ -399,8 +399,8 @@ def _node_secret_context_path(context: Context) -> Path:
 
 
 def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], Message]]:
-    """Endorsement and rounds 2 and 3: the library's handlers with the run's fef-mu0 and
-    fef-tolerance (identity key and roster from the node config or
+    """Endorsement, round 2, commitment and round 3: the library's handlers with the run's
+    fef-mu0 and fef-tolerance (identity key and roster from the node config or
     ``$FEDPARITY_IDENTITY_DIR``)."""
     return fedevalfair_handlers(
         None,
@@ -457,9 +457,15 @@ def fef_round2(msg: Message, context: Context, config: RunConfig) -> Message:
     return _fef_handlers(config)["fef_round2"](msg, context)
 
 
+def fef_commit(msg: Message, context: Context, config: RunConfig) -> Message:
+    """Round-2 holder: sign the one commitment of the run to its round-1 and round-2 sets
+    (a key holder releases only a pair of sets every round-2 holder committed to)."""
+    return _fef_handlers(config)["fef_commit"](msg, context)
+
+
 def fef_round3(msg: Message, context: Context, config: RunConfig) -> Message:
     """Key holder: recompute and decrypt both sums, release the aggregate statistics
-    (noise-flooded plaintext)."""
+    (noise-flooded plaintext) over the one pair of sets every round-2 holder committed to."""
     return _fef_handlers(config)["fef_round3"](msg, context)
 
 
@@ -533,6 +539,7 @@ HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
     "query.fef_round1": fef_round1,
     "query.fef_endorse": fef_endorse,
     "query.fef_round2": fef_round2,
+    "query.fef_commit": fef_commit,
     "query.fef_round3": fef_round3,
     "query.fpfl_setup": fpfl_setup,
     "query.fpfl_keys": fpfl_keys,

@@ -27,10 +27,19 @@ Ed25519 identity key and the roster of the holders (node config ``identity-key``
 writes both with the secret context). Every ciphertext it uploads is signed for this run and
 round; it decrypts a round-1 sum only with an endorsement by a roster member naming at least
 ``min-holders`` distinct signed contributors, itself among them (``fef_endorse``: the key
-holders recompute and endorse the sum), and a key holder recomputes both sums itself from
-the signed ciphertexts and releases them only noise-flooded
-(:mod:`fedparity.mechanisms.ckks.signing`, :mod:`fedparity.mechanisms.ckks.flooding`). A
-holder signs one ciphertext per round and releases at most once per run.
+holders recompute and endorse the sum). Before round 3 every round-2 holder signs one
+commitment to the run's round-1 and round-2 sets (``fef_commit``), and a key holder recomputes
+both sums itself from the signed ciphertexts and releases them, noise-flooded, only with the
+commitments of *every* round-2 holder to that very pair of sets
+(:mod:`fedparity.mechanisms.ckks.signing`, :mod:`fedparity.mechanisms.ckks.flooding`): a
+server cannot have two key holders release over two round-2 sets of one run and difference
+them. A holder signs one ciphertext per round, commits to one pair of sets and releases at
+most once per run; it keeps its commitments and releases per secret key in a journal beside
+its privacy ledger (node config ``ledger-dir``; :mod:`fedparity.mechanisms.ckks.releases`),
+which survives restarts, and refuses past its policy's ``fef-max-releases-per-key``.
+
+:class:`FedEvalFairHolder` is the holder, one method per message; :func:`fedevalfair_handlers`
+returns its bound methods.
 """
 
 from __future__ import annotations
@@ -39,8 +48,8 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,35 +57,51 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import log
 
+from ..mechanisms.accounting import LedgerFileError
 from ..mechanisms.ckks import (
     CkksParameters,
+    CommitmentConflict,
+    ReleaseJournal,
     SignedCiphertext,
     UnverifiedSumError,
     ciphertext_transcript,
+    commitment_digest,
+    commitment_transcript,
     contributors_digest,
     encrypt_vector,
     endorsement_transcript,
     flood_key,
-    from_array,
+    journal_file_name,
+    key_fingerprint,
     load_secret_context,
     session_id,
-    signed_from_arrays,
+    set_digest,
     sum_ciphertexts,
-    to_array,
-    unpack_keys,
+    verify_commitment,
     verify_contributions,
     verify_endorsements,
+    verify_round_sets,
 )
 from ..mechanisms.fairtest import InsufficientGroupData
-from ..mechanisms.identity import SIGNATURE_BYTES, IdentityError, IdentityKey, Roster, transcript
+from ..mechanisms.identity import IdentityError, IdentityKey, Roster, transcript
 from ..mechanisms.protocol import (
     BLOCK_WIDTH,
     FEF_IDENTITY_REFUSAL,
     FEF_KEY,
-    RELEASE_SIZE,
     ROUND1_SIZE,
     ROUND2_SIZE,
     UNABLE_REPLY,
+    MessageError,
+)
+from ..mechanisms.protocol.fedevalfair import (
+    CommitReply,
+    CommitRequest,
+    EndorseReply,
+    EndorseRequest,
+    ReleaseReply,
+    Round2Request,
+    Round3Request,
+    SignedUpload,
 )
 from .fedevalfair import (
     MAX_MAGNITUDE,
@@ -90,7 +115,8 @@ from .fedevalfair import (
     rows_statistics,
 )
 from .identity import NodeIdentity, node_identity
-from .messages import fixed_error_texts, session_label, session_state_key
+from .ledger import node_ledger_dir
+from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
@@ -98,11 +124,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FEF_STATE_KEY",
-    "CannotTakePart",
-    "HolderIdentityRefusal",
     "FLOOD_LABEL",
+    "JOURNAL_UNUSABLE_REPLY",
+    "RELEASE_CAP_RULE",
+    "CannotTakePart",
+    "FedEvalFairHolder",
+    "HolderIdentityRefusal",
     "HolderRows",
     "HolderRowsFn",
+    "HolderState",
     "fedevalfair_handlers",
     "holder_identity",
     "load_secret_context_cached",
@@ -113,8 +143,22 @@ __all__ = [
 FEF_STATE_KEY = "fef-statistics"
 #: Node run-state record of the steps this node took in the run (each at most once).
 FEF_STEPS_KEY = "fef-steps"
+#: Node run-state record of the commitment this node signed in the run.
+FEF_COMMITMENT_KEY = "fef-commitment"
+#: Node run-state record of a key journal kept for the run only (simulation without ledger-dir).
+FEF_JOURNAL_STATE_KEY = "fef-key-journal"
 #: Label of the transcript that keys a release's flooding noise.
 FLOOD_LABEL = "fedparity/fedevalfair/flood/v1"
+#: The rule a key holder past its policy's release cap refuses with (a fixed sentence).
+RELEASE_CAP_RULE = (
+    "this key holder has made fef-max-releases-per-key releases with its secret key; new keys "
+    "are needed (fedparity keys)"
+)
+#: What a holder whose key journal is lost or damaged answers (the detail stays in its log).
+JOURNAL_UNUSABLE_REPLY = (
+    "this holder's FedEvalFair key journal (its commitments and releases per secret key) is "
+    "lost or damaged: nothing is committed or released until its operator restores it"
+)
 Handler = Callable[[Message, Context], Message]
 
 
@@ -197,6 +241,62 @@ def holder_identity(
         raise HolderIdentityRefusal(FEF_IDENTITY_REFUSAL) from None
 
 
+@dataclass
+class HolderState:
+    """What a holder keeps of one FedEvalFair session between messages, in its run state
+    (``context.state``): the round-1 statistics (for round 2), the steps it took (each at most
+    once: ``round1``, ``round2``, ``release``) and the commitment it signed (SHA-256 of
+    :func:`~fedparity.mechanisms.ckks.commitment_transcript`)."""
+
+    statistics: ClientStatistics | None = None
+    steps: set[str] = field(default_factory=set)
+    commitment: bytes | None = None
+
+    @classmethod
+    def load(cls, state: RecordDict, session: str) -> HolderState:
+        """The session's state as the records of ``state`` hold it (empty: a new session)."""
+        arrays = state.array_records.get(session_state_key(FEF_STATE_KEY, session))
+        steps = state.config_records.get(session_state_key(FEF_STEPS_KEY, session))
+        commitment = state.config_records.get(session_state_key(FEF_COMMITMENT_KEY, session))
+        return cls(
+            statistics=(
+                None if arrays is None else ClientStatistics.from_array(arrays["summaries"].numpy())
+            ),
+            steps=set() if steps is None else {step for step in steps if steps[step]},
+            commitment=None if commitment is None else bytes(commitment["digest"]),  # type: ignore[arg-type]
+        )
+
+    def save(self, state: RecordDict, session: str) -> None:
+        """Write the session's state into the records of ``state``."""
+        if self.statistics is not None:
+            state.array_records[session_state_key(FEF_STATE_KEY, session)] = ArrayRecord(
+                {"summaries": Array(self.statistics.to_array())}
+            )
+        state.config_records[session_state_key(FEF_STEPS_KEY, session)] = ConfigRecord(
+            {step: True for step in sorted(self.steps)}
+        )
+        if self.commitment is not None:
+            state.config_records[session_state_key(FEF_COMMITMENT_KEY, session)] = ConfigRecord(
+                {"digest": self.commitment}
+            )
+
+    def take(self, step: str) -> None:
+        """Refuse a step (a round's signature, a release) this node already took in the
+        session; else note it."""
+        if step in self.steps:
+            raise PolicyRefusal(
+                "a holder signs one ciphertext per round and releases at most once per run"
+            )
+        self.steps.add(step)
+
+    def check_commitment(self, digest: bytes) -> None:
+        """Refuse another commitment than the one this node signed in the session."""
+        if self.commitment is not None and self.commitment != digest:
+            raise CommitmentConflict(
+                "this holder already committed to another round-1 and round-2 set in this run"
+            )
+
+
 def _session(msg: Message, context: Context, sessions: Collection[str]) -> tuple[str, int]:
     """The message's session (refused unless the node's run config defines it) and the id its
     signatures bind (:func:`~fedparity.mechanisms.ckks.session_id`)."""
@@ -204,28 +304,17 @@ def _session(msg: Message, context: Context, sessions: Collection[str]) -> tuple
     return label, session_id(context.run_id, label)
 
 
-def _take_step(context: Context, step: str, session: str = "") -> None:
-    """Refuse a step (a round's signature, a release) this node already took in this run's
-    ``session``."""
-    steps_key = session_state_key(FEF_STEPS_KEY, session)
-    record = context.state.config_records.get(steps_key)
+def _fields(msg: Message) -> dict[str, np.ndarray]:
+    """The arrays of the message's FedEvalFair record (``MessageError`` when it has none)."""
+    record = msg.content.array_records.get(FEF_KEY)
     if record is None:
-        record = ConfigRecord()
-        context.state.config_records[steps_key] = record
-    if step in record:
-        raise PolicyRefusal(
-            "a holder signs one ciphertext per round and releases at most once per run"
-        )
-    record[step] = True
-
-
-def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+        raise MessageError(f"message record {FEF_KEY!r} is missing")
     return {name: array.numpy() for name, array in record.items()}
 
 
-def _keys_or_none(array: np.ndarray, width: int = 32) -> list[bytes]:
-    """:func:`~fedparity.mechanisms.ckks.unpack_keys`, with an empty array read as no keys."""
-    return [] if array.size == 0 else unpack_keys(array, width=width)
+def _reply(msg: Message, fields: Mapping[str, np.ndarray]) -> Message:
+    record = ArrayRecord({name: Array(array) for name, array in fields.items()})
+    return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
 
 
 def _signed_reply(
@@ -239,14 +328,7 @@ def _signed_reply(
 ) -> Message:
     digest = hashlib.sha256(payload).digest()
     signature = key.sign(ciphertext_transcript(run_id, round_number, digest, reference))
-    record = ArrayRecord(
-        {
-            "ciphertext": Array(to_array(payload)),
-            "signature": Array(to_array(signature)),
-            "signer": Array(to_array(key.public_bytes())),
-        }
-    )
-    return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
+    return _reply(msg, SignedUpload(payload, key.public_bytes(), signature).to_fields())
 
 
 def round1_reply(
@@ -266,10 +348,10 @@ def round1_reply(
     ``sessions``: the tests the node's run config defines (:func:`fedevalfair_handlers`)."""
     key, _ = holder_identity(context, identity)
     session, run_id = _session(msg, context, sessions)
-    _take_step(context, "round1", session)
-    context.state.array_records[session_state_key(FEF_STATE_KEY, session)] = ArrayRecord(
-        {"summaries": Array(statistics.to_array())}
-    )
+    state = HolderState.load(context.state, session)
+    state.take("round1")
+    state.statistics = statistics
+    state.save(context.state, session)
     vector = round1_vector(statistics, mu0=mu0, tolerance=tolerance)
     payload = encrypt_vector(secret, vector)
     return _signed_reply(msg, payload, key, run_id=run_id, round_number=1)
@@ -284,9 +366,301 @@ def _release_reference(round1_sum: np.ndarray) -> np.ndarray:
     return reference
 
 
-def _set_digest(entries: list[SignedCiphertext]) -> bytes:
+def _sum(secret: ts.Context, entries: tuple[SignedCiphertext, ...], size: int) -> bytes:
+    """The holder's own sum of the signed ciphertexts (in signer order)."""
     ordered = sorted(entries, key=lambda entry: entry.signer)
-    return hashlib.sha256(b"".join(entry.signer + entry.digest for entry in ordered)).digest()
+    return sum_ciphertexts(secret, [entry.payload for entry in ordered], expected_size=size)
+
+
+class FedEvalFairHolder:
+    """A FedEvalFair data holder: one method per protocol message (``round1``, ``endorse``,
+    ``round2``, ``commit``, ``round3``), each ``(msg, context) -> reply``; its state between
+    messages is a :class:`HolderState` in the node's run state. The parameters are those of
+    :func:`fedevalfair_handlers`, which returns the bound methods."""
+
+    def __init__(
+        self,
+        holder_rows: HolderRowsFn | None,
+        *,
+        secret_context: str | os.PathLike[str] | Callable[[Context], str | os.PathLike[str]],
+        num_resamples: int = 100,
+        min_cell_count: int = 5,
+        mu0: float = 0.0,
+        tolerance: float | None = None,
+        bootstrap_rng: Callable[[Context], np.random.Generator] | None = None,
+        policy: NodePrivacyPolicy | None = None,
+        identity: Callable[[Context], NodeIdentity] | None = None,
+        sessions: Collection[str] = ("",),
+    ) -> None:
+        if (
+            isinstance(num_resamples, bool)
+            or not isinstance(num_resamples, int)
+            or num_resamples < 2
+        ):
+            raise ValueError(f"num_resamples must be an integer >= 2, got {num_resamples!r}")
+        if isinstance(min_cell_count, bool) or not isinstance(min_cell_count, int):
+            raise ValueError(f"min_cell_count must be an integer >= 0, got {min_cell_count!r}")
+        if min_cell_count < 0:
+            raise ValueError(f"min_cell_count must be an integer >= 0, got {min_cell_count!r}")
+        if not np.isfinite(mu0):
+            raise ValueError(f"mu0 must be a finite number, got {mu0!r}")
+        if tolerance is not None and not (np.isfinite(tolerance) and tolerance > 0):
+            raise ValueError(f"tolerance must be a finite number > 0 or None, got {tolerance!r}")
+        if policy is not None and not isinstance(policy, NodePrivacyPolicy):
+            raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
+        self.holder_rows = holder_rows
+        self.secret_context = secret_context
+        self.num_resamples = num_resamples
+        self.min_cell_count = min_cell_count
+        self.mu0 = mu0
+        self.tolerance = tolerance
+        self.bootstrap_rng = bootstrap_rng
+        self.policy = policy
+        self.identity = identity
+        self.sessions = tuple(sessions)
+
+    # -- the node's own settings ----------------------------------------------------------------
+
+    def limits(self, context: Context) -> NodePrivacyPolicy:
+        """The node's privacy policy (the one given, else read from its node config)."""
+        return self.policy if self.policy is not None else node_policy(context.node_config)
+
+    def secret_path(self, context: Context) -> str:
+        path = self.secret_context
+        return os.fspath(Path(path(context) if callable(path) else path))
+
+    def secret(self, context: Context) -> ts.Context:
+        return load_secret_context_cached(self.secret_path(context))
+
+    def _identity(self, context: Context) -> tuple[IdentityKey, Roster]:
+        return holder_identity(context, self.identity)
+
+    def _journal(
+        self, context: Context, limits: NodePrivacyPolicy
+    ) -> tuple[ReleaseJournal, Path | None]:
+        """This key's journal (:mod:`fedparity.mechanisms.ckks.releases`) in the node's ledger
+        folder, or in its run state (a simulated node without one, if the policy allows an
+        ephemeral ledger); refused with fixed sentences when it cannot be used."""
+        fingerprint = key_fingerprint(_flood_key(self.secret_path(context)))
+        folder = node_ledger_dir(context)
+        if folder is None:
+            if not limits.allow_ephemeral_ledger:
+                raise PolicyRefusal(
+                    "a persistent privacy ledger is required (ledger-dir, or "
+                    "allow-ephemeral-ledger)"
+                )
+            record = context.state.config_records.get(f"{FEF_JOURNAL_STATE_KEY}/{fingerprint}")
+            if record is None:
+                return ReleaseJournal(fingerprint), None
+            try:
+                journal = ReleaseJournal.from_json(
+                    str(record["json"]), fingerprint, source="in this node's run state"
+                )
+            except LedgerFileError as error:
+                log(logging.ERROR, "FedEvalFair: %s", error)
+                raise NodeRefusal(JOURNAL_UNUSABLE_REPLY) from None
+            return journal, None
+        path = folder / journal_file_name(fingerprint)
+        try:
+            return ReleaseJournal.load_or_create(path, fingerprint), path
+        except LedgerFileError as error:  # names the node's files: it stays in the node's log
+            log(logging.ERROR, "FedEvalFair: %s", error)
+            raise NodeRefusal(JOURNAL_UNUSABLE_REPLY) from None
+
+    @staticmethod
+    def _save_journal(context: Context, journal: ReleaseJournal, path: Path | None) -> None:
+        if path is not None:
+            journal.save(path)
+        else:
+            context.state.config_records[f"{FEF_JOURNAL_STATE_KEY}/{journal.key}"] = ConfigRecord(
+                {"json": journal.to_json()}
+            )
+
+    # -- the messages ---------------------------------------------------------------------------
+
+    def round1(self, msg: Message, context: Context) -> Message:
+        """Bootstrap dp/eo on the holder's rows; reply with one signed ciphertext."""
+        self._identity(context)
+        key = self.secret(context)
+        if self.holder_rows is None:
+            raise NodeRefusal("this holder computes its round-1 statistics itself")
+        rows = self.holder_rows(msg.content["arrays"], context)
+        if not isinstance(rows, HolderRows):
+            raise TypeError(f"holder_rows must return HolderRows, got {type(rows).__name__}")
+        rng = np.random.default_rng() if self.bootstrap_rng is None else self.bootstrap_rng(context)
+        try:
+            statistics = rows_statistics(
+                rows.labels,
+                rows.predictions,
+                rows.groups,
+                num_resamples=self.num_resamples,
+                rng=rng,
+                min_cell_count=self.min_cell_count,
+            )
+        except InsufficientGroupData as error:
+            # The detailed reason holds this node's cell counts: it stays in the node's log.
+            log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
+            raise CannotTakePart from None
+        return round1_reply(
+            msg,
+            context,
+            statistics,
+            key,
+            mu0=self.mu0,
+            tolerance=self.tolerance,
+            identity=self.identity,
+            sessions=self.sessions,
+        )
+
+    def endorse(self, msg: Message, context: Context) -> Message:
+        """Verifier: recompute the round-1 sum from the signed ciphertexts and endorse it
+        (nothing is decrypted)."""
+        key, roster = self._identity(context)
+        _, run_id = _session(msg, context, self.sessions)
+        request = EndorseRequest.from_fields(_fields(msg))
+        contributors = verify_contributions(
+            request.round1,
+            roster,
+            run_id=run_id,
+            round_number=1,
+            min_holders=self.limits(context).min_holders,
+        )
+        total = _sum(self.secret(context), request.round1, ROUND1_SIZE)
+        signature = key.sign(
+            endorsement_transcript(run_id, 1, hashlib.sha256(total).digest(), contributors)
+        )
+        return _reply(msg, EndorseReply(total, key.public_bytes(), signature).to_fields())
+
+    def round2(self, msg: Message, context: Context) -> Message:
+        """Decrypt the endorsed round-1 sum, add this holder's stage-1 terms; one signed
+        ciphertext back."""
+        own, roster = self._identity(context)
+        session, run_id = _session(msg, context, self.sessions)
+        request = Round2Request.from_fields(_fields(msg))
+        contributors = verify_endorsements(
+            request.round1_sum,
+            request.contributors,
+            request.endorsements,
+            roster,
+            run_id=run_id,
+            round_number=1,
+            min_holders=self.limits(context).min_holders,
+            own_key=own.public_bytes(),
+        )
+        state = HolderState.load(context.state, session)
+        if state.statistics is None:
+            raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
+        state.take("round2")
+        state.save(context.state, session)
+        key = self.secret(context)
+        round1_sum = open_sum(key, request.round1_sum, ROUND1_SIZE, len(contributors))
+        vector = round2_payload(
+            state.statistics, round1_sum, mu0=self.mu0, tolerance=self.tolerance
+        )
+        return _signed_reply(
+            msg,
+            encrypt_vector(key, vector),
+            own,
+            run_id=run_id,
+            round_number=2,
+            reference=contributors_digest(contributors),
+        )
+
+    def commit(self, msg: Message, context: Context) -> Message:
+        """Round-2 holder: check the run's round-1 and round-2 sets (signed digests; this
+        holder's own round-2 ciphertext among them) and sign one commitment to them -- the
+        only one of the run, kept in the node's state and its key journal."""
+        own, roster = self._identity(context)
+        session, run_id = _session(msg, context, self.sessions)
+        request = CommitRequest.from_fields(_fields(msg))
+        limits = self.limits(context)
+        _, round2_keys = verify_round_sets(
+            request.round1, request.round2, roster, run_id=run_id, min_holders=limits.min_holders
+        )
+        if own.public_bytes() not in round2_keys:
+            raise UnverifiedSumError(
+                "this node's own round-2 ciphertext is not in the set it is asked to commit to"
+            )
+        first, second = set_digest(request.round1), set_digest(request.round2)
+        digest = commitment_digest(run_id, first, second)
+        state = HolderState.load(context.state, session)
+        state.check_commitment(digest)
+        journal, path = self._journal(context, limits)
+        journal.commit(run_id, digest)
+        self._save_journal(context, journal, path)  # before the signature leaves the node
+        state.commitment = digest
+        state.save(context.state, session)
+        signature = own.sign(commitment_transcript(run_id, first, second))
+        return _reply(msg, CommitReply(own.public_bytes(), signature).to_fields())
+
+    def round3(self, msg: Message, context: Context) -> Message:
+        """Key holder: verify both signed ciphertext sets and every round-2 holder's
+        commitment to them, recompute both sums, decrypt them and release the aggregate
+        statistics, noise-flooded (plaintext); the release is counted in the key's journal."""
+        _, roster = self._identity(context)
+        session, run_id = _session(msg, context, self.sessions)
+        request = Round3Request.from_fields(_fields(msg))
+        limits = self.limits(context)
+        round1_keys, round2_keys = verify_round_sets(
+            request.round1, request.round2, roster, run_id=run_id, min_holders=limits.min_holders
+        )
+        first, second = set_digest(request.round1), set_digest(request.round2)
+        verify_commitment(
+            request.commitments,
+            round2_keys,
+            roster,
+            run_id=run_id,
+            round1_digest=first,
+            round2_digest=second,
+        )
+        digest = commitment_digest(run_id, first, second)
+        state = HolderState.load(context.state, session)
+        state.check_commitment(digest)
+        state.take("release")
+        journal, path = self._journal(context, limits)
+        journal.check_release(run_id, digest)
+        if journal.release_count >= limits.fef_max_releases_per_key:
+            raise PolicyRefusal(RELEASE_CAP_RULE)
+        state.save(context.state, session)
+        key = self.secret(context)
+        round1_sum = open_sum(
+            key, _sum(key, request.round1, ROUND1_SIZE), ROUND1_SIZE, len(round1_keys)
+        )
+        scaled = open_sum(
+            key,
+            _sum(key, request.round2, ROUND2_SIZE),
+            ROUND2_SIZE,
+            len(round2_keys),
+            max_magnitude=MAX_MAGNITUDE * 2.0**ROUND2_PRECISION_BITS,
+        )
+        round2_sum = flooded_round2_sum(
+            round1_sum,
+            scaled,
+            num_ciphertexts=len(round2_keys),
+            parameters=CkksParameters.from_context(key),
+            key=_flood_key(self.secret_path(context)),
+            message=transcript(FLOOD_LABEL, run_id, first, second),
+        )
+        released = release_vector(_release_reference(round1_sum), round2_sum)
+        reply = ReleaseReply.from_fields({"release": released})  # checks the size
+        journal.record_release(run_id, digest)
+        self._save_journal(context, journal, path)  # counted before the release leaves
+        return _reply(msg, reply.to_fields())
+
+    def handlers(self) -> dict[str, Handler]:
+        """The bound methods by the action to register with ``app.query`` (``fef_round1``
+        only with ``holder_rows``), each wrapped so that what reaches the server is a fixed
+        sentence (:func:`~fedparity.clients.messages.fixed_error_texts`)."""
+        handlers: dict[str, Handler] = {
+            "fef_endorse": self.endorse,
+            "fef_round2": self.round2,
+            "fef_commit": self.commit,
+            "fef_round3": self.round3,
+        }
+        if self.holder_rows is not None:
+            handlers = {"fef_round1": self.round1, **handlers}
+        # what reaches the server is a fixed sentence (the node logs the rest)
+        return {action: fixed_error_texts(handler) for action, handler in handlers.items()}
 
 
 def fedevalfair_handlers(
@@ -302,8 +676,9 @@ def fedevalfair_handlers(
     identity: Callable[[Context], NodeIdentity] | None = None,
     sessions: Collection[str] = ("",),
 ) -> dict[str, Handler]:
-    """The four FedEvalFair handlers, keyed by the action to register with ``app.query``
-    (``fef_round1``, ``fef_endorse``, ``fef_round2``, ``fef_round3``).
+    """The FedEvalFair handlers, keyed by the action to register with ``app.query``
+    (``fef_round1``, ``fef_endorse``, ``fef_round2``, ``fef_commit``, ``fef_round3``): the
+    bound methods of a :class:`FedEvalFairHolder`.
 
     Parameters
     ----------
@@ -324,8 +699,10 @@ def fedevalfair_handlers(
         privacy mechanism: a seed makes the statistics reproducible). Default: OS entropy.
     policy : NodePrivacyPolicy, optional
         The node's privacy policy: a sum of fewer than its ``min-holders`` distinct signed
-        holders is never decrypted. Default: read for each message from the node's own
-        config or environment (:func:`~fedparity.clients.policy.node_policy`).
+        holders is never decrypted, and a key holder releases at most
+        ``fef-max-releases-per-key`` times with one secret key. Default: read for each message
+        from the node's own config or environment
+        (:func:`~fedparity.clients.policy.node_policy`).
     identity : callable, optional
         ``identity(context) -> NodeIdentity``: the holder's identity key and roster. Default
         :func:`fedparity.clients.identity.node_identity` of the node config (keys
@@ -336,190 +713,19 @@ def fedevalfair_handlers(
         steps, and its signatures bind the session
         (:func:`~fedparity.mechanisms.ckks.session_id`), so one test's ciphertexts are never
         accepted in another.
+
+    The key's journal of commitments and releases lives in the node's ledger folder (node
+    config ``ledger-dir``; outside simulation ``~/.fedparity/ledgers`` by default).
     """
-    if isinstance(num_resamples, bool) or not isinstance(num_resamples, int) or num_resamples < 2:
-        raise ValueError(f"num_resamples must be an integer >= 2, got {num_resamples!r}")
-    if isinstance(min_cell_count, bool) or not isinstance(min_cell_count, int):
-        raise ValueError(f"min_cell_count must be an integer >= 0, got {min_cell_count!r}")
-    if min_cell_count < 0:
-        raise ValueError(f"min_cell_count must be an integer >= 0, got {min_cell_count!r}")
-    if not np.isfinite(mu0):
-        raise ValueError(f"mu0 must be a finite number, got {mu0!r}")
-    if tolerance is not None and not (np.isfinite(tolerance) and tolerance > 0):
-        raise ValueError(f"tolerance must be a finite number > 0 or None, got {tolerance!r}")
-
-    if policy is not None and not isinstance(policy, NodePrivacyPolicy):
-        raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
-
-    def min_holders(context: Context) -> int:
-        limits = policy if policy is not None else node_policy(context.node_config)
-        return limits.min_holders
-
-    def secret_path(context: Context) -> str:
-        path = secret_context(context) if callable(secret_context) else secret_context
-        return os.fspath(Path(path))
-
-    def secret(context: Context) -> ts.Context:
-        return load_secret_context_cached(secret_path(context))
-
-    def round1(msg: Message, context: Context) -> Message:
-        """Bootstrap dp/eo on the holder's rows; reply with one signed ciphertext."""
-        holder_identity(context, identity)
-        key = secret(context)
-        assert holder_rows is not None
-        rows = holder_rows(msg.content["arrays"], context)
-        if not isinstance(rows, HolderRows):
-            raise TypeError(f"holder_rows must return HolderRows, got {type(rows).__name__}")
-        try:
-            statistics = rows_statistics(
-                rows.labels,
-                rows.predictions,
-                rows.groups,
-                num_resamples=num_resamples,
-                rng=np.random.default_rng() if bootstrap_rng is None else bootstrap_rng(context),
-                min_cell_count=min_cell_count,
-            )
-        except InsufficientGroupData as error:
-            # The detailed reason holds this node's cell counts: it stays in the node's log.
-            log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-            raise CannotTakePart from None
-        return round1_reply(
-            msg,
-            context,
-            statistics,
-            key,
-            mu0=mu0,
-            tolerance=tolerance,
-            identity=identity,
-            sessions=sessions,
-        )
-
-    def endorse(msg: Message, context: Context) -> Message:
-        """Verifier: recompute the round-1 sum from the signed ciphertexts and endorse it
-        (nothing is decrypted)."""
-        key, roster = holder_identity(context, identity)
-        _, run_id = _session(msg, context, sessions)
-        entries = signed_from_arrays(_arrays(msg.content.array_records[FEF_KEY]))
-        contributors = verify_contributions(
-            entries,
-            roster,
-            run_id=run_id,
-            round_number=1,
-            min_holders=min_holders(context),
-        )
-        ordered = sorted(entries, key=lambda entry: entry.signer)
-        total = sum_ciphertexts(
-            secret(context), [entry.payload for entry in ordered], expected_size=ROUND1_SIZE
-        )
-        signature = key.sign(
-            endorsement_transcript(run_id, 1, hashlib.sha256(total).digest(), contributors)
-        )
-        record = ArrayRecord(
-            {
-                "sum": Array(to_array(total)),
-                "endorsement": Array(to_array(signature)),
-                "endorser": Array(to_array(key.public_bytes())),
-            }
-        )
-        return Message(content=RecordDict({FEF_KEY: record}), reply_to=msg)
-
-    def round2(msg: Message, context: Context) -> Message:
-        """Decrypt the endorsed round-1 sum, add this holder's stage-1 terms; one signed
-        ciphertext back."""
-        own, roster = holder_identity(context, identity)
-        session, run_id = _session(msg, context, sessions)
-        state_key = session_state_key(FEF_STATE_KEY, session)
-        record = msg.content.array_records[FEF_KEY]
-        total = from_array(record["round1-sum"].numpy())
-        endorsers = _keys_or_none(record["endorsers"].numpy())
-        signatures = _keys_or_none(record["endorsements"].numpy(), width=SIGNATURE_BYTES)
-        if len(endorsers) != len(signatures):
-            raise UnverifiedSumError("the numbers of endorsers and endorsements differ")
-        contributors = verify_endorsements(
-            total,
-            unpack_keys(record["contributors"].numpy()),
-            list(zip(endorsers, signatures, strict=True)),
-            roster,
-            run_id=run_id,
-            round_number=1,
-            min_holders=min_holders(context),
-            own_key=own.public_bytes(),
-        )
-        if state_key not in context.state.array_records:
-            raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
-        _take_step(context, "round2", session)
-        key = secret(context)
-        round1_sum = open_sum(key, total, ROUND1_SIZE, len(contributors))
-        statistics = ClientStatistics.from_array(
-            context.state.array_records[state_key]["summaries"].numpy()
-        )
-        vector = round2_payload(statistics, round1_sum, mu0=mu0, tolerance=tolerance)
-        return _signed_reply(
-            msg,
-            encrypt_vector(key, vector),
-            own,
-            run_id=run_id,
-            round_number=2,
-            reference=contributors_digest(contributors),
-        )
-
-    def round3(msg: Message, context: Context) -> Message:
-        """Key holder: verify both signed ciphertext sets, recompute both sums, decrypt them
-        and release the aggregate statistics, noise-flooded (plaintext)."""
-        _, roster = holder_identity(context, identity)
-        arrays = _arrays(msg.content.array_records[FEF_KEY])
-        first = signed_from_arrays(arrays, "round1-")
-        second = signed_from_arrays(arrays, "round2-")
-        minimum = min_holders(context)
-        session, run_id = _session(msg, context, sessions)
-        round1_keys = verify_contributions(
-            first, roster, run_id=run_id, round_number=1, min_holders=minimum
-        )
-        round2_keys = verify_contributions(
-            second,
-            roster,
-            run_id=run_id,
-            round_number=2,
-            reference=contributors_digest(round1_keys),
-            min_holders=minimum,
-        )
-        if not set(round2_keys) <= set(round1_keys):
-            raise UnverifiedSumError("a round-2 contributor did not contribute to round 1")
-        _take_step(context, "release", session)
-        key = secret(context)
-        sums = []
-        for entries, size in ((first, ROUND1_SIZE), (second, ROUND2_SIZE)):
-            ordered = sorted(entries, key=lambda entry: entry.signer)
-            sums.append(sum_ciphertexts(key, [e.payload for e in ordered], expected_size=size))
-        round1_sum = open_sum(key, sums[0], ROUND1_SIZE, len(round1_keys))
-        scaled = open_sum(
-            key,
-            sums[1],
-            ROUND2_SIZE,
-            len(round2_keys),
-            max_magnitude=MAX_MAGNITUDE * 2.0**ROUND2_PRECISION_BITS,
-        )
-        message = transcript(FLOOD_LABEL, run_id, _set_digest(first), _set_digest(second))
-        round2_sum = flooded_round2_sum(
-            round1_sum,
-            scaled,
-            num_ciphertexts=len(round2_keys),
-            parameters=CkksParameters.from_context(key),
-            key=_flood_key(secret_path(context)),
-            message=message,
-        )
-        released = release_vector(_release_reference(round1_sum), round2_sum)
-        if released.size != RELEASE_SIZE:
-            raise ValueError(f"release has {released.size} values, expected {RELEASE_SIZE}")
-        reply = ArrayRecord({"release": Array(released)})
-        return Message(content=RecordDict({FEF_KEY: reply}), reply_to=msg)
-
-    handlers: dict[str, Handler] = {
-        "fef_endorse": endorse,
-        "fef_round2": round2,
-        "fef_round3": round3,
-    }
-    if holder_rows is not None:
-        handlers = {"fef_round1": round1, **handlers}
-    # what reaches the server is a fixed sentence (the node logs the rest)
-    return {action: fixed_error_texts(handler) for action, handler in handlers.items()}
+    return FedEvalFairHolder(
+        holder_rows,
+        secret_context=secret_context,
+        num_resamples=num_resamples,
+        min_cell_count=min_cell_count,
+        mu0=mu0,
+        tolerance=tolerance,
+        bootstrap_rng=bootstrap_rng,
+        policy=policy,
+        identity=identity,
+        sessions=sessions,
+    ).handlers()

@@ -133,8 +133,8 @@ def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth)
 
 
 #: Message exchanges of the encrypted protocol: round 1, the verifiers' endorsement, round 2,
-#: round 3 (the key holders).
-PROTOCOL_EXCHANGES = 4
+#: the round-2 holders' commitment, round 3 (the key holders).
+PROTOCOL_EXCHANGES = 5
 
 
 class FedEvalFairWithProgress(FedEvalFairProtocol):

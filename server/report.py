@@ -593,7 +593,9 @@ def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str 
         "FedEvalFair's releases are not differentially private: every holder encrypts its "
         "statistics under a shared CKKS key, the server only adds ciphertexts, and the key "
         f"holders ({len(outcome['key_holders'])}) decrypt the sums over at least two holders. "
-        "A sum over a set of holders can still be differenced against another run.",
+        "Within the run they release over one set only, the one every round-2 holder "
+        "committed to; a sum over a set of holders can still be differenced against another "
+        "run.",
         Table(
             ["quantity", "value"],
             [

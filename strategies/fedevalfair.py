@@ -12,9 +12,15 @@ is left out, not the whole round) and adds the valid ones. Endorsement: a few ve
 first ``key_holders`` round-1 participants) get the signed ciphertexts, recompute the sum and
 sign it. Round 2: the round-1 participants get the endorsed sum with its contributor list and
 endorsements, check them against their own roster, decrypt it and upload one signed
-ciphertext of their stage-1 terms. Round 3: a few key-holder nodes get both signed ciphertext
-sets, recompute both sums, decrypt, and release the aggregate statistics, noise-flooded; the
-server checks they agree and computes the two stages' p-values (``mechanisms.fairtest``).
+ciphertext of their stage-1 terms. Commitment: every round-2 participant gets the signed
+digests of both sets and signs one commitment to them (once per run); a run whose round-2
+participants do not all commit ends there (result withheld). Round 3: a few key-holder nodes
+get both signed ciphertext sets with the commitments, check that every round-2 participant
+committed to exactly these sets, recompute both sums, decrypt, and release the aggregate
+statistics, noise-flooded; the server checks they agree and computes the two stages' p-values
+(``mechanisms.fairtest``). The commitment keeps a server from having two key holders release
+over two different round-2 sets of one run and differencing them
+(:mod:`fedparity.mechanisms.ckks.signing`).
 Nothing the server asserts (a count, a sum) is believed by a node: see
 :mod:`fedparity.mechanisms.ckks.signing` and docs/threat-model.md.
 
@@ -50,14 +56,13 @@ from ..mechanisms.ckks import (
     SignedCiphertext,
     add_ciphertexts,
     ciphertext_transcript,
+    commitment_transcript,
     context_has_secret_key,
     contributors_digest,
     endorsement_transcript,
     from_array,
-    pack_keys,
     session_id,
-    signed_arrays,
-    to_array,
+    set_digest,
 )
 from ..mechanisms.fairtest import FairnessReport, report_from_sums
 from ..mechanisms.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, verify_signature
@@ -72,6 +77,14 @@ from ..mechanisms.protocol import (
     ROUND1_SIZE,
     ROUND2_SIZE,
     UNABLE_MARKER,
+)
+from ..mechanisms.protocol.fedevalfair import (
+    FEF_COMMIT_MESSAGE_TYPE,
+    CommitReply,
+    CommitRequest,
+    EndorseRequest,
+    Round2Request,
+    Round3Request,
 )
 from .replies import RejectedReply, send_and_receive, session_records, short_reason
 
@@ -116,6 +129,8 @@ class FedEvalFairOutcome:
     #: Nodes asked to endorse the round-1 sum, and those whose endorsement went to round 2.
     verifiers: tuple[int, ...] = field(default=())
     endorsers: tuple[int, ...] = field(default=())
+    #: Round-2 participants whose commitment to the run's two sets went to round 3.
+    committers: tuple[int, ...] = field(default=())
 
     def block(self, metric: str, mode: str) -> BlockResult:
         return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
@@ -140,6 +155,7 @@ class FedEvalFairOutcome:
             "key_holders": list(self.key_holders),
             "verifiers": list(self.verifiers),
             "endorsers": list(self.endorsers),
+            "committers": list(self.committers),
             "uploaded_bytes_per_round": [
                 {str(node): size for node, size in sizes.items()} for sizes in self.uploaded_bytes
             ],
@@ -370,7 +386,7 @@ class FedEvalFairProtocol:
     @staticmethod
     def endorse_content(entries: Sequence[SignedCiphertext]) -> RecordDict:
         """Endorsement: the signed round-1 ciphertexts, for a verifier to recompute the sum."""
-        return RecordDict({FEF_KEY: _record(signed_arrays(entries))})
+        return RecordDict({FEF_KEY: _record(EndorseRequest(tuple(entries)).to_fields())})
 
     def collect_endorsements(
         self,
@@ -426,26 +442,74 @@ class FedEvalFairProtocol:
     ) -> RecordDict:
         """Round 2: the endorsed round-1 sum, its sorted contributor keys and the
         ``(endorser, signature)`` endorsements (the count is the contributors' number)."""
-        return RecordDict(
-            {
-                FEF_KEY: _record(
-                    {
-                        "round1-sum": to_array(round1_sum),
-                        "contributors": _bytes_array(pack_keys(sorted(contributors))),
-                        "endorsers": _bytes_array(pack_keys([e for e, _ in endorsements])),
-                        "endorsements": _bytes_array(pack_keys([s for _, s in endorsements])),
-                    }
-                )
-            }
+        request = Round2Request(
+            bytes(round1_sum),
+            tuple(sorted(bytes(key) for key in contributors)),
+            tuple((bytes(e), bytes(s)) for e, s in endorsements),
         )
+        return RecordDict({FEF_KEY: _record(request.to_fields())})
+
+    @staticmethod
+    def commit_content(
+        round1: Sequence[SignedCiphertext], round2: Sequence[SignedCiphertext]
+    ) -> RecordDict:
+        """Commitment (every round-2 participant): the signed digests of both sets."""
+        return RecordDict({FEF_KEY: _record(CommitRequest.of(round1, round2).to_fields())})
+
+    def collect_commitments(
+        self,
+        replies: Iterable[Message],
+        round1: Sequence[SignedCiphertext],
+        round2: Sequence[SignedCiphertext],
+        senders: Sequence[int],
+        *,
+        run_id: int,
+    ) -> tuple[list[tuple[int, bytes, bytes]], list[RejectedReply]]:
+        """The valid commitments to ``round1`` and ``round2`` as (node, signer, signature),
+        in the order of ``senders`` (the round-2 participants, aligned with ``round2``): a
+        reply counts only when its signer is the key the node signed its round-2 ciphertext
+        with and the signature verifies for this run and these sets (the key holders check
+        it again against their rosters)."""
+        expected = {node: entry.signer for node, entry in zip(senders, round2, strict=True)}
+        message = commitment_transcript(run_id, set_digest(round1), set_digest(round2))
+        found: dict[int, tuple[bytes, bytes]] = {}
+        rejected: list[RejectedReply] = []
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            if node not in expected or node in found:
+                rejected.append(RejectedReply(node, "duplicate or unsolicited commitment"))
+                continue
+            if reply.has_error():
+                rejected.append(RejectedReply(node, short_reason(reply.error.reason)))
+                continue
+            record = reply.content.array_records.get(FEF_KEY)
+            try:
+                commitment = CommitReply.from_fields(
+                    {name: array.numpy() for name, array in record.items()}  # type: ignore[union-attr]
+                )
+            except Exception as error:  # noqa: BLE001 - any malformed reply is rejected
+                rejected.append(RejectedReply(node, f"malformed commitment: {error!r}"))
+                continue
+            if commitment.signer != expected[node] or not verify_signature(
+                commitment.signer, commitment.signature, message
+            ):
+                rejected.append(RejectedReply(node, "commitment does not verify"))
+                continue
+            found[node] = (commitment.signer, commitment.signature)
+        return [(node, *found[node]) for node in senders if node in found], rejected
 
     @staticmethod
     def round3_content(
-        round1: Sequence[SignedCiphertext], round2: Sequence[SignedCiphertext]
+        round1: Sequence[SignedCiphertext],
+        round2: Sequence[SignedCiphertext],
+        commitments: Sequence[tuple[bytes, bytes]] = (),
     ) -> RecordDict:
-        """Round 3 (key holders): both signed ciphertext sets (they recompute the sums)."""
-        arrays = {**signed_arrays(round1, "round1-"), **signed_arrays(round2, "round2-")}
-        return RecordDict({FEF_KEY: _record(arrays)})
+        """Round 3 (key holders): both signed ciphertext sets (they recompute the sums) and
+        the round-2 participants' ``(signer, signature)`` commitments to them."""
+        request = Round3Request(
+            tuple(round1), tuple(round2), tuple((bytes(k), bytes(s)) for k, s in commitments)
+        )
+        return RecordDict({FEF_KEY: _record(request.to_fields())})
 
     def reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
         """The (metric, mode) tests from a key holder's release."""
@@ -487,6 +551,7 @@ class FedEvalFairProtocol:
         ciphertexts_all: list[int] = []
         verifiers: list[int] = []
         endorsers: list[int] = []
+        committers: list[int] = []
 
         def corrupt_error(
             round_number: int, reports: list[RejectedReply], senders: Sequence[int]
@@ -522,6 +587,7 @@ class FedEvalFairProtocol:
                 corrupt_sum_reports=tuple(corrupt_all),
                 verifiers=tuple(verifiers),
                 endorsers=tuple(endorsers),
+                committers=tuple(committers),
             )
 
         # Round 1
@@ -586,10 +652,30 @@ class FedEvalFairProtocol:
                 f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}", unable
             )
 
+        # Commitment of every round-2 participant to the two sets
+        log(logging.INFO, "[FedEvalFair commitment] %d node(s)", len(round2))
+        content = self.commit_content(first.entries, second.entries)
+        replies = self._send(grid, FEF_COMMIT_MESSAGE_TYPE, round2, content)
+        commitments, rejected = self.collect_commitments(
+            replies, first.entries, second.entries, round2, run_id=run_id
+        )
+        rejected_all += [(2, item) for item in rejected]
+        committers.extend(node for node, _, _ in commitments)
+        if len(commitments) != len(round2):
+            missing = sorted(set(round2) - set(committers))
+            return finish(
+                f"commitment: round-2 node(s) {missing} did not commit to the round-1 and "
+                "round-2 sets; a key holder releases only sets every round-2 node committed "
+                "to; result withheld",
+                unable,
+            )
+
         # Round 3
         holders = sorted(round2)[: self.key_holders]
         log(logging.INFO, "[FedEvalFair round 3/3] key holder(s) %s", holders)
-        content = self.round3_content(first.entries, second.entries)
+        content = self.round3_content(
+            first.entries, second.entries, [(signer, sig) for _, signer, sig in commitments]
+        )
         replies = self._send(grid, FEF_ROUND_MESSAGE_TYPES[2], holders, content)
         releases, rejected = self.collect_releases(replies, holders)
         corrupt = [item for item in rejected if CORRUPT_SUM_MARKER in item.reason]
@@ -642,10 +728,6 @@ def _raw(record: ArrayRecord, name: str, size: int) -> bytes | None:
     if array.dtype != np.uint8 or array.shape != (size,):
         return None
     return array.tobytes()
-
-
-def _bytes_array(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype=np.uint8).copy()
 
 
 def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

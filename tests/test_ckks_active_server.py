@@ -7,6 +7,11 @@ protocol took -- a holder decrypted whatever "sum" it was sent and checked its c
 against the count the server claimed (``open_sum`` with the server's count) -- and then
 refused by today's handlers, which decrypt only sums they recompute (or that a roster member
 endorsed) from ciphertexts each signed by a distinct roster member for this run and round.
+
+Differencing within one run (security review 2026-11-26, M1): every holder has the key, so a
+server asked two key holders to release over two round-2 sets of one run and subtracted the
+releases. Today every round-2 holder commits once per run to one pair of sets and a key holder
+releases only a pair every round-2 holder committed to; releases are counted per secret key.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients import HolderRows, fedevalfair_handlers
 from fedparity.clients.fedevalfair import ClientStatistics, open_sum, round1_vector
-from fedparity.clients.fedevalfair_handlers import FEF_STATE_KEY
+from fedparity.clients.fedevalfair_handlers import (
+    FEF_STATE_KEY,
+    JOURNAL_UNUSABLE_REPLY,
+    RELEASE_CAP_RULE,
+)
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.messages import NodeRefusal, session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms.ckks import (
+    CommitmentConflict,
     KeyPaths,
     SignedCiphertext,
     UnverifiedSumError,
@@ -33,7 +43,10 @@ from fedparity.mechanisms.ckks import (
     contributors_digest,
     encrypt_vector,
     endorsement_transcript,
+    flood_key,
     generate_keys,
+    journal_file_name,
+    key_fingerprint,
     load_public_context,
     load_secret_context,
 )
@@ -47,6 +60,7 @@ from fedparity.mechanisms.protocol import (
     ROUND1_SIZE,
     ROUND2_SIZE,
 )
+from fedparity.mechanisms.protocol.fedevalfair import FEF_COMMIT_MESSAGE_TYPE
 from fedparity.strategies.fedevalfair import FedEvalFairProtocol
 from fedparity.strategies.replies import session_records
 
@@ -62,14 +76,19 @@ class Federation:
     identities: dict[str, IdentityKey]
     roster: Roster
 
-    def handlers(self, name: str, sessions: tuple[str, ...] = ("",)) -> dict:
+    def handlers(
+        self,
+        name: str,
+        sessions: tuple[str, ...] = ("",),
+        policy: NodePrivacyPolicy | None = None,
+    ) -> dict:
         identity = NodeIdentity(self.identities[name], self.roster)
         return fedevalfair_handlers(
             rows_of,
             secret_context=self.keys.secret,
             num_resamples=30,
             bootstrap_rng=lambda context: np.random.default_rng(context.node_id),
-            policy=NodePrivacyPolicy(),  # min-holders 2
+            policy=policy or NodePrivacyPolicy(),  # min-holders 2
             identity=lambda context: identity,
             sessions=sessions,
         )
@@ -94,11 +113,14 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Federation:
     )
 
 
-def context(name: str, run_id: int = RUN_ID) -> Context:
+def context(name: str, run_id: int = RUN_ID, ledgers: Path | None = None) -> Context:
+    """Holder ``name``'s context in run ``run_id``; with ``ledgers``, its ledger folder (and
+    key journal) is ``ledgers / name``, else the default one in the test session's home."""
+    node_config = {} if ledgers is None else {"ledger-dir": str(ledgers / name)}
     return Context(
         run_id=run_id,
         node_id=NAMES.index(name) + 1,
-        node_config={},
+        node_config=node_config,
         state=RecordDict(),
         run_config={},
     )
@@ -111,6 +133,7 @@ def send(  # noqa: ANN201
     action: str,
     content: RecordDict,
     session: str | None = None,
+    policy: NodePrivacyPolicy | None = None,
 ):
     """Deliver ``content`` to holder ``name``; with ``session``, as the pipeline's nodes (whose
     run defines the sessions "fpfl" and "pfl") and labelled with it."""
@@ -122,10 +145,11 @@ def send(  # noqa: ANN201
         "fef_round1": FEF_ROUND_MESSAGE_TYPES[0],
         "fef_endorse": FEF_ENDORSE_MESSAGE_TYPE,
         "fef_round2": FEF_ROUND_MESSAGE_TYPES[1],
+        "fef_commit": FEF_COMMIT_MESSAGE_TYPE,
         "fef_round3": FEF_ROUND_MESSAGE_TYPES[2],
     }[action]
     message = Message(content=content, dst_node_id=node.node_id, message_type=message_type)
-    return federation.handlers(name, sessions)[action](message, node)
+    return federation.handlers(name, sessions, policy)[action](message, node)
 
 
 def signed(reply: Message) -> SignedCiphertext:
@@ -159,9 +183,11 @@ def round1(
     *,
     session: str | None = None,
     contexts: dict[str, Context] | None = None,
+    ledgers: Path | None = None,
 ) -> Round1:
     protocol = FedEvalFairProtocol(load_public_context(federation.keys.public))
-    contexts = contexts if contexts is not None else {name: context(name, run_id) for name in NAMES}
+    if contexts is None:
+        contexts = {name: context(name, run_id, ledgers) for name in NAMES}
     content = protocol.round1_content(ArrayRecord())
     entries = {
         name: signed(send(federation, name, contexts[name], "fef_round1", content, session))
@@ -332,8 +358,72 @@ def test_a_duplicated_holder_is_refused(federation: Federation) -> None:
 # --- what an honest run still does -------------------------------------------------------------
 
 
-def test_the_honest_exchange_completes_and_a_node_releases_once(federation: Federation) -> None:
-    first = round1(federation)
+def through_round2(
+    federation: Federation, run_id: int = RUN_ID, *, ledgers: Path | None = None
+) -> tuple[Round1, dict[str, SignedCiphertext]]:
+    """An honest run up to round 2: every holder's round-1 ciphertext, C's endorsement of
+    their sum, every holder's round-2 ciphertext."""
+    first = round1(federation, run_id, ledgers=ledgers)
+    entries = list(first.entries.values())
+    reply = send(
+        federation, "c", first.contexts["c"], "fef_endorse", first.protocol.endorse_content(entries)
+    )
+    record = reply.content.array_records[FEF_KEY]
+    total = record["sum"].numpy().tobytes()
+    endorsement = (record["endorser"].numpy().tobytes(), record["endorsement"].numpy().tobytes())
+    content = first.protocol.round2_content(
+        total, [entry.signer for entry in entries], [endorsement]
+    )
+    second = {
+        name: signed(send(federation, name, first.contexts[name], "fef_round2", content))
+        for name in NAMES
+    }
+    return first, second
+
+
+def commit(
+    federation: Federation,
+    first: Round1,
+    round2: dict[str, SignedCiphertext],
+    signers: tuple[str, ...] | None = None,
+    contexts: dict[str, Context] | None = None,
+) -> list[tuple[bytes, bytes]]:
+    """Ask the holders of ``round2`` (or ``signers``) to commit to round 1 and ``round2``;
+    their ``(signer, signature)`` commitments."""
+    content = first.protocol.commit_content(list(first.entries.values()), list(round2.values()))
+    contexts = contexts or first.contexts
+    commitments = []
+    for name in signers or tuple(round2):
+        record = send(federation, name, contexts[name], "fef_commit", content).content
+        commitments.append(
+            (
+                record.array_records[FEF_KEY]["signer"].numpy().tobytes(),
+                record.array_records[FEF_KEY]["commitment"].numpy().tobytes(),
+            )
+        )
+    return commitments
+
+
+def release(
+    federation: Federation,
+    first: Round1,
+    name: str,
+    round2: dict[str, SignedCiphertext],
+    commitments: list[tuple[bytes, bytes]],
+    policy: NodePrivacyPolicy | None = None,
+) -> np.ndarray:
+    """Key holder ``name``'s release over round 1 and ``round2`` with ``commitments``."""
+    content = first.protocol.round3_content(
+        list(first.entries.values()), list(round2.values()), commitments
+    )
+    reply = send(federation, name, first.contexts[name], "fef_round3", content, policy=policy)
+    return reply.content.array_records[FEF_KEY]["release"].numpy()
+
+
+def test_the_honest_exchange_completes_and_a_node_releases_once(
+    federation: Federation, tmp_path: Path
+) -> None:
+    first = round1(federation, ledgers=tmp_path)
     entries = list(first.entries.values())
     reply = send(
         federation, "c", first.contexts["c"], "fef_endorse", first.protocol.endorse_content(entries)
@@ -350,23 +440,161 @@ def test_the_honest_exchange_completes_and_a_node_releases_once(federation: Fede
     # A holder answers round 2 once per run, and only with its own ciphertext in the sum.
     with pytest.raises(PolicyRefusal, match="one ciphertext per round"):
         send(federation, "a", first.contexts["a"], "fef_round2", content)
-    content3 = first.protocol.round3_content(entries, list(second.values()))
-    release = send(federation, "b", first.contexts["b"], "fef_round3", content3)
-    released = release.content.array_records[FEF_KEY]["release"].numpy()
+    commitments = commit(federation, first, second)
+    assert commit(federation, first, second, ("a",)) == commitments[:1]  # the same, again
+    released = release(federation, first, "b", second, commitments)
     assert released.shape == (RELEASE_SIZE,)
     # The other key holder releases the very same (keyed) noisy values; nobody releases twice.
-    again = send(federation, "c", first.contexts["c"], "fef_round3", content3)
-    np.testing.assert_array_equal(again.content.array_records[FEF_KEY]["release"].numpy(), released)
+    again = release(federation, first, "c", second, commitments)
+    np.testing.assert_array_equal(again, released)
     with pytest.raises(PolicyRefusal, match="releases at most once per run"):
-        send(federation, "b", first.contexts["b"], "fef_round3", content3)
+        release(federation, first, "b", second, commitments)
     # The endorsement is bound to the contributors: naming only two of them breaks it.
     forged = first.protocol.round2_content(total, contributors[:2], [endorsement])
-    fresh = round1(federation)
+    fresh = round1(federation, ledgers=tmp_path / "fresh")
     with pytest.raises(UnverifiedSumError):
         send(federation, "a", fresh.contexts["a"], "fef_round2", forged)
     assert endorsement_transcript(RUN_ID, 1, hashlib.sha256(total).digest(), contributors)
     assert contributors_digest(contributors) == contributors_digest(reversed(contributors))
     assert ROUND2_SIZE > ROUND1_SIZE
+
+
+# --- one committed set per run (review M1) ------------------------------------------------------
+
+
+def test_two_key_holders_cannot_release_over_two_round2_sets_of_one_run(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """The review's demo: A releases over the round-2 set {A, B, C}, B over {A, B} of the same
+    run, and A's release minus B's is C's block. On the previous main (each holder released
+    once per run, over any round-2 subset of at least min-holders) both releases were made and
+    the difference gave C's round-1 contribution to the flooding noise (review: sum w =
+    400.9647, sum w Ybar = -40.0965 against C's true 400.9647, -40.0965). Now B needs every
+    round-2 holder's commitment to {A, B}; A and B committed to {A, B, C} and refuse another
+    pair of sets, also after a restart (their key journals), so B cannot release."""
+    first, second = through_round2(federation, ledgers=tmp_path)
+    commitments = commit(federation, first, second)
+    full = release(federation, first, "a", second, commitments)
+    assert np.isfinite(full[1])
+    subset = {name: second[name] for name in ("a", "b")}
+    # without commitments, with the full set's, with a subset of the full set's: refused
+    for offered in ([], commitments, commitments[:2]):
+        with pytest.raises(UnverifiedSumError):
+            release(federation, first, "b", subset, offered)
+    # the holders of {A, B} refuse to commit to it: they committed to {A, B, C} in this run
+    for name in ("a", "b"):
+        with pytest.raises(CommitmentConflict, match="another round-1 and round-2 set"):
+            commit(federation, first, subset, (name,))
+    # ... and so after a restart (run state lost): their key journals remember the commitment
+    restarted = {name: context(name, ledgers=tmp_path) for name in NAMES}
+    with pytest.raises(CommitmentConflict, match="another round-1 and round-2 set"):
+        commit(federation, first, subset, ("b",), restarted)
+    # A releases once per run, also after a restart (the journal counts it)
+    first.contexts["a"] = restarted["a"]
+    with pytest.raises(CommitmentConflict, match="already released this run"):
+        release(federation, first, "a", second, commitments)
+    # C, the target, gives nothing either: it is not in {A, B}
+    with pytest.raises(UnverifiedSumError, match="own round-2 ciphertext is not in the set"):
+        commit(federation, first, subset, ("c",))
+
+
+def test_whichever_round2_set_is_committed_first_the_other_is_refused(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """The same attack in the other order: the server first has A and B commit to {A, B} and
+    B release it, then asks for {A, B, C}. On the previous main A released {A, B, C}; now A
+    and B refuse the second set, so no release of {A, B, C} can carry their commitments."""
+    first, second = through_round2(federation, ledgers=tmp_path)
+    subset = {name: second[name] for name in ("a", "b")}
+    commitments = commit(federation, first, subset)
+    release(federation, first, "b", subset, commitments)
+    for name in ("a", "b"):
+        with pytest.raises(CommitmentConflict):
+            commit(federation, first, second, (name,))
+    only_c = commit(federation, first, second, ("c",))
+    with pytest.raises(UnverifiedSumError, match="not signed by every round-2 holder"):
+        release(federation, first, "a", second, only_c)
+    with pytest.raises(UnverifiedSumError, match="does not verify for this run and these sets"):
+        release(federation, first, "a", second, [*commitments, *only_c])
+
+
+def test_a_release_needs_every_round2_holders_commitment(
+    federation: Federation, tmp_path: Path
+) -> None:
+    first, second = through_round2(federation, ledgers=tmp_path)
+    commitments = commit(federation, first, second)
+    with pytest.raises(UnverifiedSumError, match="not signed by every round-2 holder"):
+        release(federation, first, "a", second, commitments[:2])
+    intruder = IdentityKey.generate()
+    stranger = (intruder.public_bytes(), commitments[0][1])
+    with pytest.raises(UnverifiedSumError, match="distinct roster members"):
+        release(federation, first, "a", second, [*commitments, stranger])
+    with pytest.raises(UnverifiedSumError, match="distinct roster members"):
+        release(federation, first, "a", second, [*commitments, commitments[0]])
+    # a commitment signed for another run does not verify in this one
+    other, other_second = through_round2(federation, RUN_ID + 50, ledgers=tmp_path / "other")
+    elsewhere = commit(federation, other, other_second)
+    with pytest.raises(UnverifiedSumError, match="does not verify for this run and these sets"):
+        release(federation, first, "a", second, elsewhere)
+    assert release(federation, first, "a", second, commitments).shape == (RELEASE_SIZE,)
+
+
+# --- releases counted per key ---------------------------------------------------------------------
+
+
+def journal_path(federation: Federation, ledgers: Path, name: str) -> Path:
+    fingerprint = key_fingerprint(flood_key(load_secret_context(federation.keys.secret)))
+    return ledgers / name / journal_file_name(fingerprint)
+
+
+def test_releases_are_counted_per_key_and_refused_past_the_policy_cap(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """A key holder with fef-max-releases-per-key = 2, asked to release in three runs (each a
+    new run state, as after a restart). On the previous main it released in every run (only
+    once per run was counted, in the run's state); now the count is kept per secret key in its
+    journal and the third release is refused with a fixed sentence naming the policy key."""
+    policy = NodePrivacyPolicy(fef_max_releases_per_key=2)
+    for run in range(2):
+        first, second = through_round2(federation, 100 + run, ledgers=tmp_path)
+        release(federation, first, "a", second, commit(federation, first, second), policy)
+    path = journal_path(federation, tmp_path, "a")
+    assert '"releases": 2' in path.read_text()
+    first, second = through_round2(federation, 102, ledgers=tmp_path)
+    commitments = commit(federation, first, second)
+    with pytest.raises(PolicyRefusal) as refusal:
+        release(federation, first, "a", second, commitments, policy)
+    assert refusal.value.rule == RELEASE_CAP_RULE
+    assert "fef-max-releases-per-key" in str(refusal.value)
+    assert '"releases": 2' in path.read_text()  # a refusal is not counted
+    # another holder of the same key counts its own releases: B is at 0
+    release(federation, first, "b", second, commitments, policy)
+
+
+def test_a_lost_or_damaged_key_journal_stops_commitments_and_releases(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """A journal deleted after its first save does not start again at zero: its ``.created``
+    marker says it existed, and the holder refuses to commit or release until it is restored
+    (the detail, naming the files, stays in the node's log)."""
+    first, second = through_round2(federation, 200, ledgers=tmp_path)
+    release(federation, first, "a", second, commit(federation, first, second))
+    first, second = through_round2(federation, 201, ledgers=tmp_path)
+    commitments = commit(federation, first, second)
+    path = journal_path(federation, tmp_path, "a")
+    saved = path.read_bytes()
+    path.unlink()
+    with pytest.raises(NodeRefusal) as refused:
+        release(federation, first, "a", second, commitments)
+    assert str(refused.value) == JOURNAL_UNUSABLE_REPLY
+    with pytest.raises(NodeRefusal, match="journal"):
+        commit(federation, first, second, ("a",))
+    path.write_bytes(b"{not json")
+    with pytest.raises(NodeRefusal, match="journal"):
+        release(federation, first, "a", second, commitments)
+    path.write_bytes(saved)  # the operator restores it
+    assert release(federation, first, "a", second, commitments).shape == (RELEASE_SIZE,)
+    assert '"releases": 2' in path.read_text()
 
 
 def test_a_holder_without_identity_refuses_with_a_fixed_sentence(

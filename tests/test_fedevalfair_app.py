@@ -271,8 +271,9 @@ def test_flwr_run_on_adult_doctorate_split(
     )
     assert dp["report"]["k"] == 2 and dp["report"]["homogeneity"]["dof"] == 1
     assert "stage1 stat" in run.output and "contributed to stage 1" in run.output
-    # progress with rate and time left: the FedAvg rounds and the protocol's four exchanges
-    assert "fedevalfair protocol: 4/4 exchanges (100 %)" in run.output
+    # progress with rate and time left: the FedAvg rounds and the protocol's five exchanges
+    # (round 1, endorsement, round 2, commitment, round 3)
+    assert "fedevalfair protocol: 5/5 exchanges (100 %)" in run.output
     assert "fedevalfair training: " in run.output
     # report.html and the log: one verdict per metric and test, equal to results.json's; the
     # paper mode's rows say they are not evidence, and a warning says why.

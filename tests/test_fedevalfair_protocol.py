@@ -8,9 +8,10 @@ version).
 
 What is checked: a node's round-1/2 replies carry one uint8 ciphertext with its signature
 and signer and nothing else; the server's context has no secret key and cannot decrypt; the
-rounds (with the endorsement between rounds 1 and 2) give the same p-values as the plaintext
-computation (1e-5, with the key holders' flooding noise); bad ciphertexts are rejected, not
-fatal. The attacks of an active server are in tests/test_ckks_active_server.py.
+rounds (with the endorsement between rounds 1 and 2 and every round-2 holder's commitment to
+the two sets before round 3) give the same p-values as the plaintext computation (1e-5, with
+the key holders' flooding noise); bad ciphertexts are rejected, not fatal. The attacks of an
+active server are in tests/test_ckks_active_server.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients.app import (
+    fef_commit,
     fef_endorse,
     fef_round1,
     fef_round2,
@@ -58,6 +60,7 @@ from fedparity.mechanisms.protocol import (
     ROUND1_SIZE,
     ROUND2_SIZE,
 )
+from fedparity.mechanisms.protocol.fedevalfair import FEF_COMMIT_MESSAGE_TYPE
 from fedparity.server.cli.identity import write_node_identities
 from fedparity.strategies.fedevalfair import FedEvalFairProtocol
 
@@ -82,7 +85,10 @@ def identities(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_node_identities(tmp_path_factory.mktemp("identity"), NUM_HOLDERS)
 
 
-def holder_context(partition_id: int, keys: KeyPaths, identities: Path) -> Context:
+def holder_context(
+    partition_id: int, keys: KeyPaths, identities: Path, ledgers: Path | None = None
+) -> Context:
+    ledger = {} if ledgers is None else {"ledger-dir": str(ledgers / f"node-{partition_id}")}
     return Context(
         run_id=RUN_ID,
         node_id=100 + partition_id,
@@ -92,18 +98,20 @@ def holder_context(partition_id: int, keys: KeyPaths, identities: Path) -> Conte
             NODE_CONFIG_KEY: str(keys.secret),
             "identity-key": str(identities / f"node-{partition_id}.key"),
             "roster": str(identities / "roster.toml"),
+            **ledger,
         },
         state=RecordDict(),
         run_config=dict(RUN_CONFIG),
     )
 
 
-def request(node_id: int, round_index: int, content: RecordDict) -> Message:
-    message_type = (
-        FEF_ENDORSE_MESSAGE_TYPE
-        if round_index == "endorse"
-        else FEF_ROUND_MESSAGE_TYPES[round_index]  # type: ignore[index]
-    )
+def request(node_id: int, round_index: int | str, content: RecordDict) -> Message:
+    if round_index == "endorse":
+        message_type = FEF_ENDORSE_MESSAGE_TYPE
+    elif round_index == "commit":
+        message_type = FEF_COMMIT_MESSAGE_TYPE
+    else:
+        message_type = FEF_ROUND_MESSAGE_TYPES[round_index]  # type: ignore[index]
     return Message(content=content, dst_node_id=node_id, message_type=message_type)
 
 
@@ -164,11 +172,13 @@ def test_server_context_holds_no_secret_key(keys: KeyPaths) -> None:
         FedEvalFairProtocol(load_secret_context(keys.secret))
 
 
-def test_three_rounds_match_the_plaintext_test(keys: KeyPaths, identities: Path) -> None:
+def test_three_rounds_match_the_plaintext_test(
+    keys: KeyPaths, identities: Path, tmp_path: Path
+) -> None:
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
     protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    contexts = [holder_context(p, keys, identities) for p in range(NUM_HOLDERS)]
+    contexts = [holder_context(p, keys, identities, tmp_path) for p in range(NUM_HOLDERS)]
     nodes = [c.node_id for c in contexts]
 
     # Round 1: one signed ciphertext per node and nothing else.
@@ -200,9 +210,22 @@ def test_three_rounds_match_the_plaintext_test(keys: KeyPaths, identities: Path)
     )
     assert list(second.accepted) == nodes and not second.rejected
 
+    # Commitment: every round-2 holder signs one commitment to the two sets, nothing else.
+    content = protocol.commit_content(first.entries, second.entries)
+    replies = [fef_commit(request(c.node_id, "commit", content), c, config) for c in contexts]
+    for reply in replies:
+        assert list(reply.content.array_records[FEF_KEY]) == ["commitment", "signer"]
+        assert not reply.content.metric_records and not reply.content.config_records
+    commitments, rejected = protocol.collect_commitments(
+        replies, first.entries, second.entries, nodes, run_id=RUN_ID
+    )
+    assert [node for node, _, _ in commitments] == nodes and not rejected
+
     # Round 3: two key holders release the same (noise-flooded) aggregates.
     holders = contexts[:2]
-    content = protocol.round3_content(first.entries, second.entries)
+    content = protocol.round3_content(
+        first.entries, second.entries, [(signer, sig) for _, signer, sig in commitments]
+    )
     replies = [fef_round3(request(c.node_id, 2, content), c, config) for c in holders]
     releases, rejected = protocol.collect_releases(replies, [c.node_id for c in holders])
     assert len(releases) == 2 and not rejected
