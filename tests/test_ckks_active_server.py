@@ -673,3 +673,80 @@ def test_each_pipeline_test_is_one_step_per_round_and_no_other_session_is_taken(
     labelled = RecordDict({**content, **session_records("fpfl")})
     with pytest.raises(NodeRefusal, match="does not define the message's session"):
         send(federation, "b", context("b"), "fef_round1", labelled)
+
+
+# --- the server's protocol over the real holders (an in-process grid) ---------------------------
+
+
+class HoldersGrid:
+    """A Flower grid whose nodes 1, 2, 3 are holders A, B, C in this process: each pushed
+    message is handled at once by the holder's real handler (a refusal becomes an error reply,
+    as Flower sends it); ``drop(action, name)`` loses that reply."""
+
+    def __init__(self, federation: Federation, ledgers: Path, drop=None) -> None:  # noqa: ANN001
+        from types import SimpleNamespace
+
+        self.federation, self.drop = federation, drop
+        self.contexts = {name: context(name, ledgers=ledgers) for name in NAMES}
+        self.run = SimpleNamespace(run_id=RUN_ID)
+        self.sent: list[tuple[str, str]] = []
+        self.replies: dict[str, Message] = {}
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        from flwr.app import Error
+
+        ids = []
+        for message in messages:
+            message_id = f"{len(self.sent)}"
+            message.metadata.__dict__["_message_id"] = message_id
+            name = NAMES[int(message.metadata.dst_node_id) - 1]
+            action = message.metadata.message_type.removeprefix("query.")
+            self.sent.append((action, name))
+            handler = self.federation.handlers(name)[action]
+            try:
+                reply = handler(message, self.contexts[name])
+            except Exception as refusal:  # noqa: BLE001 - Flower sends any error back
+                reply = Message(Error(code=0, reason=str(refusal)), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+            if self.drop is None or not self.drop(action, name):
+                self.replies[message_id] = reply
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: set[str]) -> list[Message]:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def test_the_servers_protocol_asks_every_round2_holder_to_commit(
+    federation: Federation, tmp_path: Path
+) -> None:
+    grid = HoldersGrid(federation, tmp_path)
+    protocol = FedEvalFairProtocol(load_public_context(federation.keys.public), timeout=2.0)
+    outcome = protocol.start(grid, ArrayRecord(), [1, 2, 3])  # type: ignore[arg-type]
+    assert outcome.error is None and not outcome.rejected, outcome
+    assert sorted(outcome.committers) == [1, 2, 3] and outcome.key_holders == (1, 2)
+    assert len(outcome.released) == RELEASE_SIZE
+    assert [action for action, _ in grid.sent] == [
+        *["fef_round1"] * 3,
+        *["fef_endorse"] * 2,
+        *["fef_round2"] * 3,
+        *["fef_commit"] * 3,
+        *["fef_round3"] * 2,
+    ]
+
+
+def test_a_round2_holder_lost_before_its_commitment_ends_the_run(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """C's commitment never arrives: no key holder could release a set without it, so the
+    server withholds the result instead of asking for round 3 (the price of the commitment:
+    before it, a holder lost after round 2 changed nothing)."""
+    grid = HoldersGrid(
+        federation, tmp_path, drop=lambda action, name: (action, name) == ("fef_commit", "c")
+    )
+    protocol = FedEvalFairProtocol(load_public_context(federation.keys.public), timeout=0.5)
+    outcome = protocol.start(grid, ArrayRecord(), [1, 2, 3])  # type: ignore[arg-type]
+    assert "round-2 node(s) [3] did not commit" in outcome.error  # type: ignore[operator]
+    assert "result withheld" in outcome.error  # type: ignore[operator]
+    assert sorted(outcome.committers) == [1, 2] and outcome.released == () and not outcome.blocks
+    assert "fef_round3" not in {action for action, _ in grid.sent}
