@@ -526,6 +526,7 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
 fpfl_setup = _fpfl_handler("fpfl_setup")
 fpfl_keys = _fpfl_handler("fpfl_keys")
 fpfl_round = _fpfl_handler("fpfl_round")
+fpfl_confirm = _fpfl_handler("fpfl_confirm")
 fpfl_reveal = _fpfl_handler("fpfl_reveal")
 
 
@@ -544,6 +545,7 @@ HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
     "query.fpfl_setup": fpfl_setup,
     "query.fpfl_keys": fpfl_keys,
     "query.fpfl_round": fpfl_round,
+    "query.fpfl_confirm": fpfl_confirm,
     "query.fpfl_reveal": fpfl_reveal,
 }
 

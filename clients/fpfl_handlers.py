@@ -1,15 +1,11 @@
 """FPFL training on a node, as handlers for your own Flower ``ClientApp``.
 
-The server's :class:`~fedparity.strategies.fpfl.FPFLProtocol` runs a setup (``fpfl_setup``:
-each node makes its masking key pair; ``fpfl_keys``: the key table, which the node checks and
-pins for the run) and then, per round, one message with the model weights (``fpfl_round``) and
-one unmask request (``fpfl_reveal``). On a round each node samples its cohort (Poisson), sums
-the users' clipped statistic vectors for *your* torch model, adds its share of the Gaussian
-noise and replies with the sum double-masked, with Shamir shares of its self-mask sealed for
-its peers (Rodriguez-Galvez, Granqvist, van Dalen and Seigel, "Enforcing fairness in private
-federated learning via the modified method of differential multipliers", 2021, Algorithm 1;
-Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning", CCS
-2017). Register them with::
+The server's :class:`~fedparity.strategies.fpfl.FPFLProtocol` runs a setup and then, per
+round, one message with the model weights and one unmask request (Rodriguez-Galvez,
+Granqvist, van Dalen and Seigel, "Enforcing fairness in private federated learning via the
+modified method of differential multipliers", 2021, Algorithm 1; Bonawitz et al., "Practical
+Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017). Register the handlers
+with::
 
     from fedparity.clients import FPFLNodeSettings, fpfl_handlers
 
@@ -22,49 +18,57 @@ Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Le
 all of its parameters), ending in ``nn.Sigmoid`` (binary) or ``nn.Softmax(dim=-1)``
 (multi-class): the fairness surrogates need probabilities; batch norm is refused.
 ``my_users(context)`` returns the node's users as an
-:class:`~fedparity.clients.fpfl_data.FPFLShard`. The node recomputes ``sigma`` from
-``settings`` and never takes a noise level from the server, and it holds to its own
-:class:`~fedparity.clients.policy.NodePrivacyPolicy` (node config or a policy file): settings
-beyond the policy (epsilon, delta, no masking, central noise, a seed, no noise at all) are
-refused before anything is computed; the population size ``K`` and the node count the server
-sends are bounded by the policy; the noise share is sized for the policy's tolerated
-colluders; masks are revealed only for at least the policy's ``min-survivors``; and a node
-releases at most ``settings.rounds`` noisy sums in a run (``sigma`` is calibrated for them).
+:class:`~fedparity.clients.fpfl_data.FPFLShard`.
 
-Privacy across runs: before the node's first noisy round of a run, the whole training
-(``SubsampledGaussianRelease`` of the node's own ``sigma``, ``q = m / K`` and ``T`` rounds)
-is checked against and charged to every user of the node in its per-user privacy ledger
-(:mod:`fedparity.clients.ledger`, the same ledger its LDP audits charge), and saved before
-anything is released. The node refuses the run when any of its users cannot afford it. It is
-charged up front: a run that stops early, and a resumed run (charged again for its ``T``),
-over-count, the safe side.
+**Agreed once, pinned for the run** (the messages: :mod:`fedparity.mechanisms.protocol.fpfl`).
+``fpfl_setup`` proposes the run's parameters (``K``, ``m``, ``T``, epsilon, delta, sigma,
+``C``, rho, constraint, groups, vector size, session). The node refuses, before computing
+anything, parameters that are not its own ``settings``, that its
+:class:`~fedparity.clients.policy.NodePrivacyPolicy` does not allow (``max-population``,
+``fpfl-max-rounds``, ``max-groups``, ``fpfl-max-dropout-tolerance``, ``fpfl-max-delta``,
+``fpfl-min-noise-multiplier``), or a sigma whose epsilon (its own accountant) is above its
+``settings.epsilon``; it signs the parameters' digest with its masking key. ``fpfl_keys``
+brings the members and their keys, which the node checks (with a roster: every key signed by
+a distinct roster member over the *same* parameters) and pins with the run digest, from which
+every pair secret is derived: nodes shown different parameters or tables derive masks that do
+not cancel. The node compares the server's fixed-point codec with its own. A round names the
+run digest and carries only the weights; a node refuses another digest, so every round uses
+the pinned ``K``, sigma and ``q``.
 
-Against a server that reads late replies, replays and edits messages (each rule is a test in
-``tests/test_secure_sum_attacks.py``):
+**Charged what is released.** Before its first noisy round the node charges the whole
+training (``SubsampledGaussianRelease`` of the pinned sigma, ``q = m / K`` and ``T``) to every
+user in its per-user ledger (:mod:`fedparity.clients.ledger`), saved before anything is
+released; it refuses the run when a user cannot afford it, and releases at most ``T`` noisy
+sums. Every round is the pinned release, so the charge is what is released.
 
-* the key table is pinned once per run (``fpfl_keys``); a second table, or a round member
-  whose key was not pinned, is refused; with a roster (node config ``roster`` and
-  ``identity-key``, or policy ``require-roster``) every key must be signed by a distinct
-  roster member, so keys can be neither substituted nor invented;
+**Replies that do not depend on the data.** Every refusal is decided from the request and the
+node's policy before the data is read: weights beyond ``fpfl-max-weight`` or of the wrong
+size are refused first; a user whose statistics are not finite contributes zeros; a round
+counted as released always sends its noised vector.
+
+Against a server that reads late replies, replays, edits messages or splits views (each rule
+is a test in ``tests/test_secure_sum_attacks.py`` and ``tests/test_agreed_parameters.py``):
+
 * a round number is masked at most once, in increasing order; an unmask request is answered
-  once, for the round masked last, and only for survivors and dropped nodes that are exactly
-  that round's members;
+  once, for the round masked last, for survivors and dropped nodes that split the members;
 * every vector carries a self-mask whose seed only ``t`` survivors' shares rebuild
-  (:func:`~fedparity.mechanisms.secure_sum.share_threshold`): a node called "dropped" keeps
-  its vector hidden even when its late reply arrives, since no honest node gives both its
-  pair seed and a share of its self-mask;
-* the quantisation is the node's own (:func:`~fedparity.mechanisms.secure_sum.contribution_codec`
-  of values it checks), its step at most ``2^-10`` of the node's noise-share std;
+  (:func:`~fedparity.mechanisms.secure_sum.share_threshold`: ``t + r > n + 1 + c`` for the
+  ``r`` survivors a node reveals for, with or without noise);
+* a round in which a node dropped is unmasked only for a view that enough members attested
+  (:func:`~fedparity.mechanisms.secure_sum.attestation_threshold`); a node attests one such
+  view per round, so no node reveals pair seeds with a peer another honest node saw alive;
 * every refusal reaches the server as a fixed sentence
   (:func:`~fedparity.clients.messages.fixed_error_texts`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -74,8 +78,25 @@ from ..mechanisms.accounting import LedgerFileError, PrivacyBudgetExceeded
 from ..mechanisms.identity import IdentityError
 from ..mechanisms.privacy_ledger import SubsampledGaussianRelease
 from ..mechanisms.protocol import FPFL_KEY, METRICS_KEY
+from ..mechanisms.protocol.fpfl import (
+    FPFLConfirmReply,
+    FPFLConfirmRequest,
+    FPFLKeysReply,
+    FPFLKeyTable,
+    FPFLRevealReply,
+    FPFLRevealRequest,
+    FPFLRoundReply,
+    FPFLRoundRequest,
+    FPFLRunParameters,
+    FPFLSetupReply,
+    FPFLSetupRequest,
+)
 from ..mechanisms.secure_sum import (
+    FixedPointCodec,
     MaskingKeyPair,
+    attest_view,
+    attestation_threshold,
+    check_attestations,
     check_signed_key_table,
     contribution_codec,
     mask_vector,
@@ -84,6 +105,7 @@ from ..mechanisms.secure_sum import (
     new_self_seed,
     open_share,
     pair_secrets,
+    reveal_minimum,
     reveal_round_seeds,
     seal_share,
     share_self_seed,
@@ -93,17 +115,7 @@ from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
 from .identity import NodeIdentity, node_identity
 from .ledger import default_ledger_path, ledger_totals, open_node_ledger, save_node_ledger
-from .messages import (
-    MessageError,
-    NodeRefusal,
-    bytes_field,
-    bytes_list_field,
-    fixed_error_texts,
-    int_field,
-    int_list_field,
-    session_label,
-    session_state_key,
-)
+from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
 if TYPE_CHECKING:
@@ -114,17 +126,13 @@ __all__ = [
     "FPFL_LEDGER_UNUSABLE",
     "FPFL_STATE_KEY",
     "MAX_STEP_TO_SHARE_STD",
-    "ROUNDS_STATE_KEY",
-    "SIGMA_STATE_KEY",
+    "FPFLNode",
+    "FPFLRunState",
     "fpfl_handlers",
 ]
 
-#: Node run-state record of the run's masking keys, pinned key table and last masked round.
-FPFL_STATE_KEY = "fpfl-masking"
-#: Node run-state record of how many noisy round contributions the node has released.
-ROUNDS_STATE_KEY = "fpfl-rounds"
-#: Node run-state record of the noise multiplier the node computed, and of what from.
-SIGMA_STATE_KEY = "fpfl-sigma"
+#: Node run-state record of one session's FPFL state (:class:`FPFLRunState`).
+FPFL_STATE_KEY = "fpfl-run"
 #: The largest quantisation step a node accepts, as a fraction of its noise-share std: the
 #: deterministic rounding must stay far below the noise that hides the sum.
 MAX_STEP_TO_SHARE_STD = 2.0**-10
@@ -138,52 +146,721 @@ FPFL_LEDGER_UNUSABLE = (
     "fpfl: this node's privacy ledger is lost or damaged; it takes part in no training until "
     "its operator restores it (the node's log names the file and the recovery)"
 )
+#: Relative slack on the epsilon a node recomputes for the run's sigma (the same accountant on
+#: the same numbers; the slack only absorbs the last bits of floating point).
+_EPSILON_SLACK = 1e-9
 Handler = Callable[[Message, Context], Message]
+_PARAMETER_PREFIX = "parameter:"
 
 
-def _state(context: Context, session: str) -> ConfigRecord:
-    state = context.state.config_records.get(session_state_key(FPFL_STATE_KEY, session))
-    if state is None:
-        raise NodeRefusal("fpfl: no masking key for this run (the setup message was not received)")
-    return state
+@dataclass
+class FPFLRunState:
+    """One training's state on a node (a session of a run), kept in the node's
+    ``context.state``: what was agreed at setup, the pinned table, and each round's progress.
+    """
 
+    run_salt: bytes
+    parameters: FPFLRunParameters
+    private_key: bytes = b""
+    members: tuple[int, ...] = ()
+    secrets: dict[int, bytes] = field(default_factory=dict)
+    run_digest: bytes = b""
+    pinned: bool = False
+    #: The round masked last, its own self-mask share, and whether it was unmasked.
+    last_round: int = -1
+    own_share: bytes = b""
+    unmasked: bool = True
+    #: The view (survivors, dropped) this node attested for ``attested_round``.
+    attested_round: int = -1
+    attested_view: bytes = b""
+    #: Noisy round sums released, whether the training was charged, the ledger's totals.
+    answered: int = 0
+    charged: bool = False
+    totals: dict[str, float] = field(default_factory=dict)
 
-def _pinned_secrets(context: Context, session: str) -> dict[int, bytes]:
-    """The pair secrets of the key table pinned at setup (``fpfl_keys``)."""
-    state = _state(context, session)
-    if not state.get("pinned", False):
-        raise NodeRefusal(
-            "fpfl: no pinned key table for this run (the keys message was not received)"
+    def to_record(self) -> ConfigRecord:
+        peers = sorted(self.secrets)
+        values: dict[str, Any] = {
+            "run-salt": self.run_salt,
+            "private-key": self.private_key,
+            "members": list(self.members),
+            "peer-ids": peers,
+            "pair-secrets": [self.secrets[peer] for peer in peers],
+            "run-digest": self.run_digest,
+            "pinned": self.pinned,
+            "last-round": self.last_round,
+            "own-share": self.own_share,
+            "unmasked": self.unmasked,
+            "attested-round": self.attested_round,
+            "attested-view": self.attested_view,
+            "answered": self.answered,
+            "charged": self.charged,
+            "total-keys": list(self.totals),
+            "total-values": [float(value) for value in self.totals.values()],
+        }
+        values |= {
+            _PARAMETER_PREFIX + key: value for key, value in self.parameters.to_fields().items()
+        }
+        return ConfigRecord(values)
+
+    @classmethod
+    def from_record(cls, record: ConfigRecord) -> FPFLRunState:
+        parameters = FPFLRunParameters.from_fields(
+            {
+                key[len(_PARAMETER_PREFIX) :]: value
+                for key, value in record.items()
+                if key.startswith(_PARAMETER_PREFIX)
+            }
         )
-    peers = [int(peer) for peer in state["peer-ids"]]  # type: ignore[union-attr]
-    secrets = [bytes(secret) for secret in state["pair-secrets"]]  # type: ignore[union-attr]
-    return dict(zip(peers, secrets, strict=True))
-
-
-def _noise_multiplier(
-    context: Context, session: str, settings: FPFLNodeSettings, population_size: int
-) -> float:
-    """``settings.noise_multiplier(K)``, kept in the node's run state with what it was
-    computed from: a deployed SuperNode starts a process for every message, and calibrating
-    sigma again (Opacus's accountant) cost every round's process about 1.8 s here. Any change
-    of the inputs (K comes with each round) computes it again."""
-    key = session_state_key(SIGMA_STATE_KEY, session)
-    inputs = repr(
-        (
-            settings.epsilon,
-            settings.delta,
-            settings.cohort_size,
-            settings.rounds,
-            settings.accountant,
-            population_size,
+        return cls(
+            run_salt=bytes(record["run-salt"]),  # type: ignore[arg-type]
+            parameters=parameters,
+            private_key=bytes(record["private-key"]),  # type: ignore[arg-type]
+            members=tuple(int(node) for node in record["members"]),  # type: ignore[union-attr]
+            secrets=dict(
+                zip(
+                    (int(peer) for peer in record["peer-ids"]),  # type: ignore[union-attr]
+                    (bytes(secret) for secret in record["pair-secrets"]),  # type: ignore[union-attr]
+                    strict=True,
+                )
+            ),
+            run_digest=bytes(record["run-digest"]),  # type: ignore[arg-type]
+            pinned=bool(record["pinned"]),
+            last_round=int(record["last-round"]),  # type: ignore[arg-type]
+            own_share=bytes(record["own-share"]),  # type: ignore[arg-type]
+            unmasked=bool(record["unmasked"]),
+            attested_round=int(record["attested-round"]),  # type: ignore[arg-type]
+            attested_view=bytes(record["attested-view"]),  # type: ignore[arg-type]
+            answered=int(record["answered"]),  # type: ignore[arg-type]
+            charged=bool(record["charged"]),
+            totals=dict(
+                zip(
+                    (str(key) for key in record["total-keys"]),  # type: ignore[union-attr]
+                    (float(value) for value in record["total-values"]),  # type: ignore[union-attr]
+                    strict=True,
+                )
+            ),
         )
-    )
-    record = context.state.config_records.get(key)
-    if record is not None and record.get("inputs") == inputs:
-        return float(record["sigma"])  # type: ignore[arg-type]
-    sigma = settings.noise_multiplier(population_size)
-    context.state.config_records[key] = ConfigRecord({"inputs": inputs, "sigma": sigma})
-    return sigma
+
+
+def _view_digest(survivors: Collection[int], dropped: Collection[int]) -> bytes:
+    text = f"{sorted(survivors)}|{sorted(dropped)}".encode()
+    return hashlib.sha256(text).digest()
+
+
+class FPFLNode:
+    """A node's side of FPFL: one method per message (``setup``, ``keys``, ``round``,
+    ``confirm``, ``reveal``), each ``(msg, context) -> reply``, and the node's per-run state
+    as an :class:`FPFLRunState` in ``context.state``. See the module docstring; build it
+    through :func:`fpfl_handlers`, which checks the arguments and wraps every method so that
+    only fixed sentences reach the server."""
+
+    def __init__(
+        self,
+        make_model: Callable[[], torch.nn.Module],
+        node_users: Callable[[Context], FPFLShard],
+        settings: FPFLNodeSettings,
+        *,
+        stream: Callable[[Context], int],
+        policy: NodePrivacyPolicy | None,
+        identity: Callable[[Context], NodeIdentity] | None,
+        ledger_path: Callable[[Context], Path | None],
+        sessions: Collection[str],
+    ) -> None:
+        self.make_model = make_model
+        self.node_users = node_users
+        self.settings = settings
+        self.stream = stream
+        self.policy = policy
+        self.identity = identity
+        self.ledger_path = ledger_path
+        self.sessions = tuple(sessions)
+
+    # -- the node's own rules ---------------------------------------------------------------
+
+    def limits(self, context: Context) -> NodePrivacyPolicy:
+        """The policy, with the node's settings checked against it (before any work)."""
+        current = self.policy if self.policy is not None else node_policy(context.node_config)
+        settings = self.settings
+        current.check_fpfl(
+            epsilon=settings.epsilon,
+            delta=settings.delta,
+            masking=settings.masking,
+            distributed_noise=settings.distributed_noise,
+            seeded=settings.client_seed is not None,
+        )
+        return current
+
+    def own_identity(self, context: Context) -> NodeIdentity:
+        try:
+            if self.identity is not None:
+                return self.identity(context)
+            return node_identity(context.node_config)
+        except IdentityError as error:  # names the node's files: it stays in the node's log
+            log(logging.ERROR, "fpfl: %s", error)
+            raise NodeRefusal("fpfl: this node's identity key or roster cannot be read") from None
+
+    def load_state(self, context: Context, session: str) -> FPFLRunState:
+        record = context.state.config_records.get(session_state_key(FPFL_STATE_KEY, session))
+        if record is None:
+            raise NodeRefusal("fpfl: no setup for this run (the setup message was not received)")
+        return FPFLRunState.from_record(record)
+
+    def save_state(self, context: Context, session: str, state: FPFLRunState) -> None:
+        context.state.config_records[session_state_key(FPFL_STATE_KEY, session)] = state.to_record()
+
+    def pinned_state(self, context: Context, session: str) -> FPFLRunState:
+        state = self.load_state(context, session)
+        if not state.pinned:
+            raise NodeRefusal(
+                "fpfl: no pinned member table for this run (the keys message was not received)"
+            )
+        return state
+
+    def check_parameters(
+        self, parameters: FPFLRunParameters, limits: NodePrivacyPolicy, session: str
+    ) -> None:
+        """Refuse run parameters that are not this node's settings or its policy's (fixed
+        sentences naming the parameter or the policy key), before anything is computed."""
+        if parameters.session != session:
+            raise NodeRefusal("fpfl: the run parameters name another session")
+        mismatch = self.settings.mismatch(parameters)
+        if mismatch is not None:
+            raise NodeRefusal(f"fpfl: the run's {mismatch} is not this node's setting; refusing")
+        limits.check_population(parameters.population_size)
+        limits.check_sizes(num_groups=parameters.num_groups, rounds=parameters.rounds)
+        limits.check_dropout_tolerance(parameters.dropout_tolerance)
+        if parameters.epsilon is None:
+            return
+        limits.check_fpfl_noise(parameters.noise_multiplier, parameters.dropout_tolerance)
+        assert parameters.delta is not None  # FPFLRunParameters checks it with epsilon
+        if not parameters.delta <= limits.fpfl_max_delta:
+            raise PolicyRefusal("the training's delta is above fpfl-max-delta")
+        from ..mechanisms.dp_accounting import privacy_spent  # Opacus: once per run
+
+        achieved = privacy_spent(
+            noise_multiplier=parameters.noise_multiplier,
+            sample_rate=parameters.sample_rate,
+            steps=parameters.rounds,
+            delta=parameters.delta,
+            accountant=parameters.accountant,  # type: ignore[arg-type]
+        ).epsilon
+        if not achieved <= parameters.epsilon * (1.0 + _EPSILON_SLACK):
+            raise NodeRefusal(
+                "fpfl: the run's noise multiplier is too small for this node's epsilon; refusing"
+            )
+
+    def noise_share_std(
+        self, parameters: FPFLRunParameters, num_members: int, limits: NodePrivacyPolicy
+    ) -> float:
+        """This node's noise-share std for the pinned run (0 without distributed noise)."""
+        if not parameters.noisy_shares:
+            return 0.0
+        try:
+            return self.settings.noise_share_std(
+                parameters.population_size,
+                num_members,
+                colluders=limits.tolerated_colluders,
+                sigma=parameters.noise_multiplier,
+            )
+        except ValueError:
+            raise PolicyRefusal(
+                "the run's guaranteed survivors do not outnumber tolerated-colluders"
+            ) from None
+
+    def reveal_minimum(
+        self, parameters: FPFLRunParameters, num_members: int, limits: NodePrivacyPolicy
+    ) -> int:
+        """``r``: the fewest survivors this node reveals anything for (policy
+        ``min-survivors`` and ``n_min`` of the run, with or without noise)."""
+        return reveal_minimum(
+            limits.min_survivors, minimum_survivors(num_members, parameters.dropout_tolerance)
+        )
+
+    @staticmethod
+    def codec(parameters: FPFLRunParameters, num_members: int) -> FixedPointCodec:
+        """The run's fixed-point codec, derived by the node from the pinned parameters."""
+        return contribution_codec(
+            per_user_bound=parameters.clipping_bound,
+            population_size=parameters.population_size,
+            noise_std=(parameters.clipping_bound or 0.0) * parameters.noise_multiplier
+            if parameters.noisy_shares
+            else 0.0,
+            num_nodes=num_members,
+        )
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def setup(self, msg: Message, context: Context) -> Message:
+        """Check the proposed run parameters against the node's settings and policy; make this
+        run's masking key pair (kept in the node state) and reply with the parameters' digest
+        and the public key, signed with the node's identity key when it has one."""
+        limits = self.limits(context)
+        session = session_label(msg, self.sessions)
+        request = FPFLSetupRequest.from_fields(msg.content.config_records.get(FPFL_KEY, {}))
+        if session_state_key(FPFL_STATE_KEY, session) in context.state.config_records:
+            raise NodeRefusal("fpfl: this run's setup was made already; refusing a second setup")
+        parameters = request.parameters
+        self.check_parameters(parameters, limits, session)
+        shard = self.node_users(context)
+        if parameters.population_size < shard.num_users:
+            raise NodeRefusal("fpfl: the population size is below this node's own users")
+        if parameters.num_groups != shard.num_groups:
+            raise NodeRefusal("fpfl: the run's number of groups is not this node's")
+        digest = parameters.digest()
+        reply = FPFLSetupReply(parameters_digest=digest)
+        state = FPFLRunState(run_salt=request.run_salt, parameters=parameters)
+        if parameters.masking:
+            keys = MaskingKeyPair.generate()
+            state.private_key = keys.private_bytes()
+            reply = replace(reply, public_key=keys.public_bytes())
+            key = self.own_identity(context).key
+            if key is not None:
+                transcript = masking_key_transcript(
+                    request.run_salt, int(context.node_id), keys.public_bytes(), digest
+                )
+                reply = replace(
+                    reply, identity_key=key.public_bytes(), signature=key.sign(transcript)
+                )
+        self.save_state(context, session, state)
+        return Message(
+            content=RecordDict({FPFL_KEY: ConfigRecord(reply.to_fields())}), reply_to=msg
+        )
+
+    def keys(self, msg: Message, context: Context) -> Message:
+        """Check the run's member table (and keys) and pin it with the run digest: its pair
+        secrets are the only ones this node masks with for the rest of the run."""
+        limits = self.limits(context)
+        session = session_label(msg, self.sessions)
+        table = FPFLKeyTable.from_fields(msg.content.config_records.get(FPFL_KEY, {}))
+        state = self.load_state(context, session)
+        if state.run_salt != table.run_salt:
+            raise NodeRefusal("fpfl: the key table is for another run")
+        if state.pinned:
+            raise NodeRefusal("fpfl: the key table is pinned for this run; refusing a change")
+        parameters = state.parameters
+        if table.parameters_digest != parameters.digest():
+            raise NodeRefusal("fpfl: the key table is for other run parameters; refusing")
+        own_id = int(context.node_id)
+        members = table.members
+        if own_id not in members:
+            raise NodeRefusal("fpfl: the member table does not hold this node")
+        limits.check_nodes(len(members))
+        share_std = self.noise_share_std(parameters, len(members), limits)
+        needed = self.reveal_minimum(parameters, len(members), limits)
+        try:
+            share_threshold(
+                len(members),
+                min_survivors=needed,
+                colluders=limits.tolerated_colluders,
+            )
+        except ValueError:
+            raise PolicyRefusal(
+                "the run's members are too few for min-survivors, n_min and tolerated-colluders"
+            ) from None
+        run_digest = table.run_digest()
+        secrets: dict[int, bytes] = {}
+        if parameters.masking:
+            secrets = self._pair_secrets(context, state, table, limits, run_digest)
+            codec = self.codec(parameters, len(members))
+            if (table.codec_clip_range, table.codec_scale) != (codec.clip_range, codec.scale):
+                raise NodeRefusal(
+                    "fpfl: the server's fixed-point codec is not the one this node derives "
+                    "from the run parameters; refusing"
+                )
+            if share_std > 0 and codec.step > MAX_STEP_TO_SHARE_STD * share_std:
+                raise NodeRefusal("fpfl: the quantisation step is not far below the noise share")
+        elif table.public_keys:
+            raise NodeRefusal("fpfl: a run without masking has no masking keys; refusing")
+        state.members = members
+        state.secrets = secrets
+        state.run_digest = run_digest
+        state.pinned = True
+        self.save_state(context, session, state)
+        return Message(
+            content=RecordDict({FPFL_KEY: ConfigRecord(FPFLKeysReply(run_digest).to_fields())}),
+            reply_to=msg,
+        )
+
+    def _pair_secrets(
+        self,
+        context: Context,
+        state: FPFLRunState,
+        table: FPFLKeyTable,
+        limits: NodePrivacyPolicy,
+        run_digest: bytes,
+    ) -> dict[int, bytes]:
+        """The pair secrets of a masking key table, after its checks (own key present; with a
+        roster, every key signed by a distinct member over the run's parameters)."""
+        own_id = int(context.node_id)
+        if len(table.public_keys) != len(table.members):
+            raise NodeRefusal("fpfl: the key table lacks a masking key for some member")
+        own = MaskingKeyPair.from_private_bytes(state.private_key)
+        keys = dict(zip(table.members, table.public_keys, strict=True))
+        if keys.get(own_id) != own.public_bytes():
+            raise NodeRefusal("fpfl: the key table does not hold this node's own masking key")
+        node_identity_ = self.own_identity(context)
+        if node_identity_.roster is not None or limits.require_roster:
+            try:
+                _, roster = node_identity_.require("FPFL masking with a roster")
+            except IdentityError as error:
+                log(logging.ERROR, "fpfl: %s", error)
+                raise NodeRefusal(
+                    "fpfl: this node needs its identity-key and roster (node config) to check "
+                    "the key table"
+                ) from None
+            if len(table.identity_keys) != len(table.members):
+                raise NodeRefusal("fpfl: the key table lacks the members' signatures")
+            try:
+                check_signed_key_table(
+                    table.run_salt,
+                    keys,
+                    dict(zip(table.members, table.identity_keys, strict=True)),
+                    dict(zip(table.members, table.signatures, strict=True)),
+                    roster,
+                    table.parameters_digest,
+                )
+            except ValueError as error:
+                raise NodeRefusal(f"fpfl: {error}") from None
+        try:
+            return pair_secrets(own_id, own, keys, table.run_salt, run_digest=run_digest)
+        except ValueError:
+            raise NodeRefusal("fpfl: the key table holds a repeated or unusable key") from None
+
+    # -- a round ------------------------------------------------------------------------------
+
+    def charge_training(
+        self,
+        context: Context,
+        limits: NodePrivacyPolicy,
+        shard: FPFLShard,
+        parameters: FPFLRunParameters,
+    ) -> dict[str, float]:
+        """Check and charge the whole pinned training to every user of the node, saved before
+        any release; the ledger's totals for the replies. Refuses (fixed sentences) when a
+        user cannot afford it or the ledger cannot be used."""
+        path = self.ledger_path(context)
+        if path is None and not limits.allow_ephemeral_ledger:
+            raise PolicyRefusal(
+                "a persistent privacy ledger is required (ledger-dir, or allow-ephemeral-ledger)"
+            )
+        assert parameters.delta is not None
+        session = parameters.session
+        release = SubsampledGaussianRelease(
+            noise_multiplier=parameters.noise_multiplier,
+            sample_rate=parameters.sample_rate,
+            steps=parameters.rounds,
+            delta=parameters.delta,
+            job="fpfl",
+            label=f"FPFL training{f' {session!r}' if session else ''}, {parameters.rounds} "
+            f"rounds, constraint {parameters.constraint}",
+        )
+        try:
+            ledger = open_node_ledger(
+                context, path, limits, shard.num_users, user_ids=shard.user_ids
+            )
+            # every user (by id): the Poisson sampling is in the release
+            ledger.charge(release, user_ids=shard.user_ids)
+        except LedgerFileError as error:  # names the node's files: it stays in the node's log
+            log(logging.ERROR, "fpfl: %s", error)
+            raise NodeRefusal(FPFL_LEDGER_UNUSABLE) from None
+        except PrivacyBudgetExceeded as error:
+            log(logging.WARNING, "fpfl: %s", error)
+            raise NodeRefusal(FPFL_LEDGER_REFUSAL) from None
+        save_node_ledger(context, path, ledger)
+        if shard.num_users < limits.min_users_for_counts:
+            return {}  # a small node (a device) sends no totals in clear
+        return ledger_totals(ledger)
+
+    def round(self, msg: Message, context: Context) -> Message:
+        """Sample this node's cohort with the pinned ``q``, sum the users' clipped vectors,
+        add the noise share and reply with the sum double-masked and the sealed shares of its
+        self-mask (or in the clear without masking)."""
+        limits = self.limits(context)
+        session = session_label(msg, self.sessions)
+        request = FPFLRoundRequest.from_fields(
+            msg.content.config_records.get("config", {}),
+            _arrays(msg.content.array_records.get(FPFL_KEY)),
+        )
+        state = self.pinned_state(context, session)
+        parameters = state.parameters
+        if request.run_digest != state.run_digest:
+            raise NodeRefusal("fpfl: the round is for another run's parameters; refusing")
+        if parameters.masking and request.round <= state.last_round:
+            raise NodeRefusal("fpfl: this round number was masked already; refusing a replay")
+        if parameters.epsilon is not None and state.answered >= parameters.rounds:
+            raise PolicyRefusal("the training's rounds are all spent")
+        limits.check_weights(float(np.max(np.abs(request.weights), initial=0.0)))
+        members = state.members
+        share_std = self.noise_share_std(parameters, len(members), limits)
+        from .fpfl_task import (  # torch: the round's, not every message's
+            num_parameters,
+            set_flat_parameters,
+            statistics_layout,
+        )
+
+        model = self.make_model()
+        if request.weights.shape != (num_parameters(model),):
+            raise NodeRefusal("fpfl: the round's weights do not fit this node's model")
+        if statistics_layout(model, parameters.num_groups).size != parameters.vector_size:
+            raise NodeRefusal("fpfl: the run's statistic vector size is not this node's model's")
+        # Every refusal is decided: from here on the round is released, whatever the data.
+        shard = self.node_users(context)
+        if parameters.epsilon is not None:
+            if not state.charged:  # the run's first noisy round: the whole training, up front
+                state.totals = self.charge_training(context, limits, shard, parameters)
+                state.charged = True
+            state.answered += 1  # counted (in the node state) before anything is released
+        if parameters.masking:
+            state.last_round = request.round
+            state.unmasked = False
+        self.save_state(context, session, state)
+        set_flat_parameters(model, request.weights)
+        total = self._contribution(model, shard, parameters, share_std, context, request.round)
+        extra = {METRICS_KEY: MetricRecord(state.totals)} if state.totals else {}
+        if not parameters.masking:
+            reply = FPFLRoundReply(total)
+            return Message(
+                content=RecordDict(
+                    {FPFL_KEY: ArrayRecord({reply.array_name(): Array(total)}), **extra}
+                ),
+                reply_to=msg,
+            )
+        own_id = int(context.node_id)
+        threshold = share_threshold(
+            len(members),
+            min_survivors=self.reveal_minimum(parameters, len(members), limits),
+            colluders=limits.tolerated_colluders,
+        )
+        self_seed = new_self_seed()
+        shares = share_self_seed(self_seed, members, threshold)
+        recipients = tuple(peer for peer in members if peer != own_id)
+        sealed = tuple(
+            seal_share(state.secrets[peer], request.round, own_id, peer, shares[peer])
+            for peer in recipients
+        )
+        codec = self.codec(parameters, len(members))
+        encoded = codec.encode(np.clip(total, -codec.clip_range, codec.clip_range))
+        masked = mask_vector(
+            encoded, own_id, state.secrets, request.round, cohort=members, self_seed=self_seed
+        )
+        state.own_share = shares[own_id]
+        self.save_state(context, session, state)
+        reply = FPFLRoundReply(masked, recipients, sealed, threshold)
+        return Message(
+            content=RecordDict(
+                {
+                    FPFL_KEY: ArrayRecord({reply.array_name(): Array(masked)}),
+                    "shares": ConfigRecord(reply.to_fields()),
+                    **extra,
+                }
+            ),
+            reply_to=msg,
+        )
+
+    def _contribution(
+        self,
+        model: torch.nn.Module,
+        shard: FPFLShard,
+        parameters: FPFLRunParameters,
+        share_std: float,
+        context: Context,
+        round_number: int,
+    ) -> np.ndarray:
+        """The round's noised sum. A failure while computing it (after the round was counted)
+        becomes a sum of zeros plus the noise share: the reply never depends on the data."""
+        rng = round_rng(self.settings.client_seed, self.stream(context), round_number)
+        try:
+            return cohort_contribution(
+                model,
+                shard,
+                constraint=parameters.constraint,
+                clipping_bound=parameters.clipping_bound,
+                sample_rate=parameters.sample_rate,
+                noise_share_std=share_std,
+                rng=rng,
+            )
+        except Exception as error:  # noqa: BLE001 - a data-dependent failure is no refusal
+            log(
+                logging.ERROR,
+                "fpfl: round %d: the statistics failed (%r); sending the noise share alone",
+                round_number,
+                error,
+            )
+            zeros = np.zeros(parameters.vector_size)
+            return zeros + rng.normal(0.0, share_std, size=zeros.shape) if share_std else zeros
+
+    # -- unmask -------------------------------------------------------------------------------
+
+    def _check_view(
+        self,
+        state: FPFLRunState,
+        own_id: int,
+        survivors: Collection[int],
+        dropped: Collection[int],
+        limits: NodePrivacyPolicy,
+    ) -> int:
+        """Refuse a view that does not split the round's members with this node a survivor, or
+        that has fewer survivors than this node reveals for; the reveal minimum ``r``."""
+        members = set(state.members)
+        if (
+            set(survivors) & set(dropped)
+            or set(survivors) | set(dropped) != members
+            or own_id not in survivors
+        ):
+            raise NodeRefusal(
+                "fpfl: survivors and dropped nodes must split the round's members, with this "
+                "node a survivor; refusing to unmask"
+            )
+        parameters = state.parameters
+        noise_survivors = minimum_survivors(len(members), parameters.dropout_tolerance)
+        if parameters.epsilon is not None and parameters.distributed_noise:
+            if len(survivors) < noise_survivors:
+                # The true reason (not the masking rule below): too few noise shares.
+                raise NodeRefusal(
+                    "fpfl: refusing to unmask: fewer survivors than n_min, whose noise shares "
+                    "add up to the run's noise (the sum would carry less noise than accounted)"
+                )
+        needed = self.reveal_minimum(parameters, len(members), limits)
+        if len(survivors) < needed:
+            raise NodeRefusal("fpfl: refusing to unmask: fewer survivors than min-survivors")
+        return needed
+
+    def _unmasking_state(self, context: Context, session: str, round_number: int) -> FPFLRunState:
+        state = self.pinned_state(context, session)
+        if not state.parameters.masking:
+            raise NodeRefusal("fpfl: a run without masking has nothing to unmask")
+        if state.last_round != round_number or state.unmasked:
+            raise NodeRefusal(
+                "fpfl: unmasking only once, for the round this node masked last; refusing"
+            )
+        return state
+
+    def confirm(self, msg: Message, context: Context) -> Message:
+        """Attest the view (survivors, dropped) of a round with dropped nodes, to every other
+        survivor: one view per round (Bonawitz et al. 2017, the consistency check)."""
+        limits = self.limits(context)
+        session = session_label(msg, self.sessions)
+        request = FPFLConfirmRequest.from_fields(msg.content.config_records.get(FPFL_KEY, {}))
+        state = self._unmasking_state(context, session, request.round)
+        own_id = int(context.node_id)
+        if not request.dropped:
+            raise NodeRefusal("fpfl: a view without dropped nodes needs no attestation")
+        self._check_view(state, own_id, request.survivors, request.dropped, limits)
+        view = _view_digest(request.survivors, request.dropped)
+        if state.attested_round == request.round and state.attested_view != view:
+            raise NodeRefusal(
+                "fpfl: this node attested another view of this round; refusing a second one"
+            )
+        state.attested_round, state.attested_view = request.round, view
+        self.save_state(context, session, state)
+        recipients = tuple(peer for peer in sorted(request.survivors) if peer != own_id)
+        reply = FPFLConfirmReply(
+            recipients,
+            tuple(
+                attest_view(
+                    state.secrets[peer],
+                    request.round,
+                    own_id,
+                    peer,
+                    request.survivors,
+                    request.dropped,
+                )
+                for peer in recipients
+            ),
+        )
+        return Message(
+            content=RecordDict({FPFL_KEY: ConfigRecord(reply.to_fields())}), reply_to=msg
+        )
+
+    def reveal(self, msg: Message, context: Context) -> Message:
+        """Unmask the round this node masked last, once: the shares of the survivors'
+        self-masks and the pair seeds with the dropped nodes, only for a view with enough
+        survivors and, when a node dropped, attested by enough members (refuse otherwise)."""
+        limits = self.limits(context)
+        session = session_label(msg, self.sessions)
+        request = FPFLRevealRequest.from_fields(msg.content.config_records.get(FPFL_KEY, {}))
+        state = self._unmasking_state(context, session, request.round)
+        own_id = int(context.node_id)
+        needed = self._check_view(state, own_id, request.survivors, request.dropped, limits)
+        if sorted(request.share_senders) != sorted(set(request.survivors) - {own_id}):
+            raise NodeRefusal("fpfl: the unmask request must carry one share from each survivor")
+        if request.dropped:
+            view = _view_digest(request.survivors, request.dropped)
+            attested_here = state.attested_round == request.round
+            if attested_here and state.attested_view != view:
+                raise NodeRefusal(
+                    "fpfl: this node attested another view of this round; refusing to unmask"
+                )
+            valid = check_attestations(
+                own_id,
+                state.secrets,
+                request.round,
+                request.survivors,
+                request.dropped,
+                dict(zip(request.attesters, request.attestations, strict=True)),
+            ) + int(attested_here)
+            required = attestation_threshold(len(state.members), needed, limits.tolerated_colluders)
+            if valid < required:
+                raise NodeRefusal(
+                    "fpfl: refusing to unmask: too few members attested this view of the round"
+                )
+            state.attested_round, state.attested_view = request.round, view
+        state.unmasked = True  # before anything is released: one answer per round
+        self.save_state(context, session, state)
+        try:
+            shares = {
+                sender: open_share(state.secrets[sender], request.round, sender, own_id, box)
+                for sender, box in zip(request.share_senders, request.shares, strict=True)
+            }
+        except ValueError:
+            raise NodeRefusal(
+                "fpfl: a share does not open (altered or replayed); refusing"
+            ) from None
+        shares[own_id] = state.own_share
+        seeds = reveal_round_seeds(
+            own_id,
+            state.secrets,
+            request.round,
+            request.dropped,
+            request.survivors,
+            min_survivors=needed,
+        )
+        owners = tuple(sorted(shares))
+        reply = FPFLRevealReply(
+            owners,
+            tuple(shares[owner] for owner in owners),
+            tuple(seeds),
+            tuple(seeds.values()),
+        )
+        return Message(
+            content=RecordDict({FPFL_KEY: ConfigRecord(reply.to_fields())}), reply_to=msg
+        )
+
+    def handlers(self) -> dict[str, Handler]:
+        """The bound methods by action (``app.query(action)``), each wrapped so that only
+        fixed sentences reach the server."""
+        methods = {
+            "fpfl_setup": self.setup,
+            "fpfl_keys": self.keys,
+            "fpfl_round": self.round,
+            "fpfl_confirm": self.confirm,
+            "fpfl_reveal": self.reveal,
+        }
+        return {action: fixed_error_texts(method) for action, method in methods.items()}
+
+
+def _arrays(record: ArrayRecord | None) -> dict[str, np.ndarray]:
+    """The numpy arrays of a message's ArrayRecord (empty when absent or unreadable)."""
+    if record is None:
+        return {}
+    arrays = {}
+    for name in record:
+        try:
+            arrays[name] = record[name].numpy()
+        except Exception:  # noqa: BLE001, S112 - an unreadable array is a missing one
+            continue
+    return arrays
 
 
 def fpfl_handlers(
@@ -197,8 +874,9 @@ def fpfl_handlers(
     ledger_path: Callable[[Context], Path | None] = default_ledger_path,
     sessions: Collection[str] = ("",),
 ) -> dict[str, Handler]:
-    """The four FPFL handlers (``fpfl_setup``, ``fpfl_keys``, ``fpfl_round``,
-    ``fpfl_reveal``), keyed by the action to register with ``app.query``.
+    """The FPFL handlers (``fpfl_setup``, ``fpfl_keys``, ``fpfl_round``, ``fpfl_confirm``,
+    ``fpfl_reveal``), keyed by the action to register with ``app.query``: the bound methods
+    of an :class:`FPFLNode`.
 
     Parameters
     ----------
@@ -209,7 +887,7 @@ def fpfl_handlers(
     node_users : callable
         ``node_users(context) -> FPFLShard``: this node's users and their samples.
     settings : FPFLNodeSettings
-        The node's own privacy and training parameters.
+        The node's own privacy and training parameters; the run's must equal them.
     stream : callable, optional
         The node's stream id for a seeded run (``settings.client_seed``); default its node id.
     policy : NodePrivacyPolicy, optional
@@ -225,362 +903,21 @@ def fpfl_handlers(
         handler the same, so that both charge one ledger.
     sessions : collection of str, optional
         The trainings this node's run defines (``("",)``: one). A run that trains more than
-        once (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own keys,
-        rounds and replay state, and is charged to the users' ledger in full.
+        once (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own
+        parameters, keys, rounds and replay state, and is charged to the users' ledger in full.
     """
     if not isinstance(settings, FPFLNodeSettings):
         raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
     if policy is not None and not isinstance(policy, NodePrivacyPolicy):
         raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
-
-    def limits(context: Context) -> NodePrivacyPolicy:
-        """The policy, with the run's settings checked against it (before any work)."""
-        current = policy if policy is not None else node_policy(context.node_config)
-        current.check_fpfl(
-            epsilon=settings.epsilon,
-            delta=settings.delta,
-            masking=settings.masking,
-            distributed_noise=settings.distributed_noise,
-            seeded=settings.client_seed is not None,
-        )
-        return current
-
-    def own_identity(context: Context) -> NodeIdentity:
-        try:
-            return identity(context) if identity is not None else node_identity(context.node_config)
-        except IdentityError as error:  # names the node's files: it stays in the node's log
-            log(logging.ERROR, "fpfl: %s", error)
-            raise NodeRefusal("fpfl: this node's identity key or roster cannot be read") from None
-
-    def setup(msg: Message, context: Context) -> Message:
-        """Generate this run's masking key pair (kept in the node state); reply with the
-        public key only, signed with the node's identity key when it has one."""
-        limits(context)
-        session = session_label(msg, sessions)
-        salt = bytes_field(msg.content.config_records.get(FPFL_KEY, {}), "run-salt")
-        if len(salt) < 16:
-            raise MessageError("message field 'run-salt' must hold at least 16 bytes")
-        state_key = session_state_key(FPFL_STATE_KEY, session)
-        if state_key in context.state.config_records:
-            raise NodeRefusal(
-                "fpfl: this run's masking key was made already; refusing a second setup"
-            )
-        keys = MaskingKeyPair.generate()
-        context.state.config_records[state_key] = ConfigRecord(
-            {"run-salt": salt, "private-key": keys.private_bytes()}
-        )
-        reply = {"public-key": keys.public_bytes()}
-        key = own_identity(context).key
-        if key is not None:
-            transcript = masking_key_transcript(salt, int(context.node_id), keys.public_bytes())
-            reply |= {"identity-key": key.public_bytes(), "signature": key.sign(transcript)}
-        return Message(content=RecordDict({FPFL_KEY: ConfigRecord(reply)}), reply_to=msg)
-
-    def keys(msg: Message, context: Context) -> Message:
-        """Check the run's key table and pin it: its pair secrets are the only ones this node
-        masks with for the rest of the run."""
-        node_limits = limits(context)
-        record = msg.content.config_records.get(FPFL_KEY, {})
-        state = _state(context, session_label(msg, sessions))
-        salt = bytes_field(record, "run-salt")
-        if bytes(state["run-salt"]) != salt:  # type: ignore[arg-type]
-            raise NodeRefusal("fpfl: the key table is for another run")
-        if state.get("pinned", False):
-            raise NodeRefusal("fpfl: the key table is pinned for this run; refusing a change")
-        ids = int_list_field(record, "peer-ids")
-        public_keys = bytes_list_field(record, "peer-keys")
-        if len(ids) != len(public_keys) or len(set(ids)) != len(ids):
-            raise MessageError("message fields 'peer-ids' and 'peer-keys' must list distinct ids")
-        own_id = int(context.node_id)
-        own = MaskingKeyPair.from_private_bytes(bytes(state["private-key"]))  # type: ignore[arg-type]
-        table = dict(zip(ids, public_keys, strict=True))
-        if table.get(own_id) != own.public_bytes():
-            raise NodeRefusal("fpfl: the key table does not hold this node's own masking key")
-        node_limits.check_nodes(len(table))
-        node_identity_ = own_identity(context)
-        if node_identity_.roster is not None or node_limits.require_roster:
-            try:
-                _, roster = node_identity_.require("FPFL masking with a roster")
-            except IdentityError as error:
-                log(logging.ERROR, "fpfl: %s", error)
-                raise NodeRefusal(
-                    "fpfl: this node needs its identity-key and roster (node config) to check "
-                    "the key table"
-                ) from None
-            identities = bytes_list_field(record, "identity-keys")
-            signatures = bytes_list_field(record, "signatures")
-            if len(identities) != len(ids) or len(signatures) != len(ids):
-                raise MessageError(
-                    "message fields 'identity-keys' and 'signatures' must match 'peer-ids'"
-                )
-            try:
-                check_signed_key_table(
-                    salt,
-                    table,
-                    dict(zip(ids, identities, strict=True)),
-                    dict(zip(ids, signatures, strict=True)),
-                    roster,
-                )
-            except ValueError as error:
-                raise NodeRefusal(f"fpfl: {error}") from None
-        try:
-            secrets = pair_secrets(own_id, own, table, salt)
-        except ValueError:
-            raise NodeRefusal("fpfl: the key table holds a repeated or unusable key") from None
-        peers = sorted(secrets)
-        state["peer-ids"] = peers
-        state["pair-secrets"] = [secrets[peer] for peer in peers]
-        state["pinned"] = True
-        return Message(
-            content=RecordDict({FPFL_KEY: ConfigRecord({"pinned": len(peers) + 1})}), reply_to=msg
-        )
-
-    def charge_training(
-        context: Context,
-        node_limits: NodePrivacyPolicy,
-        shard: FPFLShard,
-        sigma: float,
-        sample_rate: float,
-        population_size: int,
-        session: str,
-    ) -> dict[str, float]:
-        """Check and charge the whole training to every user of the node, saved before any
-        release; the ledger's totals for the replies. Refuses (fixed sentences) when a user
-        cannot afford it or the ledger cannot be used."""
-        path = ledger_path(context)
-        if path is None and not node_limits.allow_ephemeral_ledger:
-            raise PolicyRefusal(
-                "a persistent privacy ledger is required (ledger-dir, or allow-ephemeral-ledger)"
-            )
-        release = SubsampledGaussianRelease(
-            noise_multiplier=sigma,
-            sample_rate=sample_rate,
-            steps=settings.rounds,
-            delta=settings.delta if settings.delta is not None else 1.0 / population_size,
-            job="fpfl",
-            label=f"FPFL training{f' {session!r}' if session else ''}, {settings.rounds} rounds, "
-            f"constraint {settings.constraint}",
-        )
-        try:
-            ledger = open_node_ledger(context, path, node_limits, shard.num_users)
-            ledger.charge(release)  # every user: the Poisson sampling is in the release
-        except LedgerFileError as error:  # names the node's files: it stays in the node's log
-            log(logging.ERROR, "fpfl: %s", error)
-            raise NodeRefusal(FPFL_LEDGER_UNUSABLE) from None
-        except PrivacyBudgetExceeded as error:
-            log(logging.WARNING, "fpfl: %s", error)
-            raise NodeRefusal(FPFL_LEDGER_REFUSAL) from None
-        save_node_ledger(context, path, ledger)
-        if shard.num_users < node_limits.min_users_for_counts:
-            return {}  # a small node (a device) sends no totals in clear
-        return ledger_totals(ledger)
-
-    def round_(msg: Message, context: Context) -> Message:
-        """Sample this node's cohort, sum the users' clipped vectors, add the noise share and
-        reply with the sum double-masked and the sealed shares of its self-mask (or in the
-        clear without masking)."""
-        node_limits = limits(context)
-        session = session_label(msg, sessions)
-        rounds_key = session_state_key(ROUNDS_STATE_KEY, session)
-        settings_record = msg.content.config_records.get("config", {})
-        weights = msg.content.array_records[FPFL_KEY]["weights"].numpy()
-        if weights.ndim != 1 or weights.dtype.kind != "f" or not np.isfinite(weights).all():
-            raise MessageError("message array 'weights' must be a 1-d array of finite floats")
-        round_number = int_field(settings_record, "round", minimum=0)
-        # K and the members come from the server: bounded and checked by the node.
-        population_size = node_limits.bounded_population(
-            int_field(settings_record, "population-size", minimum=1)
-        )
-        if settings.epsilon is not None and settings.delta is None:
-            if not 1.0 / population_size <= node_limits.fpfl_max_delta:
-                raise PolicyRefusal("the training's delta is above fpfl-max-delta")
-        own_id = int(context.node_id)
-        members = int_list_field(settings_record, "peer-ids")
-        if len(set(members)) != len(members) or own_id not in members:
-            raise NodeRefusal("fpfl: the round's members must be distinct and include this node")
-        num_nodes = len(members)
-        if settings.masking or settings.distributed_noise:
-            node_limits.check_nodes(num_nodes)
-        secrets: dict[int, bytes] = {}
-        if settings.masking:
-            secrets = _pinned_secrets(context, session)
-            if not set(members) - {own_id} <= set(secrets):
-                raise NodeRefusal("fpfl: the round lists a node whose key was not pinned at setup")
-            state = _state(context, session)
-            if round_number <= int(state.get("last-round", -1)):  # type: ignore[arg-type]
-                raise NodeRefusal("fpfl: this round number was masked already; refusing a replay")
-        shard = node_users(context)
-        if population_size < shard.num_users:
-            raise NodeRefusal("fpfl: the population size is below this node's own users")
-        sigma = _noise_multiplier(context, session, settings, population_size)
-        sample_rate = min(1.0, settings.cohort_size / population_size)
-        try:
-            share_std = settings.noise_share_std(
-                population_size, num_nodes, colluders=node_limits.tolerated_colluders, sigma=sigma
-            )
-        except ValueError:
-            raise PolicyRefusal(
-                "the round's guaranteed survivors do not outnumber tolerated-colluders"
-            ) from None
-        if settings.epsilon is not None:
-            # sigma is calibrated for T rounds: a server asking for more would spend more than
-            # epsilon. Counted (in this run's node state) before anything is released.
-            rounds_state = context.state.config_records.get(rounds_key, ConfigRecord())
-            answered = int(rounds_state.get("answered", 0))  # type: ignore[arg-type]
-            if answered >= settings.rounds:
-                raise PolicyRefusal("the training's rounds are all spent")
-            if answered == 0:  # the run's first noisy round: the whole training, up front
-                totals = charge_training(
-                    context, node_limits, shard, sigma, sample_rate, population_size, session
-                )
-                rounds_state = ConfigRecord(totals)  # type: ignore[arg-type]
-            rounds_state["answered"] = answered + 1
-            context.state.config_records[rounds_key] = rounds_state
-        totals = {
-            key: float(value)  # type: ignore[arg-type]
-            for key, value in context.state.config_records.get(rounds_key, {}).items()
-            if key != "answered"
-        }
-        extra = {METRICS_KEY: MetricRecord(totals)} if totals else {}
-        codec = None
-        if settings.masking:
-            codec = contribution_codec(
-                per_user_bound=settings.clipping_bound,
-                population_size=population_size,
-                noise_std=(settings.clipping_bound or 0.0) * sigma if share_std > 0 else 0.0,
-                num_nodes=num_nodes,
-            )
-            if share_std > 0 and codec.step > MAX_STEP_TO_SHARE_STD * share_std:
-                raise NodeRefusal("fpfl: the quantisation step is not far below the noise share")
-        from .fpfl_task import set_flat_parameters  # torch: the round's, not every message's
-
-        model = make_model()
-        set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
-        rng = round_rng(settings.client_seed, stream(context), round_number)
-        total = cohort_contribution(
-            model,
-            shard,
-            constraint=settings.constraint,
-            clipping_bound=settings.clipping_bound,
-            sample_rate=sample_rate,
-            noise_share_std=share_std,
-            rng=rng,
-        )
-        if codec is None:
-            return Message(
-                content=RecordDict({FPFL_KEY: ArrayRecord({"sum": Array(total)}), **extra}),
-                reply_to=msg,
-            )
-        threshold = share_threshold(
-            num_nodes,
-            min_survivors=node_limits.min_survivors,
-            noise_survivors=minimum_survivors(num_nodes, settings.dropout_tolerance)
-            if share_std > 0
-            else 0,
-            colluders=node_limits.tolerated_colluders,
-        )
-        self_seed = new_self_seed()
-        shares = share_self_seed(self_seed, members, threshold)
-        recipients = sorted(set(members) - {own_id})
-        sealed = [
-            seal_share(secrets[peer], round_number, own_id, peer, shares[peer])
-            for peer in recipients
-        ]
-        encoded = codec.encode(np.clip(total, -codec.clip_range, codec.clip_range))
-        masked = mask_vector(
-            encoded, own_id, secrets, round_number, cohort=members, self_seed=self_seed
-        )
-        state = _state(context, session)
-        state["last-round"] = round_number
-        state["last-members"] = sorted(members)
-        state["own-share"] = shares[own_id]
-        state["unmasked"] = False
-        return Message(
-            content=RecordDict(
-                {
-                    FPFL_KEY: ArrayRecord({"masked": Array(masked)}),
-                    "shares": ConfigRecord(
-                        {"recipients": recipients, "sealed": sealed, "threshold": threshold}
-                    ),
-                    **extra,
-                }
-            ),
-            reply_to=msg,
-        )
-
-    def reveal(msg: Message, context: Context) -> Message:
-        """Unmask the round this node masked last, once: the shares of the survivors'
-        self-masks and the pair seeds with the dropped nodes, only if enough nodes survive for
-        the noise shares to add up to the run's noise (refuse otherwise)."""
-        record = msg.content.config_records.get(FPFL_KEY, {})
-        round_number = int_field(record, "round", minimum=0)
-        survivors = int_list_field(record, "survivors")
-        dropped = int_list_field(record, "dropped")
-        senders = int_list_field(record, "share-senders")
-        sealed = bytes_list_field(record, "shares")
-        node_limits = limits(context)
-        session = session_label(msg, sessions)
-        secrets = _pinned_secrets(context, session)
-        state = _state(context, session)
-        own_id = int(context.node_id)
-        if int(state.get("last-round", -1)) != round_number or state.get("unmasked", True):  # type: ignore[arg-type]
-            raise NodeRefusal(
-                "fpfl: unmasking only once, for the round this node masked last; refusing"
-            )
-        members = [int(node) for node in state["last-members"]]  # type: ignore[union-attr]
-        if (
-            len(set(survivors)) != len(survivors)
-            or len(set(dropped)) != len(dropped)
-            or set(survivors) & set(dropped)
-            or set(survivors) | set(dropped) != set(members)
-            or own_id not in survivors
-        ):
-            raise NodeRefusal(
-                "fpfl: survivors and dropped nodes must split the round's members, with this "
-                "node a survivor; refusing to unmask"
-            )
-        noise_survivors = minimum_survivors(len(members), settings.dropout_tolerance)
-        if settings.epsilon is not None and settings.distributed_noise:
-            if len(survivors) < noise_survivors:
-                # The true reason (not the masking rule below): too few noise shares.
-                raise NodeRefusal(
-                    "fpfl: refusing to unmask: fewer survivors than n_min, whose noise shares "
-                    "add up to the run's noise (the sum would carry less noise than accounted)"
-                )
-        needed = max(node_limits.min_survivors, noise_survivors)
-        if len(survivors) < needed:
-            raise NodeRefusal("fpfl: refusing to unmask: fewer survivors than min-survivors")
-        if sorted(senders) != sorted(set(survivors) - {own_id}) or len(sealed) != len(senders):
-            raise NodeRefusal("fpfl: the unmask request must carry one share from each survivor")
-        state["unmasked"] = True  # before anything is released: one answer per round
-        try:
-            shares = {
-                sender: open_share(secrets[sender], round_number, sender, own_id, box)
-                for sender, box in zip(senders, sealed, strict=True)
-            }
-        except ValueError:
-            raise NodeRefusal(
-                "fpfl: a share does not open (altered or replayed); refusing"
-            ) from None
-        shares[own_id] = bytes(state["own-share"])  # type: ignore[arg-type]
-        seeds = reveal_round_seeds(
-            own_id, secrets, round_number, dropped, survivors, min_survivors=needed
-        )
-        owners = sorted(shares)
-        reply = ConfigRecord(
-            {
-                "share-owners": owners,
-                "self-shares": [shares[owner] for owner in owners],
-                "dropped": list(seeds),
-                "seeds": list(seeds.values()),
-            }
-        )
-        return Message(content=RecordDict({FPFL_KEY: reply}), reply_to=msg)
-
-    handlers = {
-        "fpfl_setup": setup,
-        "fpfl_keys": keys,
-        "fpfl_round": round_,
-        "fpfl_reveal": reveal,
-    }
-    return {action: fixed_error_texts(handler) for action, handler in handlers.items()}
+    node = FPFLNode(
+        make_model,
+        node_users,
+        settings,
+        stream=stream,
+        policy=policy,
+        identity=identity,
+        ledger_path=ledger_path,
+        sessions=sessions,
+    )
+    return node.handlers()

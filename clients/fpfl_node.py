@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from ..mechanisms.dp_accounting import calibrate_noise
 from ..mechanisms.mmdm import CONSTRAINTS
+from ..mechanisms.protocol.fpfl import FPFLRunParameters
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
 from .config import RunConfig
@@ -250,6 +251,27 @@ class FPFLNodeSettings:
         if not 0.0 <= self.dropout_tolerance < 1.0:
             raise ValueError(f"dropout_tolerance must be in [0, 1), got {self.dropout_tolerance!r}")
 
+    def mismatch(self, parameters: FPFLRunParameters) -> str | None:
+        """The name of the first run parameter that is not this node's setting (None: all
+        agree). ``delta`` None stands for ``1 / K`` of the run's ``K``."""
+        delta = self.delta if self.delta is not None else 1.0 / parameters.population_size
+        pairs = (
+            ("constraint", self.constraint, parameters.constraint),
+            ("cohort size", self.cohort_size, parameters.cohort_size),
+            ("rounds", self.rounds, parameters.rounds),
+            ("clipping bound", self.clipping_bound, parameters.clipping_bound),
+            ("epsilon", self.epsilon, parameters.epsilon),
+            ("delta", delta if self.epsilon is not None else None, parameters.delta),
+            ("accountant", self.accountant, parameters.accountant),
+            ("noise placement", self.distributed_noise, parameters.distributed_noise),
+            ("secure sum", self.masking, parameters.masking),
+            ("dropout tolerance", self.dropout_tolerance, parameters.dropout_tolerance),
+        )
+        for name, own, run in pairs:
+            if own != run:
+                return name
+        return None
+
     def noise_multiplier(self, population_size: int) -> float:
         """``sigma`` for (epsilon, delta, m, K, T), recomputed on the node (Opacus); 0 without
         noise."""
@@ -336,7 +358,12 @@ def cohort_contribution(
     (FPFL Algorithm 1, ``UserStatistics``; Poisson cohort with rate ``sample_rate``)."""
     # torch's modules are loaded by the round itself, not by a node's other messages (a
     # deployed SuperNode starts a process for each).
-    from .fpfl_task import shard_contribution, statistics_layout, user_statistics
+    from .fpfl_task import (
+        shard_contribution,
+        statistics_layout,
+        user_statistics,
+        zero_nonfinite_rows,
+    )
 
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
@@ -356,11 +383,13 @@ def cohort_contribution(
         ).total
     else:
         total = (
-            user_statistics(
-                model,
-                shard,
-                constraint=constraint,  # type: ignore[arg-type]
-                users=cohort,
+            zero_nonfinite_rows(
+                user_statistics(
+                    model,
+                    shard,
+                    constraint=constraint,  # type: ignore[arg-type]
+                    users=cohort,
+                )
             )
             .sum(dim=0)
             .numpy()

@@ -646,6 +646,19 @@ class ClippedStatistics:
         return float(self.clipped.double().mean()) if self.norms.numel() else math.nan
 
 
+def zero_nonfinite_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """``vectors`` with every row that holds a NaN or an infinity replaced by zeros.
+
+    A user whose statistics overflow (huge but finite model weights make ``exp`` or a product
+    overflow) contributes nothing, the same as a user outside the cohort, instead of making
+    the node's reply fail: whether a node replies must not depend on its users' data
+    (security review of 2026-11-26, H2)."""
+    finite = torch.isfinite(vectors).all(dim=1, keepdim=True)
+    if bool(finite.all()):
+        return vectors
+    return torch.where(finite, vectors, torch.zeros((), dtype=vectors.dtype))
+
+
 def clip_statistics(vectors: torch.Tensor, clipping_bound: float) -> ClippedStatistics:
     """Scale every row to L2 norm at most ``clipping_bound``: ``v min(1, C / ||v||)``; rows
     already within the bound are returned unchanged (bit for bit)."""
@@ -705,7 +718,7 @@ def shard_contribution(
         )
     else:
         vectors = statistics(model, shard, constraint=constraint, users=users)
-    clipped = clip_statistics(vectors, clipping_bound)
+    clipped = clip_statistics(zero_nonfinite_rows(vectors), clipping_bound)
     return ShardContribution(
         total=clipped.vectors.sum(dim=0).numpy(),
         num_users=int(vectors.shape[0]),

@@ -113,6 +113,10 @@ __all__ = [
     "UNCLIPPED_RANGE",
     "FixedPointCodec",
     "MaskingKeyPair",
+    "attest_view",
+    "attestation_threshold",
+    "check_attestations",
+    "reveal_minimum",
     "check_masked_vector",
     "check_signed_key_table",
     "combine_self_seed",
@@ -148,7 +152,10 @@ _PAIR_LABEL = b"fedparity/secure-sum/v1/pair"
 _ROUND_LABEL = b"fedparity/secure-sum/v1/round"
 _SELF_LABEL = b"fedparity/secure-sum/v2/self-mask"
 _SHARE_LABEL = b"fedparity/secure-sum/v2/share"
-_KEY_SIGNATURE_LABEL = "fedparity/secure-sum/v2/masking-key"
+_KEY_SIGNATURE_LABEL = "fedparity/secure-sum/v3/masking-key"
+_VIEW_LABEL = b"fedparity/secure-sum/v3/view"
+#: Length of a view attestation (HMAC-SHA256).
+ATTESTATION_BYTES = 32
 #: Length of a self-mask seed (bytes): 128 bits from the OS, shared as an integer below
 #: :data:`SHAMIR_PRIME`.
 SELF_SEED_BYTES = 16
@@ -253,14 +260,19 @@ def pair_secrets(
     own_key: MaskingKeyPair,
     peer_public_keys: Mapping[int, bytes],
     run_salt: bytes,
+    *,
+    run_digest: bytes = b"",
 ) -> dict[int, bytes]:
     """``{peer_id: s}``: the 32-byte secret shared with every peer of the broadcast key list.
 
-    ``s = HKDF-SHA256(X25519(own, peer), salt=run_salt, info=label || min id || max id)``
-    (RFC 7748, RFC 5869), the same on both sides. ``peer_public_keys`` may contain ``own_id``
-    (the broadcast list), whose key must then be ``own_key``'s. ``run_salt`` (non-empty
-    bytes, e.g. the run id) separates runs. Raises ``ValueError`` for ids outside
-    ``[0, 2^64 - 1]``, keys that are not 32 bytes, a key listed twice, or a low-order key.
+    ``s = HKDF-SHA256(X25519(own, peer), salt=run_salt, info=label || min id || max id ||
+    run_digest)`` (RFC 7748, RFC 5869), the same on both sides. ``peer_public_keys`` may
+    contain ``own_id`` (the broadcast list), whose key must then be ``own_key``'s.
+    ``run_salt`` (non-empty bytes, e.g. the run id) separates runs; ``run_digest`` binds the
+    secrets to what the run agreed (its parameters, members and keys: FPFL's
+    ``FPFLKeyTable.run_digest``), so two nodes given different views derive secrets, and masks,
+    that do not match. Raises ``ValueError`` for ids outside ``[0, 2^64 - 1]``, keys that are
+    not 32 bytes, a key listed twice, or a low-order key.
     """
     own_id = _check_uint64("own_id", own_id)
     if not isinstance(own_key, MaskingKeyPair):
@@ -295,7 +307,7 @@ def pair_secrets(
                 f"peer_public_keys[{peer}] is not a usable X25519 key (low-order point)"
             ) from None
         low, high = sorted((own_id, peer))
-        info = _PAIR_LABEL + low.to_bytes(8, "big") + high.to_bytes(8, "big")
+        info = _PAIR_LABEL + low.to_bytes(8, "big") + high.to_bytes(8, "big") + bytes(run_digest)
         hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=bytes(run_salt), info=info)
         secrets[peer] = hkdf.derive(shared)
     return secrets
@@ -643,22 +655,106 @@ def _check_seed(seed: bytes) -> bytes:
 def share_threshold(
     num_members: int, *, min_survivors: int, noise_survivors: int = 0, colluders: int = 0
 ) -> int:
-    """``t``: how many shares rebuild a self-mask seed, ``max(min_survivors, n_min, c + 2)``.
+    """``t``: how many shares rebuild a self-mask seed,
+    ``max(r, n + 2 + c - r, c + 2)`` with ``r = max(min_survivors, n_min, 2)`` the fewest
+    survivors a node reveals anything for (:func:`reveal_minimum`).
 
     The server unmasks a vector only with its self-mask (``t`` shares, given by nodes told the
     owner survived) *and* every pair seed of its owner (given by each other member told it
-    dropped). An honest node answers one unmask request per round, so for a node the server
-    calls "dropped" to everyone else, it gets at most the owner's own share plus the ``c``
-    colluders' shares: ``t >= c + 2`` keeps the self-mask hidden. ``t`` never exceeds the
-    round's members (``ValueError``: the round could never be unmasked).
+    dropped, or by the owner for the members it is told dropped). An honest node answers one
+    unmask request per round. Telling the owner "survivors {owner} + A, dropped B" (it needs
+    ``1 + |A| + c >= r``), the nodes of A "the owner dropped" and those of B "nobody dropped"
+    yields ``1 + |B| + c`` shares; with ``|A| + |B| + c = n - 1`` the attack needs
+    ``t + r <= n + 1 + c``. Hence ``t + r > n + 1 + c`` (security review of 2026-11-26, H1),
+    with or without noise (``noise_survivors`` is ``n_min`` in both cases), and ``t >= c + 2``
+    keeps the self-mask of a node called dropped by everyone hidden. Larger split views are
+    stopped by the view attestations (:func:`attest_view`). ``t`` never exceeds the round's
+    members (``ValueError``: the round could never be unmasked).
     """
-    threshold = max(min_survivors, noise_survivors, colluders + 2, 2)
-    if threshold > num_members:
+    members = check_int_at_least("num_members", num_members, 1)
+    colluders = check_int_at_least("colluders", colluders, 0)
+    needed = reveal_minimum(min_survivors, noise_survivors)
+    threshold = max(needed, members + 2 + colluders - needed, colluders + 2)
+    if threshold > members:
         raise ValueError(
-            f"a round of {num_members} member(s) cannot be unmasked with a share threshold of "
-            f"{threshold} (min-survivors, n_min, tolerated colluders + 2)"
+            f"a round of {members} member(s) cannot be unmasked with a share threshold of "
+            f"{threshold} (min-survivors and n_min: {needed}; tolerated colluders: {colluders})"
         )
     return threshold
+
+
+def reveal_minimum(min_survivors: int, noise_survivors: int = 0) -> int:
+    """``r = max(min_survivors, n_min, 2)``: the fewest survivors for which a node reveals its
+    pair seeds and self-mask shares (``n_min``: :func:`minimum_survivors`, whose noise shares
+    add up to the accounted noise)."""
+    return max(int(min_survivors), int(noise_survivors), 2)
+
+
+def attestation_threshold(num_members: int, needed: int, colluders: int = 0) -> int:
+    """How many distinct members must attest a view with dropped nodes before a node reveals
+    anything for it: ``max(r, floor((n + c) / 2) + 1)``.
+
+    An honest node attests one such view per round (:func:`attest_view`), the ``c`` colluders
+    may attest any: two different views would need ``2 a <= n + c`` attestations, so with
+    ``2 a > n + c`` at most one view with dropped nodes is unmasked per round (the consistency
+    check of Bonawitz et al. 2017, Section 4, with pairwise MACs in place of signatures)."""
+    return max(int(needed), (int(num_members) + int(colluders)) // 2 + 1)
+
+
+def _view_bytes(survivors: Collection[int], dropped: Collection[int]) -> bytes:
+    survivor_ids = sorted(_check_ids("survivors", survivors))
+    dropped_ids = sorted(_check_ids("dropped", dropped))
+    return transcript(
+        "view",
+        len(survivor_ids),
+        *survivor_ids,
+        len(dropped_ids),
+        *dropped_ids,
+    )
+
+
+def attest_view(
+    pair_secret: bytes,
+    round_number: int,
+    sender: int,
+    receiver: int,
+    survivors: Collection[int],
+    dropped: Collection[int],
+) -> bytes:
+    """``sender``'s attestation, for ``receiver``, that round ``round_number`` is unmasked
+    for ``survivors`` with ``dropped`` gone: HMAC-SHA256 under a key derived from their pair
+    secret, the round and the direction (so the server can neither forge one nor turn the
+    receiver's own attestation back on it)."""
+    key = hmac.new(
+        _check_key_bytes("pair_secret", pair_secret),
+        _VIEW_LABEL
+        + _check_uint64("round_number", round_number).to_bytes(8, "big")
+        + _check_uint64("sender", sender).to_bytes(8, "big")
+        + _check_uint64("receiver", receiver).to_bytes(8, "big"),
+        hashlib.sha256,
+    ).digest()
+    return hmac.new(key, _view_bytes(survivors, dropped), hashlib.sha256).digest()
+
+
+def check_attestations(
+    own_id: int,
+    pair_secrets: Mapping[int, bytes],
+    round_number: int,
+    survivors: Collection[int],
+    dropped: Collection[int],
+    attestations: Mapping[int, bytes],
+) -> int:
+    """How many distinct peers' ``attestations`` (``{sender: MAC}``, addressed to ``own_id``)
+    are valid for exactly this view; an invalid or foreign one counts for nothing."""
+    valid = 0
+    for sender, mac in attestations.items():
+        secret = pair_secrets.get(sender)
+        if secret is None or sender == own_id or sender not in survivors:
+            continue
+        expected = attest_view(secret, round_number, sender, own_id, survivors, dropped)
+        if isinstance(mac, bytes | bytearray) and hmac.compare_digest(expected, bytes(mac)):
+            valid += 1
+    return valid
 
 
 def share_self_seed(seed: bytes, members: Collection[int], threshold: int) -> dict[int, bytes]:
@@ -756,13 +852,18 @@ def open_share(
         ) from None
 
 
-def masking_key_transcript(run_salt: bytes, node_id: int, public_key: bytes) -> bytes:
-    """What a node's identity key signs about its masking key: the run, the node, the key."""
+def masking_key_transcript(
+    run_salt: bytes, node_id: int, public_key: bytes, parameters_digest: bytes = b""
+) -> bytes:
+    """What a node's identity key signs about its masking key: the run, the node, the key and
+    the digest of the run parameters it accepted (so a node's key cannot be presented to
+    peers that were shown other parameters)."""
     return transcript(
         _KEY_SIGNATURE_LABEL,
         bytes(run_salt),
         _check_uint64("node_id", node_id),
         _check_key_bytes("public_key", public_key),
+        bytes(parameters_digest),
     )
 
 
@@ -772,10 +873,12 @@ def check_signed_key_table(
     identity_keys: Mapping[int, bytes],
     signatures: Mapping[int, bytes],
     roster: Roster,
+    parameters_digest: bytes = b"",
 ) -> None:
     """Refuse (``ValueError``, fixed text) a key table unless every masking key is signed, for
-    this run and node id, by a distinct member of ``roster`` (authenticated key agreement: the
-    server can neither substitute a key nor invent a peer)."""
+    this run, node id and run parameters, by a distinct member of ``roster`` (authenticated
+    key agreement: the server can neither substitute a key nor invent a peer, nor show peers
+    other parameters)."""
     if set(identity_keys) != set(public_keys) or set(signatures) != set(public_keys):
         raise ValueError("the key table lacks an identity key or signature for some node")
     if len({bytes(key) for key in identity_keys.values()}) != len(identity_keys):
@@ -785,7 +888,9 @@ def check_signed_key_table(
         if identity not in roster:
             raise ValueError("a node of the key table is not on this node's roster")
         if not verify_signature(
-            identity, signatures[node], masking_key_transcript(run_salt, node, key)
+            identity,
+            signatures[node],
+            masking_key_transcript(run_salt, node, key, parameters_digest),
         ):
             raise ValueError("a masking key of the key table is not signed by its node")
 

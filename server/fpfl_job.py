@@ -82,6 +82,7 @@ from ..mechanisms.mmdm import (
     StatisticsLayout,
     fairness_gaps,
 )
+from ..mechanisms.protocol.fpfl import FPFLRunParameters
 from ..strategies.fpfl import FPFLProtocol, FPFLTraining
 from .fpfl_checkpoint import (
     RELEASE_LEDGER,
@@ -184,18 +185,25 @@ def train_fpfl(
     )
     layout: StatisticsLayout = statistics_layout(model, nodes.num_groups)
     active = [node for node in node_ids if node in nodes.users_by_node]
-    protocol = FPFLProtocol(
-        grid,
-        node_ids=active,
-        vector_size=layout.size,
+    parameters = FPFLRunParameters(
         population_size=population_size,
-        noise_multiplier=sigma,
+        cohort_size=config.fpfl_cohort_size,
+        rounds=config.fpfl_rounds,
         clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
-        masking=config.fpfl_secure_sum == "masking",
+        epsilon=config.fpfl_epsilon if config.fpfl_private else None,
+        delta=delta if config.fpfl_private else None,
+        noise_multiplier=sigma,
+        accountant=config.fpfl_accountant,
+        constraint=config.fpfl_constraint,
+        num_groups=nodes.num_groups,
+        vector_size=layout.size,
         distributed_noise=config.fpfl_noise == "distributed",
+        masking=config.fpfl_secure_sum == "masking",
         dropout_tolerance=config.fpfl_dropout_tolerance,
-        reply_timeout=config.reply_timeout,
         session=session,
+    )
+    protocol = FPFLProtocol(
+        grid, node_ids=active, parameters=parameters, reply_timeout=config.reply_timeout
     )
     protocol.setup()
     freeze_warm_heap()  # data, model and accountant are loaded: full collections skip them

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import warnings
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,12 +61,28 @@ from ..mechanisms.mmdm import (
     with_constraint_terms,
 )
 from ..mechanisms.protocol import (
+    FPFL_CONFIRM_MESSAGE_TYPE,
     FPFL_KEY,
     FPFL_KEYS_MESSAGE_TYPE,
     FPFL_REVEAL_MESSAGE_TYPE,
     FPFL_ROUND_MESSAGE_TYPE,
     FPFL_SETUP_MESSAGE_TYPE,
     METRICS_KEY,
+    MessageError,
+)
+from ..mechanisms.protocol.fpfl import (
+    WEIGHTS_ARRAY,
+    FPFLConfirmReply,
+    FPFLConfirmRequest,
+    FPFLKeysReply,
+    FPFLKeyTable,
+    FPFLRevealReply,
+    FPFLRevealRequest,
+    FPFLRoundReply,
+    FPFLRoundRequest,
+    FPFLRunParameters,
+    FPFLSetupReply,
+    FPFLSetupRequest,
 )
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import (
@@ -80,6 +97,7 @@ from .replies import LedgerTotals, send_and_receive, session_records
 
 __all__ = [
     "FPFLProtocol",
+    "FPFLRunParameters",
     "FPFLTraining",
     "FPFLTrainingResult",
     "RoundOutcome",
@@ -109,29 +127,18 @@ class FPFLProtocol:
     grid : flwr.serverapp.Grid
     node_ids : list[int]
         Nodes that described their data.
-    vector_size : int
-        Length of the statistic vector (``StatisticsLayout.size``).
-    population_size : int
-        ``K``: users over all nodes.
-    noise_multiplier : float
-        ``sigma`` (0 without noise).
-    clipping_bound : float or None
-        ``C``, the per-user L2 bound; None for the unclipped baselines (FL, FFL).
-    masking : bool
-        Pairwise-masked secure sum (``fpfl-secure-sum = "masking"``); False sends the nodes'
-        sums in the clear.
-    distributed_noise : bool
-        The nodes add the noise in shares (``fpfl-noise = "distributed"``); False: the
-        caller adds central noise to the recovered sum.
-    dropout_tolerance : float
-        ``rho`` in [0, 1): the fraction of nodes that may drop while the noise shares still
-        add up to the accounted noise.
+    parameters : FPFLRunParameters
+        What the run agrees on (``K``, ``m``, ``T``, epsilon, delta, sigma, ``C``, rho, the
+        constraint, the groups and vector size, the session): sent at setup, checked by every
+        node against its own settings and policy, and pinned for the run.
     reply_timeout : float
         Seconds to wait for the nodes' replies to one message.
-    session : str, optional
-        The label of this training when a run trains more than once (the pipeline:
-        ``"fpfl"`` and ``"pfl"``); nodes keep each session's keys and rounds apart and accept
-        only the labels their run config defines. ``""``: the run's only training.
+
+    The keyword form of earlier versions (``vector_size``, ``population_size``,
+    ``noise_multiplier``, ``clipping_bound``, ``masking``, ``distributed_noise``,
+    ``dropout_tolerance``, ``session``) is still accepted with a ``DeprecationWarning`` when the
+    values the nodes now check are given too (``cohort_size``, ``rounds``, ``epsilon``,
+    ``delta``, ``constraint``, ``num_groups``; ``accountant`` defaults to ``"rdp"``).
     """
 
     def __init__(
@@ -139,99 +146,142 @@ class FPFLProtocol:
         grid: Grid,
         *,
         node_ids: list[int],
-        vector_size: int,
-        population_size: int,
-        noise_multiplier: float,
-        clipping_bound: float | None,
-        masking: bool,
-        distributed_noise: bool,
-        dropout_tolerance: float,
         reply_timeout: float,
-        session: str = "",
+        parameters: FPFLRunParameters | None = None,
+        **legacy: Any,
     ) -> None:
+        if parameters is None:
+            parameters = _legacy_parameters(legacy)
+        elif legacy:
+            raise TypeError(
+                f"FPFLProtocol takes parameters= or the keyword form, not both: {sorted(legacy)}"
+            )
+        if not isinstance(parameters, FPFLRunParameters):
+            raise TypeError(
+                f"parameters must be FPFLRunParameters, got {type(parameters).__name__}"
+            )
         self.grid = grid
-        self.session = session
-        self.clipping_bound = clipping_bound
-        self._masking = masking
-        self.distributed_noise = distributed_noise
-        self.dropout_tolerance = dropout_tolerance
+        self.parameters = parameters
         self.reply_timeout = reply_timeout
         self.members = sorted(node_ids)
-        self.vector_size = vector_size
-        self.population_size = population_size
-        self.noise_multiplier = noise_multiplier
         self.public_keys: dict[int, bytes] = {}
         self.run_salt = secrets.token_bytes(16)
+        self.table: FPFLKeyTable | None = None
         self.setup_failed: list[tuple[int, str]] = []
         #: The largest privacy-ledger totals the nodes reported in their round replies (None
         #: if none did: nodes with fewer users than their ``min-users-for-counts`` send none).
         self.ledger_totals: LedgerTotals | None = None
 
-    # -- setup -----------------------------------------------------------------------------
+    # -- the run's values -------------------------------------------------------------------
+
+    @property
+    def session(self) -> str:
+        return self.parameters.session
 
     @property
     def masking(self) -> bool:
         """Pairwise masking on (``fpfl-secure-sum = "masking"``)."""
-        return self._masking
+        return self.parameters.masking
+
+    @property
+    def distributed_noise(self) -> bool:
+        return self.parameters.distributed_noise
+
+    @property
+    def dropout_tolerance(self) -> float:
+        return self.parameters.dropout_tolerance
+
+    @property
+    def clipping_bound(self) -> float | None:
+        return self.parameters.clipping_bound
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.parameters.noise_multiplier
+
+    @property
+    def population_size(self) -> int:
+        return self.parameters.population_size
+
+    @property
+    def vector_size(self) -> int:
+        return self.parameters.vector_size
+
+    @property
+    def run_digest(self) -> bytes:
+        """The digest every node pinned (after :meth:`setup`)."""
+        if self.table is None:
+            raise RuntimeError("the protocol is not set up (call setup() first)")
+        return self.table.run_digest()
+
+    # -- setup -----------------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Collect the nodes' masking public keys (signed when the nodes have identity keys),
-        then send the key table, which every node checks and pins for the run; nodes that
-        fail either step leave the run."""
-        if not self.masking:
-            return
+        """Propose the run parameters and collect the nodes' masking public keys (signed when
+        the nodes have identity keys), then send the member table, which every node checks and
+        pins for the run; nodes that refuse the parameters leave the run. A node that fails to
+        pin the table stays a member that never replies (dropped in every round)."""
+        request = FPFLSetupRequest(self.run_salt, self.parameters)
         messages = [
-            Message(
-                content=RecordDict(
-                    {
-                        FPFL_KEY: ConfigRecord({"run-salt": self.run_salt}),
-                        **session_records(self.session),
-                    }
-                ),
-                dst_node_id=node,
-                message_type=FPFL_SETUP_MESSAGE_TYPE,
+            self._message(
+                FPFL_SETUP_MESSAGE_TYPE, node, {FPFL_KEY: ConfigRecord(request.to_fields())}
             )
             for node in self.members
         ]
-        keys: dict[int, bytes] = {}
-        identities: dict[int, tuple[bytes, bytes]] = {}
+        digest = self.parameters.digest()
+        accepted: dict[int, FPFLSetupReply] = {}
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
-            if node not in self.members or node in keys:
+            if node not in self.members or node in accepted:
                 continue
             if reply.has_error():
                 self.setup_failed.append((node, reply.error.reason))
                 continue
-            record = reply.content.config_records.get(FPFL_KEY)
-            key = record.get("public-key") if record is not None else None
-            if not isinstance(key, bytes) or len(key) != 32:
+            try:
+                answer = FPFLSetupReply.from_fields(reply.content.config_records.get(FPFL_KEY, {}))
+            except MessageError as error:
+                self.setup_failed.append((node, f"malformed setup reply: {error}"))
+                continue
+            if answer.parameters_digest != digest:
+                self.setup_failed.append((node, "the node accepted other run parameters"))
+                continue
+            if self.masking and answer.public_key is None:
                 self.setup_failed.append((node, "malformed setup reply (no 32-byte public key)"))
                 continue
-            keys[node] = key
-            identity, signature = record.get("identity-key"), record.get("signature")
-            if isinstance(identity, bytes) and isinstance(signature, bytes):
-                identities[node] = (identity, signature)
-        self._record_missing(keys, "no setup reply")
-        self.members = sorted(keys)
+            accepted[node] = answer
+        self._record_missing(accepted, "no setup reply")
+        self.members = sorted(accepted)
         self._check_members("the setup")
-        table: dict[str, object] = {
-            "run-salt": self.run_salt,
-            "peer-ids": list(self.members),
-            "peer-keys": [keys[node] for node in self.members],
-        }
-        if set(identities) == set(self.members):
-            table["identity-keys"] = [identities[node][0] for node in self.members]
-            table["signatures"] = [identities[node][1] for node in self.members]
-        messages = [
-            Message(
-                content=RecordDict(
-                    {FPFL_KEY: ConfigRecord(table), **session_records(self.session)}  # type: ignore[arg-type]
+        table = FPFLKeyTable(
+            run_salt=self.run_salt, parameters_digest=digest, members=tuple(self.members)
+        )
+        if self.masking:
+            signed = all(accepted[node].signature is not None for node in self.members)
+            codec = self._codec(len(self.members))
+            table = FPFLKeyTable(
+                run_salt=self.run_salt,
+                parameters_digest=digest,
+                members=tuple(self.members),
+                public_keys=tuple(accepted[node].public_key for node in self.members),  # type: ignore[misc]
+                identity_keys=(
+                    tuple(accepted[node].identity_key or b"" for node in self.members)
+                    if signed
+                    else ()
                 ),
-                dst_node_id=node,
-                message_type=FPFL_KEYS_MESSAGE_TYPE,
+                signatures=(
+                    tuple(accepted[node].signature or b"" for node in self.members)
+                    if signed
+                    else ()
+                ),
+                codec_clip_range=codec.clip_range,
+                codec_scale=codec.scale,
             )
+        self.table = table
+        messages = [
+            self._message(FPFL_KEYS_MESSAGE_TYPE, node, {FPFL_KEY: ConfigRecord(table.to_fields())})
             for node in self.members
         ]
+        run_digest = table.run_digest()
         pinned: set[int] = set()
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
@@ -240,11 +290,30 @@ class FPFLProtocol:
             if reply.has_error():
                 self.setup_failed.append((node, reply.error.reason))
                 continue
+            try:
+                answer = FPFLKeysReply.from_fields(reply.content.config_records.get(FPFL_KEY, {}))
+            except MessageError as error:
+                self.setup_failed.append((node, f"malformed reply to the key table: {error}"))
+                continue
+            if answer.run_digest != run_digest:
+                self.setup_failed.append((node, "the node pinned another member table"))
+                continue
             pinned.add(node)
         self._record_missing(pinned, "no reply to the key table")
-        self.public_keys = {node: keys[node] for node in sorted(pinned)}
-        self.members = sorted(pinned)
-        self._check_members("the key table")
+        if self.masking:
+            self.public_keys = {node: accepted[node].public_key for node in sorted(pinned)}  # type: ignore[misc]
+        if len(pinned) < (2 if self.masking else 1):
+            raise RuntimeError(
+                f"secure aggregation needs at least 2 nodes; {len(pinned)} pinned the member "
+                f"table ({self.setup_failed})"
+            )
+
+    def _message(self, message_type: str, node: int, records: dict[str, Any]) -> Message:
+        return Message(
+            content=RecordDict({**records, **session_records(self.session)}),
+            dst_node_id=node,
+            message_type=message_type,
+        )
 
     def _record_missing(self, answered: Collection[int], reason: str) -> None:
         failed = {node for node, _ in self.setup_failed}
@@ -253,7 +322,7 @@ class FPFLProtocol:
         ]
 
     def _check_members(self, step: str) -> None:
-        if len(self.members) < 2:
+        if len(self.members) < (2 if self.masking else 1):
             raise RuntimeError(
                 f"secure aggregation needs at least 2 nodes; {len(self.members)} answered "
                 f"{step} ({self.setup_failed})"
@@ -269,55 +338,47 @@ class FPFLProtocol:
     def noise_share_std(self) -> float:
         """Std of one node's noise share (distributed noise), by the nodes' own rule
         (:func:`~fedparity.mechanisms.secure_sum.noise_share_std`: ``C sigma / sqrt(n_min)``)."""
-        if not self.distributed_noise or self.noise_multiplier == 0:
+        if not self.parameters.noisy_shares:
             return 0.0
         if self.clipping_bound is None:
             raise ValueError("distributed noise needs a clipping bound (clipping_bound is None)")
         return noise_share_std(self.clipping_bound, self.noise_multiplier, self.min_survivors())
 
-    def codec(self) -> FixedPointCodec:
-        """The fixed-point encoding of a round, by the nodes' own rule
-        (:func:`~fedparity.mechanisms.secure_sum.contribution_codec`; never sent to them)."""
-        noise_std = (
-            (self.clipping_bound or 0.0) * self.noise_multiplier
-            if self.noise_share_std() > 0
-            else 0.0
-        )
+    def _codec(self, num_members: int) -> FixedPointCodec:
         return contribution_codec(
             per_user_bound=self.clipping_bound,
             population_size=self.population_size,
-            noise_std=noise_std,
-            num_nodes=len(self.members),
+            noise_std=(self.clipping_bound or 0.0) * self.noise_multiplier
+            if self.parameters.noisy_shares
+            else 0.0,
+            num_nodes=num_members,
         )
+
+    def codec(self) -> FixedPointCodec:
+        """The fixed-point encoding of the run, by the nodes' own rule
+        (:func:`~fedparity.mechanisms.secure_sum.contribution_codec` of the pinned ``K``, ``C``,
+        sigma and members); sent in the member table, which every node compares with its
+        own."""
+        return self._codec(len(self.members))
 
     # -- one round -------------------------------------------------------------------------
 
-    def round_config(self, round_number: int) -> ConfigRecord:
-        """Public parameters of round ``round_number``."""
-        values: dict[str, object] = {
-            "round": round_number,
-            "population-size": self.population_size,
-            "peer-ids": list(self.members),
-        }
-        return ConfigRecord(values)  # type: ignore[arg-type]
-
     def run_round(self, round_number: int, weights: NDArray[np.float64]) -> RoundOutcome:
         """Send the weights, collect the (masked) node sums and recover their total."""
-        arrays = ArrayRecord({"weights": Array(np.asarray(weights, dtype=np.float64))})
-        settings = self.round_config(round_number)
+        request = FPFLRoundRequest(
+            round_number, self.run_digest, np.asarray(weights, dtype=np.float64)
+        )
+        arrays = ArrayRecord({WEIGHTS_ARRAY: Array(request.weights)})
         messages = [
-            Message(
-                content=RecordDict(
-                    {FPFL_KEY: arrays, "config": settings, **session_records(self.session)}
-                ),
-                dst_node_id=node,
-                message_type=FPFL_ROUND_MESSAGE_TYPE,
+            self._message(
+                FPFL_ROUND_MESSAGE_TYPE,
+                node,
+                {FPFL_KEY: arrays, "config": ConfigRecord(request.to_fields())},
             )
             for node in self.members
         ]
         outcome = RoundOutcome(round=round_number, total=None)
-        received: dict[int, NDArray] = {}
-        sealed: dict[int, tuple[dict[int, bytes], int]] = {}
+        received: dict[int, FPFLRoundReply] = {}
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
             if node not in self.members or node in received:
@@ -325,24 +386,17 @@ class FPFLProtocol:
             if reply.has_error():
                 outcome.rejected.append((node, reply.error.reason))
                 continue
-            vector, reason = self._read_reply(reply)
             try:
+                answer = self._read_reply(reply, node)
                 totals = LedgerTotals.from_metrics(
                     reply.content.metric_records.get(METRICS_KEY, {})
                 )
-            except ValueError as error:
-                vector, reason = None, f"malformed reply: {error}"
-            if vector is not None and self.masking:
-                shares, reason = self._read_shares(reply, node)
-                vector = vector if shares is not None else None
-            if vector is None:
-                outcome.rejected.append((node, reason))
+            except ValueError as error:  # MessageError included
+                outcome.rejected.append((node, f"malformed reply: {error}"))
                 continue
-            received[node] = vector
+            received[node] = answer
             if totals is not None:
                 self.ledger_totals = totals.merge(self.ledger_totals)
-            if self.masking:
-                sealed[node] = shares  # type: ignore[assignment]
         outcome.replied = sorted(received)
         outcome.missing = sorted(set(self.members) - set(received))
         if not received:
@@ -359,68 +413,50 @@ class FPFLProtocol:
             )
             return outcome
         if not self.masking:
-            outcome.total = np.sum([received[node] for node in outcome.replied], axis=0)
+            outcome.total = np.sum([received[node].vector for node in outcome.replied], axis=0)
             return outcome
-        return self._unmask(round_number, received, sealed, outcome)
+        return self._unmask(round_number, received, outcome)
 
-    def _read_shares(
-        self, reply: Message, node: int
-    ) -> tuple[tuple[dict[int, bytes], int] | None, str]:
-        """``({recipient: sealed share}, threshold)`` of a masked reply: one share for every
-        other member, and how many of them rebuild the node's self-mask seed."""
-        record = reply.content.config_records.get("shares")
-        try:
-            recipients = [int(peer) for peer in record["recipients"]]  # type: ignore[index]
-            boxes = [bytes(box) for box in record["sealed"]]  # type: ignore[index]
-            threshold = record["threshold"]  # type: ignore[index]
-        except (KeyError, TypeError, ValueError):
-            return None, "malformed reply: no sealed shares"
-        if sorted(recipients) != sorted(set(self.members) - {node}) or len(boxes) != len(
-            recipients
-        ):
-            return None, "malformed reply: the sealed shares are not one per other member"
-        if (
-            not isinstance(threshold, int)
-            or isinstance(threshold, bool)
-            or not 2 <= threshold <= len(self.members)
-        ):
-            return None, (
-                f"malformed reply: the share threshold must be an integer in "
-                f"[2, {len(self.members)}], got {threshold!r}"
-            )
-        return (dict(zip(recipients, boxes, strict=True)), threshold), ""
-
-    def _read_reply(self, reply: Message) -> tuple[NDArray | None, str]:
+    def _read_reply(self, reply: Message, node: int) -> FPFLRoundReply:
         record = reply.content.array_records.get(FPFL_KEY)
-        name, dtype = ("masked", np.uint64) if self.masking else ("sum", np.float64)
-        if record is None or name not in record:
-            return None, f"malformed reply: no array {name!r} in record {FPFL_KEY!r}"
-        try:
-            vector = record[name].numpy()
-        except Exception as error:  # noqa: BLE001 - any deserialisation failure is a rejection
-            return None, f"malformed reply: {error!r}"
-        if vector.dtype != dtype or vector.shape != (self.vector_size,):
-            return None, (
-                f"malformed reply: {name} must be {np.dtype(dtype).name} of shape "
-                f"({self.vector_size},), got {vector.dtype} {vector.shape}"
-            )
-        if dtype == np.float64 and not np.all(np.isfinite(vector)):
-            return None, "malformed reply: non-finite values"
-        return vector, ""
+        arrays: dict[str, np.ndarray] = {}
+        if record is not None:
+            for name in record:
+                try:
+                    arrays[name] = record[name].numpy()
+                except Exception as error:  # noqa: BLE001 - unreadable: a malformed reply
+                    raise MessageError(
+                        f"message array {name!r} is unreadable ({error!r})"
+                    ) from None
+        answer = FPFLRoundReply.from_fields(
+            reply.content.config_records.get("shares", {}),
+            arrays,
+            masked=self.masking,
+            vector_size=self.vector_size,
+        )
+        if self.masking:
+            if sorted(answer.recipients) != sorted(set(self.members) - {node}):
+                raise MessageError("the sealed shares are not one per other member")
+            if not 2 <= answer.threshold <= len(self.members):
+                raise MessageError(
+                    f"the share threshold must be an integer in [2, {len(self.members)}]"
+                )
+        return answer
 
     def _unmask(
         self,
         round_number: int,
-        received: dict[int, NDArray],
-        sealed: dict[int, tuple[dict[int, bytes], int]],
+        received: dict[int, FPFLRoundReply],
         outcome: RoundOutcome,
     ) -> RoundOutcome:
-        """The unmask exchange (every masked round): each survivor asked returns the shares of the
-        survivors' self-masks and its pair seeds with the dropped nodes; the server rebuilds
-        the self-mask seeds (Shamir) and removes every mask (Bonawitz et al. 2017)."""
+        """The unmask exchange (every masked round): each survivor asked returns the shares of
+        the survivors' self-masks and its pair seeds with the dropped nodes; the server rebuilds
+        the self-mask seeds (Shamir) and removes every mask (Bonawitz et al. 2017). A round in
+        which a node dropped first asks the survivors to attest the view (the consistency
+        check): nodes reveal nothing for a view too few members attested."""
         survivors = outcome.replied
         dropped = outcome.missing
-        thresholds = {node: sealed[node][1] for node in survivors}
+        thresholds = {node: received[node].threshold for node in survivors}
         short = sorted(node for node in survivors if thresholds[node] > len(survivors))
         if short:
             # Nobody is asked to reveal anything for a sum that could not be unmasked.
@@ -429,13 +465,23 @@ class FPFLProtocol:
                 f"(share threshold {max(thresholds[node] for node in short)})"
             )
             return outcome
-        boxes = {node: sealed[node][0] for node in survivors}
+        attestations: dict[int, dict[int, bytes]] = {}
+        if dropped:
+            attestations, failures = self._confirm(round_number, survivors, dropped)
+            if failures:
+                outcome.rejected += failures
+        boxes = {
+            node: dict(zip(received[node].recipients, received[node].sealed, strict=True))
+            for node in survivors
+        }
         # Every seed is rebuilt from the shares of the smallest indices, those the first
         # survivors (in the members' order) hold: with nobody dropped, only as many
         # survivors as the largest threshold are asked; a dropped node's pair masks need
         # the pair seed of every survivor, so then all are asked.
         asked = survivors if dropped else survivors[: max(thresholds.values())]
-        answers, failures = self._reveal(round_number, survivors, dropped, boxes, asked)
+        answers, failures = self._reveal(
+            round_number, survivors, dropped, boxes, asked, attestations
+        )
         if failures:
             outcome.reason = (
                 f"{len(dropped)} node(s) dropped and the survivors did not unmask the sum "
@@ -445,11 +491,19 @@ class FPFLProtocol:
             )
             outcome.rejected += failures
             return outcome
-        revealed = {pair: seed for _, seeds in answers.values() for pair, seed in seeds.items()}
+        revealed = {
+            (node, peer): seed
+            for node, answer in answers.items()
+            for peer, seed in zip(answer.dropped, answer.seeds, strict=True)
+        }
         try:
             self_seeds = {
                 owner: combine_self_seed(
-                    [shares[owner] for shares, _ in answers.values()], thresholds[owner]
+                    [
+                        dict(zip(answer.share_owners, answer.self_shares, strict=True))[owner]
+                        for answer in answers.values()
+                    ],
+                    thresholds[owner],
                 )
                 for owner in survivors
             }
@@ -458,7 +512,7 @@ class FPFLProtocol:
             return outcome
         try:
             masked_total = unmask_sum(
-                received,
+                {node: received[node].vector for node in survivors},
                 revealed,
                 round_number,
                 self.vector_size,
@@ -471,6 +525,42 @@ class FPFLProtocol:
             outcome.reason = f"the unmasked sum is not a sum of encodings ({error})"
         return outcome
 
+    def _confirm(
+        self, round_number: int, survivors: list[int], dropped: list[int]
+    ) -> tuple[dict[int, dict[int, bytes]], list[tuple[int, str]]]:
+        """``{attester: {recipient: MAC}}``: the survivors' attestations of the view (a round
+        with dropped nodes), and the survivors that did not attest."""
+        request = FPFLConfirmRequest(round_number, tuple(survivors), tuple(dropped))
+        messages = [
+            self._message(
+                FPFL_CONFIRM_MESSAGE_TYPE, node, {FPFL_KEY: ConfigRecord(request.to_fields())}
+            )
+            for node in survivors
+        ]
+        attestations: dict[int, dict[int, bytes]] = {}
+        failures: list[tuple[int, str]] = []
+        for reply in send_and_receive(self.grid, messages, self.reply_timeout):
+            node = int(reply.metadata.src_node_id)
+            if node not in survivors or node in attestations:
+                continue
+            if reply.has_error():
+                failures.append((node, f"attestation refused or failed: {reply.error.reason}"))
+                continue
+            try:
+                answer = FPFLConfirmReply.from_fields(
+                    reply.content.config_records.get(FPFL_KEY, {})
+                )
+            except MessageError as error:
+                failures.append((node, f"malformed attestation: {error}"))
+                continue
+            attestations[node] = dict(zip(answer.recipients, answer.attestations, strict=True))
+        failures += [
+            (node, "no attestation")
+            for node in survivors
+            if node not in attestations and node not in {n for n, _ in failures}
+        ]
+        return attestations, failures
+
     def _reveal(
         self,
         round_number: int,
@@ -478,31 +568,30 @@ class FPFLProtocol:
         dropped: list[int],
         sealed: dict[int, dict[int, bytes]],
         asked: list[int],
-    ) -> tuple[
-        dict[int, tuple[dict[int, bytes], dict[tuple[int, int], bytes]]], list[tuple[int, str]]
-    ]:
-        """``{survivor: ({owner: self-mask share}, {(survivor, dropped): pair seed})}`` of the
-        ``asked`` survivors, and those of them that failed to answer."""
+        attestations: dict[int, dict[int, bytes]],
+    ) -> tuple[dict[int, FPFLRevealReply], list[tuple[int, str]]]:
+        """The unmask answers of the ``asked`` survivors, and those of them that failed."""
         messages = []
         for node in asked:
-            senders = [peer for peer in survivors if peer != node]
-            settings = ConfigRecord(
-                {
-                    "round": round_number,
-                    "survivors": list(survivors),
-                    "dropped": list(dropped),
-                    "share-senders": senders,
-                    "shares": [sealed[peer][node] for peer in senders],
-                }
+            senders = tuple(peer for peer in survivors if peer != node)
+            attesters = tuple(
+                peer for peer in sorted(attestations) if peer != node and node in attestations[peer]
+            )
+            request = FPFLRevealRequest(
+                round=round_number,
+                survivors=tuple(survivors),
+                dropped=tuple(dropped),
+                share_senders=senders,
+                shares=tuple(sealed[peer][node] for peer in senders),
+                attesters=attesters,
+                attestations=tuple(attestations[peer][node] for peer in attesters),
             )
             messages.append(
-                Message(
-                    content=RecordDict({FPFL_KEY: settings, **session_records(self.session)}),
-                    dst_node_id=node,
-                    message_type=FPFL_REVEAL_MESSAGE_TYPE,
+                self._message(
+                    FPFL_REVEAL_MESSAGE_TYPE, node, {FPFL_KEY: ConfigRecord(request.to_fields())}
                 )
             )
-        answers: dict[int, tuple[dict[int, bytes], dict[tuple[int, int], bytes]]] = {}
+        answers: dict[int, FPFLRevealReply] = {}
         failures: list[tuple[int, str]] = []
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
             node = int(reply.metadata.src_node_id)
@@ -511,31 +600,82 @@ class FPFLProtocol:
             if reply.has_error():
                 failures.append((node, f"unmask refused or failed: {reply.error.reason}"))
                 continue
-            record = reply.content.config_records.get(FPFL_KEY)
             try:
-                owners = [int(owner) for owner in record["share-owners"]]  # type: ignore[index]
-                shares = [bytes(share) for share in record["self-shares"]]  # type: ignore[index]
-                peers = [int(peer) for peer in record["dropped"]]  # type: ignore[index]
-                seeds = [bytes(seed) for seed in record["seeds"]]  # type: ignore[index]
-            except (KeyError, TypeError, ValueError) as error:
-                failures.append((node, f"malformed unmask reply: {error!r}"))
+                answer = FPFLRevealReply.from_fields(reply.content.config_records.get(FPFL_KEY, {}))
+            except MessageError as error:
+                failures.append((node, f"malformed unmask reply: {error}"))
                 continue
-            if (
-                sorted(owners) != sorted(survivors)
-                or len(shares) != len(owners)
-                or sorted(peers) != sorted(dropped)
-                or len(seeds) != len(peers)
+            if sorted(answer.share_owners) != sorted(survivors) or sorted(answer.dropped) != sorted(
+                dropped
             ):
                 failures.append((node, "malformed unmask reply: wrong owners or peers"))
                 continue
-            answers[node] = (
-                dict(zip(owners, shares, strict=True)),
-                {(node, peer): seed for peer, seed in zip(peers, seeds, strict=True)},
-            )
+            answers[node] = answer
         failures += [(node, "no unmask reply") for node in asked if node not in answers]
         if failures:
             log(logging.WARNING, "FPFL round %d: unmasking failed: %s", round_number, failures)
         return answers, failures
+
+
+_LEGACY_KEYS = {
+    "vector_size",
+    "population_size",
+    "noise_multiplier",
+    "clipping_bound",
+    "masking",
+    "distributed_noise",
+    "dropout_tolerance",
+    "session",
+    "cohort_size",
+    "rounds",
+    "epsilon",
+    "delta",
+    "accountant",
+    "constraint",
+    "num_groups",
+}
+
+
+def _legacy_parameters(values: dict[str, Any]) -> FPFLRunParameters:
+    """:class:`FPFLRunParameters` from the keyword form of earlier versions (deprecated)."""
+    unknown = sorted(set(values) - _LEGACY_KEYS)
+    if unknown:
+        raise TypeError(f"FPFLProtocol got unexpected keyword argument(s) {unknown}")
+    needed = ["cohort_size", "rounds", "epsilon", "constraint", "num_groups"]
+    missing = [key for key in needed if key not in values]
+    if missing:
+        raise TypeError(
+            "FPFLProtocol needs the run's parameters, which every node checks against its own "
+            f"settings: pass parameters=FPFLRunParameters(...) (missing: {', '.join(missing)})"
+        )
+    warnings.warn(
+        "FPFLProtocol(vector_size=..., population_size=..., ...) is deprecated: pass "
+        "parameters=FPFLRunParameters(...)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    epsilon = values["epsilon"]
+    population = int(values["population_size"])
+    delta = values.get("delta")
+    if epsilon is not None and delta is None:
+        delta = 1.0 / population
+    return FPFLRunParameters(
+        population_size=population,
+        cohort_size=int(values["cohort_size"]),
+        rounds=int(values["rounds"]),
+        clipping_bound=values.get("clipping_bound"),
+        epsilon=epsilon,
+        delta=delta if epsilon is not None else None,
+        noise_multiplier=float(values.get("noise_multiplier", 0.0)),
+        accountant=str(values.get("accountant", "rdp")),
+        constraint=str(values["constraint"]),
+        num_groups=int(values["num_groups"]),
+        vector_size=int(values["vector_size"]),
+        distributed_noise=bool(values.get("distributed_noise", True)),
+        masking=bool(values.get("masking", True)),
+        dropout_tolerance=float(values.get("dropout_tolerance", 0.2)),
+        session=str(values.get("session", "")),
+    )
 
 
 # -- training ------------------------------------------------------------------------------

@@ -20,16 +20,27 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from torch import nn
 
 from fedparity.clients import FPFLNodeSettings, FPFLShard, fpfl_handlers
+from fedparity.clients.fpfl_handlers import FPFL_STATE_KEY, FPFLRunState
 from fedparity.clients.fpfl_node import cohort_contribution
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.clients.identity import NodeIdentity
+from fedparity.clients.messages import session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
-from fedparity.mechanisms.secure_sum import (
-    combine_self_seed,
-    contribution_codec,
-    unmask_sum,
+from fedparity.mechanisms.protocol.fpfl import (
+    MASKED_ARRAY,
+    WEIGHTS_ARRAY,
+    FPFLConfirmReply,
+    FPFLConfirmRequest,
+    FPFLKeyTable,
+    FPFLRevealReply,
+    FPFLRevealRequest,
+    FPFLRoundRequest,
+    FPFLRunParameters,
+    FPFLSetupReply,
+    FPFLSetupRequest,
 )
+from fedparity.mechanisms.secure_sum import combine_self_seed, unmask_sum
 
 USERS = 20
 CLIP = 1.0
@@ -97,6 +108,38 @@ class RoundReplies:
     thresholds: dict[int, int] = field(default_factory=dict)
 
 
+def run_parameters(
+    settings: FPFLNodeSettings,
+    *,
+    population: int = POPULATION,
+    session: str = "",
+    noise_multiplier: float | None = None,
+) -> FPFLRunParameters:
+    """The run parameters an honest server proposes for nodes with ``settings`` (sigma from the
+    nodes' own calibration unless given)."""
+    sigma = settings.noise_multiplier(population) if noise_multiplier is None else noise_multiplier
+    delta = None
+    if settings.epsilon is not None:
+        delta = settings.delta if settings.delta is not None else 1.0 / population
+    return FPFLRunParameters(
+        population_size=population,
+        cohort_size=settings.cohort_size,
+        rounds=settings.rounds,
+        clipping_bound=settings.clipping_bound,
+        epsilon=settings.epsilon,
+        delta=delta,
+        noise_multiplier=sigma,
+        accountant=settings.accountant,
+        constraint=settings.constraint,
+        num_groups=2,
+        vector_size=statistics_layout(make_model(), 2).size,
+        distributed_noise=settings.distributed_noise,
+        masking=settings.masking,
+        dropout_tolerance=settings.dropout_tolerance,
+        session=session,
+    )
+
+
 class MaskingNodes:
     """``node_ids`` real FPFL nodes; see the module docstring."""
 
@@ -109,6 +152,7 @@ class MaskingNodes:
         identities: Mapping[int, NodeIdentity] | None = None,
         node_config: Mapping[int, dict] | None = None,
         sessions: Sequence[str] = ("",),
+        population: int = POPULATION,
     ) -> None:
         """Each node keeps its privacy ledger in its own folder (node config ``ledger-dir``,
         default: a temporary folder removed with this object). ``sessions``: the trainings
@@ -117,6 +161,7 @@ class MaskingNodes:
         self.session = ""
         self._ledgers = tempfile.TemporaryDirectory(prefix="fedparity-ledgers-")
         self.settings = settings
+        self.population = population
         self.identities = dict(identities or {})
         self.handlers = fpfl_handlers(
             make_model,
@@ -141,10 +186,17 @@ class MaskingNodes:
             )
             for node in self.ids
         }
-        self.setup_replies: dict[int, ConfigRecord] = {}
+        self.setup_replies: dict[int, FPFLSetupReply] = {}
+        #: The table pinned last, per session.
+        self.tables: dict[str, FPFLKeyTable] = {}
         self.weights = get_flat_parameters(make_model())
 
     # -- messages ----------------------------------------------------------------------------
+
+    @property
+    def parameters(self) -> FPFLRunParameters:
+        """What an honest server proposes for this run (and session)."""
+        return run_parameters(self.settings, population=self.population, session=self.session)
 
     def send(self, action: str, node: int, content: RecordDict) -> Message:
         if self.session:
@@ -152,63 +204,104 @@ class MaskingNodes:
         message = Message(content, dst_node_id=node, message_type=f"query.{action}")
         return self.handlers[action](message, self.contexts[node])
 
-    def setup(self) -> None:
-        for node in self.ids:
-            reply = self.send(
-                "fpfl_setup", node, RecordDict({FPFL_KEY: ConfigRecord({"run-salt": SALT})})
-            )
-            self.setup_replies[node] = reply.content.config_records[FPFL_KEY]
+    def setup_message(self, parameters: FPFLRunParameters | None = None) -> RecordDict:
+        request = FPFLSetupRequest(SALT, parameters or self.parameters)
+        return RecordDict({FPFL_KEY: ConfigRecord(request.to_fields())})
 
-    def key_table(self) -> dict[str, object]:
+    def setup(
+        self,
+        parameters: FPFLRunParameters | Mapping[int, FPFLRunParameters] | None = None,
+        nodes: Sequence[int] | None = None,
+    ) -> None:
+        """Send the setup to ``nodes`` (default: all) with ``parameters`` (default: the honest
+        ones; a mapping gives each node its own view, as an active server could)."""
+        for node in nodes if nodes is not None else self.ids:
+            proposed = parameters.get(node) if isinstance(parameters, Mapping) else parameters
+            reply = self.send("fpfl_setup", node, self.setup_message(proposed))
+            self.setup_replies[node] = FPFLSetupReply.from_fields(
+                reply.content.config_records[FPFL_KEY]
+            )
+
+    def key_table(
+        self,
+        parameters: FPFLRunParameters | None = None,
+        members: Sequence[int] | None = None,
+    ) -> FPFLKeyTable:
         """The table an honest server sends (with the signatures when every node sent one)."""
-        table: dict[str, object] = {
-            "run-salt": SALT,
-            "peer-ids": list(self.ids),
-            "peer-keys": [bytes(self.setup_replies[n]["public-key"]) for n in self.ids],
-        }
-        if all("signature" in self.setup_replies[n] for n in self.ids):
-            table["identity-keys"] = [
-                bytes(self.setup_replies[n]["identity-key"]) for n in self.ids
-            ]
-            table["signatures"] = [bytes(self.setup_replies[n]["signature"]) for n in self.ids]
-        return table
+        parameters = parameters or self.parameters
+        members = sorted(members if members is not None else self.ids)
+        replies = [self.setup_replies[node] for node in members]
+        signed = all(reply.signature is not None for reply in replies)
+        codec = self.codec(len(members), parameters=parameters)
+        return FPFLKeyTable(
+            run_salt=SALT,
+            parameters_digest=parameters.digest(),
+            members=tuple(members),
+            public_keys=tuple(reply.public_key for reply in replies)  # type: ignore[misc]
+            if parameters.masking
+            else (),
+            identity_keys=tuple(reply.identity_key for reply in replies) if signed else (),  # type: ignore[misc]
+            signatures=tuple(reply.signature for reply in replies) if signed else (),  # type: ignore[misc]
+            codec_clip_range=codec.clip_range if parameters.masking else None,
+            codec_scale=codec.scale if parameters.masking else None,
+        )
 
     def pin(
-        self, table: Mapping[str, object] | None = None, nodes: Sequence[int] | None = None
+        self,
+        table: FPFLKeyTable | Mapping[str, object] | None = None,
+        nodes: Sequence[int] | None = None,
     ) -> None:
+        table = table if table is not None else self.key_table()
+        if isinstance(table, FPFLKeyTable):
+            self.table = table
+        fields = table.to_fields() if isinstance(table, FPFLKeyTable) else dict(table)
         for node in nodes if nodes is not None else self.ids:
-            self.send(
-                "fpfl_keys",
-                node,
-                RecordDict({FPFL_KEY: ConfigRecord(dict(table or self.key_table()))}),  # type: ignore[arg-type]
-            )
+            self.send("fpfl_keys", node, RecordDict({FPFL_KEY: ConfigRecord(fields)}))  # type: ignore[arg-type]
+
+    @property
+    def table(self) -> FPFLKeyTable | None:
+        """The table pinned last in the current session."""
+        return self.tables.get(self.session)
+
+    @table.setter
+    def table(self, table: FPFLKeyTable) -> None:
+        self.tables[self.session] = table
+
+    @property
+    def run_digest(self) -> bytes:
+        assert self.table is not None, "pin() first"
+        return self.table.run_digest()
 
     def round_message(
-        self, round_number: int, members: Sequence[int], population: int = POPULATION
+        self,
+        round_number: int,
+        run_digest: bytes | None = None,
+        weights: np.ndarray | None = None,
     ) -> RecordDict:
-        config = ConfigRecord(
-            {"round": round_number, "population-size": population, "peer-ids": list(members)}
+        request = FPFLRoundRequest(
+            round_number,
+            run_digest if run_digest is not None else self.run_digest,
+            self.weights if weights is None else weights,
         )
         return RecordDict(
-            {FPFL_KEY: ArrayRecord({"weights": Array(self.weights)}), "config": config}
+            {
+                FPFL_KEY: ArrayRecord({WEIGHTS_ARRAY: Array(request.weights)}),
+                "config": ConfigRecord(request.to_fields()),
+            }
         )
 
     def round(
         self,
         round_number: int,
-        members: Sequence[int] | None = None,
         nodes: Sequence[int] | None = None,
-        population: int = POPULATION,
+        run_digest: bytes | None = None,
     ) -> RoundReplies:
-        """Send round ``round_number`` to ``nodes`` (default: the members) and read the
+        """Send round ``round_number`` to ``nodes`` (default: every member) and read the
         replies."""
-        members = list(members if members is not None else self.ids)
         replies = RoundReplies()
-        for node in nodes if nodes is not None else members:
-            reply = self.send(
-                "fpfl_round", node, self.round_message(round_number, members, population)
-            )
-            replies.masked[node] = reply.content.array_records[FPFL_KEY]["masked"].numpy()
+        for node in nodes if nodes is not None else self.ids:
+            reply = self.send("fpfl_round", node, self.round_message(round_number, run_digest))
+            replies.masked[node] = reply.content.array_records[FPFL_KEY][MASKED_ARRAY].numpy()
             shares = reply.content.config_records["shares"]
             replies.sealed[node] = dict(
                 zip(
@@ -220,6 +313,23 @@ class MaskingNodes:
             replies.thresholds[node] = int(shares["threshold"])  # type: ignore[arg-type]
         return replies
 
+    def confirm(
+        self, round_number: int, node: int, survivors: Sequence[int], dropped: Sequence[int]
+    ) -> dict[int, bytes]:
+        """Node ``node``'s attestations of the view: ``{recipient: MAC}``."""
+        request = FPFLConfirmRequest(round_number, tuple(survivors), tuple(dropped))
+        reply = self.send(
+            "fpfl_confirm", node, RecordDict({FPFL_KEY: ConfigRecord(request.to_fields())})
+        )
+        answer = FPFLConfirmReply.from_fields(reply.content.config_records[FPFL_KEY])
+        return dict(zip(answer.recipients, answer.attestations, strict=True))
+
+    def attest(
+        self, round_number: int, survivors: Sequence[int], dropped: Sequence[int]
+    ) -> dict[int, dict[int, bytes]]:
+        """Every survivor's attestations of the view (``{attester: {recipient: MAC}}``)."""
+        return {node: self.confirm(round_number, node, survivors, dropped) for node in survivors}
+
     def unmask_content(
         self,
         round_number: int,
@@ -227,21 +337,24 @@ class MaskingNodes:
         survivors: Sequence[int],
         dropped: Sequence[int],
         sealed: Mapping[int, Mapping[int, bytes]],
+        attestations: Mapping[int, Mapping[int, bytes]] | None = None,
     ) -> RecordDict:
-        senders = [peer for peer in survivors if peer != node]
-        return RecordDict(
-            {
-                FPFL_KEY: ConfigRecord(
-                    {
-                        "round": round_number,
-                        "survivors": list(survivors),
-                        "dropped": list(dropped),
-                        "share-senders": senders,
-                        "shares": [sealed[peer][node] for peer in senders],
-                    }
-                )
-            }
+        senders = tuple(peer for peer in survivors if peer != node)
+        attesters = tuple(
+            peer
+            for peer in sorted(attestations or {})
+            if peer != node and node in (attestations or {})[peer]
         )
+        request = FPFLRevealRequest(
+            round=round_number,
+            survivors=tuple(survivors),
+            dropped=tuple(dropped),
+            share_senders=senders,
+            shares=tuple(sealed[peer][node] for peer in senders),
+            attesters=attesters,
+            attestations=tuple((attestations or {})[peer][node] for peer in attesters),
+        )
+        return RecordDict({FPFL_KEY: ConfigRecord(request.to_fields())})
 
     def unmask(
         self,
@@ -250,45 +363,45 @@ class MaskingNodes:
         survivors: Sequence[int],
         dropped: Sequence[int],
         sealed: Mapping[int, Mapping[int, bytes]],
+        attestations: Mapping[int, Mapping[int, bytes]] | None = None,
     ) -> tuple[dict[int, bytes], dict[tuple[int, int], bytes]]:
         """Node ``node``'s unmask answer: ``({owner: self-mask share}, {(node, d): seed})``."""
         reply = self.send(
             "fpfl_reveal",
             node,
-            self.unmask_content(round_number, node, survivors, dropped, sealed),
+            self.unmask_content(round_number, node, survivors, dropped, sealed, attestations),
         )
-        record = reply.content.config_records[FPFL_KEY]
-        shares = dict(
-            zip(
-                [int(o) for o in record["share-owners"]],  # type: ignore[union-attr]
-                [bytes(s) for s in record["self-shares"]],  # type: ignore[union-attr]
-                strict=True,
-            )
-        )
+        answer = FPFLRevealReply.from_fields(reply.content.config_records[FPFL_KEY])
+        shares = dict(zip(answer.share_owners, answer.self_shares, strict=True))
         seeds = {
-            (node, int(peer)): bytes(seed)
-            for peer, seed in zip(record["dropped"], record["seeds"], strict=True)  # type: ignore[arg-type]
+            (node, peer): seed for peer, seed in zip(answer.dropped, answer.seeds, strict=True)
         }
         return shares, seeds
 
     # -- the server's arithmetic --------------------------------------------------------------
 
-    def codec(self, num_nodes: int, population: int = POPULATION):  # noqa: ANN201
-        return contribution_codec(
-            per_user_bound=self.settings.clipping_bound,
-            population_size=population,
-            noise_std=0.0,
-            num_nodes=num_nodes,
-        )
+    def codec(
+        self,
+        num_nodes: int,
+        population: int | None = None,
+        *,
+        parameters=None,  # noqa: ANN001
+    ):  # noqa: ANN201
+        """The run's fixed-point codec (what the nodes derive from the parameters)."""
+        from fedparity.clients.fpfl_handlers import FPFLNode
 
-    def honest_sum(
-        self, round_number: int, replies: RoundReplies, members: Sequence[int]
-    ) -> np.ndarray:
+        parameters = parameters or run_parameters(
+            self.settings, population=population or self.population, session=self.session
+        )
+        return FPFLNode.codec(parameters, num_nodes)
+
+    def honest_sum(self, round_number: int, replies: RoundReplies) -> np.ndarray:
         """The whole honest protocol's result for a round whose survivors are ``replies``."""
         survivors = sorted(replies.masked)
-        dropped = sorted(set(members) - set(survivors))
+        dropped = sorted(set(self.ids) - set(survivors))
+        attestations = self.attest(round_number, survivors, dropped) if dropped else None
         answers = {
-            node: self.unmask(round_number, node, survivors, dropped, replies.sealed)
+            node: self.unmask(round_number, node, survivors, dropped, replies.sealed, attestations)
             for node in survivors
         }
         self_seeds = {
@@ -303,13 +416,22 @@ class MaskingNodes:
             seeds,
             round_number,
             self.weights_size(),
-            participants=members,
+            participants=self.ids,
             self_seeds=self_seeds,
         )
-        return self.codec(len(members)).decode(total)
+        return self.codec(len(self.ids)).decode(total)
 
     def weights_size(self) -> int:
         return statistics_layout(make_model(), 2).size
+
+    def pair_secret(self, node: int, peer: int) -> bytes:
+        """A node's pinned pair secret with ``peer`` (what a colluding node hands the server)."""
+        state = FPFLRunState.from_record(
+            self.contexts[node].state.config_records[
+                session_state_key(FPFL_STATE_KEY, self.session)
+            ]
+        )
+        return state.secrets[peer]
 
     def true_vector(self) -> np.ndarray:
         """What each node sums in a round (every user joins; clipped; no noise)."""

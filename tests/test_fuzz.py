@@ -169,17 +169,6 @@ SETTINGS = FPFLNodeSettings(
 SALT = b"s" * 16
 
 
-def set_up(handlers: dict, context: Context) -> bytes:
-    """Run a valid setup on the node; its public masking key."""
-    setup = Message(
-        RecordDict({FPFL_KEY: ConfigRecord({"run-salt": SALT})}),
-        dst_node_id=3,
-        message_type="query.fpfl_setup",
-    )
-    reply = handlers["fpfl_setup"](setup, context)
-    return bytes(reply.content.config_records[FPFL_KEY]["public-key"])  # type: ignore[arg-type]
-
-
 def pinned_nodes() -> MaskingNodes:
     """Nodes 3-6 with their keys pinned; node 3 is the one under test."""
     nodes = MaskingNodes([3, 4, 5, 6], SETTINGS, policy=NodePrivacyPolicy(min_survivors=3))
@@ -194,7 +183,7 @@ def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
     data: st.DataObject,
 ) -> None:
     nodes = pinned_nodes()
-    valid = {"round": 1, "population-size": 1000, "peer-ids": [3, 4, 5, 6]}
+    valid = {"round": 1, "run-digest": nodes.run_digest}
     config = config_record(mutate(valid, data))
     weights = nodes.weights
     weight_choice = data.draw(st.sampled_from(["valid", "short", "nan", "text"]))
@@ -226,7 +215,8 @@ def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
 def test_an_fpfl_node_refuses_any_reveal_it_should_not_give(data: st.DataObject) -> None:
     nodes = pinned_nodes()
     replies = nodes.round(1, nodes=[3, 4, 5])
-    valid = dict(nodes.unmask_content(1, 3, [3, 4, 5], [6], replies.sealed)[FPFL_KEY])
+    attestations = nodes.attest(1, [3, 4, 5], [6])
+    valid = dict(nodes.unmask_content(1, 3, [3, 4, 5], [6], replies.sealed, attestations)[FPFL_KEY])
     config = config_record(mutate(valid, data))
     try:
         reply = nodes.send("fpfl_reveal", 3, RecordDict({FPFL_KEY: config}))
@@ -469,32 +459,49 @@ def test_the_server_counts_every_malformed_ciphertext_and_never_fails(
 @FUZZ
 @given(data=st.data())
 def test_the_server_rejects_every_malformed_fpfl_sum(data: st.DataObject) -> None:
+    from fedparity.mechanisms.protocol import MessageError
+    from fedparity.mechanisms.protocol.fpfl import FPFLRunParameters
     from fedparity.strategies.fpfl import FPFLProtocol
 
     masking = data.draw(st.booleans(), label="masking")
     protocol = FPFLProtocol(
         None,  # type: ignore[arg-type] - only the reply check runs: no messages are sent
         node_ids=[1, 2, 3],
-        vector_size=5,
-        population_size=100,
-        noise_multiplier=0.0,
-        clipping_bound=1.0,
-        masking=masking,
-        distributed_noise=True,
-        dropout_tolerance=0.0,
+        parameters=FPFLRunParameters(
+            population_size=100,
+            cohort_size=10,
+            rounds=2,
+            clipping_bound=1.0,
+            epsilon=None,
+            delta=None,
+            noise_multiplier=0.0,
+            accountant="rdp",
+            constraint="fnr",
+            num_groups=2,
+            vector_size=5,
+            distributed_noise=True,
+            masking=masking,
+            dropout_tolerance=0.0,
+        ),
         reply_timeout=1.0,
     )
     arrays = {}
     for key in ("masked", "sum"):
         if data.draw(st.booleans(), label=f"has {key}"):
             arrays[key] = Array(data.draw(arrays_strategy, label=key))
+    shares = {"recipients": [2, 3], "sealed": [b"a", b"b"], "threshold": 2}
     message = Message(RecordDict(), dst_node_id=1, message_type="query.fpfl_round")
-    reply = Message(RecordDict({FPFL_KEY: ArrayRecord(arrays)}), reply_to=message)
-    vector, reason = protocol._read_reply(reply)  # noqa: SLF001 - the per-reply check of run_round
-    if vector is None:
-        assert reason
-    else:
-        assert vector.shape == (5,) and vector.dtype == (np.uint64 if masking else np.float64)
+    reply = Message(
+        RecordDict({FPFL_KEY: ArrayRecord(arrays), "shares": ConfigRecord(shares)}),
+        reply_to=message,
+    )
+    try:
+        answer = protocol._read_reply(reply, 1)  # noqa: SLF001 - the per-reply check of run_round
+    except MessageError as error:
+        assert str(error)
+        return
+    vector = answer.vector
+    assert vector.shape == (5,) and vector.dtype == (np.uint64 if masking else np.float64)
 
 
 # --- FedAvg training and describe on the built-in ClientApp --------------------------------------

@@ -356,29 +356,103 @@ def test_a_node_process_imports_no_scipy_torch_or_opacus() -> None:
     assert modules_loaded_by("fedparity.clients.app", {"scipy", "torch", "opacus"}) == []
 
 
-def test_a_nodes_messages_without_a_model_load_no_torch() -> None:
+def test_a_nodes_messages_without_a_model_load_no_torch(tmp_path: Path) -> None:
     # Through the project's ClientApp in a fresh interpreter, as a deployed node runs each
-    # message: describing the node's data and the FPFL setup and key exchange load no torch
-    # (nor scipy or Opacus); the round, which evaluates the model, does.
-    probe = "\n".join(
+    # message: describing the node's data and the FPFL key exchange load no torch (nor scipy
+    # or Opacus); the round, which evaluates the model, does, and so does the setup of a
+    # noisy run once (the node recomputes the run's epsilon with its own accountant there).
+    import pickle
+    from dataclasses import replace
+
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedparity.clients.app import _fpfl_model, app, fpfl_users
+    from fedparity.clients.config import RunConfig
+    from fedparity.clients.fpfl_node import node_settings
+    from fedparity.clients.fpfl_task import statistics_layout
+    from fedparity.mechanisms.protocol import FPFL_KEY
+    from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLSetupRequest
+    from fedparity.mechanisms.secure_sum import contribution_codec
+    from tests.fpfl_nodes import run_parameters
+
+    run_config = {"task": "fpfl", "dataset": "synthetic", "users-per-node": 50}
+    preamble = [
+        "import pickle, sys",
+        "from flwr.app import ConfigRecord, Context, Message, RecordDict",
+        "from flwr.supercore.task_identity import TaskIdentity",
+        "from fedparity.clients.app import app",
+        "TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0",
+    ]
+    describe = "\n".join(
         [
-            "import sys",
-            "from flwr.app import ConfigRecord, Context, Message, RecordDict",
-            "from flwr.supercore.task_identity import TaskIdentity",
-            "from fedparity.clients.app import app",
-            "from fedparity.mechanisms.protocol import FPFL_KEY",
-            "TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0",
+            *preamble,
             "context = Context(run_id=1, node_id=7, node_config={'partition-id': 0,"
-            " 'num-partitions': 2}, state=RecordDict(), run_config={'task': 'fpfl',"
-            " 'dataset': 'synthetic', 'users-per-node': 50})",
+            " 'num-partitions': 2}, state=RecordDict(), run_config="
+            f"{run_config!r})",
             "describe = Message(RecordDict(), dst_node_id=7, message_type='query.describe')",
             "reply = app(describe, context)",
             "assert reply.content.metric_records['metrics']['num-users'] == 50, reply.content",
-            "setup = Message(RecordDict({FPFL_KEY: ConfigRecord({'run-salt': bytes(16)})}),"
-            " dst_node_id=7, message_type='query.fpfl_setup')",
-            "reply = app(setup, context)",
-            "assert 'public-key' in reply.content.config_records[FPFL_KEY]",
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'opacus'}))",
         ]
     )
-    assert last_line_printed(probe) == "[]"
+    assert last_line_printed(describe) == "[]"
+    # The setup, here; then the member table in a fresh interpreter with the node's state.
+    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    try:
+        config = RunConfig.from_mapping(run_config)
+        parameters = run_parameters(node_settings(config), population=5000)
+        context = Context(
+            run_id=1,
+            node_id=7,
+            node_config={"partition-id": 0, "num-partitions": 2},
+            state=RecordDict(),
+            run_config=run_config,
+        )
+        shard = fpfl_users(context, config)
+        model = _fpfl_model(
+            config.fpfl_architecture, tuple(shard.features.shape[1:]), 2, config.seed
+        )
+        parameters = replace(parameters, vector_size=statistics_layout(model, 2).size)
+        setup = FPFLSetupRequest(b"s" * 16, parameters)
+        reply = app(
+            Message(
+                RecordDict({FPFL_KEY: ConfigRecord(setup.to_fields())}),
+                dst_node_id=7,
+                message_type="query.fpfl_setup",
+            ),
+            context,
+        )
+        assert not reply.has_error(), reply.error
+        public_key = bytes(reply.content.config_records[FPFL_KEY]["public-key"])
+        codec = contribution_codec(
+            per_user_bound=parameters.clipping_bound,
+            population_size=5000,
+            noise_std=parameters.clipping_bound * parameters.noise_multiplier,
+            num_nodes=2,
+        )
+        table = FPFLKeyTable(
+            b"s" * 16,
+            parameters.digest(),
+            (7, 8),
+            (public_key, bytes(range(1, 33))),
+            codec_clip_range=codec.clip_range,
+            codec_scale=codec.scale,
+        )
+        payload = tmp_path / "keys.pickle"
+        payload.write_bytes(pickle.dumps((context, table.to_fields())))
+    finally:
+        TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+    keys = "\n".join(
+        [
+            *preamble,
+            f"context, fields = pickle.loads(open({str(payload)!r}, 'rb').read())",
+            "message = Message(RecordDict({'fpfl': ConfigRecord(fields)}), dst_node_id=7,"
+            " message_type='query.fpfl_keys')",
+            "reply = app(message, context)",
+            "assert not reply.has_error(), reply.error",
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'opacus'}))",
+        ]
+    )
+    assert last_line_printed(keys) == "[]"

@@ -89,7 +89,7 @@ def train_then_audit(
     )
     nodes.setup()
     nodes.pin()
-    round_reply = nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+    round_reply = nodes.send("fpfl_round", 3, nodes.round_message(1))
     handler = ldp_audit_handler(node_users, num_groups=2, policy=policy)
     audit_replies = [handler(audit_message(), nodes.contexts[3]) for _ in range(AUDITS)]
     return round_reply, audit_replies, nodes, policy
@@ -173,7 +173,7 @@ def test_a_node_whose_users_cannot_afford_the_training_refuses_the_run(tmp_path:
     nodes.pin()
     for _ in range(2):  # refused again at the next round: nothing was counted
         with pytest.raises(NodeRefusal) as refused:
-            nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+            nodes.send("fpfl_round", 3, nodes.round_message(1))
         assert str(refused.value) == FPFL_LEDGER_REFUSAL  # a fixed sentence, no value
     assert not (folder / "user-ledger.json").exists()  # nothing charged, nothing released
     # an audit still fits in the budget
@@ -287,6 +287,6 @@ def test_round_replies_of_a_small_node_carry_no_totals(tmp_path: Path) -> None:
     )
     nodes.setup()
     nodes.pin()
-    reply = nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+    reply = nodes.send("fpfl_round", 3, nodes.round_message(1))
     assert METRICS_KEY not in reply.content.metric_records
     assert len(UserLedger.load(tmp_path / "user-ledger.json", USERS).releases) == 1  # charged

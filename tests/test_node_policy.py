@@ -21,7 +21,11 @@ from torch import nn
 
 from fedparity.clients import FPFLNodeSettings, FPFLShard, LocalUsers, fpfl_handlers
 from fedparity.clients.fpfl_node import cohort_contribution, round_rng
-from fedparity.clients.fpfl_task import get_flat_parameters, set_flat_parameters
+from fedparity.clients.fpfl_task import (
+    get_flat_parameters,
+    set_flat_parameters,
+    statistics_layout,
+)
 from fedparity.clients.ldp import ldp_audit_handler
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import (
@@ -34,9 +38,15 @@ from fedparity.clients.policy import (
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.mechanisms.protocol import FPFL_KEY
+from fedparity.mechanisms.protocol.fpfl import (
+    FPFLKeyTable,
+    FPFLRoundRequest,
+    FPFLRunParameters,
+    FPFLSetupRequest,
+)
 from fedparity.mechanisms.secure_sum import noise_share_std
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes
+from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -262,9 +272,42 @@ def settings(**overrides: object) -> FPFLNodeSettings:
     return FPFLNodeSettings(**{**values, **overrides})
 
 
-def setup_message() -> Message:
-    record = ConfigRecord({"run-salt": b"s" * 16})
-    return Message(RecordDict({FPFL_KEY: record}), dst_node_id=3, message_type="query.fpfl_setup")
+SALT = b"s" * 16
+
+
+def parameters_for(node: FPFLNodeSettings, population: int = 5000) -> FPFLRunParameters:
+    """The run parameters an honest server proposes to a node with settings ``node`` (and
+    this module's model)."""
+    return replace(
+        run_parameters(node, population=population),
+        vector_size=statistics_layout(make_model(), 2).size,
+    )
+
+
+def setup_message(node: FPFLNodeSettings | None = None, population: int = 5000) -> Message:
+    request = FPFLSetupRequest(SALT, parameters_for(node or settings(), population))
+    return Message(
+        RecordDict({FPFL_KEY: ConfigRecord(request.to_fields())}),
+        dst_node_id=3,
+        message_type="query.fpfl_setup",
+    )
+
+
+def pinned(
+    handlers: dict, context: Context, node: FPFLNodeSettings, population: int, members: list[int]
+) -> bytes:
+    """Set a node up for a run without masking (setup, then the member table); its digest."""
+    handlers["fpfl_setup"](setup_message(node, population), context)
+    table = FPFLKeyTable(SALT, parameters_for(node, population).digest(), tuple(members))
+    handlers["fpfl_keys"](
+        Message(
+            RecordDict({FPFL_KEY: ConfigRecord(table.to_fields())}),
+            dst_node_id=3,
+            message_type="query.fpfl_keys",
+        ),
+        context,
+    )
+    return table.run_digest()
 
 
 @pytest.mark.parametrize(
@@ -281,10 +324,11 @@ def setup_message() -> Message:
 def test_fpfl_settings_beyond_the_policy_are_refused_at_setup(overrides: dict, rule: str) -> None:
     # The attack: the server's run config picks each of these (fpfl-client-seed, fpfl-noise =
     # "central", fpfl-secure-sum = "none", any fpfl-epsilon, fpfl-delta up to 1, fl / ffl).
-    handlers = fpfl_handlers(make_model, node_users, settings(**overrides))
+    node = settings(**overrides)
+    handlers = fpfl_handlers(make_model, node_users, node)
     context = _context({})
     with pytest.raises(PolicyRefusal, match=rule):
-        handlers["fpfl_setup"](setup_message(), context)
+        handlers["fpfl_setup"](setup_message(node), context)
     assert not context.state.config_records  # no key made, nothing sent
     # the same settings pass a policy whose operator allows them
     allowing = NodePrivacyPolicy(
@@ -294,22 +338,24 @@ def test_fpfl_settings_beyond_the_policy_are_refused_at_setup(overrides: dict, r
         require_distributed_noise=False,
         allow_seeded_noise=True,
         allow_non_private=True,
+        fpfl_min_noise_multiplier=0.0,
     )
-    allowed = fpfl_handlers(make_model, node_users, settings(**overrides), policy=allowing)
-    reply = allowed["fpfl_setup"](setup_message(), _context({}))
-    assert len(reply.content.config_records[FPFL_KEY]["public-key"]) == 32
+    allowed = fpfl_handlers(make_model, node_users, node, policy=allowing)
+    reply = allowed["fpfl_setup"](setup_message(node), _context({}))
+    record = reply.content.config_records[FPFL_KEY]
+    assert record["parameters-digest"] == parameters_for(node).digest()
+    assert ("public-key" in record) == node.masking
 
 
-def round_message(population: int, peers: list[int], round_number: int = 1) -> Message:
+def round_message(run_digest: bytes, round_number: int = 1) -> Message:
     weights = get_flat_parameters(make_model())
-    record = ConfigRecord(
+    request = FPFLRoundRequest(round_number, run_digest, weights)
+    content = RecordDict(
         {
-            "round": round_number,
-            "population-size": population,
-            "peer-ids": peers,
+            FPFL_KEY: ArrayRecord({"weights": Array(weights)}),
+            "config": ConfigRecord(request.to_fields()),
         }
     )
-    content = RecordDict({FPFL_KEY: ArrayRecord({"weights": Array(weights)}), "config": record})
     return Message(content=content, dst_node_id=3, message_type="query.fpfl_round")
 
 
@@ -331,12 +377,18 @@ def expected_reply(node: FPFLNodeSettings, population: int, std: float) -> np.nd
     )
 
 
-def test_a_claimed_population_is_bounded_by_the_policy(tmp_path: Path) -> None:
-    # The attack: K = 10^12 makes q = m / K and sigma tiny. The node uses min(K, max-population).
+def test_a_claimed_population_beyond_the_policy_is_refused(tmp_path: Path) -> None:
+    # The attack: K = 10^12 makes q = m / K and sigma tiny. The node used to compute with
+    # min(K, max-population); now a run agrees on one K at setup, and a K above the policy's
+    # max-population is refused there (a node never computes with another K than its peers).
     node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
     handlers = fpfl_handlers(make_model, node_users, node)
     context = _context({**OBSERVABLE, "max-population": 1000, "ledger-dir": str(tmp_path)})
-    reply = handlers["fpfl_round"](round_message(10**12, [3, 4, 5]), context)
+    with pytest.raises(PolicyRefusal, match="max-population"):
+        handlers["fpfl_setup"](setup_message(node, 10**12), context)
+    assert not context.state.config_records
+    digest = pinned(handlers, context, node, 1000, [3, 4, 5])
+    reply = handlers["fpfl_round"](round_message(digest), context)
     sent = reply.content.array_records[FPFL_KEY]["sum"].numpy()
     bounded = node.noise_share_std(1000, 3)
     assert bounded > 2 * node.noise_share_std(10**12, 3)  # what the attack would have got
@@ -345,10 +397,11 @@ def test_a_claimed_population_is_bounded_by_the_policy(tmp_path: Path) -> None:
 
 def test_a_claimed_node_count_beyond_the_policy_is_refused() -> None:
     # The attack: 1,000 claimed peers shrink each noise share ~18-fold (n_min = 800).
-    handlers = fpfl_handlers(make_model, node_users, settings(masking=False))
+    node = settings(masking=False)
+    handlers = fpfl_handlers(make_model, node_users, node)
     context = _context({"require-masking": False, "max-nodes": 100})
     with pytest.raises(PolicyRefusal, match="node count is outside"):
-        handlers["fpfl_round"](round_message(5000, list(range(3, 1003))), context)
+        pinned(handlers, context, node, 5000, list(range(3, 1003)))
 
 
 def test_a_node_releases_no_more_rounds_than_its_noise_was_calibrated_for(
@@ -359,18 +412,20 @@ def test_a_node_releases_no_more_rounds_than_its_noise_was_calibrated_for(
     node = settings(rounds=3, masking=False)
     handlers = fpfl_handlers(make_model, node_users, node)
     context = _context({"require-masking": False, "ledger-dir": str(tmp_path)})
+    digest = pinned(handlers, context, node, 5000, [3, 4, 5])
     for round_number in (1, 2, 2):  # a replayed round counts too
-        reply = handlers["fpfl_round"](round_message(5000, [3, 4, 5], round_number), context)
+        reply = handlers["fpfl_round"](round_message(digest, round_number), context)
         assert "sum" in reply.content.array_records[FPFL_KEY]
     with pytest.raises(PolicyRefusal, match="rounds are all spent"):
-        handlers["fpfl_round"](round_message(5000, [3, 4, 5], 4), context)
+        handlers["fpfl_round"](round_message(digest, 4), context)
 
 
 def test_the_noise_share_is_sized_for_the_tolerated_colluders(tmp_path: Path) -> None:
     node = settings(client_seed=5, masking=False, dropout_tolerance=0.0)
     handlers = fpfl_handlers(make_model, node_users, node)
     context = _context({**OBSERVABLE, "tolerated-colluders": 1, "ledger-dir": str(tmp_path)})
-    reply = handlers["fpfl_round"](round_message(5000, [3, 4, 5, 6]), context)
+    digest = pinned(handlers, context, node, 5000, [3, 4, 5, 6])
+    reply = handlers["fpfl_round"](round_message(digest), context)
     sigma = node.noise_multiplier(5000)
     std = noise_share_std(CLIP, sigma, 4 - 1)  # n_min - t honest shares carry C^2 sigma^2
     assert std == pytest.approx(CLIP * sigma / math.sqrt(3))
@@ -379,23 +434,25 @@ def test_the_noise_share_is_sized_for_the_tolerated_colluders(tmp_path: Path) ->
     # with as many colluders as guaranteed survivors no share is sent at all
     context = _context({**OBSERVABLE, "tolerated-colluders": 4})
     with pytest.raises(PolicyRefusal, match="do not outnumber tolerated-colluders"):
-        handlers["fpfl_round"](round_message(5000, [3, 4, 5, 6]), context)
+        pinned(handlers, context, node, 5000, [3, 4, 5, 6])
 
 
 def test_masks_are_revealed_only_for_the_policys_minimum_survivors() -> None:
-    # n_min = 2 of 3 members: the run alone would let two survivors unmask a round.
-    exact = replace(EXACT, dropout_tolerance=0.5)
-    strict = MaskingNodes([3, 4, 5], exact, policy=replace(EXACT_POLICY, min_survivors=3))
+    # n_min = 2 of 3 members (rho = 0.34): the run alone would let two survivors unmask.
+    exact = replace(EXACT, dropout_tolerance=0.34)
+    lenient_rho = replace(EXACT_POLICY, fpfl_max_dropout_tolerance=0.45)
+    strict = MaskingNodes([3, 4, 5], exact, policy=replace(lenient_rho, min_survivors=3))
     strict.setup()
     strict.pin()
     replies = strict.round(1, nodes=[3, 4])
     with pytest.raises(NodeRefusal, match="fewer survivors than min-survivors"):
         strict.unmask(1, 3, [3, 4], [5], replies.sealed)
-    lenient = MaskingNodes([3, 4, 5], exact, policy=replace(EXACT_POLICY, min_survivors=2))
+    lenient = MaskingNodes([3, 4, 5], exact, policy=replace(lenient_rho, min_survivors=2))
     lenient.setup()
     lenient.pin()
     replies = lenient.round(1, nodes=[3, 4])
-    _, seeds = lenient.unmask(1, 3, [3, 4], [5], replies.sealed)
+    attestations = lenient.attest(1, [3, 4], [5])
+    _, seeds = lenient.unmask(1, 3, [3, 4], [5], replies.sealed, attestations)
     assert list(seeds) == [(3, 5)]
 
 

@@ -30,7 +30,7 @@ from fedparity.mechanisms.privacy_ledger import (
 )
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.server.api import fedevalfair_simulation_keys, run_simulation_job
-from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, SALT, USERS, MaskingNodes
+from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, USERS, MaskingNodes
 from tests.test_html_report import assert_report_matches_results
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -62,13 +62,13 @@ def test_each_training_has_its_own_keys_and_rounds_and_is_charged_in_full(
         nodes.session = session
         nodes.setup()
         nodes.pin()
-        reply = nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+        reply = nodes.send("fpfl_round", 3, nodes.round_message(1))
         masked[session] = reply.content.array_records[FPFL_KEY]["masked"].numpy()
     # Round 1 of each training is answered once: a replay within a session is refused...
     for session in ("fpfl", "pfl"):
         nodes.session = session
         with pytest.raises(NodeRefusal, match="masked already; refusing a replay"):
-            nodes.send("fpfl_round", 3, nodes.round_message(1, NODES))
+            nodes.send("fpfl_round", 3, nodes.round_message(1))
     # ...and the two trainings' round 1 use different keys: the two masked vectors do not
     # differ by the difference of the values (which the pair masks alone would allow).
     assert not np.array_equal(masked["fpfl"], masked["pfl"])
@@ -107,17 +107,16 @@ def test_a_second_setup_of_a_session_is_refused(tmp_path: Path) -> None:
     nodes = pipeline_nodes(tmp_path)
     nodes.session = "fpfl"
     nodes.setup()
-    with pytest.raises(NodeRefusal, match="masking key was made already"):
-        nodes.send("fpfl_setup", 3, RecordDict({FPFL_KEY: ConfigRecord({"run-salt": SALT})}))
+    with pytest.raises(NodeRefusal, match="setup was made already"):
+        nodes.send("fpfl_setup", 3, nodes.setup_message())
     nodes.session = "pfl"  # the other training's setup is its own
     nodes.setup()
 
 
 def test_a_malformed_session_label_is_refused(tmp_path: Path) -> None:
     nodes = pipeline_nodes(tmp_path)
-    content = RecordDict(
-        {FPFL_KEY: ConfigRecord({"run-salt": SALT}), SESSION_KEY: ConfigRecord({"label": 3})}
-    )
+    content = nodes.setup_message()
+    content[SESSION_KEY] = ConfigRecord({"label": 3})
     message = Message(content, dst_node_id=3, message_type="query.fpfl_setup")
     with pytest.raises(ValueError, match="'label' must be a string"):
         nodes.handlers["fpfl_setup"](message, nodes.contexts[3])

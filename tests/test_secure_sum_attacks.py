@@ -66,8 +66,10 @@ def test_a_node_called_dropped_stays_hidden_when_its_reply_arrives() -> None:
     replies = nodes.round(1)
     late = replies.masked.pop(6)
     survivors, dropped = [3, 4, 5], [6]
+    attestations = nodes.attest(1, survivors, dropped)  # the survivors agree 6 dropped
     answers = {
-        node: nodes.unmask(1, node, survivors, dropped, replies.sealed) for node in survivors
+        node: nodes.unmask(1, node, survivors, dropped, replies.sealed, attestations)
+        for node in survivors
     }
     seeds = {pair: seed for _, pairs in answers.values() for pair, seed in pairs.items()}
     assert set(seeds) == {(3, 6), (4, 6), (5, 6)}  # every pair seed of node 6
@@ -107,18 +109,26 @@ def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> No
 
     from fedparity.mechanisms.secure_sum import open_share, self_mask
 
-    nodes = pinned(
-        settings=replace(EXACT, dropout_tolerance=0.5),
-        policy=replace(EXACT_POLICY, tolerated_colluders=1),
-    )
+    # Today the view "6 dropped" must also be attested by enough members: 3 and 4 attest it and
+    # the colluder 5 makes its own attestations (it knows its pair secrets), so it passes; the
+    # share threshold is what stops the attack (t = 4 with one colluder among 4 members).
+    nodes = pinned(policy=replace(EXACT_POLICY, tolerated_colluders=1))
     replies = nodes.round(1)
+    assert replies.thresholds[6] == 4
+    from fedparity.mechanisms.secure_sum import attest_view
+
+    view = ([3, 4, 5], [6])
+    attestations = {node: nodes.confirm(1, node, *view) for node in (3, 4)}
+    attestations[5] = {
+        peer: attest_view(nodes.pair_secret(5, peer), 1, 5, peer, *view) for peer in (3, 4)
+    }
     seeds: dict[tuple[int, int], bytes] = {}
     for node in (3, 4):
-        _, given = nodes.unmask(1, node, [3, 4, 5], [6], replies.sealed)
+        _, given = nodes.unmask(1, node, *view, replies.sealed, attestations)
         seeds |= given
-    seeds[(5, 6)] = round_seed(pair_secret(nodes, 5, 6), 1)  # the colluder's own
+    seeds[(5, 6)] = round_seed(nodes.pair_secret(5, 6), 1)  # the colluder's own
     own_shares, _ = nodes.unmask(1, 6, MEMBERS, [], replies.sealed)
-    colluders_share = open_share(pair_secret(nodes, 5, 6), 1, 6, 5, replies.sealed[6][5])
+    colluders_share = open_share(nodes.pair_secret(5, 6), 1, 6, 5, replies.sealed[6][5])
     # The attacker's best guess at 6's seed: the line through the two shares it holds, at 0.
     points = [
         shamirs.share(int.from_bytes(share[:4], "big"), int.from_bytes(share[4:], "big"))
@@ -131,13 +141,6 @@ def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> No
     )
     with pytest.raises(ValueError, match="not a sum"):
         nodes.codec(len(MEMBERS)).decode(leftover)
-
-
-def pair_secret(nodes: MaskingNodes, node: int, peer: int) -> bytes:
-    """A node's pinned pair secret with ``peer`` (what a colluding node hands the server)."""
-    state = nodes.contexts[node].state.config_records["fpfl-masking"]
-    peers = [int(p) for p in state["peer-ids"]]
-    return bytes(state["pair-secrets"][peers.index(peer)])
 
 
 # --- 2. replayed rounds and reveals (review H2) --------------------------------------------------
@@ -173,22 +176,23 @@ def test_an_unmask_is_given_once_and_only_for_the_round_masked_last() -> None:
     replies = nodes.round(1)
     with pytest.raises(NodeRefusal, match="only once, for the round this node masked last"):
         nodes.unmask(2, 3, [3, 4, 5], [6], replies.sealed)  # a round not masked yet
+    attestations = nodes.attest(1, [3, 4, 5], [6])
     nodes.unmask(1, 3, MEMBERS, [], replies.sealed)
     with pytest.raises(NodeRefusal, match="only once"):
-        nodes.unmask(1, 3, [3, 4, 5], [6], replies.sealed)  # the same round, again
+        nodes.unmask(1, 3, [3, 4, 5], [6], replies.sealed, attestations)  # the same round, again
 
 
 def test_an_unmask_request_must_split_the_round_members_truly() -> None:
     nodes = pinned()
-    replies = nodes.round(1, members=[3, 4, 5])
+    replies = nodes.round(1)
     for survivors, dropped in (
-        ([3, 4, 5], [6]),  # 6 was not a member of round 1
-        ([3, 4], []),  # 5 is in neither list
+        ([3, 4, 5], [7]),  # 7 is not a member of the run
+        ([3, 4, 5], []),  # 6 is in neither list
         ([3, 4, 5], [5]),  # in both
         ([4, 5], [3]),  # this node is not a survivor
     ):
         with pytest.raises(NodeRefusal, match="split the round's members"):
-            nodes.unmask(1, 3, survivors, dropped, {**replies.sealed, 6: {3: b""}})
+            nodes.unmask(1, 3, survivors, dropped, {**replies.sealed, 7: {3: b""}})
 
 
 def test_an_altered_share_is_refused() -> None:
@@ -214,30 +218,41 @@ def test_an_altered_share_is_refused() -> None:
 
 
 def test_the_key_table_is_pinned_for_the_run() -> None:
+    from dataclasses import replace
+
     nodes = pinned()
-    substituted = nodes.key_table()
-    substituted["peer-keys"] = [
-        key if node != 4 else MaskingKeyPair.generate().public_bytes()
-        for node, key in zip(MEMBERS, substituted["peer-keys"], strict=True)  # type: ignore[arg-type]
-    ]
+    honest = nodes.key_table()
+    substituted = replace(
+        honest,
+        public_keys=tuple(
+            key if node != 4 else MaskingKeyPair.generate().public_bytes()
+            for node, key in zip(MEMBERS, honest.public_keys, strict=True)
+        ),
+    )
     with pytest.raises(NodeRefusal, match="pinned for this run; refusing a change"):
         nodes.pin(substituted, nodes=[3])
-    # a round member whose key was not pinned is refused: no per-round keys to substitute
-    with pytest.raises(NodeRefusal, match="whose key was not pinned"):
-        nodes.round(1, members=[3, 4, 99], nodes=[3])
+    # a round is always over the pinned members: a round naming another table (its digest)
+    # is refused, so there are no per-round keys or members to substitute
+    with pytest.raises(NodeRefusal, match="another run's parameters"):
+        nodes.round(1, nodes=[3], run_digest=substituted.run_digest())
 
 
 def test_a_claimed_crowd_of_peers_is_bounded_by_the_policy() -> None:
     # The attack: 1,000 claimed peers shrink each node's noise share 16-fold (n_min = 800).
+    from dataclasses import replace
+
     nodes = MaskingNodes([3], policy=EXACT_POLICY.__class__(allow_non_private=True, max_nodes=100))
     nodes.setup()
     table = nodes.key_table()
-    crowd = list(range(1000, 1999))
-    table["peer-ids"] = [3, *crowd]
-    table["peer-keys"] = [
-        table["peer-keys"][0],  # type: ignore[index]
-        *(MaskingKeyPair.generate().public_bytes() for _ in crowd),
-    ]
+    crowd = tuple(range(1000, 1999))
+    table = replace(
+        table,
+        members=(3, *crowd),
+        public_keys=(
+            table.public_keys[0],
+            *(MaskingKeyPair.generate().public_bytes() for _ in crowd),
+        ),
+    )
     with pytest.raises(PolicyRefusal, match="node count is outside"):
         nodes.pin(table)
 
@@ -255,47 +270,59 @@ def test_with_a_roster_every_key_is_signed_by_a_distinct_member() -> None:
     honest = roster_nodes()
     honest.pin()  # the honest table passes
     np.testing.assert_allclose(
-        honest.honest_sum(1, honest.round(1), MEMBERS), 4 * honest.true_vector(), atol=1e-9
+        honest.honest_sum(1, honest.round(1)), 4 * honest.true_vector(), atol=1e-9
     )
 
     # The server substitutes its own masking key for node 4 (and signs it with its own key).
+    from dataclasses import replace
+
+    from fedparity.mechanisms.secure_sum import masking_key_transcript
+
     nodes = roster_nodes()
     impostor_identity, impostor = IdentityKey.generate(), MaskingKeyPair.generate()
     table = nodes.key_table()
+    digest = nodes.parameters.digest()
     index = MEMBERS.index(4)
-    from fedparity.mechanisms.secure_sum import masking_key_transcript
 
-    table["peer-keys"][index] = impostor.public_bytes()  # type: ignore[index]
+    def swapped(values: tuple[bytes, ...], value: bytes) -> tuple[bytes, ...]:
+        return tuple(value if i == index else v for i, v in enumerate(values))
+
+    table = replace(table, public_keys=swapped(table.public_keys, impostor.public_bytes()))
     for signer, refusal in (
         (IdentityKey.generate(), "not on this node's roster"),  # a key of its own
         (None, "not signed by its node"),  # node 4's true identity, old signature
     ):
-        forged = dict(table)
-        forged["identity-keys"] = list(table["identity-keys"])  # type: ignore[arg-type]
-        forged["signatures"] = list(table["signatures"])  # type: ignore[arg-type]
+        forged = table
         if signer is not None:
-            forged["identity-keys"][index] = signer.public_bytes()
-            forged["signatures"][index] = signer.sign(
-                masking_key_transcript(SALT, 4, impostor.public_bytes())
+            forged = replace(
+                table,
+                identity_keys=swapped(table.identity_keys, signer.public_bytes()),
+                signatures=swapped(
+                    table.signatures,
+                    signer.sign(masking_key_transcript(SALT, 4, impostor.public_bytes(), digest)),
+                ),
             )
         with pytest.raises(NodeRefusal, match=refusal):
             nodes.pin(forged, nodes=[3])
     # An invented extra peer with an identity of the server's own is refused the same way.
-    invented = nodes.key_table()
-    invented["peer-ids"] = [*MEMBERS, 99]
-    invented["peer-keys"] = [*invented["peer-keys"], impostor.public_bytes()]  # type: ignore[misc]
-    invented["identity-keys"] = [*invented["identity-keys"], impostor_identity.public_bytes()]  # type: ignore[misc]
-    invented["signatures"] = [
-        *invented["signatures"],  # type: ignore[misc]
-        impostor_identity.sign(masking_key_transcript(SALT, 99, impostor.public_bytes())),
-    ]
+    honest_table = nodes.key_table()
+    invented = replace(
+        honest_table,
+        members=(*MEMBERS, 99),
+        public_keys=(*honest_table.public_keys, impostor.public_bytes()),
+        identity_keys=(*honest_table.identity_keys, impostor_identity.public_bytes()),
+        signatures=(
+            *honest_table.signatures,
+            impostor_identity.sign(
+                masking_key_transcript(SALT, 99, impostor.public_bytes(), digest)
+            ),
+        ),
+    )
     with pytest.raises(NodeRefusal, match="not on this node's roster"):
         nodes.pin(invented, nodes=[3])
     # and an unsigned table is refused by a node that has a roster
-    unsigned = {
-        k: v for k, v in nodes.key_table().items() if k not in ("identity-keys", "signatures")
-    }
-    with pytest.raises(Exception, match="identity-keys"):
+    unsigned = replace(nodes.key_table(), identity_keys=(), signatures=())
+    with pytest.raises(NodeRefusal, match="lacks the members' signatures"):
         nodes.pin(unsigned, nodes=[3])
 
 
@@ -312,14 +339,26 @@ def test_require_roster_refuses_a_node_without_one() -> None:
 
 def test_a_range_in_the_message_changes_nothing() -> None:
     # On the previous main, "codec-range" = 1e16 gave a step of 32 (swamping the noise) and
-    # 1e-3 clamped every value to its sign. The node now ignores such a field.
+    # 1e-3 clamped every value to its sign. A round field of that name changes nothing, and a
+    # codec in the key table other than the one the node derives is refused at setup.
+    from dataclasses import replace
+
     nodes = pinned()
     for round_number, hostile in ((1, 1e16), (2, 1e-3)):
-        replies = nodes.round(round_number)
-        content = nodes.round_message(round_number + 10, MEMBERS)
+        content = nodes.round_message(round_number)
         content.config_records["config"]["codec-range"] = hostile
-        total = nodes.honest_sum(round_number, replies, MEMBERS)
+        replies = nodes.round(round_number)
+        total = nodes.honest_sum(round_number, replies)
         np.testing.assert_allclose(total, 4 * nodes.true_vector(), atol=1e-9)
+    fresh = MaskingNodes(MEMBERS)
+    fresh.setup()
+    honest = fresh.key_table()
+    for hostile in (
+        replace(honest, codec_scale=honest.codec_scale / 2**16),  # type: ignore[operator]
+        replace(honest, codec_clip_range=1e-3),
+    ):
+        with pytest.raises(NodeRefusal, match="codec is not the one this node derives"):
+            fresh.pin(hostile, nodes=[3])
 
 
 def test_a_population_that_would_coarsen_the_step_or_clamp_is_refused() -> None:
@@ -332,21 +371,23 @@ def test_a_population_that_would_coarsen_the_step_or_clamp_is_refused() -> None:
     private = FPFLNodeSettings(
         constraint="fnr", cohort_size=10, rounds=5, clipping_bound=1.0, epsilon=2.0, delta=1e-5
     )
-    policy = NodePrivacyPolicy(max_population=10**15)
-    nodes = MaskingNodes(MEMBERS, private, policy=policy)
-    nodes.setup()
-    nodes.pin()
+    policy = NodePrivacyPolicy(
+        max_population=10**15, allow_ephemeral_ledger=True, fpfl_min_noise_multiplier=0.0
+    )
     huge = 10**15
+    nodes = MaskingNodes(MEMBERS, private, policy=policy, population=huge)
     sigma = private.noise_multiplier(huge)
     codec = contribution_codec(
         per_user_bound=1.0, population_size=huge, noise_std=sigma, num_nodes=len(MEMBERS)
     )
     share = private.noise_share_std(huge, len(MEMBERS))
     assert codec.step > MAX_STEP_TO_SHARE_STD * share  # what the attack would have obtained
+    nodes.setup()  # K is agreed at setup now, and the codec with it: refused at the table
     with pytest.raises(NodeRefusal, match="quantisation step is not far below"):
-        nodes.round(1, nodes=[3], population=huge)
+        nodes.pin(nodes=[3])
+    small = MaskingNodes(MEMBERS, private, policy=policy, population=15)  # 20 users here
     with pytest.raises(NodeRefusal, match="below this node's own users"):
-        nodes.round(2, nodes=[3], population=5)
+        small.setup(nodes=[3])
     assert EXACT.clipping_bound == 1.0
 
 
@@ -400,14 +441,8 @@ def server_protocol(grid: NodesGrid):  # noqa: ANN201
 
     return FPFLProtocol(
         grid,  # type: ignore[arg-type]
-        node_ids=MEMBERS,
-        vector_size=grid.nodes.true_vector().size,
-        population_size=1000,
-        noise_multiplier=0.0,
-        clipping_bound=EXACT.clipping_bound,
-        masking=True,
-        distributed_noise=True,
-        dropout_tolerance=EXACT.dropout_tolerance,
+        node_ids=grid.nodes.ids,
+        parameters=grid.nodes.parameters,
         reply_timeout=1.0,
     )
 
@@ -433,14 +468,16 @@ def test_the_server_unmasks_with_each_nodes_own_threshold_of_shares() -> None:
     assert outcome.total is not None, outcome.reason
     np.testing.assert_allclose(outcome.total, 4 * nodes.true_vector(), atol=1e-9)
     # Nobody dropped: only the survivors holding the smallest share indices are asked, as many
-    # as the largest threshold (2 here); their shares rebuild every seed.
-    assert grid.sent.count("fpfl_reveal") == 2
-    assert grid.asked("fpfl_reveal") == MEMBERS[:2]
+    # as the largest threshold (3 here); their shares rebuild every seed. No attestation.
+    assert grid.sent.count("fpfl_reveal") == 3
+    assert grid.asked("fpfl_reveal") == MEMBERS[:3]
+    assert "fpfl_confirm" not in grid.sent
 
 
 def test_with_a_node_dropped_every_survivor_is_asked_for_its_pair_seed() -> None:
     # Node 5's masked reply is lost: the pair masks of 5 in the other vectors need the pair
-    # seed of each of the three survivors, so all three are asked.
+    # seed of each of the three survivors, so all three are asked, after all three attested
+    # the view (the consistency check of a round with a dropped node).
     nodes = MaskingNodes(MEMBERS)
 
     def tamper(node: int, reply):  # noqa: ANN001, ANN202
@@ -453,6 +490,7 @@ def test_with_a_node_dropped_every_survivor_is_asked_for_its_pair_seed() -> None
     assert outcome.missing == [5]
     assert outcome.total is not None, outcome.reason
     np.testing.assert_allclose(outcome.total, 3 * nodes.true_vector(), atol=1e-9)
+    assert grid.asked("fpfl_confirm") == [3, 4, 6]
     assert grid.asked("fpfl_reveal") == [3, 4, 6]
 
 
@@ -467,7 +505,7 @@ def test_a_reply_with_an_impossible_share_threshold_is_rejected(claimed: object)
     protocol.setup()
     outcome = protocol.run_round(1, nodes.weights)
     assert [node for node, _ in outcome.rejected] == [6]
-    assert "threshold" in outcome.rejected[0][1] or "no sealed shares" in outcome.rejected[0][1]
+    assert "threshold" in outcome.rejected[0][1] or "'threshold'" in outcome.rejected[0][1]
     assert outcome.total is not None, outcome.reason
     np.testing.assert_allclose(outcome.total, 3 * nodes.true_vector(), atol=1e-9)
 

@@ -26,6 +26,7 @@ __all__ = [
     "FEF_KEY",
     "FEF_ROUND_MESSAGE_TYPES",
     "FPFL_KEY",
+    "FPFL_CONFIRM_MESSAGE_TYPE",
     "FPFL_KEYS_MESSAGE_TYPE",
     "FPFL_REVEAL_MESSAGE_TYPE",
     "FPFL_ROUND_MESSAGE_TYPE",
@@ -127,3 +128,5 @@ FPFL_SETUP_MESSAGE_TYPE = "query.fpfl_setup"
 FPFL_KEYS_MESSAGE_TYPE = "query.fpfl_keys"
 FPFL_ROUND_MESSAGE_TYPE = "query.fpfl_round"
 FPFL_REVEAL_MESSAGE_TYPE = "query.fpfl_reveal"
+#: Rounds in which a node dropped: the survivors attest the view before any unmask.
+FPFL_CONFIRM_MESSAGE_TYPE = "query.fpfl_confirm"
