@@ -3,8 +3,9 @@ with explicit keyword arguments and a ``start(grid, ...)`` method that returns a
 
 * :class:`LdpGapAudit` -- the LDP gap audit (returns an ``AuditOutcome``);
 * :class:`FedEvalFairProtocol` -- the encrypted FedEvalFair test (``FedEvalFairOutcome``);
-* :class:`FPFLProtocol` -- one FPFL training round as a masked secure sum, and
-  :class:`FPFLTraining` -- the training loop over it (MMDM or FederatedSGD steps, selection);
+* :class:`FPFLProtocol` -- one FPFL training round as a masked secure sum, over the run's
+  :class:`FPFLRunParameters` (agreed with every node at setup), and :class:`FPFLTraining` --
+  the training loop over it (MMDM or FederatedSGD steps, selection);
 * :class:`RobustFedAvg` -- Flower's FedAvg that counts malformed replies instead of failing.
 """
 

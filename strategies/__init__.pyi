@@ -1,6 +1,7 @@
 from .fedevalfair import FedEvalFairOutcome as FedEvalFairOutcome
 from .fedevalfair import FedEvalFairProtocol as FedEvalFairProtocol
 from .fpfl import FPFLProtocol as FPFLProtocol
+from .fpfl import FPFLRunParameters as FPFLRunParameters
 from .fpfl import FPFLTraining as FPFLTraining
 from .fpfl import FPFLTrainingResult as FPFLTrainingResult
 from .fpfl import RoundOutcome as RoundOutcome

@@ -210,9 +210,10 @@ def crash_in_rounds(msg: Message, context: Context, config: RunConfig) -> Messag
 @pytest.mark.slow
 def test_dropouts_are_unmasked_only_while_enough_nodes_survive(tmp_path: Path) -> None:
     """4 nodes, dropout tolerance 0.25 (3 survivors needed). Round 2 loses one node: the
-    survivors reveal that round's seeds and the sum of the 3 is recovered exactly. Round 3
-    loses two: the survivors refuse, the round is lost (reported) and the model does not
-    move."""
+    survivors attest the view, reveal that round's seeds and the sum of the 3 is recovered
+    exactly. Round 3 loses two: the 2 survivors hold 2 of the t = 3 shares of each self-mask,
+    so nobody is asked to reveal anything, the round is lost (reported) and the model does
+    not move."""
     overrides = {
         **SMALL,
         "fpfl-algorithm": "fl-clip",
@@ -234,8 +235,8 @@ def test_dropouts_are_unmasked_only_while_enough_nodes_survive(tmp_path: Path) -
     reasons = [item["reason"] for item in history[1]["rejected"]]
     assert any(INTERNAL_ERROR_TEXT in reason for reason in reasons)
     assert not any("simulated crash" in reason for reason in reasons)
-    assert "did not unmask" in history[2]["lost"]
-    assert any("refus" in item["reason"] for item in history[2]["rejected"])
+    assert "cannot rebuild the self-mask" in history[2]["lost"]
+    assert "share threshold 3" in history[2]["lost"]
     config = RunConfig.from_mapping(overrides)
     expected = expected_sgd_weights(config, 4, [range(4), (0, 2, 3)])
     np.testing.assert_allclose(checkpoint_weights(tmp_path, config), expected, rtol=0, atol=1e-9)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedparity.clients.app import fpfl_round
+from fedparity.clients.app import fpfl_keys, fpfl_round, fpfl_setup
 from fedparity.clients.config import RunConfig
 from fedparity.clients.fpfl_data import synthetic_fpfl_users
 from fedparity.clients.fpfl_node import (
@@ -29,12 +29,13 @@ from fedparity.clients.fpfl_node import (
     node_shard,
     round_rng,
 )
-from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters
+from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters, statistics_layout
 from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms.dp_accounting import calibrate_noise
-from fedparity.mechanisms.protocol import FPFL_KEY
+from fedparity.mechanisms.protocol import FPFL_KEY, MessageError
+from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRoundRequest, FPFLSetupRequest
 from fedparity.mechanisms.secure_sum import minimum_survivors, noise_share_std
-from fedparity.strategies.fpfl import FPFLProtocol
+from fedparity.strategies.fpfl import FPFLProtocol, FPFLRunParameters
 
 #: pfl with distributed noise; 4 nodes and dropout tolerance 0.25 give n_min = 3.
 PRIVATE = {
@@ -87,16 +88,22 @@ def test_node_rule_uses_the_nodes_own_sigma_and_n_min() -> None:
     assert node_noise_share_std(central, POPULATION, NUM_NODES) == 0.0
     clip_only = RunConfig.from_mapping({**PRIVATE, "fpfl-algorithm": "fl-clip"})
     assert node_noise_share_std(clip_only, POPULATION, NUM_NODES) == 0.0
+    parameters = FPFLRunParameters.for_training(
+        population_size=POPULATION,
+        cohort_size=config.fpfl_cohort_size,
+        rounds=config.fpfl_rounds,
+        clipping_bound=config.fpfl_clipping_bound,
+        epsilon=config.fpfl_epsilon,
+        constraint=config.fpfl_constraint,
+        num_groups=2,
+        vector_size=10,
+        dropout_tolerance=config.fpfl_dropout_tolerance,
+    )
+    assert parameters.noise_multiplier == sigma
     protocol = FPFLProtocol(
         None,  # type: ignore[arg-type]  # no message is sent
         node_ids=list(range(1, NUM_NODES + 1)),
-        vector_size=10,
-        population_size=POPULATION,
-        noise_multiplier=sigma,
-        clipping_bound=config.fpfl_clipping_bound,
-        masking=True,
-        distributed_noise=True,
-        dropout_tolerance=config.fpfl_dropout_tolerance,
+        parameters=parameters,
         reply_timeout=config.reply_timeout,
     )
     assert protocol.noise_share_std() == node_noise_share_std(config, POPULATION, NUM_NODES)
@@ -148,20 +155,63 @@ def test_sum_of_n_min_shares_has_std_c_sigma() -> None:
     assert abs(ratio - 1.0) <= 5 * math.sqrt(2 / (single.size - 1)), ratio
 
 
-def _round_message(
-    config: RunConfig,
-    weights: np.ndarray,
-    round_number: int,
-    peer_ids: tuple[int, ...] = (9, 10, 11, 12),
-) -> Message:
-    settings = ConfigRecord(
+def _parameters(config: RunConfig) -> FPFLRunParameters:
+    """The run parameters the server proposes for ``config`` (the nodes check them)."""
+    shard = node_shard(config, 0, NUM_NODES)
+    layout = statistics_layout(
+        build_model_for("shallow", shard.features.shape[1:], num_classes=2, seed=config.seed),
+        shard.num_groups,
+    )
+    return FPFLRunParameters.for_training(
+        population_size=POPULATION,
+        cohort_size=config.fpfl_cohort_size,
+        rounds=config.fpfl_rounds,
+        clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
+        epsilon=config.fpfl_epsilon if config.fpfl_private else None,
+        constraint=config.fpfl_constraint,
+        num_groups=shard.num_groups,
+        vector_size=layout.size,
+        distributed_noise=config.fpfl_noise == "distributed",
+        masking=config.fpfl_secure_sum == "masking",
+        dropout_tolerance=config.fpfl_dropout_tolerance,
+    )
+
+
+def _pin(config: RunConfig, context: Context, peer_ids: tuple[int, ...] = (9, 10, 11, 12)) -> bytes:
+    """The setup and member table of a run without masking, through the ClientApp's handlers;
+    the run digest the node pinned."""
+    parameters = _parameters(config)
+    salt = b"n" * 16
+    fpfl_setup(
+        Message(
+            RecordDict({FPFL_KEY: ConfigRecord(FPFLSetupRequest(salt, parameters).to_fields())}),
+            dst_node_id=9,
+            message_type="query.fpfl_setup",
+        ),
+        context,
+        config,
+    )
+    table = FPFLKeyTable(salt, parameters.digest(), tuple(peer_ids))
+    fpfl_keys(
+        Message(
+            RecordDict({FPFL_KEY: ConfigRecord(table.to_fields())}),
+            dst_node_id=9,
+            message_type="query.fpfl_keys",
+        ),
+        context,
+        config,
+    )
+    return table.run_digest()
+
+
+def _round_message(weights: np.ndarray, round_number: int, run_digest: bytes) -> Message:
+    request = FPFLRoundRequest(round_number, run_digest, weights)
+    content = RecordDict(
         {
-            "round": round_number,
-            "population-size": POPULATION,
-            "peer-ids": list(peer_ids),
+            FPFL_KEY: ArrayRecord({"weights": Array(weights)}),
+            "config": ConfigRecord(request.to_fields()),
         }
     )
-    content = RecordDict({FPFL_KEY: ArrayRecord({"weights": Array(weights)}), "config": settings})
     return Message(content=content, dst_node_id=9, message_type="query.fpfl_round")
 
 
@@ -199,9 +249,9 @@ def test_fpfl_round_adds_the_share_of_noise_share_std() -> None:
         weights = get_flat_parameters(
             build_model_for("shallow", shard.features.shape[1:], num_classes=2, seed=config.seed)
         )
-        reply = fpfl_round(
-            _round_message(config, weights, round_number), _context(run_config, partition), config
-        )
+        context = _context(run_config, partition)
+        digest = _pin(config, context)
+        reply = fpfl_round(_round_message(weights, round_number, digest), context, config)
         replies[algorithm] = reply.content.array_records[FPFL_KEY]["sum"].numpy()
     config = RunConfig.from_mapping(PRIVATE)
     shard = node_shard(config, partition, NUM_NODES)
@@ -215,18 +265,26 @@ def test_fpfl_round_adds_the_share_of_noise_share_std() -> None:
     assert std == pytest.approx(config.fpfl_clipping_bound * sigma / math.sqrt(3), rel=1e-15)
 
 
-@pytest.mark.parametrize("peer_ids", [(9, 9, 10, 11), (10, 11, 12, 13)])
-def test_fpfl_round_refuses_a_member_list_with_repeats_or_without_this_node(
-    peer_ids: tuple[int, ...],
+@pytest.mark.parametrize(
+    ("peer_ids", "refusal"),
+    [
+        ((9, 9, 10, 11), "must list distinct node ids"),
+        ((10, 11, 12, 13), "does not hold this node"),
+    ],
+)
+def test_fpfl_keys_refuses_a_member_list_with_repeats_or_without_this_node(
+    peer_ids: tuple[int, ...], refusal: str
 ) -> None:
-    """The node's noise share shrinks with the round's member count, which it takes from the
-    member list itself (no separate count to disagree with): a list that repeats a node, or
-    leaves this node out, is refused with a fixed sentence."""
+    """The node's noise share shrinks with the run's member count, which it takes from the
+    member table it pins (no separate count to disagree with): a table that repeats a node, or
+    leaves this node out, is refused with a fixed sentence, and no round is answered."""
     config = RunConfig.from_mapping(PRIVATE)
     shard = node_shard(config, 0, NUM_NODES)
     weights = get_flat_parameters(
         build_model_for("shallow", shard.features.shape[1:], num_classes=2, seed=config.seed)
     )
-    message = _round_message(config, weights, 1, peer_ids=peer_ids)
-    with pytest.raises(NodeRefusal, match="members must be distinct and include this node"):
-        fpfl_round(message, _context(PRIVATE, 0), config)
+    context = _context(PRIVATE, 0)
+    with pytest.raises((NodeRefusal, MessageError), match=refusal):
+        _pin(config, context, peer_ids)
+    with pytest.raises(NodeRefusal, match="no pinned member table"):
+        fpfl_round(_round_message(weights, 1, b"d" * 32), context, config)

@@ -22,7 +22,7 @@ from fedparity.clients.fpfl_task import (
     statistics_layout,
 )
 from fedparity.mechanisms.mmdm import MMDMConfig, mmdm_update, with_constraint_terms
-from fedparity.strategies import FPFLProtocol, FPFLTraining
+from fedparity.strategies import FPFLProtocol, FPFLRunParameters, FPFLTraining
 
 NUM_NODES = 3
 CLIP = 1.0
@@ -108,7 +108,7 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
         dropout_tolerance=0.0,
     )
     client_app = ClientApp()
-    for action in ("fpfl_setup", "fpfl_keys", "fpfl_round", "fpfl_reveal"):
+    for action in ("fpfl_setup", "fpfl_keys", "fpfl_round", "fpfl_confirm", "fpfl_reveal"):
 
         def handle(msg, context: Context, action: str = action):  # noqa: ANN001, ANN202
             partition = int(context.node_config["partition-id"])
@@ -128,16 +128,21 @@ def test_users_own_model_trains_through_masked_fpfl_rounds() -> None:
         deadline = time.monotonic() + 60
         while len(list(grid.get_node_ids())) < NUM_NODES and time.monotonic() < deadline:
             time.sleep(0.1)
+        parameters = FPFLRunParameters.for_training(
+            population_size=NUM_NODES * 25,
+            cohort_size=settings.cohort_size,
+            rounds=settings.rounds,
+            clipping_bound=CLIP,
+            epsilon=None,
+            constraint="fnr",
+            num_groups=2,
+            vector_size=layout.size,
+            dropout_tolerance=0.0,
+        )
         protocol = FPFLProtocol(
             grid,
             node_ids=sorted(grid.get_node_ids()),
-            vector_size=layout.size,
-            population_size=NUM_NODES * 25,
-            noise_multiplier=0.0,
-            clipping_bound=CLIP,
-            masking=True,
-            distributed_noise=True,
-            dropout_tolerance=0.0,
+            parameters=parameters,
             reply_timeout=120.0,
         )
         protocol.setup()

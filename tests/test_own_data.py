@@ -228,7 +228,7 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
         statistics_layout,
     )
     from fedparity.server.orchestration import wait_for_nodes
-    from fedparity.strategies import FPFLProtocol
+    from fedparity.strategies import FPFLProtocol, FPFLRunParameters
 
     files = [
         population_csv(tmp_path / f"node-{i}.csv", users=20 + 5 * i, seed=i + 1) for i in range(3)
@@ -241,7 +241,7 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
     }
     config = RunConfig.from_mapping(run_config)
     client_app = ClientApp()
-    for action in ("fpfl_setup", "fpfl_keys", "fpfl_round", "fpfl_reveal"):
+    for action in ("fpfl_setup", "fpfl_keys", "fpfl_round", "fpfl_confirm", "fpfl_reveal"):
 
         def handle(msg: Message, context: Context, action: str = action) -> Message:
             partition = int(context.node_config["partition-id"])
@@ -259,16 +259,21 @@ def test_fpfl_trains_on_each_nodes_own_file_through_flower(tmp_path: Path) -> No
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
+        parameters = FPFLRunParameters.for_training(
+            population_size=20 + 25 + 30,
+            cohort_size=config.fpfl_cohort_size,
+            rounds=config.fpfl_rounds,
+            clipping_bound=config.fpfl_clipping_bound,
+            epsilon=None,
+            constraint=config.fpfl_constraint,
+            num_groups=2,
+            vector_size=layout.size,
+            dropout_tolerance=config.fpfl_dropout_tolerance,
+        )
         protocol = FPFLProtocol(
             grid,
             node_ids=wait_for_nodes(grid, 3, timeout=60),
-            vector_size=layout.size,
-            population_size=20 + 25 + 30,
-            noise_multiplier=0.0,
-            clipping_bound=config.fpfl_clipping_bound,
-            masking=True,
-            distributed_noise=True,
-            dropout_tolerance=0.0,
+            parameters=parameters,
             reply_timeout=120.0,
         )
         protocol.setup()

@@ -95,6 +95,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
     # its fedparity identity key and the roster.
     node_configs = [
         f"partition-id={i} num-partitions={NODES} fpfl-max-delta=0.002 "
+        "fpfl-max-dropout-tolerance=0.45 "
         f"fef-secret-context='{keys.secret}' "
         f"identity-key='{identities / identity_key_file(i)}' "
         f"roster='{identities / ROSTER_FILE}'"
@@ -274,15 +275,7 @@ def test_an_active_server_is_refused_by_the_nodes(secure: Secure) -> None:
     sentence."""
     deployment = secure.deployment
     folder = secure.folder / "attacks"
-    run = run_flwr(
-        REPO / "tests" / "attack_app",
-        deployment.federation,
-        {"output-dir": str(folder)},
-        deployment.flwr_home,
-        timeout=240,
-    )
-    assert run.status == "finished:completed", run.output[-3000:]
-    report = json.loads((folder / "attacks.json").read_text())
+    report = _attack(secure, folder, {"seed": 1})
     nodes = {str(node) for node in deployment.node_ids}
     target = str(min(deployment.node_ids))
 
@@ -297,6 +290,59 @@ def test_an_active_server_is_refused_by_the_nodes(secure: Secure) -> None:
     assert report["honest round"] == {"total": "recovered"}
     refused("replayed round", "masked already; refusing a replay", nodes)
     refused("key change after pinning", "pinned for this run; refusing a change", nodes - {target})
+
+
+def _attack(secure: Secure, folder: Path, run_config: dict) -> dict:
+    """Run tests/attack_app against the deployment; its report."""
+    deployment = secure.deployment
+    run = run_flwr(
+        REPO / "tests" / "attack_app",
+        deployment.federation,
+        {"output-dir": str(folder), **run_config},
+        deployment.flwr_home,
+        timeout=240,
+    )
+    assert run.status == "finished:completed", run.output[-3000:]
+    return json.loads((folder / "attacks.json").read_text())
+
+
+def test_a_split_view_on_the_population_size_is_refused_by_every_node(secure: Secure) -> None:
+    """Review 2026-11-26 C1 through real SuperNodes with a roster: the first node is proposed
+    the true K, the others K = 10^7 (a sigma half as large). Each accepts its own view at setup
+    (both are within its policy), but every masking key is signed together with the digest of
+    the parameters its node accepted: every node refuses the key table of its own view, which
+    holds a key signed for the other view, so no node pins anything and no round is masked."""
+    report = _attack(secure, secure.folder / "attack-parameters", {"seed": 2})
+    nodes = {str(node) for node in secure.deployment.node_ids}
+    assert report["setup"] == dict.fromkeys(nodes, "accepted")
+    assert report["sigma"]["inflated"] < report["sigma"]["true"]
+    refusals = report["split key tables"]
+    assert set(refusals) == nodes, refusals
+    assert all("not signed by its node" in reason for reason in refusals.values()), refusals
+
+
+def test_split_views_of_the_survivors_open_no_vector(secure: Secure) -> None:
+    """Review 2026-11-26 H1 through real SuperNodes (rho = 0.45, the node configs allow it):
+    node a is told "b survived, c dropped", b "c survived, a dropped", c "nobody dropped".
+    Node b attests a's view first and refuses to attest a second one, so b's view is attested
+    by c alone and b refuses to reveal its pair seed with a; the server holds 2 of the t = 3
+    shares of a's self-mask and not every pair seed of a: a's vector stays masked."""
+    report = _attack(
+        secure,
+        secure.folder / "attack-survivors",
+        {"seed": 3, "fpfl-dropout-tolerance": 0.45},
+    )
+    a, b, c = (str(node) for node in sorted(secure.deployment.node_ids))
+    assert report["setup failed"] == []
+    assert report["thresholds"] == dict.fromkeys((a, b, c), 3)
+    assert report["attest a's view"] == {a: "accepted", b: "accepted"}
+    assert report["attest b's view"][c] == "accepted"
+    assert "attested another view" in report["attest b's view"][b]
+    assert report["reveal"][a] == "accepted" and report["reveal"][c] == "accepted"
+    assert "attested another view" in report["reveal"][b]
+    held = report["what the server holds of a"]
+    assert held["shares"] < held["threshold"]
+    assert held["pair seeds"] == [f"{a}-{c}"]  # the seed with b was never revealed
 
 
 def _pem_public_key(openssh_public_key: Path) -> str:

@@ -257,6 +257,60 @@ class FPFLRunParameters:
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
 
+    @classmethod
+    def for_training(
+        cls,
+        *,
+        population_size: int,
+        cohort_size: int,
+        rounds: int,
+        clipping_bound: float | None,
+        epsilon: float | None,
+        constraint: str,
+        num_groups: int,
+        vector_size: int,
+        delta: float | None = None,
+        accountant: str = "rdp",
+        distributed_noise: bool = True,
+        masking: bool = True,
+        dropout_tolerance: float = 0.2,
+        session: str = "",
+    ) -> FPFLRunParameters:
+        """The parameters of a training, with sigma calibrated for ``(epsilon, delta)`` after
+        ``rounds`` rounds at ``q = m / K`` (:func:`~fedparity.mechanisms.dp_accounting.
+        calibrate_noise`, Opacus; ``delta`` None: ``1 / K``) or 0 without ``epsilon``: what
+        a node with the same settings accepts."""
+        sigma = 0.0
+        if epsilon is not None:
+            from ..dp_accounting import calibrate_noise  # Opacus: only when calibrating
+
+            delta = 1.0 / population_size if delta is None else delta
+            sigma = calibrate_noise(
+                epsilon=epsilon,
+                delta=delta,
+                cohort_size=cohort_size,
+                population_size=population_size,
+                steps=rounds,
+                accountant=accountant,  # type: ignore[arg-type]
+            ).noise_multiplier
+        return cls(
+            population_size=population_size,
+            cohort_size=cohort_size,
+            rounds=rounds,
+            clipping_bound=clipping_bound,
+            epsilon=epsilon,
+            delta=delta if epsilon is not None else None,
+            noise_multiplier=sigma,
+            accountant=accountant,
+            constraint=constraint,
+            num_groups=num_groups,
+            vector_size=vector_size,
+            distributed_noise=distributed_noise,
+            masking=masking,
+            dropout_tolerance=dropout_tolerance,
+            session=session,
+        )
+
     @property
     def sample_rate(self) -> float:
         """``q = min(1, m / K)``: each user's chance of joining a round."""

@@ -59,7 +59,8 @@ for action, handler in fedevalfair_handlers(
 ).items():
     app.query(action)(handler)
 
-# FPFL: the node's own privacy settings (it recomputes sigma; the server sends only K).
+# FPFL: the node's own privacy settings; it refuses a run whose parameters differ (the server
+# proposes K and sigma, which the node checks against its policy and its own epsilon).
 FPFL_SETTINGS = FPFLNodeSettings(
     constraint="fnr",
     cohort_size=300,

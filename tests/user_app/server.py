@@ -14,9 +14,15 @@ from task import build_model, trained_arrays
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.mechanisms import mechanism_for_budget
 from fedparity.mechanisms.ckks import load_public_context
-from fedparity.mechanisms.dp_accounting import calibrate_noise, privacy_spent, sample_rate
+from fedparity.mechanisms.dp_accounting import privacy_spent, sample_rate
 from fedparity.mechanisms.mmdm import MMDMConfig
-from fedparity.strategies import FedEvalFairProtocol, FPFLProtocol, FPFLTraining, LdpGapAudit
+from fedparity.strategies import (
+    FedEvalFairProtocol,
+    FPFLProtocol,
+    FPFLRunParameters,
+    FPFLTraining,
+    LdpGapAudit,
+)
 
 app = ServerApp()
 
@@ -43,34 +49,28 @@ def main(grid: Grid, context: Context) -> None:
     # FPFL: train the user's model under the FNR-parity constraint with user-level DP.
     population = int(config["fpfl-population"])
     cohort, rounds, epsilon_fpfl = 300, 3, 2.0
-    calibration = calibrate_noise(
-        epsilon=epsilon_fpfl,
-        delta=1.0 / population,
-        cohort_size=cohort,
-        population_size=population,
-        steps=rounds,
-    )
     model = build_model()
     layout = statistics_layout(model, num_groups=2)
-    protocol = FPFLProtocol(
-        grid,
-        node_ids=node_ids,
-        vector_size=layout.size,
+    # What every node checks against its own FPFLNodeSettings (client.py) at setup.
+    parameters = FPFLRunParameters.for_training(
         population_size=population,
-        noise_multiplier=calibration.noise_multiplier,
+        cohort_size=cohort,
+        rounds=rounds,
         clipping_bound=1.0,
-        masking=True,
-        distributed_noise=True,
+        epsilon=epsilon_fpfl,
+        constraint="fnr",
+        num_groups=2,
+        vector_size=layout.size,
         dropout_tolerance=0.25,
-        reply_timeout=120.0,
     )
+    protocol = FPFLProtocol(grid, node_ids=node_ids, parameters=parameters, reply_timeout=120.0)
     protocol.setup()
     training = FPFLTraining(
         layout, get_flat_parameters(model), mmdm=MMDMConfig(alpha=0.05), use_mmdm=True
     )
     trained = training.start(protocol, rounds)
     spent = privacy_spent(
-        noise_multiplier=calibration.noise_multiplier,
+        noise_multiplier=parameters.noise_multiplier,
         sample_rate=sample_rate(cohort, population),
         steps=rounds,
         delta=1.0 / population,
@@ -90,7 +90,7 @@ def main(grid: Grid, context: Context) -> None:
             "weights_moved": float(abs(trained.weights - get_flat_parameters(model)).max()),
             "weights_finite": bool(np.isfinite(trained.weights).all()),
             "epsilon": spent.epsilon,
-            "noise_multiplier": calibration.noise_multiplier,
+            "noise_multiplier": parameters.noise_multiplier,
         },
         "fedevalfair": {
             "error": test.error,
