@@ -4,7 +4,7 @@
 * :func:`fedevalfair_handlers` with :class:`HolderRows` -- a FedEvalFair data holder (the bound
   methods of a :class:`FedEvalFairHolder`);
 * :func:`fpfl_handlers` with :class:`FPFLNodeSettings` and :class:`FPFLShard` -- FPFL training
-  of your torch model on the node's users.
+  of your torch model on the node's users (the bound methods of an :class:`FPFLNode`).
 
 The project's own ClientApp (:mod:`fedparity.clients.app`) is built from the same handlers.
 """

@@ -231,3 +231,17 @@ def test_the_docstring_examples_of_a_module_run(
             runner.run(test)
     results = runner.summarize(verbose=False)
     assert results.failed == 0, f"{module_name}: {results.failed} of {results.attempted} failed"
+
+
+def test_every_test_the_threat_model_names_exists() -> None:
+    """docs/threat-model.md names, for each claim, the test that runs the attack: every name
+    must be a test function of the suite (a renamed or deleted test fails here)."""
+    page = (DOCS / "threat-model.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(test_\w+)`", page))
+    assert len(named) > 30  # the page was read
+    defined = {
+        match
+        for path in (REPO_ROOT / "tests").glob("test_*.py")
+        for match in re.findall(r"^def (test_\w+)\(", path.read_text(encoding="utf-8"), re.M)
+    }
+    assert sorted(named - defined) == []

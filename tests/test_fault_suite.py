@@ -235,7 +235,6 @@ def test_fpfl_faults(tmp_path: Path) -> None:
             **FPFL,
             "fpfl-rounds": 3,
             "fpfl-checkpoint-every": 2,
-            "fpfl-dropout-tolerance": 0.34,  # n_min = 2 of 3
             "output-dir": str(folder),
         }
         background = deployment.run_in_background(config, timeout=FPFL_RUN_TIMEOUT)
