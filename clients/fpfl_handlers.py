@@ -178,6 +178,20 @@ class FPFLRunState:
     charged: bool = False
     totals: dict[str, float] = field(default_factory=dict)
 
+    def round_fields(self) -> dict[str, Any]:
+        """The record fields a round, an attestation or an unmask changes."""
+        return {
+            "last-round": self.last_round,
+            "own-share": self.own_share,
+            "unmasked": self.unmasked,
+            "attested-round": self.attested_round,
+            "attested-view": self.attested_view,
+            "answered": self.answered,
+            "charged": self.charged,
+            "total-keys": list(self.totals),
+            "total-values": [float(value) for value in self.totals.values()],
+        }
+
     def to_record(self) -> ConfigRecord:
         peers = sorted(self.secrets)
         values: dict[str, Any] = {
@@ -188,15 +202,7 @@ class FPFLRunState:
             "pair-secrets": [self.secrets[peer] for peer in peers],
             "run-digest": self.run_digest,
             "pinned": self.pinned,
-            "last-round": self.last_round,
-            "own-share": self.own_share,
-            "unmasked": self.unmasked,
-            "attested-round": self.attested_round,
-            "attested-view": self.attested_view,
-            "answered": self.answered,
-            "charged": self.charged,
-            "total-keys": list(self.totals),
-            "total-values": [float(value) for value in self.totals.values()],
+            **self.round_fields(),
         }
         values |= {
             _PARAMETER_PREFIX + key: value for key, value in self.parameters.to_fields().items()
@@ -308,6 +314,14 @@ class FPFLNode:
 
     def save_state(self, context: Context, session: str, state: FPFLRunState) -> None:
         context.state.config_records[session_state_key(FPFL_STATE_KEY, session)] = state.to_record()
+
+    def save_round(self, context: Context, session: str, state: FPFLRunState) -> None:
+        """Write the fields a round changes into the stored record (the setup's and the
+        table's fields stay as they are: a round costs no full rewrite)."""
+        record = context.state.config_records[session_state_key(FPFL_STATE_KEY, session)]
+        for key, value in state.round_fields().items():
+            if record.get(key) != value:
+                record[key] = value
 
     def pinned_state(self, context: Context, session: str) -> FPFLRunState:
         state = self.load_state(context, session)
@@ -611,10 +625,19 @@ class FPFLNode:
                 state.totals = self.charge_training(context, limits, shard, parameters)
                 state.charged = True
             state.answered += 1  # counted (in the node state) before anything is released
+        own_id = int(context.node_id)
+        self_seed, threshold, shares = b"", 0, {}
         if parameters.masking:
-            state.last_round = request.round
-            state.unmasked = False
-        self.save_state(context, session, state)
+            threshold = share_threshold(
+                len(members),
+                min_survivors=self.reveal_minimum(parameters, len(members), limits),
+                colluders=limits.tolerated_colluders,
+            )
+            self_seed = new_self_seed()
+            shares = share_self_seed(self_seed, members, threshold)
+            state.last_round, state.unmasked = request.round, False
+            state.own_share = shares[own_id]
+        self.save_round(context, session, state)  # one write, before anything is computed
         set_flat_parameters(model, request.weights)
         total = self._contribution(model, shard, parameters, share_std, context, request.round)
         extra = {METRICS_KEY: MetricRecord(state.totals)} if state.totals else {}
@@ -626,14 +649,6 @@ class FPFLNode:
                 ),
                 reply_to=msg,
             )
-        own_id = int(context.node_id)
-        threshold = share_threshold(
-            len(members),
-            min_survivors=self.reveal_minimum(parameters, len(members), limits),
-            colluders=limits.tolerated_colluders,
-        )
-        self_seed = new_self_seed()
-        shares = share_self_seed(self_seed, members, threshold)
         recipients = tuple(peer for peer in members if peer != own_id)
         sealed = tuple(
             seal_share(state.secrets[peer], request.round, own_id, peer, shares[peer])
@@ -644,8 +659,6 @@ class FPFLNode:
         masked = mask_vector(
             encoded, own_id, state.secrets, request.round, cohort=members, self_seed=self_seed
         )
-        state.own_share = shares[own_id]
-        self.save_state(context, session, state)
         reply = FPFLRoundReply(masked, recipients, sealed, threshold)
         return Message(
             content=RecordDict(
@@ -753,7 +766,7 @@ class FPFLNode:
                 "fpfl: this node attested another view of this round; refusing a second one"
             )
         state.attested_round, state.attested_view = request.round, view
-        self.save_state(context, session, state)
+        self.save_round(context, session, state)
         recipients = tuple(peer for peer in sorted(request.survivors) if peer != own_id)
         reply = FPFLConfirmReply(
             recipients,
@@ -807,7 +820,7 @@ class FPFLNode:
                 )
             state.attested_round, state.attested_view = request.round, view
         state.unmasked = True  # before anything is released: one answer per round
-        self.save_state(context, session, state)
+        self.save_round(context, session, state)
         try:
             shares = {
                 sender: open_share(state.secrets[sender], request.round, sender, own_id, box)

@@ -647,27 +647,33 @@ class ClippedStatistics:
 
 
 def zero_nonfinite_rows(vectors: torch.Tensor) -> torch.Tensor:
-    """``vectors`` with every row that holds a NaN or an infinity replaced by zeros.
+    """``vectors`` with every row whose L2 norm is not finite (a NaN or an infinity in it, or
+    an overflowing norm) replaced by zeros.
 
     A user whose statistics overflow (huge but finite model weights make ``exp`` or a product
     overflow) contributes nothing, the same as a user outside the cohort, instead of making
     the node's reply fail: whether a node replies must not depend on its users' data
-    (security review of 2026-11-26, H2)."""
-    finite = torch.isfinite(vectors).all(dim=1, keepdim=True)
+    (security review of 2026-11-26, H2). :func:`clip_statistics` does the same."""
+    finite = torch.isfinite(torch.linalg.vector_norm(vectors, dim=1))
     if bool(finite.all()):
         return vectors
-    return torch.where(finite, vectors, torch.zeros((), dtype=vectors.dtype))
+    return torch.where(finite[:, None], vectors, torch.zeros((), dtype=vectors.dtype))
 
 
 def clip_statistics(vectors: torch.Tensor, clipping_bound: float) -> ClippedStatistics:
     """Scale every row to L2 norm at most ``clipping_bound``: ``v min(1, C / ||v||)``; rows
-    already within the bound are returned unchanged (bit for bit)."""
+    already within the bound are returned unchanged (bit for bit), rows whose norm is not
+    finite become zeros (:func:`zero_nonfinite_rows`)."""
     bound = float(clipping_bound)
     if not math.isfinite(bound) or bound <= 0:
         raise ValueError(f"clipping_bound must be a finite number > 0, got {clipping_bound!r}")
     if vectors.ndim != 2:
         raise ValueError(f"vectors must be 2-D (users, size), got shape {tuple(vectors.shape)}")
     norms = torch.linalg.vector_norm(vectors, dim=1)
+    finite = torch.isfinite(norms)
+    if not bool(finite.all()):  # a row with a NaN or an infinity: zeros (zero_nonfinite_rows)
+        vectors = torch.where(finite[:, None], vectors, torch.zeros((), dtype=vectors.dtype))
+        norms = torch.where(finite, norms, torch.zeros((), dtype=norms.dtype))
     # A scale of exactly 1.0 leaves a row bit for bit (x * 1.0 == x in IEEE arithmetic).
     scale = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
     return ClippedStatistics(vectors=vectors * scale[:, None], norms=norms, clipping_bound=bound)
@@ -718,7 +724,7 @@ def shard_contribution(
         )
     else:
         vectors = statistics(model, shard, constraint=constraint, users=users)
-    clipped = clip_statistics(zero_nonfinite_rows(vectors), clipping_bound)
+    clipped = clip_statistics(vectors, clipping_bound)  # non-finite rows become zeros
     return ShardContribution(
         total=clipped.vectors.sum(dim=0).numpy(),
         num_users=int(vectors.shape[0]),

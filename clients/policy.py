@@ -220,6 +220,7 @@ class NodePrivacyPolicy:
         return cls.from_mapping(table, source=str(file))
 
     @classmethod
+    @functools.cache
     def simulation(cls) -> NodePrivacyPolicy:
         """The policy of a node in Flower's simulation engine: its users are simulated, so the
         research settings (seeded noise, the non-private baselines, central noise, no masking,
@@ -468,4 +469,10 @@ def node_policy(
         return _policy_file(environ[POLICY_ENV])
     if in_flower_simulation():
         return NodePrivacyPolicy.simulation()
+    return _built_in_policy()
+
+
+@functools.cache
+def _built_in_policy() -> NodePrivacyPolicy:
+    """The built-in defaults (one frozen object: a node builds no policy per message)."""
     return NodePrivacyPolicy()

@@ -18,14 +18,15 @@ an optional roster of signed keys), a round costs two exchanges, and masks come 
 Protocol
 --------
 1. *Setup (once per run).* Every node makes an X25519 key pair (:class:`MaskingKeyPair`) and
-   sends its public key, signed with its identity key when it has one
-   (:func:`masking_key_transcript`; :mod:`fedparity.mechanisms.identity`). The server
-   broadcasts the key table; each node checks it (own key present, at most ``max-nodes``
-   entries, distinct keys; with a roster, every key signed by a distinct roster member:
-   :func:`check_signed_key_table`) and **pins** it: the pair secrets
-   ``s_uv = HKDF-SHA256(X25519(u, v), salt=run_salt, info=label || min id || max id)``
-   (:func:`pair_secrets`; RFC 7748, RFC 5869) are the only ones it uses for the rest of the
-   run, and any later table is refused.
+   sends its public key, signed with its identity key when it has one, together with the
+   digest of the run parameters it accepted (:func:`masking_key_transcript`;
+   :mod:`fedparity.mechanisms.identity`). The server broadcasts the key table; each node checks
+   it (own key present, at most ``max-nodes`` entries, distinct keys; with a roster, every key
+   signed by a distinct roster member over the same parameters: :func:`check_signed_key_table`)
+   and **pins** it: the pair secrets ``s_uv = HKDF-SHA256(X25519(u, v), salt=run_salt,
+   info=label || min id || max id || run digest)`` (:func:`pair_secrets`; RFC 7748, RFC 5869;
+   the run digest binds the parameters, members and keys) are the only ones it uses for the
+   rest of the run, and any later table is refused.
 2. *Round r, masked vectors.* The round's members are a subset of the pinned table. Node
    ``u`` draws a fresh self-mask seed ``b_u`` (:func:`new_self_seed`), splits it into Shamir
    shares with threshold ``t`` (:func:`share_threshold`, :func:`share_self_seed`), seals each
@@ -37,7 +38,10 @@ Protocol
    the sealed shares and ``t``. A node masks a round number at most once, in increasing
    order.
 3. *Round r, unmask.* The server names the survivors ``S`` (vectors received) and the dropped
-   ``D`` and asks every survivor when ``D`` is not empty, else the ``max t_u`` survivors of
+   ``D``. When ``D`` is not empty every survivor first attests the view ``(S, D)`` to each
+   other survivor (:func:`attest_view`, one view per round), and a node reveals only for a view
+   :func:`attestation_threshold` members attested (:func:`check_attestations`). The server asks
+   every survivor when ``D`` is not empty, else the ``max t_u`` survivors of
    the smallest share indices; each survivor asked opens the shares sealed for it and returns
    the shares of ``b_u`` for ``u`` in ``S`` and its pair seeds ``k_vdr`` for ``d`` in ``D``
    (:func:`reveal_round_seeds`) -- once per round, only for the round it masked last, only
@@ -60,16 +64,16 @@ Threat model (see also the project's threat-model page)
   malformed, stays hidden by its self-mask: the survivors revealed its pair seeds but no
   share of its self-mask.
 * **Active server** (replays, edits, splits views): an honest node answers one unmask request
-  per round, so for any node the server gets either ``t`` shares of its self-mask (from nodes
-  told it survived) or every pair seed (each given by a node told it dropped), never both
-  while ``t >= c + 2`` (``c`` tolerated colluders); replays, pre-reveals and key changes are
-  refused; the quantisation is the node's.
+  per round and attests one view with dropped nodes per round. With the share threshold of
+  :func:`share_threshold` (``t + r > n + 1 + c``) no split view gets both ``t`` shares of a
+  node's self-mask and every one of its pair seeds, and with the attestations at most one view
+  with dropped nodes is unmasked per round, so no set smaller than the survivors is ever
+  decoded; replays, pre-reveals and key changes are refused; the quantisation is the node's.
 * **What is not protected without a roster.** Keys exchanged without authentication can be
   replaced by a server that is active *at setup*, and a server can invent up to ``max-nodes``
   peers (sybils) whose masks it knows: the honest nodes' privacy then rests on their own noise
   shares. With a roster (node config ``roster``, ``identity-key``; policy ``require-roster``)
-  neither is possible. There is no consistency round: a server may send different survivor
-  lists to different nodes, which the threshold argument above covers.
+  neither is possible.
 * **Colluding nodes.** ``c`` colluders learn nothing of the honest nodes' vectors beyond the
   sum; they do know their own noise shares, so each node sizes its share for ``n_min - c``
   honest survivors (:func:`noise_share_std`). The sum itself is not hidden: its privacy is the
