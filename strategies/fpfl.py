@@ -1,19 +1,27 @@
-"""FPFL on the server: two Flower message exchanges per training round.
+"""FPFL on the server: two Flower message exchanges per training round (three when a node
+dropped).
 
 FPFL is Algorithm 1 of Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt
 Seigel, "Enforcing fairness in private federated learning via the modified method of
 differential multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning,
 arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021).
 
-Setup (once per run): ``query.fpfl_setup`` collects the nodes' masking public keys (signed
-with their identity keys when they have them) and ``query.fpfl_keys`` sends the key table,
-which each node checks and pins; the member list is fixed from then on.
+Setup (once per run): ``query.fpfl_setup`` proposes the run's parameters
+(:class:`~fedparity.mechanisms.protocol.fpfl.FPFLRunParameters`: ``K``, ``m``, ``T``,
+epsilon, delta, sigma, ``C``, rho, ...), which each node checks against its own settings and
+policy, and collects the nodes' masking public keys (signed, with the parameters' digest, by
+their identity keys when they have them); ``query.fpfl_keys`` sends the member table, which
+each node checks and pins with the run digest: the members, the parameters and the keys are
+fixed from then on, and every round names that digest (the messages:
+:mod:`fedparity.mechanisms.protocol.fpfl`).
 
 Round ``t``: ``query.fpfl_round`` sends the current weights to every member node; each node
 samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic vectors, adds
 its noise share and replies with that sum **double-masked**, sealed Shamir shares of its
-self-mask and their threshold (:mod:`fedparity.mechanisms.secure_sum`). ``query.fpfl_reveal``
-then asks survivors for the shares of the survivors' self-masks and their pair seeds with the
+self-mask and their threshold (:mod:`fedparity.mechanisms.secure_sum`). When a node dropped,
+``query.fpfl_confirm`` first asks every survivor to attest the view (survivors, dropped): a
+node reveals only for a view enough members attested. ``query.fpfl_reveal`` then asks
+survivors for the shares of the survivors' self-masks and their pair seeds with the
 nodes that did not reply, provided enough of them survive for the noise to be complete and for
 every survivor's threshold: every survivor when a node dropped (its pair masks need each pair
 seed), else only the survivors holding the smallest share indices, as many as the largest
