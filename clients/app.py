@@ -51,6 +51,7 @@ from .data import (
     synthetic_holder,
 )
 from .fedevalfair import (
+    ClientStatistics,
     holder_statistics,
 )
 from .fedevalfair_handlers import (
@@ -400,8 +401,9 @@ def _node_secret_context_path(context: Context) -> Path:
 
 def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], Message]]:
     """Endorsement, round 2, commitment and round 3: the library's handlers with the run's
-    fef-mu0 and fef-tolerance (identity key and roster from the node config or
-    ``$FEDPARITY_IDENTITY_DIR``)."""
+    fef-mu0, fef-tolerance and holder-level DP mode (identity key and roster from the node
+    config or ``$FEDPARITY_IDENTITY_DIR``; in the DP mode the users are charged in the ledger
+    the node's LDP audits charge, :func:`node_ledger_file`)."""
     return fedevalfair_handlers(
         None,
         secret_context=_node_secret_context_path,
@@ -410,13 +412,21 @@ def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], M
         mu0=config.fef_mu0,
         tolerance=config.fef_tolerance,
         sessions=_sessions(config),
+        dp=config.fef_holder_dp,
+        ledger_path=lambda node: node_ledger_file(node, config),
     )
 
 
 def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     """Bootstrap dp/eo on the holder's test set (seeded, so the simulation harness recomputes
-    the same statistics); reply with one ciphertext signed with the node's identity key."""
+    the same statistics); reply with one ciphertext signed with the node's identity key. In
+    the holder-level DP mode (``fef-dp-epsilon``) the node's policy is checked before the
+    data is read, the test rows' users are kept for the charge at the commitment, and a holder
+    that can compute no metric takes part with weight 0 instead of refusing."""
     holder_identity(context)
+    dp = config.fef_holder_dp
+    if dp is not None:
+        node_policy(context.node_config).check_fef_dp(dp.epsilon, dp.delta)
     secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
@@ -434,7 +444,9 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     except InsufficientGroupData as error:
         # The detailed reason holds this node's cell counts: it stays in the node's log.
         log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-        raise CannotTakePart from None
+        if dp is None:
+            raise CannotTakePart from None
+        statistics = ClientStatistics.empty()  # DP: weight 0, the same reply as anyone's
     return round1_reply(
         msg,
         context,
@@ -443,6 +455,8 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
         mu0=config.fef_mu0,
         tolerance=config.fef_tolerance,
         sessions=_sessions(config),
+        dp=dp,
+        user_ids=None if dp is None else shard.user_ids,
     )
 
 

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.calibration import MechanismChoice
@@ -23,6 +23,9 @@ from ..mechanisms.metrics import METRIC_NAMES
 from ..mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
 from ..mechanisms.mmdm import CONSTRAINTS
 from .data import DATASETS
+
+if TYPE_CHECKING:
+    from ..mechanisms.ckks.holder_dp import HolderDP
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
 #: The jobs that evaluate a global model they train with plain FedAvg (the ``train`` message),
@@ -410,6 +413,15 @@ class RunConfig:
     fef_dirichlet_alpha: float = _key(
         1.0, _number(0.0, math.inf), "Adult dirichlet split: concentration (smaller = skew)"
     )
+    fef_dp_epsilon: float | None = _key(
+        None,
+        _optional(_number(0.0, math.inf)),
+        'holder-level DP of the release: its epsilon, charged to every user; "" = off',
+    )
+    fef_dp_delta: float = _key(1e-8, _number(0.0, 1.0), "holder-level DP: the release's delta")
+    fef_dp_max_weight: float = _key(
+        100.0, _number(0.0, math.inf), "holder-level DP: cap on a holder's weight 1 / V"
+    )
     # --- FPFL -----------------------------------------------------------------------------
     fpfl_algorithm: str = _key("fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm")
     fpfl_architecture: str = _key("shallow", _choice(FPFL_ARCHITECTURES), "the model")
@@ -463,6 +475,16 @@ class RunConfig:
         return self.task in FEDAVG_TASKS and not self.model_file and self.num_server_rounds > 0
 
     @property
+    def fef_holder_dp(self) -> HolderDP | None:
+        """The FedEvalFair release's holder-level DP parameters (None: ``fef-dp-epsilon`` is
+        "", the mode is off)."""
+        if self.fef_dp_epsilon is None:
+            return None
+        from ..mechanisms.ckks.holder_dp import HolderDP
+
+        return HolderDP(self.fef_dp_epsilon, self.fef_dp_delta, self.fef_dp_max_weight)
+
+    @property
     def fpfl_uses_mmdm(self) -> bool:
         """MMDM (FFL, FFL + Clip, FPFL) rather than plain FederatedSGD."""
         return FPFL_ALGORITHMS[self.fpfl_algorithm][0]
@@ -506,6 +528,17 @@ class RunConfig:
                 f"{config.task!r} (its training is its own: FPFL with user-level DP)"
             )
         _check_fpfl(config)
+        if config.fef_dp_epsilon is not None and config.task != "fedevalfair":
+            raise ConfigError(
+                f'fef-dp-epsilon is for task = "fedevalfair", got task = {config.task!r} (the '
+                "pipeline's report does not describe a differentially private test yet)"
+            )
+        if config.fef_dp_epsilon is not None and config.fef_mode != "calibrated":
+            raise ConfigError(
+                'fef-mode must be "calibrated" with fef-dp-epsilon: the holder-level DP mode '
+                "releases the calibrated tests only (the paper's weights have no bounded "
+                f"sensitivity), got fef-mode = {config.fef_mode!r}"
+            )
         audited_models = len(PIPELINE_SESSIONS) if config.task == "pipeline" else 1
         total = audited_models * sum(config.epsilons)
         if total > config.user_budget + BUDGET_TOLERANCE:

@@ -21,6 +21,10 @@ sends at most one ciphertext per round.
   block, ``[stage-1 statistic, sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, k]`` over the
   round-2 clients. These numbers determine (T, W*, mu_hat, its standard error, k) plus
   sum w and sum w Ybar^2: the server learns the test statistics and nothing per client.
+* The holder-level DP mode (``dp``, :mod:`fedparity.mechanisms.ckks.holder_dp`): the
+  contributions carry capped, normalised weights (:meth:`ClientStatistics.contribution`), round
+  2 has no stage-1 terms, and round 3 releases only the calibrated blocks' three sums with
+  keyed Gaussian noise (:func:`dp_release_vector`).
 
 Dropouts between rounds 1 and 2: a calibrated block's Cochran's Q,
 sum u (y - c)^2 - (sum u (y - c))^2 / sum u, is exact over whichever clients sent round 2
@@ -50,6 +54,7 @@ from ..mechanisms.ckks import (
     flood,
     flooding_std,
 )
+from ..mechanisms.ckks.holder_dp import HolderDP, dp_block, dp_release
 from ..mechanisms.fairtest import (
     BootstrapDisparity,
     ClientSummary,
@@ -98,9 +103,31 @@ class ClientStatistics:
     #: The dp and eo bootstraps (None where impossible); kept on the node, never sent.
     bootstraps: tuple[BootstrapDisparity | None, ...] = ()
 
-    def contribution(self, *, mu0: float, tolerance: float | None) -> np.ndarray:
+    @classmethod
+    def empty(cls) -> ClientStatistics:
+        """No block can be computed: what a holder in the holder-level DP mode takes part with
+        (weight 0 everywhere) instead of refusing, so whether it answers says nothing about
+        its data."""
+        return cls((None,) * len(BLOCKS), ())
+
+    def contribution(
+        self, *, mu0: float, tolerance: float | None, dp: HolderDP | None = None
+    ) -> np.ndarray:
         """The round-1 contribution for the run's ``fef-mu0`` and ``fef-tolerance`` (zeros
-        for the blocks without a summary)."""
+        for the blocks without a summary). With ``dp`` (the holder-level DP mode) the
+        calibrated blocks are :func:`~fedparity.mechanisms.ckks.holder_dp.dp_block` (capped,
+        normalised weights; count 1 whatever the data) and the paper blocks zeros with count 1
+        (not released in that mode)."""
+        if dp is not None:
+            parts = []
+            for summary, (_, mode) in zip(self.summaries, BLOCKS, strict=True):
+                if mode == "calibrated":
+                    parts.append(
+                        dp_block(summary, max_weight=dp.max_weight, mu0=mu0, tolerance=tolerance)
+                    )
+                else:
+                    parts.append(np.append(np.zeros(BLOCK_WIDTH - 1), 1.0))
+            return np.concatenate(parts)
         parts = [
             np.zeros(BLOCK_WIDTH)
             if summary is None
@@ -252,10 +279,15 @@ def holder_statistics(
 
 
 def round1_vector(
-    statistics: ClientStatistics, *, mu0: float, tolerance: float | None
+    statistics: ClientStatistics,
+    *,
+    mu0: float,
+    tolerance: float | None,
+    dp: HolderDP | None = None,
 ) -> np.ndarray:
-    """What a client encrypts in round 1: [contribution, 1]."""
-    return append_count_slot(statistics.contribution(mu0=mu0, tolerance=tolerance))
+    """What a client encrypts in round 1: [contribution, 1] (``dp``: the holder-level DP
+    mode's contribution, :meth:`ClientStatistics.contribution`)."""
+    return append_count_slot(statistics.contribution(mu0=mu0, tolerance=tolerance, dp=dp))
 
 
 def open_sum(
@@ -297,19 +329,24 @@ def round2_vector(
     *,
     mu0: float,
     tolerance: float | None,
+    dp: HolderDP | None = None,
 ) -> np.ndarray:
-    """Round 2: [stage-1 parts (3 per block), contribution, 1] given the decrypted S1."""
+    """Round 2: [stage-1 parts (3 per block), contribution, 1] given the decrypted S1. In the
+    holder-level DP mode (``dp``) the stage-1 parts are zeros (the round-1 sum has no
+    variance sums, and stage 1 comes from the released sums) and the contribution is the DP
+    one."""
     parts = []
     for summary, totals, (_, mode) in zip(
         statistics.summaries, _blocks(round1_sum), BLOCKS, strict=True
     ):
         usable = summary is not None and totals[-1] >= 1.5 and totals[0] > 0 and totals[3] > 0
+        usable = usable and dp is None  # DP: stage 1 comes from the released sums
         parts.append(
             stage1_term(summary, totals, mode)  # type: ignore[arg-type]
             if usable
             else np.zeros(STAGE1_WIDTH)
         )
-    fresh = statistics.contribution(mu0=mu0, tolerance=tolerance)
+    fresh = statistics.contribution(mu0=mu0, tolerance=tolerance, dp=dp)
     return append_count_slot(np.concatenate([*parts, fresh]))
 
 
@@ -350,10 +387,11 @@ def round2_payload(
     *,
     mu0: float,
     tolerance: float | None,
+    dp: HolderDP | None = None,
 ) -> np.ndarray:
     """What a holder encrypts in round 2: :func:`round2_vector` scaled by
     :func:`round2_scales` (count slot 1)."""
-    vector = round2_vector(statistics, round1_sum, mu0=mu0, tolerance=tolerance)
+    vector = round2_vector(statistics, round1_sum, mu0=mu0, tolerance=tolerance, dp=dp)
     return np.append(vector[:-1] * round2_scales(round1_sum), vector[-1])
 
 
@@ -394,6 +432,28 @@ def flooded_round2_sum(
     result[~counts] = flood(raw[~counts], std=std, key=key, message=message)
     result[counts] = np.round(raw[counts])
     return result / round2_scales(round1_sum)
+
+
+def dp_release_vector(
+    round2_sum: np.ndarray,
+    *,
+    num_holders: int,
+    dp: HolderDP,
+    key: bytes,
+    message: bytes,
+) -> np.ndarray:
+    """Round 3 (key holder) in the holder-level DP mode: from the (flooded, natural-unit)
+    round-2 sum, the calibrated blocks' sums of the DP contributions with the keyed Gaussian
+    noise of :func:`~fedparity.mechanisms.ckks.holder_dp.dp_release`; NaN where nothing is
+    released. ``num_holders``: the round-2 holders (public)."""
+    split = len(BLOCKS) * STAGE1_WIDTH
+    return dp_release(
+        np.asarray(round2_sum, dtype=np.float64)[split:],
+        num_holders=num_holders,
+        dp=dp,
+        key=key,
+        message=message,
+    )
 
 
 def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray:

@@ -38,6 +38,14 @@ most once per run; it keeps its commitments and releases per secret key in a jou
 its privacy ledger (node config ``ledger-dir``; :mod:`fedparity.mechanisms.ckks.releases`),
 which survives restarts, and refuses past its policy's ``fef-max-releases-per-key``.
 
+Holder-level DP (optional, ``dp``; :mod:`fedparity.mechanisms.ckks.holder_dp`): every holder
+contributes capped, normalised weights; the key holders add keyed Gaussian noise calibrated to
+one holder's sensitivity to the released sums; every round-2 holder checks the parameters
+against its policy (``fef-dp-max-epsilon``, before any data is read) and charges the release's
+(epsilon, delta) to each of its users' privacy ledger (by user id) before it commits, refusing
+when a user cannot afford it. The parameters are bound into the commitment, so holders given
+different ones never let a key holder release.
+
 :class:`FedEvalFairHolder` is the holder, one method per message; :func:`fedevalfair_handlers`
 returns its bound methods.
 """
@@ -57,7 +65,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import log
 
-from ..mechanisms.accounting import LedgerFileError
+from ..mechanisms.accounting import LedgerFileError, PrivacyBudgetExceeded
 from ..mechanisms.ckks import (
     CkksParameters,
     CommitmentConflict,
@@ -82,8 +90,10 @@ from ..mechanisms.ckks import (
     verify_endorsements,
     verify_round_sets,
 )
+from ..mechanisms.ckks.holder_dp import HOLDER_DP_LABEL, HolderDP
 from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.identity import IdentityError, IdentityKey, Roster, transcript
+from ..mechanisms.privacy_ledger import ApproximateDPRelease
 from ..mechanisms.protocol import (
     BLOCK_WIDTH,
     FEF_IDENTITY_REFUSAL,
@@ -107,6 +117,7 @@ from .fedevalfair import (
     MAX_MAGNITUDE,
     ROUND2_PRECISION_BITS,
     ClientStatistics,
+    dp_release_vector,
     flooded_round2_sum,
     open_sum,
     release_vector,
@@ -115,7 +126,7 @@ from .fedevalfair import (
     rows_statistics,
 )
 from .identity import NodeIdentity, node_identity
-from .ledger import node_ledger_dir
+from .ledger import default_ledger_path, node_ledger_dir, open_node_ledger, save_node_ledger
 from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
@@ -123,6 +134,9 @@ if TYPE_CHECKING:
     import tenseal as ts
 
 __all__ = [
+    "DP_LEDGER_REFUSAL",
+    "DP_LEDGER_UNUSABLE",
+    "DP_NEEDS_USER_IDS",
     "FEF_STATE_KEY",
     "FLOOD_LABEL",
     "JOURNAL_UNUSABLE_REPLY",
@@ -147,8 +161,26 @@ FEF_STEPS_KEY = "fef-steps"
 FEF_COMMITMENT_KEY = "fef-commitment"
 #: Node run-state record of a key journal kept for the run only (simulation without ledger-dir).
 FEF_JOURNAL_STATE_KEY = "fef-key-journal"
+#: Node run-state record of the holder's user ids (the DP mode charges them at the commitment).
+FEF_USERS_KEY = "fef-user-ids"
 #: Label of the transcript that keys a release's flooding noise.
 FLOOD_LABEL = "fedparity/fedevalfair/flood/v1"
+#: What a holder in the DP mode answers when a user cannot afford the release (fixed sentence).
+DP_LEDGER_REFUSAL = (
+    "fedevalfair: the release's epsilon and delta would take some of this holder's users past "
+    "their privacy budget (user-epsilon-budget at user-delta of the node's policy); this "
+    "holder does not commit"
+)
+#: What a holder in the DP mode answers when its privacy ledger cannot be used.
+DP_LEDGER_UNUSABLE = (
+    "fedevalfair: this holder's privacy ledger is lost or damaged; it commits to no release "
+    "until its operator restores it (the node's log names the file and the recovery)"
+)
+#: What a holder in the DP mode answers when its rows name no user ids to charge.
+DP_NEEDS_USER_IDS = (
+    "fedevalfair: the holder-level DP mode charges every user of the holder, and this "
+    "holder's rows name no user ids (HolderRows.user_ids)"
+)
 #: The rule a key holder past its policy's release cap refuses with (a fixed sentence).
 RELEASE_CAP_RULE = (
     "this key holder has made fef-max-releases-per-key releases with its secret key; new keys "
@@ -170,6 +202,9 @@ class HolderRows:
     labels: np.ndarray
     predictions: np.ndarray
     groups: np.ndarray
+    #: The ids of the users whose rows these are (one per row, or each user once; integers).
+    #: The holder-level DP mode charges each of them; None: not given (that mode refuses).
+    user_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         arrays = {}
@@ -185,6 +220,11 @@ class HolderRows:
             raise ValueError(f"labels, predictions and groups must have one value per row: {sizes}")
         for name, array in arrays.items():
             object.__setattr__(self, name, array)
+        if self.user_ids is not None:
+            ids = np.asarray(self.user_ids)
+            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError("user_ids must be a 1-d array of integer user ids")
+            object.__setattr__(self, "user_ids", np.unique(ids.astype(np.int64)))
 
 
 #: ``holder_rows(arrays, context)``: the holder's rows evaluated on the received model.
@@ -251,6 +291,8 @@ class HolderState:
     statistics: ClientStatistics | None = None
     steps: set[str] = field(default_factory=set)
     commitment: bytes | None = None
+    #: The holder's user ids (kept in the holder-level DP mode, charged at the commitment).
+    user_ids: np.ndarray | None = None
 
     @classmethod
     def load(cls, state: RecordDict, session: str) -> HolderState:
@@ -258,12 +300,14 @@ class HolderState:
         arrays = state.array_records.get(session_state_key(FEF_STATE_KEY, session))
         steps = state.config_records.get(session_state_key(FEF_STEPS_KEY, session))
         commitment = state.config_records.get(session_state_key(FEF_COMMITMENT_KEY, session))
+        users = state.array_records.get(session_state_key(FEF_USERS_KEY, session))
         return cls(
             statistics=(
                 None if arrays is None else ClientStatistics.from_array(arrays["summaries"].numpy())
             ),
             steps=set() if steps is None else {step for step in steps if steps[step]},
             commitment=None if commitment is None else bytes(commitment["digest"]),  # type: ignore[arg-type]
+            user_ids=None if users is None else users["user-ids"].numpy(),
         )
 
     def save(self, state: RecordDict, session: str) -> None:
@@ -278,6 +322,10 @@ class HolderState:
         if self.commitment is not None:
             state.config_records[session_state_key(FEF_COMMITMENT_KEY, session)] = ConfigRecord(
                 {"digest": self.commitment}
+            )
+        if self.user_ids is not None:
+            state.array_records[session_state_key(FEF_USERS_KEY, session)] = ArrayRecord(
+                {"user-ids": Array(np.asarray(self.user_ids, dtype=np.int64))}
             )
 
     def take(self, step: str) -> None:
@@ -341,18 +389,26 @@ def round1_reply(
     tolerance: float | None,
     identity: Callable[[Context], NodeIdentity] | None = None,
     sessions: Collection[str] = ("",),
+    dp: HolderDP | None = None,
+    user_ids: np.ndarray | None = None,
 ) -> Message:
     """Keep ``statistics`` in the node's state for round 2 and reply with the round-1
     ciphertext (one CKKS vector) signed with the node's identity key for this run and round 1
     (refused if the node has no identity, or already signed a round-1 ciphertext this run).
-    ``sessions``: the tests the node's run config defines (:func:`fedevalfair_handlers`)."""
+    ``sessions``: the tests the node's run config defines (:func:`fedevalfair_handlers`).
+    ``dp``: the holder-level DP mode's parameters (its contribution; ``user_ids``, the
+    holder's users, are kept for the charge at the commitment and required)."""
     key, _ = holder_identity(context, identity)
     session, run_id = _session(msg, context, sessions)
+    if dp is not None and user_ids is None:
+        raise NodeRefusal(DP_NEEDS_USER_IDS)
     state = HolderState.load(context.state, session)
     state.take("round1")
     state.statistics = statistics
+    if dp is not None:
+        state.user_ids = np.unique(np.asarray(user_ids, dtype=np.int64))
     state.save(context.state, session)
-    vector = round1_vector(statistics, mu0=mu0, tolerance=tolerance)
+    vector = round1_vector(statistics, mu0=mu0, tolerance=tolerance, dp=dp)
     payload = encrypt_vector(secret, vector)
     return _signed_reply(msg, payload, key, run_id=run_id, round_number=1)
 
@@ -391,6 +447,8 @@ class FedEvalFairHolder:
         policy: NodePrivacyPolicy | None = None,
         identity: Callable[[Context], NodeIdentity] | None = None,
         sessions: Collection[str] = ("",),
+        dp: HolderDP | None = None,
+        ledger_path: Callable[[Context], Path | None] | None = None,
     ) -> None:
         if (
             isinstance(num_resamples, bool)
@@ -408,6 +466,8 @@ class FedEvalFairHolder:
             raise ValueError(f"tolerance must be a finite number > 0 or None, got {tolerance!r}")
         if policy is not None and not isinstance(policy, NodePrivacyPolicy):
             raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
+        if dp is not None and not isinstance(dp, HolderDP):
+            raise TypeError(f"dp must be a HolderDP or None, got {type(dp).__name__}")
         self.holder_rows = holder_rows
         self.secret_context = secret_context
         self.num_resamples = num_resamples
@@ -418,12 +478,65 @@ class FedEvalFairHolder:
         self.policy = policy
         self.identity = identity
         self.sessions = tuple(sessions)
+        self.dp = dp
+        self.ledger_path = ledger_path
 
     # -- the node's own settings ----------------------------------------------------------------
 
     def limits(self, context: Context) -> NodePrivacyPolicy:
         """The node's privacy policy (the one given, else read from its node config)."""
         return self.policy if self.policy is not None else node_policy(context.node_config)
+
+    def dp_limits(self, context: Context) -> NodePrivacyPolicy:
+        """The node's policy, after refusing (fixed sentences) a holder-level DP mode whose
+        epsilon or delta it does not allow -- decided from the run's parameters and the policy
+        alone, before any data is read."""
+        limits = self.limits(context)
+        if self.dp is not None:
+            limits.check_fef_dp(self.dp.epsilon, self.dp.delta)
+        return limits
+
+    def terms(self) -> bytes:
+        """What the commitment binds besides the sets: the DP mode's parameters (empty when
+        it is off: the commitment of a plain release)."""
+        return b"" if self.dp is None else self.dp.terms()
+
+    def charge(
+        self, context: Context, limits: NodePrivacyPolicy, state: HolderState, session: str
+    ) -> None:
+        """The DP mode, before a commitment: charge the release's (epsilon, delta) to every
+        user of this holder (by id) in the node's privacy ledger -- the one its LDP audits and
+        FPFL trainings charge -- saved before the commitment is signed. Holder-level DP is
+        user-level DP for each of its users (a user's data is part of one holder's). Refuses
+        with fixed sentences when a user cannot afford it or the ledger cannot be used."""
+        assert self.dp is not None
+        if state.user_ids is None:
+            raise NodeRefusal(DP_NEEDS_USER_IDS)
+        ids = np.asarray(state.user_ids, dtype=np.int64)
+        if ids.size == 0:
+            return  # no user, nothing to charge
+        path = (self.ledger_path or default_ledger_path)(context)
+        if path is None and not limits.allow_ephemeral_ledger:
+            raise PolicyRefusal(
+                "a persistent privacy ledger is required (ledger-dir, or allow-ephemeral-ledger)"
+            )
+        release = ApproximateDPRelease(
+            epsilon=self.dp.epsilon,
+            delta=self.dp.delta,
+            job="fedevalfair",
+            label=f"FedEvalFair release with holder-level DP{f' {session!r}' if session else ''}"
+            f" (max weight {self.dp.max_weight:g})",
+        )
+        try:
+            ledger = open_node_ledger(context, path, limits, ids.size, user_ids=ids)
+            ledger.charge(release, user_ids=ids)
+        except LedgerFileError as error:  # names the node's files: it stays in the node's log
+            log(logging.ERROR, "FedEvalFair: %s", error)
+            raise NodeRefusal(DP_LEDGER_UNUSABLE) from None
+        except PrivacyBudgetExceeded as error:
+            log(logging.WARNING, "FedEvalFair: %s", error)
+            raise NodeRefusal(DP_LEDGER_REFUSAL) from None
+        save_node_ledger(context, path, ledger)
 
     def secret_path(self, context: Context) -> str:
         path = self.secret_context
@@ -479,8 +592,12 @@ class FedEvalFairHolder:
     # -- the messages ---------------------------------------------------------------------------
 
     def round1(self, msg: Message, context: Context) -> Message:
-        """Bootstrap dp/eo on the holder's rows; reply with one signed ciphertext."""
+        """Bootstrap dp/eo on the holder's rows; reply with one signed ciphertext. In the DP
+        mode the policy is checked first (before the rows are read), and a holder that can
+        compute no metric takes part with weight 0 instead of refusing."""
         self._identity(context)
+        if self.dp is not None:
+            self.dp_limits(context)  # refused before any row is read
         key = self.secret(context)
         if self.holder_rows is None:
             raise NodeRefusal("this holder computes its round-1 statistics itself")
@@ -500,7 +617,9 @@ class FedEvalFairHolder:
         except InsufficientGroupData as error:
             # The detailed reason holds this node's cell counts: it stays in the node's log.
             log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-            raise CannotTakePart from None
+            if self.dp is None:
+                raise CannotTakePart from None
+            statistics = ClientStatistics.empty()  # DP: weight 0, the same reply as anyone's
         return round1_reply(
             msg,
             context,
@@ -510,6 +629,8 @@ class FedEvalFairHolder:
             tolerance=self.tolerance,
             identity=self.identity,
             sessions=self.sessions,
+            dp=self.dp,
+            user_ids=rows.user_ids,
         )
 
     def endorse(self, msg: Message, context: Context) -> Message:
@@ -544,7 +665,7 @@ class FedEvalFairHolder:
             roster,
             run_id=run_id,
             round_number=1,
-            min_holders=self.limits(context).min_holders,
+            min_holders=self.dp_limits(context).min_holders,
             own_key=own.public_bytes(),
         )
         state = HolderState.load(context.state, session)
@@ -555,7 +676,7 @@ class FedEvalFairHolder:
         key = self.secret(context)
         round1_sum = open_sum(key, request.round1_sum, ROUND1_SIZE, len(contributors))
         vector = round2_payload(
-            state.statistics, round1_sum, mu0=self.mu0, tolerance=self.tolerance
+            state.statistics, round1_sum, mu0=self.mu0, tolerance=self.tolerance, dp=self.dp
         )
         return _signed_reply(
             msg,
@@ -569,11 +690,13 @@ class FedEvalFairHolder:
     def commit(self, msg: Message, context: Context) -> Message:
         """Round-2 holder: check the run's round-1 and round-2 sets (signed digests; this
         holder's own round-2 ciphertext among them) and sign one commitment to them -- the
-        only one of the run, kept in the node's state and its key journal."""
+        only one of the run, kept in the node's state and its key journal. In the DP mode the
+        commitment binds the DP parameters, and the first commitment of the run charges the
+        release to every user of the holder before it is signed (:meth:`charge`)."""
         own, roster = self._identity(context)
         session, run_id = _session(msg, context, self.sessions)
         request = CommitRequest.from_fields(_fields(msg))
-        limits = self.limits(context)
+        limits = self.dp_limits(context)
         _, round2_keys = verify_round_sets(
             request.round1, request.round2, roster, run_id=run_id, min_holders=limits.min_holders
         )
@@ -582,29 +705,37 @@ class FedEvalFairHolder:
                 "this node's own round-2 ciphertext is not in the set it is asked to commit to"
             )
         first, second = set_digest(request.round1), set_digest(request.round2)
-        digest = commitment_digest(run_id, first, second)
+        terms = self.terms()
+        digest = commitment_digest(run_id, first, second, terms)
         state = HolderState.load(context.state, session)
         state.check_commitment(digest)
         journal, path = self._journal(context, limits)
+        journal.check_commit(run_id, digest)
+        if self.dp is not None and run_id not in journal.commitments:
+            self.charge(context, limits, state, session)  # saved before the commitment
         journal.commit(run_id, digest)
         self._save_journal(context, journal, path)  # before the signature leaves the node
         state.commitment = digest
         state.save(context.state, session)
-        signature = own.sign(commitment_transcript(run_id, first, second))
+        signature = own.sign(commitment_transcript(run_id, first, second, terms))
         return _reply(msg, CommitReply(own.public_bytes(), signature).to_fields())
 
     def round3(self, msg: Message, context: Context) -> Message:
         """Key holder: verify both signed ciphertext sets and every round-2 holder's
         commitment to them, recompute both sums, decrypt them and release the aggregate
-        statistics, noise-flooded (plaintext); the release is counted in the key's journal."""
+        statistics, noise-flooded (plaintext); the release is counted in the key's journal. In
+        the DP mode the released sums carry the keyed Gaussian noise of the DP mode
+        (:func:`~fedparity.clients.fedevalfair.dp_release_vector`), derived from the secret
+        key, the run and the commitment digest."""
         _, roster = self._identity(context)
         session, run_id = _session(msg, context, self.sessions)
         request = Round3Request.from_fields(_fields(msg))
-        limits = self.limits(context)
+        limits = self.dp_limits(context)
         round1_keys, round2_keys = verify_round_sets(
             request.round1, request.round2, roster, run_id=run_id, min_holders=limits.min_holders
         )
         first, second = set_digest(request.round1), set_digest(request.round2)
+        terms = self.terms()
         verify_commitment(
             request.commitments,
             round2_keys,
@@ -612,8 +743,9 @@ class FedEvalFairHolder:
             run_id=run_id,
             round1_digest=first,
             round2_digest=second,
+            terms=terms,
         )
-        digest = commitment_digest(run_id, first, second)
+        digest = commitment_digest(run_id, first, second, terms)
         state = HolderState.load(context.state, session)
         state.check_commitment(digest)
         state.take("release")
@@ -633,15 +765,25 @@ class FedEvalFairHolder:
             len(round2_keys),
             max_magnitude=MAX_MAGNITUDE * 2.0**ROUND2_PRECISION_BITS,
         )
+        noise_key = _flood_key(self.secret_path(context))
         round2_sum = flooded_round2_sum(
             round1_sum,
             scaled,
             num_ciphertexts=len(round2_keys),
             parameters=CkksParameters.from_context(key),
-            key=_flood_key(self.secret_path(context)),
+            key=noise_key,
             message=transcript(FLOOD_LABEL, run_id, first, second),
         )
-        released = release_vector(_release_reference(round1_sum), round2_sum)
+        if self.dp is None:
+            released = release_vector(_release_reference(round1_sum), round2_sum)
+        else:
+            released = dp_release_vector(
+                round2_sum,
+                num_holders=len(round2_keys),
+                dp=self.dp,
+                key=noise_key,
+                message=transcript(HOLDER_DP_LABEL, run_id, digest),
+            )
         reply = ReleaseReply.from_fields({"release": released})  # checks the size
         journal.record_release(run_id, digest)
         self._save_journal(context, journal, path)  # counted before the release leaves
@@ -675,6 +817,8 @@ def fedevalfair_handlers(
     policy: NodePrivacyPolicy | None = None,
     identity: Callable[[Context], NodeIdentity] | None = None,
     sessions: Collection[str] = ("",),
+    dp: HolderDP | None = None,
+    ledger_path: Callable[[Context], Path | None] | None = None,
 ) -> dict[str, Handler]:
     """The FedEvalFair handlers, keyed by the action to register with ``app.query``
     (``fef_round1``, ``fef_endorse``, ``fef_round2``, ``fef_commit``, ``fef_round3``): the
@@ -713,6 +857,16 @@ def fedevalfair_handlers(
         steps, and its signatures bind the session
         (:func:`~fedparity.mechanisms.ckks.session_id`), so one test's ciphertexts are never
         accepted in another.
+    dp : HolderDP, optional
+        The holder-level DP mode (:mod:`fedparity.mechanisms.ckks.holder_dp`; the server's
+        protocol must use the same): capped weights, keyed Gaussian noise on the released
+        sums, each user charged (epsilon, delta) at the commitment. Needs
+        ``HolderRows.user_ids``. None (default): the plain release, unchanged.
+    ledger_path : callable, optional
+        ``ledger_path(context)``: the node's privacy ledger file the DP mode charges (default
+        ``user-ledger.json`` in :func:`~fedparity.clients.ledger.node_ledger_dir`; None: the
+        run state, if the policy allows an ephemeral ledger). Pass the one the node's LDP
+        audit and FPFL handlers charge.
 
     The key's journal of commitments and releases lives in the node's ledger folder (node
     config ``ledger-dir``; outside simulation ``~/.fedparity/ledgers`` by default).
@@ -728,4 +882,6 @@ def fedevalfair_handlers(
         policy=policy,
         identity=identity,
         sessions=sessions,
+        dp=dp,
+        ledger_path=ledger_path,
     ).handlers()

@@ -66,6 +66,9 @@ key                            default     meaning
 ``max-resamples``              10000       most bootstrap resamples (``fef-resamples``)
 ``fef-max-releases-per-key``   200         most FedEvalFair releases a key holder makes
                                            with one secret key (its flooding margin)
+``fef-dp-max-epsilon``         8.0         largest epsilon of a FedEvalFair release in the
+                                           holder-level DP mode (its delta must be below
+                                           ``user-delta``); each user is charged it
 ``allowed-apps``               (none)      SHA-256 hashes of the app bundles (FABs) this
                                            node's gated ClientApp process may run
 =============================  ==========  ===============================================
@@ -166,6 +169,7 @@ class NodePrivacyPolicy:
     max_users_per_node: int = field(default=10_000_000, metadata=_number(1, integer=True))
     max_resamples: int = field(default=10_000, metadata=_number(1, integer=True))
     fef_max_releases_per_key: int = field(default=200, metadata=_number(1, integer=True))
+    fef_dp_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
     allowed_apps: tuple[str, ...] = field(default=(), metadata=_HASHES)
     #: Where the policy came from (reported in the node's logs; not a policy key).
     source: str = field(default="built-in defaults", compare=False)
@@ -325,6 +329,15 @@ class NodePrivacyPolicy:
         before any data is read: overflowing weights would make a reply depend on the data)."""
         if not largest_magnitude <= self.fpfl_max_weight:
             raise PolicyRefusal("the round's model weights are above fpfl-max-weight")
+
+    def check_fef_dp(self, epsilon: float, delta: float) -> None:
+        """Refuse a FedEvalFair release in the holder-level DP mode whose epsilon is above
+        ``fef-dp-max-epsilon``, or whose delta is not below ``user-delta`` (no user could
+        afford it: each user's total is stated at ``user-delta``)."""
+        if not epsilon <= self.fef_dp_max_epsilon:
+            raise PolicyRefusal("the FedEvalFair release's epsilon is above fef-dp-max-epsilon")
+        if not delta < self.user_delta:
+            raise PolicyRefusal("the FedEvalFair release's delta is not below user-delta")
 
     def check_app(self, app_hash: str) -> None:
         """Refuse an app bundle whose SHA-256 hash is not in ``allowed-apps``."""

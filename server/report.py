@@ -414,6 +414,21 @@ PAPER_MODE_WARNING = (
 )
 
 
+def holder_dp_line(holder_dp: Mapping[str, Any]) -> str:
+    """The sentence a reader of a FedEvalFair result in the holder-level DP mode must see: the
+    noise on every released sum, its (epsilon, delta), and which p-values are approximate."""
+    return (
+        f"holder-level DP: every released sum carries Gaussian noise of standard deviation "
+        f"{holder_dp['noise_std']:.4g} (epsilon = {holder_dp['epsilon']:g}, delta = "
+        f"{holder_dp['delta']:g}, one holder's L2 sensitivity {holder_dp['sensitivity']:.4g} "
+        f"with weights capped at {holder_dp['max_weight']:g}); every round-2 holder charged "
+        "its users this (epsilon, delta). The tests are computed from the noisy sums: stage 2 "
+        "and the equivalence test account for the noise's known variance (their sampling "
+        "variance is bounded, conservatively), stage 1's p-value and the confidence interval "
+        "are approximate; the paper mode is not released"
+    )
+
+
 def _ordered_tests(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     primary = results["primary_mode"]
     tests = results["fedevalfair"]["tests"]
@@ -502,9 +517,13 @@ def fedevalfair_findings(results: Mapping[str, Any]) -> list[Finding]:
 def fedevalfair_warnings(results: Mapping[str, Any]) -> list[str]:
     """Warnings a reader of a FedEvalFair result must see next to the verdicts."""
     tests = results["fedevalfair"]["tests"]
+    warnings = []
     if any(t["mode"] == "paper" and t["report"] is not None for t in tests):
-        return [PAPER_MODE_WARNING]
-    return []
+        warnings.append(PAPER_MODE_WARNING)
+    holder_dp = results["fedevalfair"].get("holder_dp")
+    if holder_dp is not None:
+        warnings.append(holder_dp_line(holder_dp))
+    return warnings
 
 
 def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
@@ -589,22 +608,40 @@ def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str 
             "harness (ground-truth = true, embedded data)",
         )
     )
-    privacy_blocks = [
-        "FedEvalFair's releases are not differentially private: every holder encrypts its "
-        "statistics under a shared CKKS key, the server only adds ciphertexts, and the key "
-        f"holders ({len(outcome['key_holders'])}) decrypt the sums over at least two holders. "
-        "Within the run they release over one set only, the one every round-2 holder "
-        "committed to; a sum over a set of holders can still be differenced against another "
-        "run.",
-        Table(
-            ["quantity", "value"],
-            [
-                ["holders asked", results["num_nodes"]],
-                ["key holders (decrypt the sums)", len(outcome["key_holders"])],
-                ["server's context holds the secret key", results["server_context_has_secret_key"]],
-            ],
-        ),
+    holder_dp = outcome.get("holder_dp")
+    rows = [
+        ["holders asked", results["num_nodes"]],
+        ["key holders (decrypt the sums)", len(outcome["key_holders"])],
+        ["server's context holds the secret key", results["server_context_has_secret_key"]],
     ]
+    if holder_dp is None:
+        summary = (
+            "FedEvalFair's releases are not differentially private: every holder encrypts its "
+            "statistics under a shared CKKS key, the server only adds ciphertexts, and the key "
+            f"holders ({len(outcome['key_holders'])}) decrypt the sums over at least two "
+            "holders. Within the run they release over one set only, the one every round-2 "
+            "holder committed to; a sum over a set of holders can still be differenced against "
+            "another run."
+        )
+    else:
+        summary = (
+            "FedEvalFair's release is differentially private at the holder level (replace one "
+            "holder's data, so also one user's): the key holders "
+            f"({len(outcome['key_holders'])}) add Gaussian noise calibrated to one holder's "
+            "sensitivity to every released sum, keyed by the secret key and the commitment (two "
+            "key holders release the same values; a repeated request cannot be averaged), and "
+            "every round-2 holder charged the release to each of its users' privacy ledgers "
+            "before it committed. Differencing two runs gives a holder's sums plus the "
+            "difference of two independent noises. " + holder_dp_line(holder_dp) + "."
+        )
+        rows += [
+            ["epsilon (replace one holder)", holder_dp["epsilon"]],
+            ["delta", holder_dp["delta"]],
+            ["noise standard deviation per released sum", holder_dp["noise_std"]],
+            ["one holder's L2 sensitivity", holder_dp["sensitivity"]],
+            ["weight cap (fef-dp-max-weight)", holder_dp["max_weight"]],
+        ]
+    privacy_blocks = [summary, Table(["quantity", "value"], rows)]
     return Report(
         title="fedparity FedEvalFair fairness test",
         question="Is the model fair across the protected groups, on every holder's private "

@@ -24,6 +24,14 @@ over two different round-2 sets of one run and differencing them
 Nothing the server asserts (a count, a sum) is believed by a node: see
 :mod:`fedparity.mechanisms.ckks.signing` and docs/threat-model.md.
 
+Holder-level DP (optional, ``dp``; :mod:`fedparity.mechanisms.ckks.holder_dp`): the key
+holders release only the calibrated blocks' sums of capped weights, each with Gaussian noise
+of a standard deviation calibrated to one holder's sensitivity, and the server computes both
+stages from those noisy sums (the stage-2 and TOST statistics with the noise's known variance
+accounted, stage 1 approximately); the outcome says so, with the noise's standard deviation,
+epsilon and delta. The commitment binds the DP parameters, so the server's must be the
+holders'.
+
 Replies that are errors, undecodable, not a ciphertext of the expected context or of the
 wrong length are rejected and counted; nodes that do not answer are reported as dropped;
 a node that cannot take part (e.g. one group only in its test set) says so and is listed.
@@ -52,6 +60,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms.ckks import (
+    DP_BLOCKS,
+    HolderDP,
     NoValidCiphertextError,
     SignedCiphertext,
     add_ciphertexts,
@@ -59,6 +69,7 @@ from ..mechanisms.ckks import (
     commitment_transcript,
     context_has_secret_key,
     contributors_digest,
+    dp_report,
     endorsement_transcript,
     from_array,
     session_id,
@@ -131,6 +142,8 @@ class FedEvalFairOutcome:
     endorsers: tuple[int, ...] = field(default=())
     #: Round-2 participants whose commitment to the run's two sets went to round 3.
     committers: tuple[int, ...] = field(default=())
+    #: The holder-level DP mode's parameters and noise (``HolderDP.to_dict``), or None (off).
+    holder_dp: dict[str, object] | None = None
 
     def block(self, metric: str, mode: str) -> BlockResult:
         return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
@@ -160,6 +173,7 @@ class FedEvalFairOutcome:
                 {str(node): size for node, size in sizes.items()} for sizes in self.uploaded_bytes
             ],
             "max_ciphertexts_per_node_per_round": list(self.ciphertexts_per_node),
+            **({} if self.holder_dp is None else {"holder_dp": dict(self.holder_dp)}),
         }
 
 
@@ -183,6 +197,9 @@ class FedEvalFairProtocol:
         The label of this test when a run tests more than one model (the pipeline: ``"fpfl"``
         and ``"pfl"``): every message names it and every signature binds it
         (:func:`~fedparity.mechanisms.ckks.session_id`). ``""``: the run's only test.
+    dp : HolderDP, optional
+        The holder-level DP mode (the holders' must be the same: the commitment binds it).
+        None (default): the plain release.
     """
 
     def __init__(
@@ -196,6 +213,7 @@ class FedEvalFairProtocol:
         min_clients: int = 2,
         timeout: float = 600.0,
         session: str = "",
+        dp: HolderDP | None = None,
     ) -> None:
         if context_has_secret_key(public_context):
             raise ValueError(
@@ -208,6 +226,8 @@ class FedEvalFairProtocol:
             raise ValueError(f"key_holders must be >= 1, got {key_holders!r}")
         if min_clients < 2:
             raise ValueError(f"min_clients must be >= 2, got {min_clients!r}")
+        if dp is not None and not isinstance(dp, HolderDP):
+            raise TypeError(f"dp must be a HolderDP or None, got {type(dp).__name__}")
         self.public_context = public_context
         self.alpha = float(alpha)
         self.mu0 = float(mu0)
@@ -216,6 +236,7 @@ class FedEvalFairProtocol:
         self.min_clients = int(min_clients)
         self.timeout = float(timeout)
         self.session = str(session)
+        self.dp = dp
 
     # --- rounds ---------------------------------------------------------------------------
 
@@ -471,7 +492,8 @@ class FedEvalFairProtocol:
         with and the signature verifies for this run and these sets (the key holders check
         it again against their rosters)."""
         expected = {node: entry.signer for node, entry in zip(senders, round2, strict=True)}
-        message = commitment_transcript(run_id, set_digest(round1), set_digest(round2))
+        terms = b"" if self.dp is None else self.dp.terms()
+        message = commitment_transcript(run_id, set_digest(round1), set_digest(round2), terms)
         found: dict[int, tuple[bytes, bytes]] = {}
         rejected: list[RejectedReply] = []
         for reply in replies:
@@ -513,6 +535,8 @@ class FedEvalFairProtocol:
 
     def reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
         """The (metric, mode) tests from a key holder's release."""
+        if self.dp is not None:
+            return self.dp_reports(released)
         results = []
         for index, (metric, mode) in enumerate(BLOCKS):
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
@@ -535,6 +559,36 @@ class FedEvalFairProtocol:
                 tolerance=self.tolerance,
                 num_clients=clients,
             )
+            results.append(BlockResult(metric, mode, report))
+        return tuple(results)
+
+    def dp_reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
+        """The tests of the holder-level DP mode from its noisy release
+        (:func:`~fedparity.mechanisms.ckks.dp_report`); the paper blocks are not released."""
+        assert self.dp is not None
+        results = []
+        for index, (metric, mode) in enumerate(BLOCKS):
+            if index not in DP_BLOCKS:
+                reason = (
+                    "not released in the holder-level DP mode (the paper's weights have no "
+                    "bounded sensitivity)"
+                )
+                results.append(BlockResult(metric, mode, None, reason))
+                continue
+            block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
+            holders = int(round(block[-1])) if math.isfinite(block[-1]) else 0
+            try:
+                report = dp_report(
+                    block[1:4],
+                    holders,
+                    dp=self.dp,
+                    alpha=self.alpha,
+                    mu0=self.mu0,
+                    tolerance=self.tolerance,
+                )
+            except ValueError as error:
+                results.append(BlockResult(metric, mode, None, str(error)))
+                continue
             results.append(BlockResult(metric, mode, report))
         return tuple(results)
 
@@ -588,6 +642,7 @@ class FedEvalFairProtocol:
                 verifiers=tuple(verifiers),
                 endorsers=tuple(endorsers),
                 committers=tuple(committers),
+                holder_dp=None if self.dp is None else self.dp.to_dict(),
             )
 
         # Round 1

@@ -12,7 +12,8 @@ files), :mod:`.vectors` (one-ciphertext messages and the checks after decryption
 :mod:`.aggregation` (the server's sum, and a holder's own recomputation), :mod:`.signing`
 (signed ciphertexts, endorsed sums and the one committed set of a run), :mod:`.flooding`
 (noise flooding of released decryptions), :mod:`.releases` (a key holder's journal of its
-commitments and releases per secret key), :mod:`.errors`.
+commitments and releases per secret key), :mod:`.holder_dp` (the optional holder-level
+differentially private release), :mod:`.errors`.
 
 Threat model
 ------------

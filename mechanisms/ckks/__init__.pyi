@@ -14,6 +14,12 @@ from .flooding import flood as flood
 from .flooding import flood_key as flood_key
 from .flooding import flooding_std as flooding_std
 from .flooding import keyed_gaussian as keyed_gaussian
+from .holder_dp import DP_BLOCKS as DP_BLOCKS
+from .holder_dp import HOLDER_DP_LABEL as HOLDER_DP_LABEL
+from .holder_dp import SENSITIVITY as SENSITIVITY
+from .holder_dp import HolderDP as HolderDP
+from .holder_dp import dp_release as dp_release
+from .holder_dp import dp_report as dp_report
 from .keys import DEFAULT_KEY_DIR as DEFAULT_KEY_DIR
 from .keys import MAX_COEFF_MODULUS_BITS_128 as MAX_COEFF_MODULUS_BITS_128
 from .keys import MAX_PRIME_BITS as MAX_PRIME_BITS

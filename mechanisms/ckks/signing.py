@@ -47,6 +47,7 @@ from ..identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, Roster, transcript, 
 __all__ = [
     "CIPHERTEXT_LABEL",
     "COMMITMENT_LABEL",
+    "COMMITMENT_TERMS_LABEL",
     "ENDORSEMENT_LABEL",
     "SignedCiphertext",
     "SignedDigest",
@@ -75,6 +76,9 @@ CIPHERTEXT_LABEL = "fedparity/fedevalfair/ciphertext/v1"
 ENDORSEMENT_LABEL = "fedparity/fedevalfair/endorsement/v1"
 #: Label of a round-2 holder's commitment to the run's round-1 and round-2 sets.
 COMMITMENT_LABEL = "fedparity/fedevalfair/commitment/v1"
+#: Label of the same commitment when it also binds the release's terms (the holder-level DP
+#: mode's parameters, :meth:`fedparity.mechanisms.ckks.holder_dp.HolderDP.terms`).
+COMMITMENT_TERMS_LABEL = "fedparity/fedevalfair/commitment-with-terms/v1"
 
 
 def session_id(run_id: int, session: str = "") -> int:
@@ -151,16 +155,32 @@ def set_digest(entries: Iterable[SignedCiphertext | SignedDigest]) -> bytes:
     ).digest()
 
 
-def commitment_transcript(run_id: int, round1_digest: bytes, round2_digest: bytes) -> bytes:
+def commitment_transcript(
+    run_id: int, round1_digest: bytes, round2_digest: bytes, terms: bytes = b""
+) -> bytes:
     """What a round-2 holder signs to commit run ``run_id`` (a :func:`session_id`) to the
     round-1 and round-2 sets of :func:`set_digest` ``round1_digest`` and ``round2_digest``;
-    an honest holder signs one commitment per run."""
-    return transcript(COMMITMENT_LABEL, int(run_id), bytes(round1_digest), bytes(round2_digest))
+    an honest holder signs one commitment per run. ``terms`` (empty: none, the transcript of
+    a plain release) are the release's agreed terms -- the holder-level DP mode's parameters --
+    so that holders given different terms sign different commitments."""
+    if not terms:
+        return transcript(COMMITMENT_LABEL, int(run_id), bytes(round1_digest), bytes(round2_digest))
+    return transcript(
+        COMMITMENT_TERMS_LABEL,
+        int(run_id),
+        bytes(round1_digest),
+        bytes(round2_digest),
+        bytes(terms),
+    )
 
 
-def commitment_digest(run_id: int, round1_digest: bytes, round2_digest: bytes) -> bytes:
+def commitment_digest(
+    run_id: int, round1_digest: bytes, round2_digest: bytes, terms: bytes = b""
+) -> bytes:
     """SHA-256 of :func:`commitment_transcript`: the name of one committed pair of sets."""
-    return hashlib.sha256(commitment_transcript(run_id, round1_digest, round2_digest)).digest()
+    return hashlib.sha256(
+        commitment_transcript(run_id, round1_digest, round2_digest, terms)
+    ).digest()
 
 
 def contributors_digest(keys: Iterable[bytes]) -> bytes:
@@ -345,10 +365,11 @@ def verify_commitment(
     run_id: int,
     round1_digest: bytes,
     round2_digest: bytes,
+    terms: bytes = b"",
 ) -> list[bytes]:
     """Check the commitment signatures ``(signer, signature)`` on
-    :func:`commitment_transcript` of this run and sets before a release; return the sorted
-    signer keys.
+    :func:`commitment_transcript` of this run, sets and ``terms`` before a release; return the
+    sorted signer keys.
 
     The rule: the signers are distinct roster members and exactly the round-2 contributors
     ``round2_keys`` -- every one of them, nobody else -- and every signature verifies. Since
@@ -360,7 +381,7 @@ def verify_commitment(
     UnverifiedSumError
         Any of the above fails (fixed sentences).
     """
-    message = commitment_transcript(run_id, round1_digest, round2_digest)
+    message = commitment_transcript(run_id, round1_digest, round2_digest, terms)
     signers: set[bytes] = set()
     for signer, signature in signatures:
         signer = bytes(signer)
