@@ -23,6 +23,7 @@ from typing import Any
 from docutils import nodes
 from docutils.parsers.rst import Directive
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.util.docutils import switch_source_input
 
@@ -152,6 +153,12 @@ def candidate_targets(node: nodes.Element) -> list[str]:
     target = node["reftarget"].lstrip("~.")
     module, cls = node.get("py:module"), node.get("py:class")
     scopes = [module, cls, f"{module}.{cls}" if module and cls else None]
+    # A name in a class's own signature has no py:class: the enclosing signature names it.
+    parent = node.parent
+    while parent is not None and not isinstance(parent, addnodes.desc_signature):
+        parent = parent.parent
+    if parent is not None and parent.get("module") and parent.get("fullname"):
+        scopes.append(f"{parent['module']}.{parent['fullname']}")
     source = node.source or ""
     if "docstring of " in source:
         parts = source.rsplit("docstring of ", 1)[1].split(":")[0].split(".")

@@ -277,9 +277,9 @@ class FPFLRunParameters:
         session: str = "",
     ) -> FPFLRunParameters:
         """The parameters of a training, with sigma calibrated for ``(epsilon, delta)`` after
-        ``rounds`` rounds at ``q = m / K`` (:func:`~fedparity.mechanisms.dp_accounting.
-        calibrate_noise`, Opacus; ``delta`` None: ``1 / K``) or 0 without ``epsilon``: what
-        a node with the same settings accepts."""
+        ``rounds`` rounds at ``q = m / K``
+        (:func:`~fedparity.mechanisms.dp_accounting.calibrate_noise`, Opacus; ``delta`` None:
+        ``1 / K``) or 0 without ``epsilon``: what a node with the same settings accepts."""
         sigma = 0.0
         if epsilon is not None:
             from ..dp_accounting import calibrate_noise  # Opacus: only when calibrating
