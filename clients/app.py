@@ -339,7 +339,8 @@ def node_ledger_file(context: Context, config: RunConfig) -> Path | None:
     and population; None: a simulated node's run state (survives messages within a run).
 
     * ``ledger-partition-<i>.json``: the partition's users of the LDP audit, charged by the
-      audit, by FedEvalFair's runs (nothing: not DP) and by the pipeline's trainings (the same
+      audit, by FedEvalFair's releases in the holder-level DP mode (``fef-dp-epsilon``; without it
+      FedEvalFair is no DP release and charges nothing) and by the pipeline's trainings (the same
       users train and are audited), and every job on a node's own data file (one set of users);
     * ``ledger-fpfl-partition-<i>.json``: ``task = "fpfl"`` on the embedded data, whose users
       are other people (Adult dealt into Poisson-sized users, or a synthetic generator of its
