@@ -1,5 +1,8 @@
 """FPFL output: the progress line per round, the training plot, results.json helpers, the
-privacy caveats, the summary printed at the end and the content of the HTML report."""
+privacy caveats, the summary printed at the end and the content of the HTML report.
+
+``metrics_to_json`` and ``metrics_from_json`` moved to :mod:`fedparity.mechanisms.training_state`
+with the checkpoint format; they are still importable from here."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..clients.config import RunConfig
+from ..mechanisms.training_state import metrics_from_json as metrics_from_json
+from ..mechanisms.training_state import metrics_to_json as metrics_to_json
 from .html_report import Figure, Finding, Report, Section, Table, Value
 from .report import (
     NOISY_RATES_NOTE,
@@ -93,28 +98,6 @@ def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> st
 
 
 # --------------------------------------------------------------------------------------------
-
-
-def metrics_to_json(metrics: Any) -> dict[str, Any]:
-    return {
-        "accuracy": metrics.accuracy,
-        "group_error_rates": [float(r) for r in metrics.group_error_rates],
-        "overall_error_rate": metrics.overall_error_rate,
-        "gap": metrics.gap,
-        "fair": metrics.fair,
-    }
-
-
-def metrics_from_json(values: dict[str, Any]) -> Any:
-    from ..mechanisms.mmdm import CohortMetrics
-
-    return CohortMetrics(
-        accuracy=float(values["accuracy"]),
-        group_error_rates=np.asarray(values["group_error_rates"], dtype=np.float64),
-        overall_error_rate=float(values["overall_error_rate"]),
-        gap=float(values["gap"]),
-        fair=bool(values["fair"]),
-    )
 
 
 def privacy_caveats(config: RunConfig, sigma: float, discarded: int = 0) -> list[str]:

@@ -34,6 +34,7 @@ from typing import Any
 from flwr.common import log
 
 from ..clients.config import ConfigError, RunConfig
+from ..mechanisms._files import DEFAULT_RUNS_DIR, new_run_folder, write_text_durably
 
 __all__ = [
     "DEFAULT_RUNS_DIR",
@@ -45,8 +46,6 @@ __all__ = [
     "resolve_output_dir",
     "write_text_durably",
 ]
-
-DEFAULT_RUNS_DIR = Path("~/.fedparity/runs")
 
 STATUS_FILE = "status.json"
 #: Files of an earlier run that a new run never writes over.
@@ -66,27 +65,6 @@ FINAL_STATUSES = (
     "failed",
     "interrupted",
 )
-
-
-def write_text_durably(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that it survives a crash: scratch file, ``fsync``, atomic
-    ``os.replace``, then ``fsync`` of the folder (POSIX) so the rename itself is on disk."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with scratch.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(scratch, path)
-    finally:
-        scratch.unlink(missing_ok=True)
-    if hasattr(os, "O_DIRECTORY"):
-        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
 
 
 def _now() -> str:
@@ -215,13 +193,7 @@ def resolve_output_dir(config: RunConfig) -> Path:
     """``output-dir`` (absolute), or a new ``~/.fedparity/runs/<task>-<UTC time>[-n]``."""
     if config.output_dir:
         return Path(config.output_dir).expanduser().resolve()
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    base = DEFAULT_RUNS_DIR.expanduser() / f"{config.task}-{stamp}"
-    folder, number = base, 1
-    while folder.exists():  # two runs started in the same second get folders of their own
-        number += 1
-        folder = base.with_name(f"{base.name}-{number}")
-    return folder
+    return new_run_folder(config.task, DEFAULT_RUNS_DIR)
 
 
 def open_run_record(config: RunConfig) -> RunRecord:

@@ -5,7 +5,10 @@ with explicit keyword arguments and a ``start(grid, ...)`` method that returns a
 * :class:`FedEvalFairProtocol` -- the encrypted FedEvalFair test (``FedEvalFairOutcome``);
 * :class:`FPFLProtocol` -- one FPFL training round as a masked secure sum, over the run's
   :class:`FPFLRunParameters` (agreed with every node at setup), and :class:`FPFLTraining` --
-  the training loop over it (MMDM or FederatedSGD steps, selection);
+  the training loop over it (MMDM or FederatedSGD steps, selection), with
+  :class:`FPFLObserver` hooks: :class:`DurableTraining` (the default: a release ledger on disk
+  before each round is sent, checkpoints, resume), :class:`StopAfterLostRounds` and
+  :class:`StopWhenTooFewNodes`;
 * :class:`RobustFedAvg` -- Flower's FedAvg that counts malformed replies instead of failing.
 """
 

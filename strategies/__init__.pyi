@@ -5,6 +5,10 @@ from .fpfl import FPFLRunParameters as FPFLRunParameters
 from .fpfl import FPFLTraining as FPFLTraining
 from .fpfl import FPFLTrainingResult as FPFLTrainingResult
 from .fpfl import RoundOutcome as RoundOutcome
+from .fpfl_observers import DurableTraining as DurableTraining
+from .fpfl_observers import FPFLObserver as FPFLObserver
+from .fpfl_observers import StopAfterLostRounds as StopAfterLostRounds
+from .fpfl_observers import StopWhenTooFewNodes as StopWhenTooFewNodes
 from .ldp_audit import AuditOutcome as AuditOutcome
 from .ldp_audit import LdpGapAudit as LdpGapAudit
 from .robust_fedavg import RobustFedAvg as RobustFedAvg

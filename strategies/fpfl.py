@@ -30,9 +30,11 @@ nodes with t = 8). The server removes every mask and reads only the sum over all
 Otherwise the round is lost (the weights do not move, the round still counts as spent
 privacy).
 
-The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`; the updates,
-model selection and accounting are done by the caller (:mod:`fedparity.server.fpfl_job`) with
-:mod:`fedparity.mechanisms.mmdm` and :mod:`fedparity.mechanisms.dp_accounting`.
+The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`;
+:class:`FPFLTraining` takes the updates (:mod:`fedparity.mechanisms.mmdm`) and selects the model,
+in the one training loop of the library and of the FPFL job (:meth:`FPFLTraining.start`). Its
+observers (:mod:`fedparity.strategies.fpfl_observers`) keep the durable release ledger and the
+checkpoint (by default), and stop a training whose rounds would be lost.
 
 ``fpfl-secure-sum = "none"`` sends the nodes' (noisy) sums in the clear: for debugging and
 for measuring the cost of masking; with distributed noise each node's sum then carries only
@@ -46,8 +48,9 @@ from __future__ import annotations
 import logging
 import secrets
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +59,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from ..mechanisms._validation import check_int_at_least
 from ..mechanisms.mmdm import (
     MMDMConfig,
     ModelSelector,
@@ -101,6 +105,7 @@ from ..mechanisms.secure_sum import (
     noise_share_std,
     unmask_sum,
 )
+from .fpfl_observers import DurableTraining, FPFLObserver
 from .replies import LedgerTotals, send_and_receive, session_records
 
 __all__ = [
@@ -693,13 +698,21 @@ def _legacy_parameters(values: dict[str, Any]) -> FPFLRunParameters:
 class FPFLTrainingResult:
     """What :meth:`FPFLTraining.start` produced: the final weights and multipliers, the round
     the selected model comes from (None: no round released), its weights, and one history
-    entry per round."""
+    entry per round (the rounds a checkpoint restored included).
+
+    ``first_round`` is the first round this call trained, ``rounds_trained`` the last round
+    trained (``first_round - 1`` if none), and ``stop_reason`` why an observer stopped the
+    training before ``num_rounds`` (``""``: it was not stopped).
+    """
 
     weights: NDArray[np.float64]
     multipliers: NDArray[np.float64]
     selected_round: int | None
     selected_weights: NDArray[np.float64]
     history: list[dict[str, Any]]
+    first_round: int = 1
+    rounds_trained: int = 0
+    stop_reason: str = ""
 
 
 class FPFLTraining:
@@ -707,6 +720,11 @@ class FPFLTraining:
     round releases the (noisy, masked) sum of the cohort's statistic vectors through an
     :class:`FPFLProtocol`, and the server takes an MMDM step (FPFL Eq. 10; FFL, FPFL) or a
     FederatedSGD step (FL, PFL) and keeps the best model on cohort statistics (Section 4.1).
+
+    :meth:`start` is the one training loop, of the library and of the FPFL job alike; what a
+    training needs around it comes from :class:`~fedparity.strategies.FPFLObserver` hooks,
+    by default :class:`~fedparity.strategies.DurableTraining` (the release ledger on disk
+    before each round is sent, checkpoints, resume from the same folder).
 
     Parameters
     ----------
@@ -765,6 +783,8 @@ class FPFLTraining:
         self.central_noise_multiplier = float(central_noise_multiplier)
         self.clipping_bound = clipping_bound
         self.central_noise_rng = central_noise_rng
+        #: One entry per round trained (by :meth:`start`, or restored from a checkpoint).
+        self.history: list[dict[str, Any]] = []
 
     def update(self, round_number: int, total: NDArray[np.floating]) -> dict[str, Any]:
         """One step from round ``round_number``'s released sum (the statistics of the weights
@@ -816,30 +836,126 @@ class FPFLTraining:
         return entry
 
     def start(
-        self, protocol: FPFLProtocol, num_rounds: int, *, first_round: int = 1
+        self,
+        protocol: FPFLProtocol,
+        num_rounds: int,
+        *,
+        first_round: int | None = None,
+        folder: str | Path | None = None,
+        observers: Sequence[FPFLObserver] | None = None,
+        stop_after: int | None = None,
     ) -> FPFLTrainingResult:
-        """Set the protocol up (if not yet) and train rounds ``first_round .. num_rounds``;
-        a lost round leaves the model as it was (and still counts as spent privacy)."""
-        if not protocol.public_keys and protocol.masking:
+        """Train rounds ``first_round .. num_rounds``: the only FPFL training loop.
+
+        A lost round leaves the model as it was (and still counts as spent privacy). The
+        protocol is set up first if it is not yet.
+
+        Parameters
+        ----------
+        protocol : FPFLProtocol
+            The run's message exchange.
+        num_rounds : int
+            ``T``, the last round (>= 1).
+        first_round : int, optional
+            The first round to train (default: 1, or the round after the checkpoint an
+            observer restored).
+        folder : str or Path, optional
+            Where the default observer, :class:`~fedparity.strategies.DurableTraining`,
+            keeps the release ledger (durable before each round is sent) and the
+            checkpoints; the same folder again resumes the training with every earlier
+            release counted. Default: a new ``~/.fedparity/runs/fpfl-<UTC time>``.
+        observers : sequence of FPFLObserver, optional
+            Instead of the default ``[DurableTraining(folder)]`` (an empty list: no files,
+            nothing durable); called in this order.
+        stop_after : int, optional
+            Train at most this many rounds in this call (a pause at a checkpoint; the same
+            folder resumes).
+        """
+        num_rounds = check_int_at_least("num_rounds", num_rounds, 1)
+        if stop_after is not None:
+            stop_after = check_int_at_least("stop_after", stop_after, 1)
+        if observers is None:
+            observers = [DurableTraining(folder)]
+        elif folder is not None:
+            raise ValueError(
+                "pass folder= or observers=, not both (put DurableTraining(folder) among the "
+                "observers)"
+            )
+        observers = list(observers)
+        self.history = []
+        restored = max((observer.restore(self, protocol) for observer in observers), default=0)
+        first = self._first_round(first_round, restored)
+        last = num_rounds if stop_after is None else min(num_rounds, first - 1 + stop_after)
+        if protocol.table is None:
             protocol.setup()
-        history: list[dict[str, Any]] = []
-        for round_number in range(first_round, num_rounds + 1):
+        for observer in observers:
+            observer.begin(self, protocol, range(first, last + 1))
+        stop_reason = ""
+        trained_to = first - 1
+        for round_number in range(first, last + 1):
+            stop_reason = self._stop_reason(observers, round_number)
+            if stop_reason:
+                break
+            for observer in observers:
+                observer.before_release(round_number)
             outcome = protocol.run_round(round_number, self.weights)
-            entry: dict[str, Any] = {"round": round_number, "replied": len(outcome.replied)}
-            if outcome.total is None:
-                entry["lost"] = outcome.reason
-            else:
-                entry.update(self.update(round_number, outcome.total))
-            entry["multipliers"] = [float(m) for m in self.multipliers]
-            history.append(entry)
+            entry = self._entry(round_number, protocol, outcome)
+            self.history.append(entry)
+            trained_to = round_number
+            for observer in observers:
+                observer.after_round(round_number, outcome, entry)
         best = self.selector.best
-        return FPFLTrainingResult(
+        result = FPFLTrainingResult(
             weights=self.weights,
             multipliers=self.multipliers,
             selected_round=None if best is None else best.round,
             selected_weights=self.weights if best is None else best.weights,
-            history=history,
+            history=self.history,
+            first_round=first,
+            rounds_trained=trained_to,
+            stop_reason=stop_reason,
         )
+        for observer in observers:
+            observer.end(result)
+        return result
+
+    def _stop_reason(self, observers: Sequence[FPFLObserver], round_number: int) -> str:
+        """The first observer's reason to stop before ``round_number`` ("" if none has)."""
+        for observer in observers:
+            reason = observer.should_stop(round_number, self.history)
+            if reason:
+                return reason
+        return ""
+
+    @staticmethod
+    def _first_round(first_round: int | None, restored: int) -> int:
+        if first_round is None:
+            return restored + 1
+        first_round = check_int_at_least("first_round", first_round, 1)
+        if restored and first_round != restored + 1:
+            raise ValueError(
+                f"first_round is {first_round}, but the checkpoint restored holds rounds up to "
+                f"{restored}: leave first_round out to resume after it"
+            )
+        return first_round
+
+    def _entry(
+        self, round_number: int, protocol: FPFLProtocol, outcome: RoundOutcome
+    ) -> dict[str, Any]:
+        """The round's history entry; the update from its released sum (none if lost)."""
+        entry: dict[str, Any] = {
+            "round": round_number,
+            "members": len(protocol.members),
+            "replied": len(outcome.replied),
+            "missing": outcome.missing,
+            "rejected": [{"node_id": node, "reason": why} for node, why in outcome.rejected],
+        }
+        if outcome.total is None:
+            entry["lost"] = outcome.reason
+        else:
+            entry.update(self.update(round_number, outcome.total))
+        entry["multipliers"] = [float(m) for m in self.multipliers]
+        return entry
 
 
 def _finite(value: float) -> float | None:
