@@ -1,22 +1,47 @@
-"""FPFL checkpoints and the durable release ledger: what a crashed or stopped training needs
-to resume, and the count of released rounds that must never be forgotten."""
+"""FPFL checkpoints and the durable release ledger of the FPFL job: the files of
+:mod:`fedparity.mechanisms.training_state`, fingerprinted with the job's run config.
+
+The files and the observer that keeps them (:class:`~fedparity.strategies.fpfl_observers.
+DurableTraining`) live in the library, so that a library user's training is as durable as the
+job's; the names here stay for existing callers, with the run config in place of a
+fingerprint.
+"""
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..clients.config import RunConfig
-from .run_record import write_text_durably
+from ..mechanisms import training_state
+from ..mechanisms.training_state import (
+    CHECKPOINT_ARRAYS,
+    CHECKPOINT_STATE,
+    RELEASE_LEDGER,
+    ReleaseLedger,
+    ReleaseSegment,
+)
 
-CHECKPOINT_ARRAYS = "checkpoint.npz"
-CHECKPOINT_STATE = "checkpoint.json"
-RELEASE_LEDGER = "privacy-ledger.json"
+__all__ = [
+    "CHECKPOINT_ARRAYS",
+    "CHECKPOINT_STATE",
+    "RELEASE_LEDGER",
+    "RESUME_ADVICE",
+    "RESUME_PREFIX",
+    "ReleaseLedger",
+    "ReleaseSegment",
+    "load_checkpoint",
+    "read_release_ledger",
+    "resumed_ledger",
+    "run_fingerprint",
+    "save_checkpoint",
+    "write_release_ledger",
+]
+
+#: How the job's refusals of a folder start, and what they advise.
+RESUME_PREFIX = "fpfl-resume"
+RESUME_ADVICE = "use another output-dir or the same run config"
 #: Run-config keys that do not change what a run computes (a resumed run may differ in them).
 _RESUME_NEUTRAL = {
     "fpfl_resume",
@@ -31,182 +56,37 @@ _RESUME_NEUTRAL = {
 }
 
 
-# --------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------
-
-
-def _fingerprint(config: RunConfig) -> dict[str, Any]:
+def run_fingerprint(config: RunConfig) -> dict[str, Any]:
+    """The run config without the keys a resumed run may change: what the job's ledger and
+    checkpoint record under ``config`` and compare on resume."""
     return {k: v for k, v in asdict(config).items() if k not in _RESUME_NEUTRAL}
 
 
 def save_checkpoint(folder: Path, config: RunConfig, state: dict[str, Any]) -> None:
     """Write ``state`` (numpy arrays under ``arrays``, the rest JSON) atomically."""
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.asarray(value) for name, value in state["arrays"].items()}
-    scratch = folder / (CHECKPOINT_ARRAYS + ".tmp.npz")
-    np.savez(scratch, **arrays)
-    scratch.replace(folder / CHECKPOINT_ARRAYS)
-    meta = {k: v for k, v in state.items() if k != "arrays"}
-    meta["config"] = _fingerprint(config)
-    scratch_json = folder / (CHECKPOINT_STATE + ".tmp")
-    scratch_json.write_text(json.dumps(meta, allow_nan=True))
-    scratch_json.replace(folder / CHECKPOINT_STATE)
+    training_state.save_checkpoint(folder, state, run_fingerprint(config))
 
 
 def load_checkpoint(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     """The checkpoint in ``folder`` (None if there is none); ValueError if it was written by
     a run with a different configuration."""
-    if not (folder / CHECKPOINT_STATE).is_file() or not (folder / CHECKPOINT_ARRAYS).is_file():
-        return None
-    meta = json.loads((folder / CHECKPOINT_STATE).read_text())
-    expected = json.loads(json.dumps(_fingerprint(config)))
-    if meta.get("config") != expected:
-        changed = sorted(
-            key
-            for key in set(expected) | set(meta.get("config", {}))
-            if expected.get(key) != meta.get("config", {}).get(key)
-        )
-        raise ValueError(
-            f"fpfl-resume: the checkpoint in {folder} was written with different settings "
-            f"({', '.join(changed)}); use another output-dir or the same run config"
-        )
-    with np.load(folder / CHECKPOINT_ARRAYS) as data:
-        meta["arrays"] = {name: data[name].copy() for name in data.files}
-    return meta
-
-
-# --------------------------------------------------------------------------------------------
-# Release ledger: rounds ever released, durable before each release
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReleaseSegment:
-    """Rounds released at one ``(sigma, q)``: a training resumed after a node left for good
-    runs on with a smaller population, so with another ``q = m / K`` and ``sigma``."""
-
-    noise_multiplier: float
-    sample_rate: float
-    rounds: int
-
-    def __post_init__(self) -> None:
-        value = self.rounds
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"rounds must be an integer >= 0, got {value!r}")
-        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
-            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
-        if not 0 < self.sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
-
-
-@dataclass(frozen=True)
-class ReleaseLedger:
-    """Every round released so far for one training, as ``(sigma, q)`` segments in release
-    order (over the interrupted and resumed runs of the training), and its ``delta``.
-
-    The accountant composes the segments (:func:`~fedparity.mechanisms.dp_accounting.
-    privacy_spent_history`); :meth:`after_release` is the ledger with one more round.
-    """
-
-    segments: tuple[ReleaseSegment, ...]
-    delta: float
-
-    @classmethod
-    def single(
-        cls, rounds: int, *, noise_multiplier: float, sample_rate: float, delta: float
-    ) -> ReleaseLedger:
-        """``rounds`` rounds at one ``(sigma, q)``."""
-        return cls((ReleaseSegment(noise_multiplier, sample_rate, rounds),), delta)
-
-    @property
-    def rounds_released(self) -> int:
-        """Rounds sent to the nodes so far, over all segments."""
-        return sum(segment.rounds for segment in self.segments)
-
-    def after_release(self, noise_multiplier: float, sample_rate: float) -> ReleaseLedger:
-        """This ledger with one more round at ``(sigma, q)`` (a new segment if they changed)."""
-        last = self.segments[-1] if self.segments else None
-        if (
-            last is not None
-            and _same(last.noise_multiplier, noise_multiplier)
-            and _same(last.sample_rate, sample_rate)
-        ):
-            grown = ReleaseSegment(last.noise_multiplier, last.sample_rate, last.rounds + 1)
-            return ReleaseLedger((*self.segments[:-1], grown), self.delta)
-        added = ReleaseSegment(noise_multiplier, sample_rate, 1)
-        return ReleaseLedger((*self.segments, added), self.delta)
-
-    def accountant_history(self) -> list[tuple[float, float, int]]:
-        """``[(sigma, q, rounds), ...]`` of the noisy segments, as Opacus keeps it."""
-        return [
-            (s.noise_multiplier, s.sample_rate, s.rounds)
-            for s in self.segments
-            if s.rounds and s.noise_multiplier > 0
-        ]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": 2,
-            "rounds_released": self.rounds_released,
-            "segments": [asdict(segment) for segment in self.segments],
-            "delta": self.delta,
-        }
-
-    @classmethod
-    def from_json(cls, payload: dict[str, Any]) -> ReleaseLedger:
-        """Read version 2 (segments) and version 1 (one ``(sigma, q)``: ``rounds_released``,
-        ``noise_multiplier``, ``sample_rate``) ledgers."""
-        delta = float(payload["delta"])
-        if "segments" not in payload:
-            return cls.single(
-                int(payload["rounds_released"]),
-                noise_multiplier=float(payload["noise_multiplier"]),
-                sample_rate=float(payload["sample_rate"]),
-                delta=delta,
-            )
-        segments = tuple(
-            ReleaseSegment(float(s["noise_multiplier"]), float(s["sample_rate"]), int(s["rounds"]))
-            for s in payload["segments"]
-        )
-        ledger = cls(segments, delta)
-        if int(payload["rounds_released"]) != ledger.rounds_released:
-            raise ValueError("rounds_released does not match the segments")
-        return ledger
-
-
-def _same(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0) or a == b
+    return training_state.load_checkpoint(
+        folder, run_fingerprint(config), prefix=RESUME_PREFIX, advice=RESUME_ADVICE
+    )
 
 
 def write_release_ledger(folder: Path, config: RunConfig, ledger: ReleaseLedger) -> None:
     """Durably record ``ledger`` in ``folder/privacy-ledger.json`` (call it *before* the
     release it counts)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    payload = {**ledger.to_json(), "config": _fingerprint(config)}
-    write_text_durably(folder / RELEASE_LEDGER, json.dumps(payload, allow_nan=False))
+    training_state.save_release_ledger(folder, ledger, run_fingerprint(config))
 
 
 def read_release_ledger(folder: Path, config: RunConfig) -> ReleaseLedger | None:
     """The ledger in ``folder`` (None if there is none); ValueError if it is unreadable or was
     written by a run with a different configuration (never silently restarted from 0)."""
-    path = folder / RELEASE_LEDGER
-    if not path.is_file():
-        return None
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-        ledger = ReleaseLedger.from_json(payload)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(
-            f"fpfl-resume: the privacy ledger {path} is unreadable ({error!r}); the rounds it "
-            "counted cannot be recovered, so this run cannot report its epsilon"
-        ) from error
-    if payload.get("config") != json.loads(json.dumps(_fingerprint(config))):
-        raise ValueError(
-            f"fpfl-resume: the privacy ledger in {folder} was written with different settings; "
-            "use another output-dir or the same run config"
-        )
-    return ledger
+    return training_state.load_release_ledger(
+        folder, run_fingerprint(config), prefix=RESUME_PREFIX, advice=RESUME_ADVICE
+    )
 
 
 def resumed_ledger(
@@ -218,28 +98,15 @@ def resumed_ledger(
     sample_rate: float,
     delta: float,
 ) -> ReleaseLedger:
-    """The rounds released before this (resumed) run, to which its own rounds are added.
-
-    With a ledger in ``folder``: its segments, plus the rounds a checkpoint holds beyond them
-    (a checkpoint written before the ledger existed), at the last segment's ``(sigma, q)``.
-    Without one: the checkpoint's rounds (a lower bound), at this run's ``(sigma, q)``.
-    The ``delta`` of the training is the ledger's (a population that shrank changes
-    ``1 / K``; the composed epsilon is stated at the first ``delta``).
-    """
-    ledger = read_release_ledger(folder, config)
-    if ledger is None:
-        return ReleaseLedger.single(
-            checkpoint_round,
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            delta=delta,
-        )
-    missing = checkpoint_round - ledger.rounds_released
-    if missing > 0 and ledger.segments:
-        last = ledger.segments[-1]
-        grown = ReleaseSegment(last.noise_multiplier, last.sample_rate, last.rounds + missing)
-        ledger = ReleaseLedger((*ledger.segments[:-1], grown), ledger.delta)
-    return ledger
-
-
-# --------------------------------------------------------------------------------------------
+    """The rounds released before this (resumed) run, to which its own rounds are added
+    (:func:`fedparity.mechanisms.training_state.resumed_ledger`)."""
+    return training_state.resumed_ledger(
+        folder,
+        run_fingerprint(config),
+        checkpoint_round,
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        delta=delta,
+        prefix=RESUME_PREFIX,
+        advice=RESUME_ADVICE,
+    )

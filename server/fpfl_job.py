@@ -38,6 +38,13 @@ ledger's count: a clean stop at a checkpoint (``fpfl-stop-after``) and a resume 
 nothing extra, a crash costs the rounds re-run. A run without ``fpfl-resume`` starts a new
 ledger (and a new model).
 
+The loop is the library's (:meth:`fedparity.strategies.fpfl.FPFLTraining.start`), and so are
+the ledger and the checkpoints (its default observer,
+:class:`~fedparity.strategies.fpfl_observers.DurableTraining`, here in ``output-dir`` and
+fingerprinted with the run config) and the stops after ``fpfl-max-consecutive-lost`` lost
+rounds and before a round too few nodes are connected for; the job adds its progress display
+and ``status.json`` as one more observer, and the report.
+
 The held-out test evaluation (accuracy; FNR, EO, DemP and PP gaps) is done by the simulation
 harness, which loads the same population as the nodes (``ground-truth = true``); the paper
 also evaluates on a central test set.
@@ -69,34 +76,20 @@ from ..clients.fpfl_task import (
     statistics_layout,
 )
 from ..clients.process import freeze_warm_heap, thaw_heap
-from ..mechanisms.dp_accounting import (
-    PrivacySpent,
-    calibrate_noise,
-    privacy_spent_history,
-    sample_rate,
-)
-from ..mechanisms.mmdm import (
-    FairnessGaps,
-    MMDMConfig,
-    ModelSelector,
-    StatisticsLayout,
-    fairness_gaps,
-)
+from ..mechanisms.dp_accounting import NoiseCalibration, calibrate_noise, sample_rate
+from ..mechanisms.mmdm import FairnessGaps, MMDMConfig, SelectionCandidate, fairness_gaps
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
-from ..strategies.fpfl import FPFLProtocol, FPFLTraining
-from .fpfl_checkpoint import (
-    RELEASE_LEDGER,
-    ReleaseLedger,
-    load_checkpoint,
-    resumed_ledger,
-    save_checkpoint,
-    write_release_ledger,
+from ..strategies.fpfl import FPFLProtocol, FPFLTraining, FPFLTrainingResult, RoundOutcome
+from ..strategies.fpfl_observers import (
+    DurableTraining,
+    FPFLObserver,
+    StopAfterLostRounds,
+    StopWhenTooFewNodes,
 )
+from .fpfl_checkpoint import RELEASE_LEDGER, RESUME_ADVICE, RESUME_PREFIX, run_fingerprint
 from .fpfl_report import (
     fairness_constraint,
     fpfl_report,
-    metrics_from_json,
-    metrics_to_json,
     paper_row,
     plot_training,
     privacy_caveats,
@@ -147,10 +140,110 @@ def train_fpfl(
     grid: Grid, config: RunConfig, record: RunRecord | None = None, *, session: str = ""
 ) -> FPFLRun:
     """:func:`run_fpfl`, returning the reported model too; ``session`` labels the training
-    when a run trains more than once (the pipeline)."""
+    when a run trains more than once (the pipeline).
+
+    Config, then objects (:func:`_build`), then the library's training loop
+    (:meth:`~fedparity.strategies.fpfl.FPFLTraining.start`) with the job's observers: the
+    durable release ledger and checkpoints in ``output-dir``, the stops after lost rounds and
+    before rounds that cannot succeed, progress and the status file; then the report."""
     record = record if record is not None else open_run_record(config)
-    output_dir = record.folder
     started = time.perf_counter()
+    built = _build(grid, config, session)
+    durable = _RunFolder(
+        record.folder,
+        checkpoint_every=config.fpfl_checkpoint_every,
+        resume=config.fpfl_resume,
+        fingerprint=run_fingerprint(config),
+        delta=built.delta,
+    )
+    result = built.training.start(
+        built.protocol,
+        config.fpfl_rounds,
+        observers=[
+            durable,
+            StopAfterLostRounds(config.fpfl_max_consecutive_lost),
+            StopWhenTooFewNodes(),
+            _JobProgress(record, durable),
+        ],
+        stop_after=config.fpfl_stop_after or None,
+    )
+    thaw_heap()  # the process may go on (the Python API, the pipeline's next training)
+    if result.stop_reason:
+        log(
+            logging.ERROR,
+            "FPFL stopped early after round %d: %s. Resume with fpfl-resume = true (same "
+            "output-dir) once the nodes are back; a node lost for good is left out and the "
+            "accountant composes the rounds before and after",
+            result.rounds_trained,
+            result.stop_reason,
+        )
+    return _report(config, record, built, durable, result, started)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """What the run config became: the protocol (set up), the training, the model and the
+    harness's test set (None outside the harness), and the privacy parameters."""
+
+    protocol: FPFLProtocol
+    training: FPFLTraining
+    model: Any
+    test: Any
+    calibration: NoiseCalibration | None
+    sigma: float
+    rate: float
+    delta: float
+    population_size: int
+    fragile: str
+
+
+class _RunFolder(DurableTraining):
+    """The library's durable ledger and checkpoint in ``output-dir``; refusals name
+    ``fpfl-resume`` and ``output-dir``."""
+
+    refusal_prefix = RESUME_PREFIX
+    refusal_advice = RESUME_ADVICE
+
+
+class _JobProgress(FPFLObserver):
+    """The job's progress display, the per-round line and the status file's count of rounds
+    released (after the ledger, before the round is sent)."""
+
+    def __init__(self, record: RunRecord, durable: DurableTraining) -> None:
+        self.record = record
+        self.durable = durable
+        self.progress: Progress | None = None
+
+    def begin(self, training: FPFLTraining, protocol: FPFLProtocol, rounds: range) -> None:
+        last = rounds.stop - 1
+        if not rounds:
+            log(logging.INFO, "nothing to do: the checkpoint is already at round %d", last)
+        self.progress = Progress(
+            "fpfl",
+            last,
+            units="rounds",
+            initial=min(rounds.start - 1, last),
+            log=lambda line: log(logging.INFO, "%s", line),
+        ).start()
+
+    def before_release(self, round_number: int) -> None:
+        ledger = self.durable.ledger
+        assert ledger is not None  # the durable observer counted the round first
+        self.record.update(fpfl_rounds_released=ledger.rounds_released)
+
+    def after_round(self, round_number: int, outcome: RoundOutcome, entry: dict[str, Any]) -> None:
+        log(logging.INFO, "%s", progress_line(entry))
+        if self.progress is not None:
+            self.progress.advance()
+
+    def end(self, result: FPFLTrainingResult) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def _build(grid: Grid, config: RunConfig, session: str) -> _Built:
+    """The nodes, the population, sigma, the model, the protocol (set up with the nodes) and
+    the training, from the run config; refuses a fragile run when asked to."""
     node_ids, nodes = connect_nodes(grid, config, minimum=1)
     if nodes.sample_shape is None or nodes.num_classes is None or nodes.num_groups is None:
         raise RuntimeError("the nodes did not describe FPFL data (is task = 'fpfl' on them?)")
@@ -183,8 +276,7 @@ def train_fpfl(
         num_classes=nodes.num_classes,
         seed=config.seed,
     )
-    layout: StatisticsLayout = statistics_layout(model, nodes.num_groups)
-    active = [node for node in node_ids if node in nodes.users_by_node]
+    layout = statistics_layout(model, nodes.num_groups)
     parameters = FPFLRunParameters(
         population_size=population_size,
         cohort_size=config.fpfl_cohort_size,
@@ -202,6 +294,7 @@ def train_fpfl(
         dropout_tolerance=config.fpfl_dropout_tolerance,
         session=session,
     )
+    active = [node for node in node_ids if node in nodes.users_by_node]
     protocol = FPFLProtocol(
         grid, node_ids=active, parameters=parameters, reply_timeout=config.reply_timeout
     )
@@ -212,6 +305,35 @@ def train_fpfl(
         if config.fpfl_require_dropout_tolerance:
             raise ConfigError(f"fpfl-require-dropout-tolerance: {fragile}")
         log(logging.WARNING, "FPFL: %s", fragile)
+    _log_start(config, protocol, population_size, rate, sigma)
+    central = bool(sigma) and config.fpfl_noise == "central"
+    training = FPFLTraining(
+        layout,
+        get_flat_parameters(model),
+        mmdm=MMDMConfig(
+            alpha=config.fpfl_alpha,
+            learning_rate=config.fpfl_learning_rate,
+            multiplier_learning_rate=config.fpfl_multiplier_learning_rate,
+            damping=config.fpfl_damping,
+            activation=config.fpfl_constraint_activation,
+            error_surrogate=config.fpfl_constraint == "fnr",
+        ),
+        use_mmdm=config.fpfl_uses_mmdm,
+        smoothing=config.fpfl_statistics_smoothing,
+        central_noise_multiplier=sigma if central else 0.0,
+        clipping_bound=config.fpfl_clipping_bound,
+        central_noise_rng=lambda round_number: round_rng(
+            config.fpfl_client_seed, 0, round_number, central=True
+        ),
+    )
+    return _Built(
+        protocol, training, model, test, calibration, sigma, rate, delta, population_size, fragile
+    )
+
+
+def _log_start(
+    config: RunConfig, protocol: FPFLProtocol, population_size: int, rate: float, sigma: float
+) -> None:
     log(
         logging.INFO,
         "fedparity FPFL: algorithm %s, %d node(s), K = %d users, m = %d (q = %.4f), T = %d, "
@@ -228,185 +350,24 @@ def train_fpfl(
         config.fpfl_noise if sigma else "-",
         config.fpfl_secure_sum,
     )
-    mmdm = MMDMConfig(
-        alpha=config.fpfl_alpha,
-        learning_rate=config.fpfl_learning_rate,
-        multiplier_learning_rate=config.fpfl_multiplier_learning_rate,
-        damping=config.fpfl_damping,
-        activation=config.fpfl_constraint_activation,
-        error_surrogate=config.fpfl_constraint == "fnr",
-    )
-    central = bool(sigma) and config.fpfl_noise == "central"
-    training = FPFLTraining(
-        layout,
-        get_flat_parameters(model),
-        mmdm=mmdm,
-        use_mmdm=config.fpfl_uses_mmdm,
-        smoothing=config.fpfl_statistics_smoothing,
-        central_noise_multiplier=sigma if central else 0.0,
-        clipping_bound=config.fpfl_clipping_bound,
-        central_noise_rng=lambda round_number: round_rng(
-            config.fpfl_client_seed, 0, round_number, central=True
-        ),
-    )
-    history: list[dict[str, Any]] = []
-    first_round = 1
-    ledger = ReleaseLedger.single(0, noise_multiplier=sigma, sample_rate=rate, delta=delta)
-    if config.fpfl_resume:
-        state = load_checkpoint(output_dir, config)
-        if state is not None:
-            training.weights = state["arrays"]["weights"]
-            training.multipliers = state["arrays"]["multipliers"]
-            history = state["history"]
-            training.smoothed_total = state["arrays"].get("smoothed_total")
-            first_round = int(state["round"]) + 1
-            if "best_weights" in state["arrays"]:
-                training.selector.consider(
-                    int(state["best_round"]),
-                    state["arrays"]["best_weights"],
-                    metrics_from_json(state["best_metrics"]),
-                )
-            log(logging.INFO, "resuming from round %d (%s)", first_round, output_dir)
-        ledger = resumed_ledger(
-            output_dir,
-            config,
-            first_round - 1,
-            noise_multiplier=sigma,
-            sample_rate=rate,
-            delta=delta,
-        )
-        delta = ledger.delta
-        if ledger.rounds_released > first_round - 1:
-            log(
-                logging.WARNING,
-                "the privacy ledger counts %d released round(s), the checkpoint holds %d: the "
-                "%d round(s) released after the last checkpoint are discarded but stay counted "
-                "in epsilon, and the rounds run again count as new releases",
-                ledger.rounds_released,
-                first_round - 1,
-                ledger.rounds_released - (first_round - 1),
-            )
-        earlier = ledger.segments[-1] if ledger.segments else None
-        if (
-            earlier is not None
-            and earlier.rounds
-            and (
-                not math.isclose(earlier.noise_multiplier, sigma, rel_tol=1e-12)
-                or not math.isclose(earlier.sample_rate, rate, rel_tol=1e-12)
-            )
-        ):
-            log(
-                logging.WARNING,
-                "FPFL resumes with sigma = %.4g, q = %.4g (%d users now; before: sigma = %.4g, "
-                "q = %.4g): the accountant composes both segments",
-                sigma,
-                rate,
-                population_size,
-                earlier.noise_multiplier,
-                earlier.sample_rate,
-            )
-    last_round = config.fpfl_rounds
-    if config.fpfl_stop_after:
-        last_round = min(last_round, first_round - 1 + config.fpfl_stop_after)
-    round_seconds: list[float] = []
 
-    def spent_by(current: ReleaseLedger) -> PrivacySpent | None:
-        """Privacy spent by the rounds ``current`` records (None without noise)."""
-        segments = current.accountant_history()
-        if not sigma:
-            return None
-        if not segments:
-            segments = [(sigma, rate, 0)]
-        return privacy_spent_history(
-            segments,
-            delta=delta,
-            accountant=config.fpfl_accountant,  # type: ignore[arg-type]
-        )
 
-    stop_reason = ""
-    lost_in_a_row = 0
-    trained_to = first_round - 1
-    progress = Progress(
-        "fpfl",
-        last_round,
-        units="rounds",
-        initial=min(first_round - 1, last_round),
-        log=lambda line: log(logging.INFO, "%s", line),
-    ).start()
-    for round_number in range(first_round, last_round + 1):
-        stop_reason = _cannot_reach_n_min(grid, protocol) if sigma else ""
-        if stop_reason:
-            break
-        tick = time.perf_counter()
-        # Durable *before* the round is sent: a crash from here on cannot un-count it.
-        ledger = ledger.after_release(sigma, rate)
-        write_release_ledger(output_dir, config, ledger)
-        record.update(fpfl_rounds_released=ledger.rounds_released)
-        outcome = protocol.run_round(round_number, training.weights)
-        entry: dict[str, Any] = {
-            "round": round_number,
-            "members": len(protocol.members),
-            "replied": len(outcome.replied),
-            "missing": outcome.missing,
-            "rejected": [{"node_id": n, "reason": r} for n, r in outcome.rejected],
-        }
-        if outcome.total is None:
-            entry["lost"] = outcome.reason
-            lost_in_a_row += 1
-        else:
-            entry.update(training.update(round_number, outcome.total))
-            lost_in_a_row = 0
-        entry["multipliers"] = [float(m) for m in training.multipliers]
-        entry["rounds_released_total"] = ledger.rounds_released
-        spent_so_far = spent_by(ledger)
-        entry["epsilon_spent"] = None if spent_so_far is None else spent_so_far.epsilon
-        entry["seconds"] = time.perf_counter() - tick
-        round_seconds.append(entry["seconds"])
-        history.append(entry)
-        trained_to = round_number
-        log(logging.INFO, "%s", progress_line(entry))
-        progress.advance()
-        if lost_in_a_row >= config.fpfl_max_consecutive_lost and round_number < last_round:
-            stop_reason = (
-                f"{lost_in_a_row} round(s) in a row were lost (last: {outcome.reason}); every "
-                "further round would likely be lost too while still spending privacy"
-            )
-        if (
-            round_number % config.fpfl_checkpoint_every == 0
-            or round_number == last_round
-            or stop_reason
-        ):
-            _checkpoint(
-                output_dir,
-                config,
-                round_number,
-                training.weights,
-                training.multipliers,
-                training.selector,
-                history,
-                training.smoothed_total,
-            )
-        if stop_reason:
-            break
-    progress.close()
-    thaw_heap()  # the process may go on (the Python API, the pipeline's next training)
-    if stop_reason:
-        log(
-            logging.ERROR,
-            "FPFL stopped early after round %d: %s. Resume with fpfl-resume = true (same "
-            "output-dir) once the nodes are back; a node lost for good is left out and the "
-            "accountant composes the rounds before and after",
-            trained_to,
-            stop_reason,
-        )
-    if last_round < first_round:
-        log(logging.INFO, "nothing to do: the checkpoint is already at round %d", first_round - 1)
-        trained_to = first_round - 1
-    last_round = trained_to
-    rounds_done = max(first_round - 1, last_round)
-    spent = spent_by(ledger)
-    rounds_lost = sum(1 for entry in history if entry.get("lost"))
-    if stop_reason:
+def _report(
+    config: RunConfig,
+    record: RunRecord,
+    built: _Built,
+    durable: DurableTraining,
+    result: FPFLTrainingResult,
+    started: float,
+) -> FPFLRun:
+    """Model selection, the harness's test-set evaluation, results.json, the plot, report.html,
+    the summary on the console and the end of the status file."""
+    output_dir = record.folder
+    ledger = durable.ledger
+    assert ledger is not None  # the training restored or started it
+    rounds_done = result.rounds_trained
+    rounds_lost = sum(1 for entry in result.history if entry.get("lost"))
+    if result.stop_reason:
         status = "stopped-early"
     elif rounds_done < config.fpfl_rounds:
         status = "paused"
@@ -414,8 +375,8 @@ def train_fpfl(
         status = "completed-with-lost-rounds"
     else:
         status = "completed"
-    weights = training.weights
-    best = training.selector.best
+    best: SelectionCandidate | None = built.training.selector.best
+    weights = built.training.weights
     if config.fpfl_model_selection == "last":
         # The weights after the last update (evaluation.final): never sent, so no cohort
         # statistics describe them; selected_round = the last round trained.
@@ -425,15 +386,16 @@ def train_fpfl(
     else:
         selected_weights = best.weights if best is not None else weights
         selected_round = None if best is None else best.round
-    evaluation: dict[str, Any] = {}
-    if test is not None:
+    evaluation: dict[str, FairnessGaps] = {}
+    if built.test is not None:
+        test = built.test
         for name, vector in (("selected", selected_weights), ("final", weights)):
-            set_flat_parameters(model, vector)
-            gaps = fairness_gaps(
-                test.labels, predict(model, test.features), test.groups, test.num_groups
+            set_flat_parameters(built.model, vector)
+            evaluation[name] = fairness_gaps(
+                test.labels, predict(built.model, test.features), test.groups, test.num_groups
             )
-            evaluation[name] = gaps
-    headline: FairnessGaps | None = evaluation.get("selected")
+    headline = evaluation.get("selected")
+    seconds = [e["seconds"] for e in result.history if e["round"] >= result.first_round]
     payload: dict[str, Any] = {
         "task": config.task,
         "algorithm": config.fpfl_algorithm,
@@ -443,57 +405,13 @@ def train_fpfl(
         "demp_gap": None if headline is None else headline.demp_gap,
         "pp_gap": None if headline is None else headline.pp_gap,
         "accuracy_gap": None if headline is None else headline.accuracy_gap,
-        "epsilon": None if spent is None else spent.epsilon,
-        "delta": delta if sigma else None,
-        "noise_multiplier": sigma if sigma else None,
-        "private": bool(sigma),
-        "privacy": {
-            "accountant": config.fpfl_accountant if sigma else None,
-            "sampling": "Poisson, q = m / K, drawn on the nodes",
-            "sample_rate": rate,
-            # epsilon is the accountant's for rounds_released_total (the ledger): every round
-            # ever sent, including the rounds an interrupted run released after its last
-            # checkpoint (rounds_discarded_by_crashes: not in the model, still spent).
-            "rounds_released_total": ledger.rounds_released,
-            "rounds_released": ledger.rounds_released,  # same; kept for existing readers
-            "rounds_trained": rounds_done,
-            "rounds_discarded_by_crashes": ledger.rounds_released - rounds_done,
-            "release_ledger": str(output_dir / RELEASE_LEDGER),
-            "rounds_planned": config.fpfl_rounds,
-            "target_epsilon": config.fpfl_epsilon if sigma else None,
-            "calibrated_epsilon_at_T": None
-            if calibration is None
-            else calibration.achieved.epsilon,
-            "noise": config.fpfl_noise if sigma else None,
-            "noise_share_std": protocol.noise_share_std(),
-            "secure_sum": config.fpfl_secure_sum,
-            "client_seed": config.fpfl_client_seed,
-            # The nodes' per-user ledgers (every release they recorded, this training and
-            # earlier audits and trainings included; PLD under replace-one-user, at the users'
-            # delta): None if no node reported them (min-users-for-counts).
-            "ledger_totals_reported_by_nodes": None
-            if protocol.ledger_totals is None
-            else protocol.ledger_totals.to_dict(),
-            "segments": [
-                {
-                    "noise_multiplier": seg.noise_multiplier,
-                    "sample_rate": seg.sample_rate,
-                    "rounds": seg.rounds,
-                }
-                for seg in ledger.segments
-            ],
-            "caveats": privacy_caveats(config, sigma, ledger.rounds_released - rounds_done)
-            + training_caveats(
-                rounds_lost=rounds_lost,
-                stop_reason=stop_reason,
-                fragile=fragile,
-                segments=len([seg for seg in ledger.segments if seg.rounds]),
-                rounds_planned=config.fpfl_rounds,
-                rounds_trained=rounds_done,
-            ),
-        },
+        "epsilon": None if (spent := durable.spent()) is None else spent.epsilon,
+        "delta": ledger.delta if built.sigma else None,
+        "noise_multiplier": built.sigma if built.sigma else None,
+        "private": bool(built.sigma),
+        "privacy": _privacy(config, built, durable, result, rounds_lost),
         "status": status,
-        "stop_reason": stop_reason or None,
+        "stop_reason": result.stop_reason or None,
         "rounds_lost": rounds_lost,
         "selected_round": selected_round,
         "model_selection": config.fpfl_model_selection,
@@ -505,18 +423,19 @@ def train_fpfl(
         "paper": paper_row(config),
         "fairness_constraint": fairness_constraint(config, headline),
         "population": {
-            "users": population_size,
-            "nodes": len(protocol.members),
-            "setup_failed": [{"node_id": n, "reason": r} for n, r in protocol.setup_failed],
+            "users": built.population_size,
+            "nodes": len(built.protocol.members),
+            "setup_failed": [{"node_id": n, "reason": r} for n, r in built.protocol.setup_failed],
         },
         "timing": {
             "seconds_total": time.perf_counter() - started,
-            "seconds_per_round_mean": float(np.mean(round_seconds)) if round_seconds else None,
+            "seconds_per_round_mean": float(np.mean(seconds)) if seconds else None,
         },
-        "history": history,
+        "history": result.history,
         "run_config": asdict(config),
     }
     results = write_json(output_dir / "results.json", payload)
+    history = result.history
     note = (
         plot_training(output_dir / "training.png", history, config.fpfl_alpha) if history else None
     )
@@ -528,11 +447,68 @@ def train_fpfl(
     log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
     record.finish(
         status,
-        reason=stop_reason or None,
+        reason=result.stop_reason or None,
         rounds_lost=rounds_lost,
         fpfl_rounds_released=ledger.rounds_released,
     )
     return FPFLRun(output_dir, results, np.asarray(selected_weights, dtype=np.float64))
+
+
+def _privacy(
+    config: RunConfig,
+    built: _Built,
+    durable: DurableTraining,
+    result: FPFLTrainingResult,
+    rounds_lost: int,
+) -> dict[str, Any]:
+    """results.json's ``privacy``: the accounting over every round ever released."""
+    ledger = durable.ledger
+    assert ledger is not None
+    sigma, calibration, protocol = built.sigma, built.calibration, built.protocol
+    rounds_done = result.rounds_trained
+    return {
+        "accountant": config.fpfl_accountant if sigma else None,
+        "sampling": "Poisson, q = m / K, drawn on the nodes",
+        "sample_rate": built.rate,
+        # epsilon is the accountant's for rounds_released_total (the ledger): every round
+        # ever sent, including the rounds an interrupted run released after its last
+        # checkpoint (rounds_discarded_by_crashes: not in the model, still spent).
+        "rounds_released_total": ledger.rounds_released,
+        "rounds_released": ledger.rounds_released,  # same; kept for existing readers
+        "rounds_trained": rounds_done,
+        "rounds_discarded_by_crashes": ledger.rounds_released - rounds_done,
+        "release_ledger": str(durable.folder / RELEASE_LEDGER),
+        "rounds_planned": config.fpfl_rounds,
+        "target_epsilon": config.fpfl_epsilon if sigma else None,
+        "calibrated_epsilon_at_T": None if calibration is None else calibration.achieved.epsilon,
+        "noise": config.fpfl_noise if sigma else None,
+        "noise_share_std": protocol.noise_share_std(),
+        "secure_sum": config.fpfl_secure_sum,
+        "client_seed": config.fpfl_client_seed,
+        # The nodes' per-user ledgers (every release they recorded, this training and
+        # earlier audits and trainings included; PLD under replace-one-user, at the users'
+        # delta): None if no node reported them (min-users-for-counts).
+        "ledger_totals_reported_by_nodes": None
+        if protocol.ledger_totals is None
+        else protocol.ledger_totals.to_dict(),
+        "segments": [
+            {
+                "noise_multiplier": seg.noise_multiplier,
+                "sample_rate": seg.sample_rate,
+                "rounds": seg.rounds,
+            }
+            for seg in ledger.segments
+        ],
+        "caveats": privacy_caveats(config, sigma, ledger.rounds_released - rounds_done)
+        + training_caveats(
+            rounds_lost=rounds_lost,
+            stop_reason=result.stop_reason,
+            fragile=built.fragile,
+            segments=len([seg for seg in ledger.segments if seg.rounds]),
+            rounds_planned=config.fpfl_rounds,
+            rounds_trained=rounds_done,
+        ),
+    }
 
 
 def _fragile(config: RunConfig, protocol: FPFLProtocol, sigma: float) -> str:
@@ -549,40 +525,3 @@ def _fragile(config: RunConfig, protocol: FPFLProtocol, sigma: float) -> str:
         f"must reply at fpfl-dropout-tolerance = {config.fpfl_dropout_tolerance:g} (raise it, "
         "or add nodes, to tolerate dropouts)"
     )
-
-
-def _cannot_reach_n_min(grid: Grid, protocol: FPFLProtocol) -> str:
-    """Why a round cannot succeed before it is sent ("" if it may): fewer member nodes are
-    connected than the ``n_min`` whose noise shares the round needs."""
-    if not protocol.distributed_noise or protocol.noise_share_std() == 0:
-        return ""
-    connected = set(grid.get_node_ids()) & set(protocol.members)
-    needed = protocol.min_survivors()
-    if len(connected) >= needed:
-        return ""
-    return (
-        f"only {len(connected)} of the {len(protocol.members)} member node(s) are connected, "
-        f"fewer than n_min = {needed} whose noise shares a round needs"
-    )
-
-
-def _checkpoint(
-    folder: Path,
-    config: RunConfig,
-    round_number: int,
-    weights: np.ndarray,
-    multipliers: np.ndarray,
-    selector: ModelSelector,
-    history: list[dict[str, Any]],
-    smoothed_total: np.ndarray | None = None,
-) -> None:
-    arrays = {"weights": weights, "multipliers": multipliers}
-    if smoothed_total is not None:
-        arrays["smoothed_total"] = smoothed_total
-    state: dict[str, Any] = {"round": round_number, "history": history}
-    if selector.best is not None:
-        arrays["best_weights"] = selector.best.weights
-        state["best_round"] = selector.best.round
-        state["best_metrics"] = metrics_to_json(selector.best.metrics)
-    state["arrays"] = arrays
-    save_checkpoint(folder, config, state)

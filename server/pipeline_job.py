@@ -198,6 +198,50 @@ def _blocks(outcome: Any, mode: str) -> list[dict[str, Any]]:
     return tests
 
 
+def _train_models(
+    grid: Grid, config: RunConfig, record: RunRecord, seconds: dict[str, float]
+) -> dict[str, FPFLRun]:
+    """Step 1: the FPFL and PFL trainings, each through the FPFL job's path
+    (:func:`~fedparity.server.fpfl_job.train_fpfl`: the library's training loop with the
+    durable release ledger and checkpoints) in its own folder, as a session of the secure sum;
+    each is recorded in the run's status before it starts."""
+    trainings: dict[str, FPFLRun] = {}
+    for session in PIPELINE_SESSIONS:
+        tick = time.perf_counter()
+        sub_config = replace(
+            config, fpfl_algorithm=session, output_dir=str(record.folder / f"train-{session}")
+        )
+        record.add_release(
+            what=f"{session.upper()} training ({config.fpfl_rounds} rounds)",
+            kind="fpfl-training",
+            session=session,
+        )
+        log(logging.INFO, "[PIPELINE 1/3] training %s", MODEL_NAMES[session])
+        trainings[session] = train_fpfl(
+            grid,
+            sub_config,
+            RunRecord.open(sub_config, Path(sub_config.output_dir)),
+            session=session,
+        )
+        seconds[f"train-{session}"] = time.perf_counter() - tick
+    return trainings
+
+
+def _training_summary(training: FPFLRun) -> dict[str, Any]:
+    """One training's line in the pipeline's results.json (its own are in its folder)."""
+    trained = training.results
+    return {
+        "folder": str(training.output_dir),
+        "report": str(training.output_dir / "report.html"),
+        "status": trained["status"],
+        "rounds_trained": trained["privacy"]["rounds_trained"],
+        "epsilon": trained["epsilon"],
+        "delta": trained["delta"],
+        "noise_multiplier": trained["noise_multiplier"],
+        "accountant": trained["privacy"]["accountant"],
+    }
+
+
 def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train FPFL and PFL, audit and test both, report; returns the output directory."""
     record = record if record is not None else open_run_record(config)
@@ -216,25 +260,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     seconds: dict[str, float] = {}
 
     # (1) The two trainings, each in its own folder with its own results and report.
-    trainings: dict[str, FPFLRun] = {}
-    for session in PIPELINE_SESSIONS:
-        tick = time.perf_counter()
-        sub_config = replace(
-            config, fpfl_algorithm=session, output_dir=str(folder / f"train-{session}")
-        )
-        record.add_release(
-            what=f"{session.upper()} training ({config.fpfl_rounds} rounds)",
-            kind="fpfl-training",
-            session=session,
-        )
-        log(logging.INFO, "[PIPELINE 1/3] training %s", MODEL_NAMES[session])
-        trainings[session] = train_fpfl(
-            grid,
-            sub_config,
-            RunRecord.open(sub_config, Path(sub_config.output_dir)),
-            session=session,
-        )
-        seconds[f"train-{session}"] = time.perf_counter() - tick
+    trainings = _train_models(grid, config, record, seconds)
 
     # (2) The LDP audits of both models, and the harness's true gaps.
     tick = time.perf_counter()
@@ -297,16 +323,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
         trained = trainings[session].results
         models[session] = {
             "name": MODEL_NAMES[session],
-            "training": {
-                "folder": str(trainings[session].output_dir),
-                "report": str(trainings[session].output_dir / "report.html"),
-                "status": trained["status"],
-                "rounds_trained": trained["privacy"]["rounds_trained"],
-                "epsilon": trained["epsilon"],
-                "delta": trained["delta"],
-                "noise_multiplier": trained["noise_multiplier"],
-                "accountant": trained["privacy"]["accountant"],
-            },
+            "training": _training_summary(trainings[session]),
             "harness": {
                 "label": HARNESS_LABEL,
                 "accuracy": trained["accuracy"],
