@@ -21,6 +21,7 @@ from fedparity.clients import LocalUsers
 from fedparity.clients.fedevalfair import rows_statistics
 from fedparity.clients.identity import IDENTITY_DIR_ENV
 from fedparity.mechanisms.ckks import generate_keys
+from fedparity.mechanisms.dp_accounting import privacy_spent
 from fedparity.mechanisms.fairtest import fedevalfair
 from fedparity.mechanisms.protocol import BLOCKS
 from fedparity.server.cli.identity import write_node_identities
@@ -151,3 +152,15 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
     assert fpfl["replied"] == [NUM_NODES] * 3
     assert fpfl["weights_finite"] and fpfl["weights_moved"] > 0
     assert fpfl["noise_multiplier"] > 0 and fpfl["epsilon"] <= 2.0 + 0.01
+    # The library's default observer kept the release ledger and the checkpoint.
+    assert fpfl["rounds_released"] == 3
+    training = output / "fpfl-training"
+    assert json.loads((training / "privacy-ledger.json").read_text())["rounds_released"] == 3
+    assert json.loads((training / "checkpoint.json").read_text())["round"] == 3
+    expected = privacy_spent(
+        noise_multiplier=fpfl["noise_multiplier"],
+        sample_rate=300 / fpfl["population"],
+        steps=3,
+        delta=1 / fpfl["population"],
+    )
+    assert fpfl["epsilon"] == pytest.approx(expected.epsilon, rel=1e-9)

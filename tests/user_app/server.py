@@ -14,7 +14,6 @@ from task import build_model, trained_arrays
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.mechanisms import mechanism_for_budget
 from fedparity.mechanisms.ckks import load_public_context
-from fedparity.mechanisms.dp_accounting import privacy_spent, sample_rate
 from fedparity.mechanisms.mmdm import MMDMConfig
 from fedparity.strategies import (
     FedEvalFairProtocol,
@@ -64,17 +63,13 @@ def main(grid: Grid, context: Context) -> None:
         dropout_tolerance=0.25,
     )
     protocol = FPFLProtocol(grid, node_ids=node_ids, parameters=parameters, reply_timeout=120.0)
-    protocol.setup()
     training = FPFLTraining(
         layout, get_flat_parameters(model), mmdm=MMDMConfig(alpha=0.05), use_mmdm=True
     )
-    trained = training.start(protocol, rounds)
-    spent = privacy_spent(
-        noise_multiplier=parameters.noise_multiplier,
-        sample_rate=sample_rate(cohort, population),
-        steps=rounds,
-        delta=1.0 / population,
-    )
+    # Durable: the release ledger is on disk before each round is sent, with checkpoints; the
+    # same folder again resumes the training with every earlier release counted.
+    output = Path(str(config["output-dir"]))
+    trained = training.start(protocol, rounds, folder=output / "fpfl-training")
 
     results = {
         "ldp": {
@@ -89,8 +84,11 @@ def main(grid: Grid, context: Context) -> None:
             "lost": sum("lost" in entry for entry in trained.history),
             "weights_moved": float(abs(trained.weights - get_flat_parameters(model)).max()),
             "weights_finite": bool(np.isfinite(trained.weights).all()),
-            "epsilon": spent.epsilon,
+            # the accountant's epsilon over every round the release ledger counts
+            "epsilon": trained.history[-1]["epsilon_spent"],
+            "rounds_released": trained.history[-1]["rounds_released_total"],
             "noise_multiplier": parameters.noise_multiplier,
+            "population": population,
         },
         "fedevalfair": {
             "error": test.error,
@@ -98,7 +96,6 @@ def main(grid: Grid, context: Context) -> None:
             "blocks": [block.to_dict() for block in test.blocks],
         },
     }
-    output = Path(str(config["output-dir"]))
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(results, indent=2))
     print(f"USERAPP gap {results['ldp']['difference']:.4f} fedevalfair error {test.error}")
