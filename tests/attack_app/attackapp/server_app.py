@@ -3,8 +3,8 @@ node answered to ``<output-dir>/attacks.json``.
 
 The run config's ``seed`` picks the attack (the real ClientApp accepts only fedparity's keys):
 
-* ``seed = 1`` (or any other) -- the key table: an invented peer, a substituted key, a replayed round and a
-  key change after pinning (security review of 2026-11-24, H2/H3);
+* ``seed = 1`` (or any other) -- the key table: an invented peer, a substituted key, a replayed
+  round and a key change after pinning (security review of 2026-11-24, H2/H3);
 * ``seed = 2`` -- a split view on the run parameters: the first node is told the true
   population size ``K``, the others ``K = 10^7`` (review of 2026-11-26, C1);
 * ``seed = 3`` -- split views of the survivors: node a is told "b survived, c dropped", node b
