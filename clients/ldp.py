@@ -64,14 +64,11 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..mechanisms import build_mechanism, metric_to_value
 from ..mechanisms.accounting import BUDGET_TOLERANCE, LedgerFileError
-from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS, user_rates
-from ..mechanisms.privacy_ledger import GapReportRelease
-from ..mechanisms.protocol import (
-    GROUPS_KEY,
-    METRICS_KEY,
-    REPORTS_KEY,
-    VALUES_KEY,
-)
+from ..mechanisms.calibration import GapMechanismType
+from ..mechanisms.metrics import UNDEFINABLE_METRICS, user_rates
+from ..mechanisms.privacy_ledger import GapReportRelease, UserLedger
+from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
+from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
 from ..mechanisms.secure_random import secure_generator
 from .ledger import (
     DEFAULT_LEDGER_DIR,
@@ -82,14 +79,7 @@ from .ledger import (
     open_node_ledger,
     save_node_ledger,
 )
-from .messages import (
-    MessageError,
-    NodeRefusal,
-    fixed_error_texts,
-    float_field,
-    int_field,
-    str_field,
-)
+from .messages import NodeRefusal, fixed_error_texts
 from .policy import NodePrivacyPolicy, PolicyRefusal, in_flower_simulation, node_policy
 
 __all__ = [
@@ -238,123 +228,143 @@ def ldp_audit_handler(
         raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
 
     def handle(msg: Message, context: Context) -> Message:
-        audit = msg.content.config_records.get("config", {})
-        requested_groups = int_field(audit, "num-groups")
-        # With the undefined category (TPR, FPR, FNR), the mechanism has one more category
-        # than the node has groups: users whose metric is undefined report it.
-        undefined_category = audit.get("undefined-category", False)
-        if not isinstance(undefined_category, bool):
-            raise MessageError("message field 'undefined-category' must be true or false")
-        metric = str_field(audit, "metric")
-        if metric not in METRIC_NAMES:
-            raise MessageError(f"message field 'metric' must be one of {', '.join(METRIC_NAMES)}")
-        if metric in UNDEFINABLE_METRICS and not undefined_category:
-            # Refusing only where some user's metric is undefined would be a label bit
-            # (uncharged, repeatable): every node refuses this request alike, before its data.
-            raise NodeRefusal(NO_UNDEFINED_CATEGORY_REFUSAL)
-        categories = num_groups + int(undefined_category)
-        if requested_groups != categories:
-            raise NodeRefusal(
-                "ldp_audit: the audit's number of group categories is not this node's number "
-                "of groups (plus the undefined category, if the audit has one); refusing"
-            )
-        mechanism = build_mechanism(
-            str_field(audit, "mechanism"),  # type: ignore[arg-type]
-            float_field(audit, "epsilon-group"),
-            float_field(audit, "epsilon-value"),
-            categories,
-        )
+        request = LdpAuditRequest.from_fields(msg.content.config_records.get(CONFIG_KEY, {}))
+        mechanism = _requested_mechanism(request, num_groups)
         limits = policy if policy is not None else node_policy(context.node_config)
         limits.check_ldp(mechanism.epsilon)
-        budget = float_field(audit, "budget")
-        if mechanism.epsilon > budget + BUDGET_TOLERANCE:
+        if mechanism.epsilon > request.budget + BUDGET_TOLERANCE:
             raise NodeRefusal(
                 "ldp_audit: the requested mechanism's true epsilon exceeds the audit budget; "
                 "refusing"
             )
-        users = local_users(msg.content["arrays"], metric, context)
+        users = local_users(msg.content["arrays"], request.metric, context)
         if not isinstance(users, LocalUsers):
             raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
         if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):
             raise ValueError(f"a user's group is outside [0, {num_groups})")
-        defined = np.isfinite(users.metrics)
-        rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
-        metrics = users.metrics
-        if not undefined_category and not defined.all():
-            # Only a metric that should always be defined gets here (the undefinable ones
-            # need the undefined category): those users report a uniformly random value, so
-            # that whether and how the node answers never depends on their data.
-            missing = ~defined
-            log(
-                logging.WARNING,
-                "ldp_audit: the metric %s is undefined (NaN) for %d user(s); they report a "
-                "uniformly random value in [0, 1] instead",
-                metric,
-                int(missing.sum()),
-            )
-            metrics = np.where(missing, rng.uniform(0.0, 1.0, size=metrics.shape), metrics)
-            defined = np.ones_like(defined)
-        groups = np.zeros(0, dtype=np.int64)
-        values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
-        refused = 0
-        totals: dict[str, float] = {}
-        if users.num_users:
-            path = ledger_path(context)
-            if path is None:
-                if not limits.allow_ephemeral_ledger:
-                    raise PolicyRefusal(
-                        "a persistent privacy ledger is required (ledger-dir, or "
-                        "allow-ephemeral-ledger)"
-                    )
-                log(
-                    # simulated users in Flower's simulation engine: not worth a warning
-                    logging.DEBUG if in_flower_simulation() else logging.WARNING,
-                    "ldp_audit: this node's ledger lives only as long as the run "
-                    "(allow-ephemeral-ledger, policy: %s): its users' spending is forgotten "
-                    "after it",
-                    limits.source,
-                )
-            try:
-                ledger = open_node_ledger(
-                    context, path, limits, users.num_users, user_ids=users.user_ids
-                )
-            except LedgerFileError as error:
-                # The detail names the node's files: it stays in the node's log.
-                log(logging.ERROR, "ldp_audit: %s", error)
-                raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
-            release = GapReportRelease.from_mechanism(
-                mechanism, job="ldp_audit", label=f"audit of {metric}"
-            )
-            if users.user_ids is None:  # by position: the ledger holds exactly these users
-                answering = ledger.can_afford(release)  # every user reports, or refuses
-                ledger.charge(release, answering)
-            else:  # by id: the ledger's other users (e.g. of another split) are untouched
-                answering = ledger.can_afford(release, user_ids=users.user_ids)
-                ledger.charge(release, user_ids=users.user_ids[answering])
-            refused = int((~answering).sum())
-            # charged (atomically) before anything is released
-            save_node_ledger(context, path, ledger)
-            totals = ledger_totals(ledger)
-            # an undefined metric is the undefined category with the value 0 (m = 1/2)
-            user_groups = np.where(defined, users.groups, num_groups)
-            user_values = np.where(defined, metric_to_value(np.nan_to_num(metrics)), 0.0)
-            reports = mechanism.perturb(user_groups[answering], user_values[answering], rng)
-            groups, values = reports.groups, reports.values
-        if refused:
-            log(logging.INFO, "ldp_audit: %d user(s) refused (privacy budget)", refused)
-        counts: dict[str, int | float] = {"epsilon-charged": float(mechanism.epsilon)}
-        if users.num_users >= limits.min_users_for_counts:
-            # Below the policy's minimum these counts (e.g. "TPR undefined" on a one-user
-            # device, a label bit) would leave the node outside the LDP guarantee.
-            # The ledger's totals over every release it recorded (this audit included): the
-            # server can report the users' whole spending, not only its own run's.
-            counts.update({"num-reports": int(groups.size), "num-refused": refused, **totals})
+        reply = _perturbed_reply(
+            request, mechanism, users, num_groups, limits, ledger_path, context
+        )
         content = RecordDict(
             {
-                REPORTS_KEY: ArrayRecord({GROUPS_KEY: Array(groups), VALUES_KEY: Array(values)}),
-                METRICS_KEY: MetricRecord(counts),
+                REPORTS_KEY: ArrayRecord(
+                    {name: Array(array) for name, array in reply.to_fields()[REPORTS_KEY].items()}
+                ),
+                METRICS_KEY: MetricRecord(dict(reply.counts)),
             }
         )
         return Message(content=content, reply_to=msg)
 
     return fixed_error_texts(handle)  # what reaches the server is a fixed sentence
+
+
+def _requested_mechanism(request: LdpAuditRequest, num_groups: int) -> GapMechanismType:
+    """The mechanism of ``request``, rebuilt from its public parameters (its true epsilon
+    recomputed here); refused, before any data is read, when the request breaks the audit's
+    rules for this node."""
+    if request.metric in UNDEFINABLE_METRICS and not request.undefined_category:
+        # Refusing only where some user's metric is undefined would be a label bit
+        # (uncharged, repeatable): every node refuses this request alike, before its data.
+        raise NodeRefusal(NO_UNDEFINED_CATEGORY_REFUSAL)
+    # With the undefined category (TPR, FPR, FNR), the mechanism has one more category than
+    # the node has groups: users whose metric is undefined report it.
+    categories = num_groups + int(request.undefined_category)
+    if request.num_groups != categories:
+        raise NodeRefusal(
+            "ldp_audit: the audit's number of group categories is not this node's number "
+            "of groups (plus the undefined category, if the audit has one); refusing"
+        )
+    return build_mechanism(
+        request.mechanism, request.epsilon_group, request.epsilon_value, categories
+    )
+
+
+def _perturbed_reply(
+    request: LdpAuditRequest,
+    mechanism: GapMechanismType,
+    users: LocalUsers,
+    num_groups: int,
+    limits: NodePrivacyPolicy,
+    ledger_path: LedgerPathFn,
+    context: Context,
+) -> LdpAuditReply:
+    """Charge the answering users' ledger (saved before anything is released), perturb their
+    pairs with a generator keyed by the OS, and count."""
+    metric, undefined_category = request.metric, request.undefined_category
+    defined = np.isfinite(users.metrics)
+    rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
+    metrics = users.metrics
+    if not undefined_category and not defined.all():
+        # Only a metric that should always be defined gets here (the undefinable ones
+        # need the undefined category): those users report a uniformly random value, so
+        # that whether and how the node answers never depends on their data.
+        missing = ~defined
+        log(
+            logging.WARNING,
+            "ldp_audit: the metric %s is undefined (NaN) for %d user(s); they report a "
+            "uniformly random value in [0, 1] instead",
+            metric,
+            int(missing.sum()),
+        )
+        metrics = np.where(missing, rng.uniform(0.0, 1.0, size=metrics.shape), metrics)
+        defined = np.ones_like(defined)
+    groups = np.zeros(0, dtype=np.int64)
+    values: np.ndarray = np.zeros(0, dtype=np.int8 if mechanism.name == "R" else np.float64)
+    refused = 0
+    totals: dict[str, float] = {}
+    if users.num_users:
+        path = ledger_path(context)
+        ledger = _open_ledger(context, path, limits, users)
+        release = GapReportRelease.from_mechanism(
+            mechanism, job="ldp_audit", label=f"audit of {metric}"
+        )
+        if users.user_ids is None:  # by position: the ledger holds exactly these users
+            answering = ledger.can_afford(release)  # every user reports, or refuses
+            ledger.charge(release, answering)
+        else:  # by id: the ledger's other users (e.g. of another split) are untouched
+            answering = ledger.can_afford(release, user_ids=users.user_ids)
+            ledger.charge(release, user_ids=users.user_ids[answering])
+        refused = int((~answering).sum())
+        # charged (atomically) before anything is released
+        save_node_ledger(context, path, ledger)
+        totals = ledger_totals(ledger)
+        # an undefined metric is the undefined category with the value 0 (m = 1/2)
+        user_groups = np.where(defined, users.groups, num_groups)
+        user_values = np.where(defined, metric_to_value(np.nan_to_num(metrics)), 0.0)
+        reports = mechanism.perturb(user_groups[answering], user_values[answering], rng)
+        groups, values = reports.groups, reports.values
+    if refused:
+        log(logging.INFO, "ldp_audit: %d user(s) refused (privacy budget)", refused)
+    counts: dict[str, int | float] = {"epsilon-charged": float(mechanism.epsilon)}
+    if users.num_users >= limits.min_users_for_counts:
+        # Below the policy's minimum these counts (e.g. "TPR undefined" on a one-user
+        # device, a label bit) would leave the node outside the LDP guarantee.
+        # The ledger's totals over every release it recorded (this audit included): the
+        # server can report the users' whole spending, not only its own run's.
+        counts.update({"num-reports": int(groups.size), "num-refused": refused, **totals})
+    return LdpAuditReply(groups, values, counts)
+
+
+def _open_ledger(
+    context: Context, path: Path | None, limits: NodePrivacyPolicy, users: LocalUsers
+) -> UserLedger:
+    """The node's per-user ledger for ``users``; refused without a persistent one unless the
+    policy allows it, and with a fixed sentence when its file is lost or damaged."""
+    if path is None:
+        if not limits.allow_ephemeral_ledger:
+            raise PolicyRefusal(
+                "a persistent privacy ledger is required (ledger-dir, or allow-ephemeral-ledger)"
+            )
+        log(
+            # simulated users in Flower's simulation engine: not worth a warning
+            logging.DEBUG if in_flower_simulation() else logging.WARNING,
+            "ldp_audit: this node's ledger lives only as long as the run "
+            "(allow-ephemeral-ledger, policy: %s): its users' spending is forgotten after it",
+            limits.source,
+        )
+    try:
+        return open_node_ledger(context, path, limits, users.num_users, user_ids=users.user_ids)
+    except LedgerFileError as error:
+        # The detail names the node's files: it stays in the node's log.
+        log(logging.ERROR, "ldp_audit: %s", error)
+        raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None

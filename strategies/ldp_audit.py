@@ -36,26 +36,9 @@ from ..mechanisms.accounting import BUDGET_TOLERANCE
 from ..mechanisms.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
 from ..mechanisms.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
-from ..mechanisms.protocol import (
-    AUDIT_MESSAGE_TYPE,
-    GROUPS_KEY,
-    METRICS_KEY,
-    REPORTS_KEY,
-    USER_COUNT_KEYS,
-    VALUES_KEY,
-)
+from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
+from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
 from .replies import LedgerTotals, RejectedReply, send_and_receive, short_reason
-
-
-def _user_count(metrics: Mapping[str, object], key: str, default: int) -> int:
-    """A per-user count from the reply's metrics: a whole number >= 0, else ``ValueError``."""
-    value = metrics.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{key} must be a whole number >= 0, got {value!r}")
-    number = float(value)
-    if not number.is_integer() or number < 0:  # NaN and infinity are not integers
-        raise ValueError(f"{key} must be a whole number >= 0, got {number:g}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -248,25 +231,28 @@ class LdpGapAudit:
             "known (simulation)" if self.group_sizes is not None else "estimated",
         )
 
-    def audit_config(self) -> ConfigRecord:
-        """The public parameters a client needs (it recomputes the true epsilon itself)."""
+    def request(self) -> LdpAuditRequest:
+        """The audit's typed request: the public parameters a node needs (it recomputes the
+        true epsilon itself)."""
         mech = self.mechanism
-        return ConfigRecord(
-            {
-                "mechanism": mech.name,
-                "epsilon-group": float(mech.epsilon_group),
-                "epsilon-value": float(mech.epsilon_value),
-                "num-groups": int(mech.num_groups),
-                "budget": self.budget,
-                "metric": self.metric,
-                "audit-id": self.audit_id,
-                "undefined-category": self.undefined_category,
-            }
+        return LdpAuditRequest(
+            mechanism=mech.name,  # type: ignore[arg-type]
+            epsilon_group=float(mech.epsilon_group),
+            epsilon_value=float(mech.epsilon_value),
+            num_groups=int(mech.num_groups),
+            budget=self.budget,
+            metric=self.metric,
+            audit_id=self.audit_id,
+            undefined_category=self.undefined_category,
         )
+
+    def audit_config(self) -> ConfigRecord:
+        """The request as the wire's ``ConfigRecord``."""
+        return ConfigRecord(self.request().to_fields())  # type: ignore[arg-type]
 
     def configure_audit(self, arrays: ArrayRecord, node_ids: Iterable[int]) -> list[Message]:
         """One audit message per node, carrying the model and the audit config."""
-        content = RecordDict({"arrays": arrays, "config": self.audit_config()})
+        content = RecordDict({"arrays": arrays, CONFIG_KEY: self.audit_config()})
         return [
             Message(content=content, dst_node_id=node_id, message_type=AUDIT_MESSAGE_TYPE)
             for node_id in node_ids
@@ -291,28 +277,13 @@ class LdpGapAudit:
         if reply.has_error():
             raise ValueError(f"client error: {short_reason(reply.error.reason)}")
         content = reply.content
-        if REPORTS_KEY not in content.array_records:
-            raise ValueError(f"no '{REPORTS_KEY}' ArrayRecord")
-        record = content.array_records[REPORTS_KEY]
-        if GROUPS_KEY not in record or VALUES_KEY not in record:
-            raise ValueError(f"'{REPORTS_KEY}' must hold '{GROUPS_KEY}' and '{VALUES_KEY}'")
-        try:
-            groups = record[GROUPS_KEY].numpy()
-            values = record[VALUES_KEY].numpy()
-        except Exception as error:  # a corrupt Array must not end the run
-            raise ValueError(f"cannot decode reports: {error}") from None
-        if groups.ndim != 1 or values.ndim != 1 or groups.shape != values.shape:
-            raise ValueError(
-                f"groups and values must be 1-D of equal length, got {groups.shape} "
-                f"and {values.shape}"
-            )
-        if not np.issubdtype(groups.dtype, np.integer):
-            raise ValueError(f"groups must be integers, got dtype {groups.dtype}")
+        typed = LdpAuditReply.from_fields(
+            content.array_records.get(REPORTS_KEY), content.metric_records.get(METRICS_KEY, {})
+        )
+        groups, values = typed.groups, typed.values
         num_groups = self.mechanism.num_groups
         if groups.size and (groups.min() < 0 or groups.max() >= num_groups):
             raise ValueError(f"group out of range [0, {num_groups - 1}]")
-        if values.dtype.kind not in "iuf":
-            raise ValueError(f"values must be numeric, got dtype {values.dtype}")
         if not np.all(self.mechanism.is_valid_report_value(values)):
             domain = (
                 "{-1, +1}"
@@ -320,14 +291,8 @@ class LdpGapAudit:
                 else f"(multiples of {GRID_STEP:g} with |v'| <= {self.mechanism.report_bound:g})"
             )
             raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")
-        metrics = content.metric_records.get(METRICS_KEY, {})
-        declared, refused, undefined = (
-            _user_count(metrics, key, groups.size if key == "num-reports" else 0)
-            for key in USER_COUNT_KEYS
-        )
-        if declared != groups.size:
-            raise ValueError(f"num-reports says {declared}, the arrays hold {groups.size}")
-        LedgerTotals.from_metrics(metrics)  # a malformed value rejects the reply
+        declared, refused, undefined = typed.num_reports, typed.num_refused, typed.num_undefined
+        LedgerTotals.from_metrics(typed.counts)  # a malformed value rejects the reply
         if max_users is not None and declared + refused + undefined > max_users:
             raise ValueError(
                 f"the reply accounts for {declared + refused + undefined} users "
