@@ -38,6 +38,13 @@ from ..mechanisms.ckks import (
 )
 from ..mechanisms.protocol import BLOCKS
 from ..strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
+from ..strategies.release_series import (
+    DurableReleases,
+    FedEvalFairSeries,
+    FedEvalFairTest,
+    Release,
+    SeriesObserver,
+)
 from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
 from .html_report import write_report
 from .orchestration import (
@@ -151,6 +158,41 @@ class FedEvalFairWithProgress(FedEvalFairProtocol):
         return replies
 
 
+class ExchangeProgress(SeriesObserver):
+    """The job's progress display of each FedEvalFair test of a series (one step per message
+    exchange, counted by ``protocols[i]``), after its release is recorded: ``labels[i]`` names
+    test ``i``'s display, and ``lines[i]`` (if any) is logged before it starts. :meth:`close`
+    stops a display an exception left open."""
+
+    def __init__(
+        self,
+        protocols: Sequence[FedEvalFairWithProgress],
+        labels: Sequence[str],
+        lines: Sequence[str] = (),
+    ) -> None:
+        self.protocols, self.labels, self.lines = list(protocols), list(labels), list(lines)
+        self.progress: Progress | None = None
+
+    def before_release(self, index: int, release: Release) -> None:
+        if self.lines:
+            log(logging.INFO, "%s", self.lines[index])
+        self.progress = Progress(
+            self.labels[index],
+            PROTOCOL_EXCHANGES,
+            units="exchanges",
+            log=lambda line: log(logging.INFO, "%s", line),
+        ).start()
+        self.protocols[index].progress = self.progress
+
+    def after_release(self, index: int, release: Release, outcome: FedEvalFairOutcome) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+
 def server_public_context(config: RunConfig) -> ts.Context:
     """The server's public TenSEAL context (``fef-public-context``, else the default key
     folder's), before any work: a missing file names the key and how to make it, and a context
@@ -233,23 +275,19 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         int(nodes.num_features),  # type: ignore[arg-type]
         supplied,
     )
-    # The key holders decrypt aggregates in the protocol's last round: recorded before it
-    # starts (differentially private only in the holder-level DP mode; see the docs).
+    # The key holders decrypt aggregates in the protocol's last round: recorded durably in
+    # status.json before it starts (differentially private only in the holder-level DP mode;
+    # see the docs).
     dp = config.fef_holder_dp
-    record.add_release(
-        what="FedEvalFair test statistics (decrypted aggregates)",
-        kind="fedevalfair",
-        holders=len(node_ids),
-        **({} if dp is None else {"epsilon": dp.epsilon, "delta": dp.delta}),
-    )
-    protocol.progress = Progress(
-        "fedevalfair protocol",
-        PROTOCOL_EXCHANGES,
-        units="exchanges",
-        log=lambda line: log(logging.INFO, "%s", line),
-    )
-    with protocol.progress:
-        outcome = protocol.start(grid, arrays, node_ids)
+    progress = ExchangeProgress([protocol], ["fedevalfair protocol"])
+    try:
+        [outcome] = (
+            FedEvalFairSeries([FedEvalFairTest(protocol, arrays)])
+            .start(grid, node_ids, observers=[DurableReleases(record=record), progress])
+            .outcomes
+        )
+    finally:
+        progress.close()
     truth = (
         fedevalfair_truth(config, arrays, nodes.partitions)
         if harness_applies(config, nodes)

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 
 from ..clients.config import RunConfig
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release, SeriesObserver
 from ..strategies.replies import merge_ledger_totals
 from .harness import GroundTruth, ground_truth
 from .html_report import write_report
@@ -84,6 +85,27 @@ def log_audit_outcome(outcome: AuditOutcome, confidence: float) -> None:
     )
 
 
+class AuditLog(SeriesObserver):
+    """The job's console lines around each audit of a series: which one, before it is
+    recorded and sent; its gap (or why there is none) after it."""
+
+    def __init__(
+        self, config: RunConfig, prefix: str = "[AUDIT {number}/{count}] epsilon {budget:g}"
+    ) -> None:
+        self.budgets = list(config.epsilons)
+        self.confidence = config.confidence
+        self.prefix = prefix
+
+    def before_release(self, index: int, release: Release) -> None:
+        line = self.prefix.format(
+            number=index + 1, count=len(self.budgets), budget=self.budgets[index]
+        )
+        log(logging.INFO, "%s", line)
+
+    def after_release(self, index: int, release: Release, outcome: AuditOutcome) -> None:
+        log_audit_outcome(outcome, self.confidence)
+
+
 def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, audit at every epsilon, report; returns the output directory."""
     record = record if record is not None else open_run_record(config)
@@ -116,31 +138,28 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
             ", ".join(f"{m:.4f}" for m in truth.group_means),
             truth.max_gap,
         )
-    outcomes: list[AuditOutcome] = []
-    spent = 0.0
-    for index, budget in enumerate(config.epsilons):
-        audit = ldp_audit_for(
+    audits = [
+        ldp_audit_for(
             config,
             budget,
             audit_id=f"audit-{index + 1}-eps-{budget:g}",
             users_by_node=nodes.users_by_node,
             group_sizes=truth.group_counts if (truth and config.group_sizes == "known") else None,
         )
-        mechanism = audit.mechanism
-        log(logging.INFO, "[AUDIT %d/%d] epsilon %g", index + 1, len(config.epsilons), budget)
-        # Nodes charge their users' ledgers when they process the audit, whether or not
-        # their reply arrives or is accepted: count every audit sent (an upper bound), and
-        # record it durably before it is sent.
-        spent += mechanism.epsilon
-        record.add_release(
-            what=f"LDP audit {index + 1} (epsilon {mechanism.epsilon:.4g})",
-            kind="ldp-audit",
-            epsilon=mechanism.epsilon,
-            nodes=len(node_ids),
-        )
-        outcome = audit.start(grid, arrays, timeout=config.reply_timeout, node_ids=node_ids)
-        outcomes.append(outcome)
-        log_audit_outcome(outcome, config.confidence)
+        for index, budget in enumerate(config.epsilons)
+    ]
+    # Nodes charge their users' ledgers when they process the audit, whether or not their
+    # reply arrives or is accepted: every audit sent counts (an upper bound), recorded
+    # durably in status.json before it is sent (the series' durable observer).
+    series = LdpAuditSeries(audits).start(
+        grid,
+        arrays,
+        timeout=config.reply_timeout,
+        node_ids=node_ids,
+        observers=[AuditLog(config), DurableReleases(record=record)],
+    )
+    outcomes: list[AuditOutcome] = list(series.outcomes)
+    spent = series.epsilon_spent
 
     table = audit_table(config.epsilons, outcomes, truth)
     reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]

@@ -55,19 +55,20 @@ from ..mechanisms.power import (
     audit_minimum_users,
 )
 from ..strategies.ldp_audit import AuditOutcome
-from ..strategies.replies import merge_ledger_totals
-from .fedevalfair_job import (
-    PROTOCOL_EXCHANGES,
-    fedevalfair_protocol,
-    server_public_context,
+from ..strategies.release_series import (
+    DurableReleases,
+    FedEvalFairSeries,
+    FedEvalFairTest,
+    LdpAuditSeries,
 )
+from ..strategies.replies import merge_ledger_totals
+from .fedevalfair_job import ExchangeProgress, fedevalfair_protocol, server_public_context
 from .fpfl_job import FPFLRun, train_fpfl
 from .harness import HARNESS_LABEL, ground_truth
 from .html_report import write_report
-from .ldp_job import ldp_audit_for, log_audit_outcome
+from .ldp_job import AuditLog, ldp_audit_for
 from .orchestration import connect_nodes, harness_applies
 from .pipeline_report import pipeline_findings, pipeline_report
-from .progress import Progress
 from .report import ledger_totals_text, write_json
 from .run_record import RunRecord, open_run_record
 
@@ -270,48 +271,57 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
         arrays = _model_arrays(trainings[session].weights)
         if harness_applies(config, nodes):
             truths[session] = ground_truth(config, arrays, nodes.partitions)
-        for index, budget in enumerate(config.epsilons):
-            audit = ldp_audit_for(
-                config,
-                budget,
-                audit_id=f"pipeline-{session}-audit-{index + 1}-eps-{budget:g}",
-                users_by_node=nodes.users_by_node,
-            )
-            record.add_release(
-                what=f"LDP audit of the {session.upper()} model (epsilon "
-                f"{audit.mechanism.epsilon:.4g})",
-                kind="ldp-audit",
-                epsilon=audit.mechanism.epsilon,
-                nodes=len(node_ids),
-            )
-            log(logging.INFO, "[PIPELINE 2/3] LDP audit of %s at epsilon %g", session, budget)
-            outcome = audit.start(grid, arrays, timeout=config.reply_timeout, node_ids=node_ids)
-            audits[session].append(outcome)
-            log_audit_outcome(outcome, config.confidence)
+        series = LdpAuditSeries(
+            [
+                ldp_audit_for(
+                    config,
+                    budget,
+                    audit_id=f"pipeline-{session}-audit-{index + 1}-eps-{budget:g}",
+                    users_by_node=nodes.users_by_node,
+                )
+                for index, budget in enumerate(config.epsilons)
+            ],
+            what=f"LDP audit of the {session.upper()} model (epsilon {{epsilon:.4g}})",
+        )
+        audit_log = AuditLog(
+            config, f"[PIPELINE 2/3] LDP audit of {session} at epsilon {{budget:g}}"
+        )
+        audits[session] = list(
+            series.start(
+                grid,
+                arrays,
+                timeout=config.reply_timeout,
+                node_ids=node_ids,
+                observers=[DurableReleases(record=record), audit_log],
+            ).outcomes
+        )
     seconds["audit"] = time.perf_counter() - tick
 
     # (3) FedEvalFair over the holders, once per model (its own session).
     tick = time.perf_counter()
-    tests: dict[str, Any] = {}
-    for session in PIPELINE_SESSIONS:
-        protocol = fedevalfair_protocol(config, public, session=session)
-        record.add_release(
-            what=f"FedEvalFair test statistics of the {session.upper()} model (decrypted "
-            "aggregates)",
-            kind="fedevalfair",
-            holders=len(node_ids),
-        )
-        log(logging.INFO, "[PIPELINE 3/3] FedEvalFair test of %s", session)
-        protocol.progress = Progress(
-            f"fedevalfair {session}",
-            PROTOCOL_EXCHANGES,
-            units="exchanges",
-            log=lambda line: log(logging.INFO, "%s", line),
-        )
-        with protocol.progress:
-            tests[session] = protocol.start(
-                grid, _model_arrays(trainings[session].weights), node_ids
+    sessions = list(PIPELINE_SESSIONS)
+    protocols = [fedevalfair_protocol(config, public, session=session) for session in sessions]
+    tested = FedEvalFairSeries(
+        [
+            FedEvalFairTest(
+                protocol,
+                _model_arrays(trainings[session].weights),
+                what=f"FedEvalFair test statistics of the {session.upper()} model (decrypted "
+                "aggregates)",
             )
+            for protocol, session in zip(protocols, sessions, strict=True)
+        ]
+    )
+    progress = ExchangeProgress(
+        protocols,
+        [f"fedevalfair {session}" for session in sessions],
+        [f"[PIPELINE 3/3] FedEvalFair test of {session}" for session in sessions],
+    )
+    try:
+        result = tested.start(grid, node_ids, observers=[DurableReleases(record=record), progress])
+    finally:
+        progress.close()
+    tests: dict[str, Any] = dict(zip(sessions, result.outcomes, strict=True))
     seconds["fedevalfair"] = time.perf_counter() - tick
 
     # (4) One results.json and one report.

@@ -9,6 +9,10 @@ with explicit keyword arguments and a ``start(grid, ...)`` method that returns a
   :class:`FPFLObserver` hooks: :class:`DurableTraining` (the default: a release ledger on disk
   before each round is sent, checkpoints, resume), :class:`StopAfterLostRounds` and
   :class:`StopWhenTooFewNodes`;
+* :class:`LdpAuditSeries` and :class:`FedEvalFairSeries` -- several audits (or tests) in one
+  loop with :class:`SeriesObserver` hooks: :class:`DurableReleases` (the default: each
+  release recorded in a :class:`ReleaseLog` on disk before it is sent, the count continued
+  from the same folder) and :class:`StopAfterFailures`;
 * :class:`RobustFedAvg` -- Flower's FedAvg that counts malformed replies instead of failing.
 """
 

@@ -11,4 +11,13 @@ from .fpfl_observers import StopAfterLostRounds as StopAfterLostRounds
 from .fpfl_observers import StopWhenTooFewNodes as StopWhenTooFewNodes
 from .ldp_audit import AuditOutcome as AuditOutcome
 from .ldp_audit import LdpGapAudit as LdpGapAudit
+from .release_series import DurableReleases as DurableReleases
+from .release_series import FedEvalFairSeries as FedEvalFairSeries
+from .release_series import FedEvalFairTest as FedEvalFairTest
+from .release_series import LdpAuditSeries as LdpAuditSeries
+from .release_series import Release as Release
+from .release_series import ReleaseLog as ReleaseLog
+from .release_series import SeriesObserver as SeriesObserver
+from .release_series import SeriesResult as SeriesResult
+from .release_series import StopAfterFailures as StopAfterFailures
 from .robust_fedavg import RobustFedAvg as RobustFedAvg
