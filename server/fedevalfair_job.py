@@ -64,6 +64,7 @@ from .report import (
     plain_tick_labels,
     write_json,
 )
+from .results import FedEvalFairResults
 from .run_record import RunRecord, open_run_record
 
 
@@ -254,6 +255,54 @@ def fedevalfair_privacy(config: RunConfig) -> dict[str, object]:
     }
 
 
+def _report_test(
+    config: RunConfig,
+    output_dir: Path,
+    results: FedEvalFairResults,
+    outcome: FedEvalFairOutcome,
+    truth: FedEvalFairTruth | None,
+) -> None:
+    """results.json, the plot, report.html and the summary on the console."""
+    written = FedEvalFairResults.from_dict(
+        write_json(output_dir / "results.json", results.to_dict())
+    )
+    plot_note = None
+    if truth is not None:
+        plot_note = plot_bootstrap_distributions(output_dir / "bootstrap_disparities.png", truth)
+    report_path = write_report(output_dir, fedevalfair_report(written, output_dir, plot_note))
+    stages = [len(nodes) for nodes in outcome.round_participants[:2]] + [0, 0]
+    title = (
+        f"FedEvalFair ({config.fef_variant} model; of {results.num_nodes} holder(s) asked, "
+        f"{stages[0]} contributed to stage 1 and {stages[1]} to stage 2; "
+        f"alpha = {config.fef_alpha:g}, mu0 = {config.fef_mu0:g}):"
+    )
+    log(logging.INFO, "")
+    for finding in fedevalfair_findings(written):
+        log(logging.INFO, "%s", finding.plain())
+    for warning in fedevalfair_warnings(written):
+        log(logging.WARNING, "%s", warning)
+    table = fedevalfair_table(outcome, config.fef_mode)
+    for line in ("", title, *table.splitlines(), ""):
+        log(logging.INFO, "%s", line)
+    if outcome.error:
+        log(logging.WARNING, "FedEvalFair: %s", outcome.error)
+    for item in outcome.unable:
+        log(logging.INFO, "holder %d did not take part: %s", item.node_id, item.reason)
+    if any(outcome.dropped[1:]):
+        log(logging.WARNING, "dropped between rounds: %s", [list(d) for d in outcome.dropped])
+    difference = results.max_abs_pvalue_difference_vs_plaintext
+    if difference is not None and math.isfinite(difference):
+        log(
+            logging.INFO,
+            "%s: p-values match the plaintext computation to %.1e",
+            HARNESS_LABEL,
+            difference,
+        )
+    if plot_note:
+        log(logging.WARNING, "%s", plot_note)
+    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
+
+
 def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, run the encrypted two-stage test, report; returns the output directory."""
     record = record if record is not None else open_run_record(config)
@@ -296,55 +345,21 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
     # With holder-level DP the p-values differ from the plaintext ones by the noise, by design:
     # the comparison would not measure the encryption (the harness's plaintext stays reported).
     difference = None if truth is None or dp is not None else compare_with_plaintext(outcome, truth)
-    table = fedevalfair_table(outcome, config.fef_mode)
-    payload = {
-        "task": config.task,
-        "run_config": asdict(config),
-        "num_nodes": len(node_ids),
-        "model_variant": config.fef_variant,
-        "primary_mode": config.fef_mode,
-        "training": training_report(config, losses, strategy),
-        "fedevalfair": outcome.to_dict(),
-        "harness_plaintext": None if truth is None else truth.to_dict(),
-        "max_abs_pvalue_difference_vs_plaintext": difference,
-        "server_context_has_secret_key": context_has_secret_key(protocol.public_context),
-        "privacy": fedevalfair_privacy(config),
-        "elapsed_seconds": time.perf_counter() - started,
-    }
-    results = write_json(output_dir / "results.json", payload)
-    plot_note = None
-    if truth is not None:
-        plot_note = plot_bootstrap_distributions(output_dir / "bootstrap_disparities.png", truth)
-    report_path = write_report(output_dir, fedevalfair_report(results, output_dir, plot_note))
-    stages = [len(nodes) for nodes in outcome.round_participants[:2]] + [0, 0]
-    title = (
-        f"FedEvalFair ({config.fef_variant} model; of {len(node_ids)} holder(s) asked, "
-        f"{stages[0]} contributed to stage 1 and {stages[1]} to stage 2; "
-        f"alpha = {config.fef_alpha:g}, mu0 = {config.fef_mu0:g}):"
+    results = FedEvalFairResults(
+        task=config.task,
+        run_config=asdict(config),
+        num_nodes=len(node_ids),
+        model_variant=config.fef_variant,
+        primary_mode=config.fef_mode,
+        training=training_report(config, losses, strategy),
+        fedevalfair=outcome.to_dict(),
+        harness_plaintext=None if truth is None else truth.to_dict(),
+        max_abs_pvalue_difference_vs_plaintext=difference,
+        server_context_has_secret_key=context_has_secret_key(protocol.public_context),
+        privacy=fedevalfair_privacy(config),
+        elapsed_seconds=time.perf_counter() - started,
     )
-    log(logging.INFO, "")
-    for finding in fedevalfair_findings(results):
-        log(logging.INFO, "%s", finding.plain())
-    for warning in fedevalfair_warnings(results):
-        log(logging.WARNING, "%s", warning)
-    for line in ("", title, *table.splitlines(), ""):
-        log(logging.INFO, "%s", line)
-    if outcome.error:
-        log(logging.WARNING, "FedEvalFair: %s", outcome.error)
-    for item in outcome.unable:
-        log(logging.INFO, "holder %d did not take part: %s", item.node_id, item.reason)
-    if any(outcome.dropped[1:]):
-        log(logging.WARNING, "dropped between rounds: %s", [list(d) for d in outcome.dropped])
-    if difference is not None and math.isfinite(difference):
-        log(
-            logging.INFO,
-            "%s: p-values match the plaintext computation to %.1e",
-            HARNESS_LABEL,
-            difference,
-        )
-    if plot_note:
-        log(logging.WARNING, "%s", plot_note)
-    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
+    _report_test(config, output_dir, results, outcome, truth)
     assert len(outcome.blocks) in (0, len(BLOCKS))
     record.finish("completed", error=outcome.error)
     return output_dir

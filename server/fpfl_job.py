@@ -102,6 +102,7 @@ from .html_report import write_report
 from .orchestration import connect_nodes, harness_applies
 from .progress import Progress
 from .report import write_json
+from .results import FPFLPrivacy, FPFLResults
 from .run_record import RunRecord, open_run_record
 
 __all__ = ["cohort_sample_rate", "run_fpfl"]
@@ -123,11 +124,11 @@ def cohort_sample_rate(config: RunConfig, population_size: int) -> float:
 
 @dataclass(frozen=True)
 class FPFLRun:
-    """What one FPFL training gave: its folder, its results.json content and the reported
-    model's flat parameters (``named_parameters`` order)."""
+    """What one FPFL training gave: its folder, its results (as written to results.json) and
+    the reported model's flat parameters (``named_parameters`` order)."""
 
     output_dir: Path
-    results: dict[str, Any]
+    results: FPFLResults
     weights: NDArray[np.float64]
 
 
@@ -396,45 +397,45 @@ def _report(
             )
     headline = evaluation.get("selected")
     seconds = [e["seconds"] for e in result.history if e["round"] >= result.first_round]
-    payload: dict[str, Any] = {
-        "task": config.task,
-        "algorithm": config.fpfl_algorithm,
-        "accuracy": None if headline is None else headline.accuracy,
-        "fnr_gap": None if headline is None else headline.fnr_gap,
-        "eo_gap": None if headline is None else headline.eo_gap,
-        "demp_gap": None if headline is None else headline.demp_gap,
-        "pp_gap": None if headline is None else headline.pp_gap,
-        "accuracy_gap": None if headline is None else headline.accuracy_gap,
-        "epsilon": None if (spent := durable.spent()) is None else spent.epsilon,
-        "delta": ledger.delta if built.sigma else None,
-        "noise_multiplier": built.sigma if built.sigma else None,
-        "private": bool(built.sigma),
-        "privacy": _privacy(config, built, durable, result, rounds_lost),
-        "status": status,
-        "stop_reason": result.stop_reason or None,
-        "rounds_lost": rounds_lost,
-        "selected_round": selected_round,
-        "model_selection": config.fpfl_model_selection,
-        "selected_fair_on_cohort": None if best is None else best.metrics.fair,
-        "evaluation": {
+    payload = FPFLResults(
+        task=config.task,
+        algorithm=config.fpfl_algorithm,
+        accuracy=None if headline is None else headline.accuracy,
+        fnr_gap=None if headline is None else headline.fnr_gap,
+        eo_gap=None if headline is None else headline.eo_gap,
+        demp_gap=None if headline is None else headline.demp_gap,
+        pp_gap=None if headline is None else headline.pp_gap,
+        accuracy_gap=None if headline is None else headline.accuracy_gap,
+        epsilon=None if (spent := durable.spent()) is None else spent.epsilon,
+        delta=ledger.delta if built.sigma else None,
+        noise_multiplier=built.sigma if built.sigma else None,
+        private=bool(built.sigma),
+        privacy=FPFLPrivacy(**_privacy(config, built, durable, result, rounds_lost)),
+        status=status,
+        stop_reason=result.stop_reason or None,
+        rounds_lost=rounds_lost,
+        selected_round=selected_round,
+        model_selection=config.fpfl_model_selection,
+        selected_fair_on_cohort=None if best is None else best.metrics.fair,
+        evaluation={
             "source": f"held-out test set ({HARNESS_LABEL})",
             **{name: asdict(gaps) for name, gaps in evaluation.items()},
         },
-        "paper": paper_row(config),
-        "fairness_constraint": fairness_constraint(config, headline),
-        "population": {
+        paper=paper_row(config),
+        fairness_constraint=fairness_constraint(config, headline),
+        population={
             "users": built.population_size,
             "nodes": len(built.protocol.members),
             "setup_failed": [{"node_id": n, "reason": r} for n, r in built.protocol.setup_failed],
         },
-        "timing": {
+        timing={
             "seconds_total": time.perf_counter() - started,
             "seconds_per_round_mean": float(np.mean(seconds)) if seconds else None,
         },
-        "history": result.history,
-        "run_config": asdict(config),
-    }
-    results = write_json(output_dir / "results.json", payload)
+        history=result.history,
+        run_config=asdict(config),
+    )
+    results = FPFLResults.from_dict(write_json(output_dir / "results.json", payload.to_dict()))
     history = result.history
     note = (
         plot_training(output_dir / "training.png", history, config.fpfl_alpha) if history else None

@@ -24,6 +24,7 @@ from .report import (
     load_pyplot,
     plain_tick_labels,
 )
+from .results import FPFLPrivacy, FPFLResults
 
 # Reporting helpers
 
@@ -223,18 +224,19 @@ def _noisy_cohort_rates(history: list[dict[str, Any]]) -> bool:
     )
 
 
-def fpfl_findings(results: Mapping[str, Any]) -> list[Finding]:
-    """The headline of an FPFL run (from its results.json or payload): the test-set gap
+def fpfl_findings(results: FPFLResults | Mapping[str, Any]) -> list[Finding]:
+    """The headline of an FPFL run (from its results, or its results.json): the test-set gap
     against alpha and whether the constraint holds, the accuracy, and the unconstrained
     baseline's gap where known."""
-    constraint = results["fairness_constraint"]
-    algorithm = results["algorithm"]
+    results = FPFLResults.coerce(results)
+    constraint = results.fairness_constraint or {}
+    algorithm = results.algorithm
     _, name = CONSTRAINT_GAPS[constraint["metric"]]
     alpha = Value("alpha", constraint["alpha"], "g")
     findings: list[Finding] = []
-    if results["status"] != "completed":
-        reason = f" ({results['stop_reason']})" if results.get("stop_reason") else ""
-        findings.append(Finding((f"Training {results['status']}{reason}",), "warn"))
+    if results.status != "completed":
+        reason = f" ({results.stop_reason})" if results.stop_reason else ""
+        findings.append(Finding((f"Training {results.status}{reason}",), "warn"))
     trained = "trained with" if constraint["trained_with_constraint"] else "trained without"
     if constraint["test_gap"] is None:
         findings.append(
@@ -267,14 +269,14 @@ def fpfl_findings(results: Mapping[str, Any]) -> list[Finding]:
             Finding(
                 (
                     "Test accuracy ",
-                    Value("accuracy", results["accuracy"]),
-                    f" (model of round {results['selected_round']}, "
-                    f"{results['model_selection']} selection)",
+                    Value("accuracy", results.accuracy),
+                    f" (model of round {results.selected_round}, "
+                    f"{results.model_selection} selection)",
                 )
             )
         )
     baseline = constraint["unconstrained_baseline"]
-    counterpart = UNCONSTRAINED_COUNTERPART.get(algorithm)
+    counterpart = UNCONSTRAINED_COUNTERPART.get(str(algorithm))
     if baseline is not None:
         findings.append(
             Finding(
@@ -301,18 +303,21 @@ def fpfl_findings(results: Mapping[str, Any]) -> list[Finding]:
     return findings
 
 
-def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
-    """The HTML report of an FPFL run, built from its results.json."""
-    constraint = results["fairness_constraint"]
+def fpfl_report(
+    results: FPFLResults | Mapping[str, Any], folder: Path, plot_note: str | None
+) -> Report:
+    """The HTML report of an FPFL run, built from its results (or its results.json)."""
+    results = FPFLResults.coerce(results)
+    constraint = results.fairness_constraint or {}
     _, name = CONSTRAINT_GAPS[constraint["metric"]]
     columns = ["accuracy", "fnr_gap", "eo_gap", "demp_gap", "pp_gap", "accuracy_gap"]
     header = ["model", "accuracy", "FNR gap", "EO gap", "DemP gap", "PP gap", "accuracy gap"]
-    evaluation = results["evaluation"]
+    evaluation = results.evaluation or {}
     rows: list[list[Any]] = []
     for label, key in (("selected (headline)", "selected"), ("after the last round", "final")):
         if key in evaluation:
             rows.append([label, *(evaluation[key][column] for column in columns)])
-    paper = results.get("paper")
+    paper = results.paper
     if paper:
         rows.append([f"paper ({paper['table']})", paper["accuracy"], paper["fnr_gap"]])
     baseline = constraint["unconstrained_baseline"]
@@ -325,11 +330,13 @@ def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None)
             ]
         )
     rows = [row + [None] * (len(header) - len(row)) for row in rows]
+    privacy = results.privacy or FPFLPrivacy()
+    population = results.population or {}
     detail: list[Any] = [
-        f"{results['algorithm']} on {results['population']['users']} user(s) at "
-        f"{results['population']['nodes']} node(s); {results['status']} after "
-        f"{results['privacy']['rounds_trained']} of {results['privacy']['rounds_planned']} "
-        f"round(s), {results['rounds_lost']} lost. The {name} is the largest |rate(all) - "
+        f"{results.algorithm} on {population['users']} user(s) at "
+        f"{population['nodes']} node(s); {results.status} after "
+        f"{privacy.rounds_trained} of {privacy.rounds_planned} "
+        f"round(s), {results.rounds_lost} lost. The {name} is the largest |rate(all) - "
         f"rate(group)| over the groups; the constraint asks it to stay <= alpha = "
         f"{constraint['alpha']:g} (Rodriguez-Galvez et al. 2021).",
         Table(header, rows, caption=f"Test set: {evaluation['source']}"),
@@ -356,7 +363,7 @@ def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None)
                 caption="Selected model per group (test set)",
             )
         )
-    if _noisy_cohort_rates(results["history"]):
+    if _noisy_cohort_rates(results.history or []):
         detail.append(
             "Note: the per-round group rates of the training plot come from noisy cohort "
             f"statistics; {NOISY_RATES_NOTE}."
@@ -364,29 +371,28 @@ def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None)
     detail.append(
         Figure(folder / "training.png", "training curves (cohort statistics)", missing=plot_note)
     )
-    privacy = results["privacy"]
-    if results["private"]:
+    if results.private:
         privacy_rows = [
-            ["epsilon spent", results["epsilon"]],
-            ["delta", results["delta"]],
-            ["target epsilon (fpfl-epsilon)", privacy["target_epsilon"]],
-            ["noise multiplier sigma", results["noise_multiplier"]],
-            ["rounds released (every round sent counts)", privacy["rounds_released_total"]],
-            ["sample rate q = m / K", privacy["sample_rate"]],
-            ["accountant", privacy["accountant"]],
-            ["noise", privacy["noise"]],
-            ["secure sum", privacy["secure_sum"]],
+            ["epsilon spent", results.epsilon],
+            ["delta", results.delta],
+            ["target epsilon (fpfl-epsilon)", privacy.target_epsilon],
+            ["noise multiplier sigma", results.noise_multiplier],
+            ["rounds released (every round sent counts)", privacy.rounds_released_total],
+            ["sample rate q = m / K", privacy.sample_rate],
+            ["accountant", privacy.accountant],
+            ["noise", privacy.noise],
+            ["secure sum", privacy.secure_sum],
         ]
         lead = "User-level differential privacy (Gaussian noise on clipped user statistics):"
     else:
-        privacy_rows = [["secure sum", privacy["secure_sum"]]]
+        privacy_rows = [["secure sum", privacy.secure_sum]]
         lead = "This run adds no noise: it is not differentially private."
     privacy_blocks: list[Any] = [lead, Table(["quantity", "value"], privacy_rows)]
-    if results["private"]:
-        privacy_blocks.append(ledger_totals_text(privacy.get("ledger_totals_reported_by_nodes")))
-    privacy_blocks += [f"Note: {note}." for note in privacy["caveats"]]
+    if results.private:
+        privacy_blocks.append(ledger_totals_text(privacy.ledger_totals_reported_by_nodes))
+    privacy_blocks += [f"Note: {note}." for note in privacy.caveats or []]
     return Report(
-        title=f"fedparity FPFL training ({results['algorithm']})",
+        title=f"fedparity FPFL training ({results.algorithm})",
         question=f"Does the trained model meet the fairness constraint ({name} <= alpha) on "
         "held-out data, at what accuracy and privacy cost, compared with an unconstrained "
         "model?",
@@ -396,40 +402,45 @@ def fpfl_report(results: Mapping[str, Any], folder: Path, plot_note: str | None)
     )
 
 
-def summary_text(payload: dict[str, Any]) -> str:
+def summary_text(payload: FPFLResults | Mapping[str, Any]) -> str:
+    """The console summary of an FPFL run: the headline, the test-set table and the privacy
+    spent."""
+    payload = FPFLResults.coerce(payload)
+    privacy = payload.privacy or FPFLPrivacy()
+
     def cell(value: Any) -> str:
         return "n/a" if value is None else f"{value:.4f}"
 
     lines = [
         *(finding.plain() for finding in fpfl_findings(payload)),
         "",
-        f"FPFL training: {payload['status']}"
-        + (f" ({payload['stop_reason']})" if payload.get("stop_reason") else "")
-        + f"; {payload['rounds_lost']} round(s) lost",
-        f"FPFL result ({payload['algorithm']}; selected round {payload['selected_round']}; "
-        f"test set: {payload['evaluation']['source']}):",
+        f"FPFL training: {payload.status}"
+        + (f" ({payload.stop_reason})" if payload.stop_reason else "")
+        + f"; {payload.rounds_lost} round(s) lost",
+        f"FPFL result ({payload.algorithm}; selected round {payload.selected_round}; "
+        f"test set: {(payload.evaluation or {})['source']}):",
         f"{'':>10} {'accuracy':>9} {'FNR gap':>9} {'EO gap':>9} {'DemP gap':>9} {'PP gap':>9}",
-        f"{'ours':>10} {cell(payload['accuracy']):>9} {cell(payload['fnr_gap']):>9} "
-        f"{cell(payload['eo_gap']):>9} {cell(payload['demp_gap']):>9} {cell(payload['pp_gap']):>9}",
+        f"{'ours':>10} {cell(payload.accuracy):>9} {cell(payload.fnr_gap):>9} "
+        f"{cell(payload.eo_gap):>9} {cell(payload.demp_gap):>9} {cell(payload.pp_gap):>9}",
     ]
-    paper = payload.get("paper")
+    paper = payload.paper
     if paper:
         lines.append(
             f"{'paper':>10} {paper['accuracy']:>9.3f} {paper['fnr_gap']:>9.3f} "
             f"{'':>9} {'':>9} {'':>9}   ({paper['table']})"
         )
-    if payload["private"]:
+    if payload.private:
         lines.append(
-            f"privacy: epsilon = {payload['epsilon']:.4f} spent after "
-            f"{payload['privacy']['rounds_released_total']} released round(s), "
-            f"delta = {payload['delta']:.3g}, "
-            f"noise multiplier = {payload['noise_multiplier']:.4f} "
-            f"({payload['privacy']['accountant']}, {payload['privacy']['noise']} noise)"
+            f"privacy: epsilon = {payload.epsilon:.4f} spent after "
+            f"{privacy.rounds_released_total} released round(s), "
+            f"delta = {payload.delta:.3g}, "
+            f"noise multiplier = {payload.noise_multiplier:.4f} "
+            f"({privacy.accountant}, {privacy.noise} noise)"
         )
-        lines.append(ledger_totals_text(payload["privacy"].get("ledger_totals_reported_by_nodes")))
-    for note in payload["privacy"]["caveats"]:
+        lines.append(ledger_totals_text(privacy.ledger_totals_reported_by_nodes))
+    for note in privacy.caveats or []:
         lines.append(f"note: {note}")
-    if _noisy_cohort_rates(payload["history"]):
+    if _noisy_cohort_rates(payload.history or []):
         lines.append(
             f"note: the per-round group rates above use noisy statistics; {NOISY_RATES_NOTE}"
         )

@@ -44,6 +44,7 @@ from .report import (
     plot_audits,
     write_json,
 )
+from .results import AuditRecord, LdpAuditResults, LdpPrivacy
 from .run_record import RunRecord, open_run_record
 
 
@@ -106,6 +107,68 @@ class AuditLog(SeriesObserver):
         log_audit_outcome(outcome, self.confidence)
 
 
+def ldp_privacy(config: RunConfig, outcomes: Sequence[AuditOutcome], spent: float) -> LdpPrivacy:
+    """results.json's ``privacy``: the server's plan, this run's spending (``spent``: basic
+    composition of every audit sent) and what the nodes' ledgers reported."""
+    reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]
+    ledger_totals = merge_ledger_totals(o.ledger_totals for o in outcomes)
+    return LdpPrivacy(
+        # The server's plan only: each node's own policy (user-epsilon-budget at user-delta,
+        # kept in its ledger) decides what its users answer, and users past it refuse.
+        user_budget=config.user_budget,
+        epsilon_spent_per_user=spent,
+        composition="basic sequential composition of the true epsilons of every audit "
+        "sent (an upper bound: users who refused spent less)",
+        # Over every run the nodes' ledgers recorded (a run that died included): the most
+        # any user of the reporting nodes has spent. None if no node reported it.
+        epsilon_spent_total_max_reported_by_nodes=max(reported) if reported else None,
+        # The same with its delta, basic composition beside it and the neighbouring
+        # relation: every release the nodes' per-user ledgers recorded (LDP audits and FPFL
+        # trainings), composed with the PLD accountant.
+        ledger_totals_reported_by_nodes=None if ledger_totals is None else ledger_totals.to_dict(),
+    )
+
+
+def _report_audits(
+    config: RunConfig,
+    output_dir: Path,
+    results: LdpAuditResults,
+    outcomes: Sequence[AuditOutcome],
+    truth: GroundTruth | None,
+) -> None:
+    """results.json, the plot, report.html and the summary on the console."""
+    written = LdpAuditResults.from_dict(write_json(output_dir / "results.json", results.to_dict()))
+    plot_note = plot_audits(
+        output_dir / "gap_vs_epsilon.png", config.epsilons, outcomes, truth, config.metric
+    )
+    report_path = write_report(output_dir, ldp_report(written, output_dir, plot_note))
+    contributed = max((o.accepted_nodes for o in outcomes), default=0)
+    reports = max((o.summary.num_reports for o in outcomes), default=0)
+    assert results.num_nodes is not None and results.privacy is not None
+    for line in (
+        "",
+        *(finding.plain() for finding in ldp_findings(written)),
+        "",
+        f"LDP audit of the {config.metric} gap (reports from up to {contributed} of "
+        f"{results.num_nodes} node(s) and {reports} of {results.num_users} user(s); per audit "
+        "in the table):",
+        *audit_table(config.epsilons, outcomes, truth).splitlines(),
+        "",
+    ):
+        log(logging.INFO, "%s", line)
+    if plot_note:
+        log(logging.WARNING, "%s", plot_note)
+    log(
+        logging.INFO,
+        "privacy spent per user by this run: %.4g of the planned %.4g (each node enforces its "
+        "own budget)",
+        results.privacy.epsilon_spent_per_user,
+        config.user_budget,
+    )
+    log(logging.INFO, "%s", ledger_totals_text(results.privacy.ledger_totals_reported_by_nodes))
+    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
+
+
 def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
     """Train, audit at every epsilon, report; returns the output directory."""
     record = record if record is not None else open_run_record(config)
@@ -161,74 +224,21 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
     outcomes: list[AuditOutcome] = list(series.outcomes)
     spent = series.epsilon_spent
 
-    table = audit_table(config.epsilons, outcomes, truth)
-    reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]
-    spent_total = max(reported) if reported else None
-    ledger_totals = merge_ledger_totals(o.ledger_totals for o in outcomes)
-    payload = {
-        "task": config.task,
-        "run_config": {key: value for key, value in asdict(config).items()},
-        "num_nodes": len(node_ids),
-        "num_users": nodes.num_users,
-        "failed_describe": [{"node_id": n, "reason": r} for n, r in nodes.failed],
-        "training": training_report(config, train_losses, strategy),
-        "ground_truth": None if truth is None else truth.to_dict(),
-        "audits": [
-            {"budget": budget, **outcome.to_dict()}
+    results = LdpAuditResults(
+        task=config.task,
+        run_config={key: value for key, value in asdict(config).items()},
+        num_nodes=len(node_ids),
+        num_users=nodes.num_users,
+        failed_describe=[{"node_id": n, "reason": r} for n, r in nodes.failed],
+        training=training_report(config, train_losses, strategy),
+        ground_truth=None if truth is None else truth.to_dict(),
+        audits=[
+            AuditRecord.of(budget, outcome)
             for budget, outcome in zip(config.epsilons, outcomes, strict=True)
         ],
-        "privacy": {
-            # The server's plan only: each node's own policy (user-epsilon-budget at
-            # user-delta, kept in its ledger) decides what its users answer, and users past
-            # it refuse.
-            "user_budget": config.user_budget,
-            "epsilon_spent_per_user": spent,
-            "composition": "basic sequential composition of the true epsilons of every audit "
-            "sent (an upper bound: users who refused spent less)",
-            # Over every run the nodes' ledgers recorded (a run that died included): the most
-            # any user of the reporting nodes has spent. None if no node reported it.
-            "epsilon_spent_total_max_reported_by_nodes": spent_total,
-            # The same with its delta, basic composition beside it and the neighbouring
-            # relation: every release the nodes' per-user ledgers recorded (LDP audits and
-            # FPFL trainings), composed with the PLD accountant.
-            "ledger_totals_reported_by_nodes": None
-            if ledger_totals is None
-            else ledger_totals.to_dict(),
-        },
-        "elapsed_seconds": time.perf_counter() - started,
-    }
-    results = write_json(output_dir / "results.json", payload)
-    plot_note = plot_audits(
-        output_dir / "gap_vs_epsilon.png", config.epsilons, outcomes, truth, config.metric
+        privacy=ldp_privacy(config, outcomes, spent),
+        elapsed_seconds=time.perf_counter() - started,
     )
-    report_path = write_report(output_dir, ldp_report(results, output_dir, plot_note))
-    contributed = max((o.accepted_nodes for o in outcomes), default=0)
-    reports = max((o.summary.num_reports for o in outcomes), default=0)
-    for line in (
-        "",
-        *(finding.plain() for finding in ldp_findings(results)),
-        "",
-        f"LDP audit of the {config.metric} gap (reports from up to {contributed} of "
-        f"{len(node_ids)} node(s) and {reports} of {nodes.num_users} user(s); per audit in the "
-        "table):",
-        *table.splitlines(),
-        "",
-    ):
-        log(logging.INFO, "%s", line)
-    if plot_note:
-        log(logging.WARNING, "%s", plot_note)
-    log(
-        logging.INFO,
-        "privacy spent per user by this run: %.4g of the planned %.4g (each node enforces its "
-        "own budget)",
-        spent,
-        config.user_budget,
-    )
-    log(
-        logging.INFO,
-        "%s",
-        ledger_totals_text(payload["privacy"]["ledger_totals_reported_by_nodes"]),
-    )
+    _report_audits(config, output_dir, results, outcomes, truth)
     record.finish("completed")
-    log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
     return output_dir

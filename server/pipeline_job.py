@@ -54,6 +54,7 @@ from ..mechanisms.power import (
     audit_minimum_epsilon,
     audit_minimum_users,
 )
+from ..strategies.fedevalfair import FedEvalFairOutcome
 from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.release_series import (
     DurableReleases,
@@ -64,12 +65,19 @@ from ..strategies.release_series import (
 from ..strategies.replies import merge_ledger_totals
 from .fedevalfair_job import ExchangeProgress, fedevalfair_protocol, server_public_context
 from .fpfl_job import FPFLRun, train_fpfl
-from .harness import HARNESS_LABEL, ground_truth
+from .harness import HARNESS_LABEL, GroundTruth, ground_truth
 from .html_report import write_report
 from .ldp_job import AuditLog, ldp_audit_for
-from .orchestration import connect_nodes, harness_applies
+from .orchestration import NodeDescriptions, connect_nodes, harness_applies
 from .pipeline_report import pipeline_findings, pipeline_report
 from .report import ledger_totals_text, write_json
+from .results import (
+    FPFLPrivacy,
+    PipelineAudit,
+    PipelineModel,
+    PipelinePrivacy,
+    PipelineResults,
+)
 from .run_record import RunRecord, open_run_record
 
 #: What each model of the pipeline is.
@@ -231,42 +239,31 @@ def _train_models(
 def _training_summary(training: FPFLRun) -> dict[str, Any]:
     """One training's line in the pipeline's results.json (its own are in its folder)."""
     trained = training.results
+    privacy = trained.privacy or FPFLPrivacy()
     return {
         "folder": str(training.output_dir),
         "report": str(training.output_dir / "report.html"),
-        "status": trained["status"],
-        "rounds_trained": trained["privacy"]["rounds_trained"],
-        "epsilon": trained["epsilon"],
-        "delta": trained["delta"],
-        "noise_multiplier": trained["noise_multiplier"],
-        "accountant": trained["privacy"]["accountant"],
+        "status": trained.status,
+        "rounds_trained": privacy.rounds_trained,
+        "epsilon": trained.epsilon,
+        "delta": trained.delta,
+        "noise_multiplier": trained.noise_multiplier,
+        "accountant": privacy.accountant,
     }
 
 
-def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
-    """Train FPFL and PFL, audit and test both, report; returns the output directory."""
-    record = record if record is not None else open_run_record(config)
-    folder = record.folder
-    started = time.perf_counter()
-    public = server_public_context(config)
-    node_ids, nodes = connect_nodes(grid, config, minimum=2)
-    log(
-        logging.INFO,
-        "fedparity pipeline: %d node(s), %d user(s), dataset %s; steps: train FPFL and PFL, "
-        "audit both, test both",
-        len(node_ids),
-        nodes.num_users,
-        config.dataset,
-    )
-    seconds: dict[str, float] = {}
-
-    # (1) The two trainings, each in its own folder with its own results and report.
-    trainings = _train_models(grid, config, record, seconds)
-
-    # (2) The LDP audits of both models, and the harness's true gaps.
-    tick = time.perf_counter()
-    audits: dict[str, list[AuditOutcome]] = {session: [] for session in PIPELINE_SESSIONS}
-    truths: dict[str, Any] = {}
+def _audit_models(
+    grid: Grid,
+    config: RunConfig,
+    record: RunRecord,
+    nodes: NodeDescriptions,
+    node_ids: list[int],
+    trainings: dict[str, FPFLRun],
+) -> tuple[dict[str, list[AuditOutcome]], dict[str, GroundTruth]]:
+    """Step 2: every model's LDP audits (one series per model, each audit recorded in the
+    run's status before it is sent), and the harness's true gaps."""
+    audits: dict[str, list[AuditOutcome]] = {}
+    truths: dict[str, GroundTruth] = {}
     for session in PIPELINE_SESSIONS:
         arrays = _model_arrays(trainings[session].weights)
         if harness_applies(config, nodes):
@@ -295,10 +292,19 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
                 observers=[DurableReleases(record=record), audit_log],
             ).outcomes
         )
-    seconds["audit"] = time.perf_counter() - tick
+    return audits, truths
 
-    # (3) FedEvalFair over the holders, once per model (its own session).
-    tick = time.perf_counter()
+
+def _test_models(
+    grid: Grid,
+    config: RunConfig,
+    record: RunRecord,
+    public: Any,
+    node_ids: list[int],
+    trainings: dict[str, FPFLRun],
+) -> dict[str, FedEvalFairOutcome]:
+    """Step 3: FedEvalFair over the holders, once per model (its own session), each release
+    recorded in the run's status before the test starts."""
     sessions = list(PIPELINE_SESSIONS)
     protocols = [fedevalfair_protocol(config, public, session=session) for session in sessions]
     tested = FedEvalFairSeries(
@@ -321,114 +327,157 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
         result = tested.start(grid, node_ids, observers=[DurableReleases(record=record), progress])
     finally:
         progress.close()
-    tests: dict[str, Any] = dict(zip(sessions, result.outcomes, strict=True))
-    seconds["fedevalfair"] = time.perf_counter() - tick
+    return dict(zip(sessions, result.outcomes, strict=True))
 
-    # (4) One results.json and one report.
-    ledger_totals = merge_ledger_totals(
-        [outcome.ledger_totals for outcomes in audits.values() for outcome in outcomes]
+
+def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None) -> Path:
+    """Train FPFL and PFL, audit and test both, report; returns the output directory."""
+    record = record if record is not None else open_run_record(config)
+    folder = record.folder
+    started = time.perf_counter()
+    public = server_public_context(config)
+    node_ids, nodes = connect_nodes(grid, config, minimum=2)
+    log(
+        logging.INFO,
+        "fedparity pipeline: %d node(s), %d user(s), dataset %s; steps: train FPFL and PFL, "
+        "audit both, test both",
+        len(node_ids),
+        nodes.num_users,
+        config.dataset,
     )
-    models: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    # (1) The two trainings, each in its own folder with its own results and report.
+    trainings = _train_models(grid, config, record, seconds)
+    # (2) The LDP audits of both models, and the harness's true gaps.
+    tick = time.perf_counter()
+    audits, truths = _audit_models(grid, config, record, nodes, node_ids, trainings)
+    seconds["audit"] = time.perf_counter() - tick
+    # (3) FedEvalFair over the holders, once per model.
+    tick = time.perf_counter()
+    tests = _test_models(grid, config, record, public, node_ids, trainings)
+    seconds["fedevalfair"] = time.perf_counter() - tick
+    # (4) One results.json and one report.
+    results = _pipeline_results(
+        config, nodes.num_users, len(node_ids), trainings, audits, truths, tests
+    )
+    total = time.perf_counter() - started
+    results.timing = {
+        "seconds_total": total,
+        "seconds_by_step": seconds,
+        "share_by_step": {step: value / total for step, value in seconds.items()},
+    }
+    written = PipelineResults.from_dict(write_json(folder / "results.json", results.to_dict()))
+    report_path = write_report(folder, pipeline_report(written))
+    log(logging.INFO, "")
+    for finding in pipeline_findings(written):
+        log(logging.INFO, "%s", finding.plain())
+    assert written.privacy is not None
+    log(logging.INFO, "%s", ledger_totals_text(written.privacy.ledger_totals_reported_by_nodes))
+    log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
+    errors = [tests[s].error for s in PIPELINE_SESSIONS if tests[s].error]
+    record.finish("completed", error="; ".join(errors) if errors else None)
+    return folder
+
+
+def _pipeline_results(
+    config: RunConfig,
+    num_users: int,
+    num_nodes: int,
+    trainings: dict[str, FPFLRun],
+    audits: dict[str, list[AuditOutcome]],
+    truths: dict[str, GroundTruth],
+    tests: dict[str, FedEvalFairOutcome],
+) -> PipelineResults:
+    """The pipeline's results (``timing`` is set by the caller, at the end)."""
+    models: dict[str, PipelineModel] = {}
     for session in PIPELINE_SESSIONS:
         trained = trainings[session].results
-        models[session] = {
-            "name": MODEL_NAMES[session],
-            "training": _training_summary(trainings[session]),
-            "harness": {
+        models[session] = PipelineModel(
+            name=MODEL_NAMES[session],
+            training=_training_summary(trainings[session]),
+            harness={
                 "label": HARNESS_LABEL,
-                "accuracy": trained["accuracy"],
-                "fnr_gap": trained["fnr_gap"],
-                "accuracy_gap": trained["accuracy_gap"],
+                "accuracy": trained.accuracy,
+                "fnr_gap": trained.fnr_gap,
+                "accuracy_gap": trained.accuracy_gap,
                 "audited_metric_gap": None if session not in truths else truths[session].to_dict(),
             }
-            if trained["accuracy"] is not None
+            if trained.accuracy is not None
             else None,
-            "audits": [
-                {
-                    "budget": budget,
-                    **outcome.to_dict(),
-                    "detectable": _audit_plan(outcome, config.confidence, config.mechanism),
-                }
+            audits=[
+                PipelineAudit.of(
+                    budget,
+                    outcome,
+                    detectable=_audit_plan(outcome, config.confidence, config.mechanism),
+                )
                 for budget, outcome in zip(config.epsilons, audits[session], strict=True)
             ],
-            "fedevalfair": {
+            fedevalfair={
                 "error": tests[session].error,
-                "holders": len(node_ids),
+                "holders": num_nodes,
                 "tests": _blocks(tests[session], config.fef_mode),
             },
-        }
-    total = time.perf_counter() - started
-    payload = {
-        "task": config.task,
-        "run_config": asdict(config),
-        "num_nodes": len(node_ids),
-        "num_users": nodes.num_users,
-        "metric": config.metric,
-        "constraint": config.fpfl_constraint,
-        "alpha": config.fpfl_alpha,
-        "primary_mode": config.fef_mode,
-        "models": models,
-        "comparison": _comparison(
+        )
+    return PipelineResults(
+        task=config.task,
+        run_config=asdict(config),
+        num_nodes=num_nodes,
+        num_users=num_users,
+        metric=config.metric,
+        constraint=config.fpfl_constraint,
+        alpha=config.fpfl_alpha,
+        primary_mode=config.fef_mode,
+        models=models,
+        comparison=_comparison(
             audits,
             list(config.epsilons),
             config.confidence,
             config.pipeline_plan_difference,
             config.mechanism,
         ),
-        "privacy": {
-            "per_user_steps": [
-                {
-                    "step": f"{session.upper()} training",
-                    "epsilon": trainings[session].results["epsilon"],
-                    "delta": trainings[session].results["delta"],
-                    "how": "Opacus accountant of the Poisson-subsampled Gaussian rounds",
-                }
-                for session in PIPELINE_SESSIONS
-            ]
-            + [
-                {
-                    "step": f"LDP audit of {session.upper()} at budget {budget:g}",
-                    "epsilon": outcome.estimate.epsilon if outcome.estimate is not None else None,
-                    "delta": 0.0,
-                    "how": "the mechanism's true epsilon (pure local DP)",
-                }
-                for session in PIPELINE_SESSIONS
-                for budget, outcome in zip(config.epsilons, audits[session], strict=True)
-            ]
-            + [
-                {
-                    "step": f"FedEvalFair test of {session.upper()}",
-                    "epsilon": None,
-                    "delta": None,
-                    "how": "not differentially private: aggregates over at least the holders' "
-                    "min-holders, noise-flooded; not in the ledger",
-                }
-                for session in PIPELINE_SESSIONS
-            ],
-            # Every release the nodes' per-user ledgers recorded (both trainings and every
-            # audit, and earlier runs with a persistent ledger-dir): PLD at the users' delta,
-            # basic composition beside it, under replace-one-user.
-            "ledger_totals_reported_by_nodes": None
-            if ledger_totals is None
-            else ledger_totals.to_dict(),
-        },
-        "timing": {
-            "seconds_total": total,
-            "seconds_by_step": seconds,
-            "share_by_step": {step: value / total for step, value in seconds.items()},
-        },
-    }
-    results = write_json(folder / "results.json", payload)
-    report_path = write_report(folder, pipeline_report(results))
-    log(logging.INFO, "")
-    for finding in pipeline_findings(results):
-        log(logging.INFO, "%s", finding.plain())
-    log(
-        logging.INFO,
-        "%s",
-        ledger_totals_text(results["privacy"]["ledger_totals_reported_by_nodes"]),
+        privacy=_pipeline_privacy(config, trainings, audits),
     )
-    log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
-    errors = [tests[s].error for s in PIPELINE_SESSIONS if tests[s].error]
-    record.finish("completed", error="; ".join(errors) if errors else None)
-    return folder
+
+
+def _pipeline_privacy(
+    config: RunConfig, trainings: dict[str, FPFLRun], audits: dict[str, list[AuditOutcome]]
+) -> PipelinePrivacy:
+    """Each step's (epsilon, delta) per user, and what the nodes' ledgers reported."""
+    ledger_totals = merge_ledger_totals(
+        [outcome.ledger_totals for outcomes in audits.values() for outcome in outcomes]
+    )
+    return PipelinePrivacy(
+        per_user_steps=[
+            {
+                "step": f"{session.upper()} training",
+                "epsilon": trainings[session].results.epsilon,
+                "delta": trainings[session].results.delta,
+                "how": "Opacus accountant of the Poisson-subsampled Gaussian rounds",
+            }
+            for session in PIPELINE_SESSIONS
+        ]
+        + [
+            {
+                "step": f"LDP audit of {session.upper()} at budget {budget:g}",
+                "epsilon": outcome.estimate.epsilon if outcome.estimate is not None else None,
+                "delta": 0.0,
+                "how": "the mechanism's true epsilon (pure local DP)",
+            }
+            for session in PIPELINE_SESSIONS
+            for budget, outcome in zip(config.epsilons, audits[session], strict=True)
+        ]
+        + [
+            {
+                "step": f"FedEvalFair test of {session.upper()}",
+                "epsilon": None,
+                "delta": None,
+                "how": "not differentially private: aggregates over at least the holders' "
+                "min-holders, noise-flooded; not in the ledger",
+            }
+            for session in PIPELINE_SESSIONS
+        ],
+        # Every release the nodes' per-user ledgers recorded (both trainings and every
+        # audit, and earlier runs with a persistent ledger-dir): PLD at the users' delta,
+        # basic composition beside it, under replace-one-user.
+        ledger_totals_reported_by_nodes=None if ledger_totals is None else ledger_totals.to_dict(),
+    )

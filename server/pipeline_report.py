@@ -9,6 +9,7 @@ from typing import Any
 from .harness import HARNESS_LABEL
 from .html_report import Finding, Report, Section, Table, Value
 from .report import FEDEVALFAIR_METRICS, PAPER_MODE_WARNING, ledger_totals_text
+from .results import PipelineAudit, PipelineModel, PipelinePrivacy, PipelineResults
 
 #: The models in the order the report shows them.
 MODELS = ("fpfl", "pfl")
@@ -18,16 +19,20 @@ def _label(session: str) -> str:
     return session.upper()
 
 
-def _first_estimate(model: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any] | None:
+def _first_estimate(model: PipelineModel) -> tuple[PipelineAudit, Any] | None:
     """The first audit with an estimate (the table lists them all)."""
-    for audit in model["audits"]:
-        if audit["estimate"] is not None:
-            return audit, audit["estimate"]
+    for audit in model.audits or []:
+        if audit.estimate is not None:
+            return audit, audit.estimate
     return None
 
 
-def _comparison_finding(results: Mapping[str, Any], row: Mapping[str, Any]) -> Finding:
-    metric = results["metric"]
+def _tests(model: PipelineModel) -> list[Mapping[str, Any]]:
+    return list((model.fedevalfair or {}).get("tests", []))
+
+
+def _comparison_finding(results: PipelineResults, row: Mapping[str, Any]) -> Finding:
+    metric = results.metric
     budget = Value(f"compare-{row['budget']:g}-budget", row["budget"], "g")
     compared = row.get("comparison")
     if compared is None:
@@ -76,13 +81,15 @@ def _comparison_finding(results: Mapping[str, Any], row: Mapping[str, Any]) -> F
     return Finding(tuple(parts), "warn")
 
 
-def pipeline_findings(results: Mapping[str, Any]) -> list[Finding]:
+def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Finding]:
     """The headline: per model the private gap, the FedEvalFair verdicts, then the comparison
     from the private estimates and, labelled, the harness's true gaps."""
-    metric = results["metric"]
+    results = PipelineResults.coerce(results)
+    metric = results.metric
+    models = results.models or {}
     findings: list[Finding] = []
     for session in MODELS:
-        model = results["models"][session]
+        model = models[session]
         found = _first_estimate(model)
         if found is None:
             findings.append(Finding((f"{_label(session)}: the LDP audit gave no estimate",), "bad"))
@@ -94,7 +101,7 @@ def pipeline_findings(results: Mapping[str, Any]) -> list[Finding]:
                     (
                         f"{_label(session)}: private {metric} gap ",
                         Value(f"{session}-gap", estimate["max_gap"]),
-                        f" at epsilon = {audit['budget']:g}, "
+                        f" at epsilon = {audit.budget:g}, "
                         f"{100 * estimate['confidence']:g}% interval [",
                         Value(f"{session}-low", low),
                         ", ",
@@ -104,7 +111,7 @@ def pipeline_findings(results: Mapping[str, Any]) -> list[Finding]:
                     "bad" if low > 0 else "info",
                 )
             )
-        for test in model["fedevalfair"]["tests"]:
+        for test in _tests(model):
             report = test["report"]
             name = FEDEVALFAIR_METRICS.get(test["metric"], test["metric"])
             key = f"{session}-{test['metric']}"
@@ -135,12 +142,12 @@ def pipeline_findings(results: Mapping[str, Any]) -> list[Finding]:
                     "warn" if report["reject_fairness"] else "info",
                 )
             )
-        error = model["fedevalfair"]["error"]
+        error = (model.fedevalfair or {}).get("error")
         if error:
             findings.append(Finding((f"{_label(session)}, FedEvalFair: {error}",), "bad"))
-    findings += [_comparison_finding(results, row) for row in results["comparison"]]
+    findings += [_comparison_finding(results, row) for row in results.comparison or []]
     for session in MODELS:
-        harness = results["models"][session]["harness"]
+        harness = models[session].harness
         truth = None if harness is None else harness["audited_metric_gap"]
         if truth is not None:
             findings.append(
@@ -156,8 +163,8 @@ def pipeline_findings(results: Mapping[str, Any]) -> list[Finding]:
     return findings
 
 
-def _fef_cell(model: Mapping[str, Any], metric: str, field: str) -> object:
-    for test in model["fedevalfair"]["tests"]:
+def _fef_cell(model: PipelineModel, metric: str, field: str) -> object:
+    for test in _tests(model):
         if test["metric"] == metric and test["report"] is not None:
             report = test["report"]
             if field == "verdict":
@@ -170,9 +177,10 @@ def _fef_cell(model: Mapping[str, Any], metric: str, field: str) -> object:
     return None
 
 
-def _side_by_side(results: Mapping[str, Any]) -> Table:
-    metric = results["metric"]
-    models = [results["models"][session] for session in MODELS]
+def _side_by_side(results: PipelineResults) -> Table:
+    metric = results.metric
+    config = results.run_config or {}
+    models = [(results.models or {})[session] for session in MODELS]
     rows: list[list[object]] = []
 
     def row(name: str, values: Sequence[object]) -> None:
@@ -181,34 +189,35 @@ def _side_by_side(results: Mapping[str, Any]) -> Table:
     row(
         "training epsilon (delta)",
         [
-            f"{m['training']['epsilon']:.3g} ({m['training']['delta']:.2g})"
-            if m["training"]["epsilon"] is not None
+            f"{training['epsilon']:.3g} ({training['delta']:.2g})"
+            if training["epsilon"] is not None
             else "n/a"
-            for m in models
+            for training in (m.training or {} for m in models)
         ],
     )
-    for index, budget in enumerate(results["run_config"]["epsilons"]):
-        estimates = [m["audits"][index]["estimate"] for m in models]
+    for index, budget in enumerate(config["epsilons"]):
+        audits = [(m.audits or [])[index] for m in models]
+        estimates = [audit.estimate for audit in audits]
         row(f"private {metric} gap, epsilon {budget:g}", [e and e["max_gap"] for e in estimates])
         row(
-            f"{100 * results['run_config']['confidence']:g}% interval",
+            f"{100 * config['confidence']:g}% interval",
             [
                 f"[{e['max_gap_interval'][0]:.4f}, {e['max_gap_interval'][1]:.4f}]" if e else None
                 for e in estimates
             ],
         )
-        plans = [m["audits"][index]["detectable"] for m in models]
+        plans = [audit.detectable for audit in audits]
         row(
             "gap detectable with 80% power",
             [p and p["gap"] for p in plans],
         )
-        row("reports", [m["audits"][index]["num_reports"] for m in models])
+        row("reports", [audit.num_reports for audit in audits])
     for fef_metric, name in FEDEVALFAIR_METRICS.items():
         row(f"FedEvalFair {name}: verdict", [_fef_cell(m, fef_metric, "verdict") for m in models])
         row("  common disparity", [_fef_cell(m, fef_metric, "estimate") for m in models])
         row("  stage 1 p (holders differ)", [_fef_cell(m, fef_metric, "stage1") for m in models])
         row("  stage 2 p (unfair)", [_fef_cell(m, fef_metric, "stage2") for m in models])
-    harness = [m["harness"] for m in models]
+    harness = [m.harness for m in models]
     if all(h is not None for h in harness):
         row("test accuracy (harness)", [h["accuracy"] for h in harness])
         row(
@@ -217,34 +226,35 @@ def _side_by_side(results: Mapping[str, Any]) -> Table:
         )
         row("true FNR gap, test rows (harness)", [h["fnr_gap"] for h in harness])
     return Table(
-        ["", *(results["models"][s]["name"] for s in MODELS)],
+        ["", *(m.name for m in models)],
         rows,
         caption="Both models side by side (harness rows: simulation only, not private)",
     )
 
 
-def pipeline_report(results: Mapping[str, Any]) -> Report:
-    """The HTML report of the pipeline, built from its results.json."""
-    config = results["run_config"]
-    privacy = results["privacy"]
+def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
+    """The HTML report of the pipeline, built from its results (or its results.json)."""
+    results = PipelineResults.coerce(results)
+    config = results.run_config or {}
+    privacy = results.privacy or PipelinePrivacy()
     steps = Table(
         ["step", "epsilon", "delta", "accounting"],
-        [[s["step"], s["epsilon"], s["delta"], s["how"]] for s in privacy["per_user_steps"]],
+        [[s["step"], s["epsilon"], s["delta"], s["how"]] for s in privacy.per_user_steps or []],
         caption="Privacy each user spent, step by step",
     )
-    timing = results["timing"]
+    timing = results.timing or {}
     sections = [
         Section(
             "Both models",
             (
-                f"{results['num_nodes']} node(s), {results['num_users']} user(s); dataset "
+                f"{results.num_nodes} node(s), {results.num_users} user(s); dataset "
                 f"{config['dataset']}. Both models trained with user-level DP for "
                 f"{config['fpfl_rounds']} rounds (cohort {config['fpfl_cohort_size']}, clipping "
                 f"bound {config['fpfl_clipping_bound']:g}); FPFL enforces "
-                f"{results['constraint']} parity within alpha = {results['alpha']:g}.",
+                f"{results.constraint} parity within alpha = {results.alpha:g}.",
                 _side_by_side(results),
                 "The FedEvalFair rows are the "
-                f"{results['primary_mode']} mode; each training's own report "
+                f"{results.primary_mode} mode; each training's own report "
                 "(train-fpfl/report.html, train-pfl/report.html) has its rounds and plots.",
             ),
         ),
@@ -263,12 +273,12 @@ def pipeline_report(results: Mapping[str, Any]) -> Report:
         ),
     ]
     warnings = []
-    if results["primary_mode"] == "paper":
+    if results.primary_mode == "paper":
         warnings.append(PAPER_MODE_WARNING)
     return Report(
         title="fedparity pipeline: train fair under DP, measure privately, test",
         question=(
-            f"Does the model trained under the {results['constraint']} constraint (FPFL) serve "
+            f"Does the model trained under the {results.constraint} constraint (FPFL) serve "
             "the groups more equally than the model trained without it (PFL), by the private "
             "gap estimates and the holders' test?"
         ),
@@ -278,7 +288,7 @@ def pipeline_report(results: Mapping[str, Any]) -> Report:
             "Privacy spent",
             (
                 steps,
-                ledger_totals_text(privacy["ledger_totals_reported_by_nodes"]),
+                ledger_totals_text(privacy.ledger_totals_reported_by_nodes),
                 f"Harness values are labelled: {HARNESS_LABEL}.",
             ),
         ),

@@ -13,6 +13,7 @@ from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.replies import LedgerTotals
 from .harness import GroundTruth
 from .html_report import Figure, Finding, Report, Section, Table, Value
+from .results import AuditRecord, FedEvalFairResults, LdpAuditResults, LdpPrivacy
 
 #: What a plot function returns when matplotlib (the optional extra ``plot``) is missing.
 PLOT_NEEDS_MATPLOTLIB = (
@@ -196,17 +197,18 @@ def _noisy_rates(estimates: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
-def ldp_findings(results: Mapping[str, Any]) -> list[Finding]:
-    """The headline of an LDP audit (from its results.json): the gap and its interval per
-    audit, and the true gap where the simulation harness knows it."""
-    metric = results["run_config"]["metric"]
+def ldp_findings(results: LdpAuditResults | Mapping[str, Any]) -> list[Finding]:
+    """The headline of an LDP audit (from its results, or its results.json): the gap and its
+    interval per audit, and the true gap where the simulation harness knows it."""
+    results = LdpAuditResults.coerce(results)
+    metric = (results.run_config or {})["metric"]
     findings: list[Finding] = []
-    for number, audit in enumerate(results["audits"], start=1):
-        budget = Value(f"audit-{number}-budget", audit["budget"], "g")
-        estimate = audit["estimate"]
+    for number, audit in enumerate(results.audits or [], start=1):
+        budget = Value(f"audit-{number}-budget", audit.budget, "g")
+        estimate = audit.estimate
         if estimate is None:
             findings.append(
-                Finding(("At epsilon = ", budget, f": no estimate ({audit['error']})"), "bad")
+                Finding(("At epsilon = ", budget, f": no estimate ({audit.error})"), "bad")
             )
             continue
         low, high = _interval(estimate)
@@ -233,7 +235,7 @@ def ldp_findings(results: Mapping[str, Any]) -> list[Finding]:
                 "bad" if detected else "info",
             )
         )
-    truth = results.get("ground_truth")
+    truth = results.ground_truth
     if truth is not None and truth.get("max_gap") is not None:
         findings.append(
             Finding(
@@ -246,92 +248,30 @@ def ldp_findings(results: Mapping[str, Any]) -> list[Finding]:
     return findings
 
 
-def ldp_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
-    """The HTML report of an LDP audit, built from its results.json."""
-    config = results["run_config"]
+def ldp_report(
+    results: LdpAuditResults | Mapping[str, Any], folder: Path, plot_note: str | None
+) -> Report:
+    """The HTML report of an LDP audit, built from its results (or its results.json)."""
+    results = LdpAuditResults.coerce(results)
+    config = results.run_config or {}
     metric = config["metric"]
-    estimates = [a["estimate"] for a in results["audits"] if a["estimate"] is not None]
-    rows = []
-    for audit in results["audits"]:
-        estimate = audit["estimate"]
-        counts = [
-            audit["num_reports"],
-            len(audit["rejected_replies"]),
-            len(audit["missing_nodes"]),
-            audit["refused_users"],
-        ]
-        if estimate is None:
-            rows.append([audit["budget"], "-", None, None, None, "n/a", None, None, None, *counts])
-            continue
-        low, high = _interval(estimate)
-        index = [list(p) for p in estimate["pairs"]].index(list(estimate["max_gap_pair"]))
-        rows.append(
-            [
-                audit["budget"],
-                f"M_{estimate['mechanism']}",
-                estimate["epsilon"],
-                estimate["epsilon_group"],
-                estimate["epsilon_value"],
-                estimate["max_gap"],
-                f"[{low:.4f},\u00a0{high:.4f}]",
-                estimate["normal_halfwidths"][index],
-                estimate["chebyshev_halfwidths"][index],
-                *counts,
-            ]
-        )
-    audits = Table(
-        [
-            "budget epsilon",
-            "mechanism",
-            "true epsilon",
-            "epsilon group",
-            "epsilon value",
-            "gap",
-            "interval",
-            "+/- normal",
-            "+/- Chebyshev",
-            "reports",
-            "rejected replies",
-            "missing nodes",
-            "refused users",
-        ],
-        rows,
-        caption=f"One LDP audit per budget: private estimate of the largest {metric} gap",
-    )
-    group_rows = []
-    for audit in results["audits"]:
-        estimate = audit["estimate"]
-        if estimate is None:
-            continue
-        for group, (mean, stderr, size) in enumerate(
-            zip(
-                estimate["group_means"],
-                estimate["group_stderrs"],
-                estimate["group_sizes"],
-                strict=True,
-            )
-        ):
-            sized = f"{size:.0f}" + (" (estimated)" if estimate["sizes_estimated"] else "")
-            group_rows.append([audit["budget"], group, mean, stderr, sized])
-    truth = results.get("ground_truth")
+    audits_done = results.audits or []
+    estimates = [a.estimate for a in audits_done if a.estimate is not None]
     detail: list[Any] = [
-        f"{results['num_nodes']} node(s), {results['num_users']} user(s); model trained with "
-        f"FedAvg for {results['training']['rounds']} round(s). Each audit perturbs every "
+        f"{results.num_nodes} node(s), {results.num_users} user(s); model trained with "
+        f"FedAvg for {(results.training or {})['rounds']} round(s). Each audit perturbs every "
         "user's group and metric value on the user's side (local differential privacy; Juarez "
         "and Korolova 2022), and the server estimates the group means and their gaps.",
-        audits,
+        _audits_table(audits_done, metric),
         "Interval: normal approximation (simultaneous over the group pairs when there are more "
         "than two groups); the Chebyshev half width is the paper's worst-case bound.",
-        Table(
-            ["budget epsilon", "group", f"mean {metric}", "std. error", "group size"],
-            group_rows,
-            caption="Private group means",
-        ),
+        _group_means_table(audits_done, metric),
     ]
     if _noisy_rates(estimates):
         detail.append(f"Note: {NOISY_RATES_NOTE}.")
     for note in sorted({note for estimate in estimates for note in estimate["notes"]}):
         detail.append(f"Note: {note}.")
+    truth = results.ground_truth
     if truth is not None:
         detail.append(
             Table(
@@ -352,34 +292,111 @@ def ldp_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) 
             missing=plot_note,
         )
     )
-    privacy = results["privacy"]
-    spent_total = privacy["epsilon_spent_total_max_reported_by_nodes"]
-    privacy_blocks: list[Any] = [
-        Table(
-            ["quantity", "value"],
-            [
-                ["epsilon spent per user by this run", privacy["epsilon_spent_per_user"]],
-                ["planned per-user budget (the server's plan)", privacy["user_budget"]],
-                [
-                    "most any user has spent over every run the nodes recorded",
-                    "not reported" if spent_total is None else spent_total,
-                ],
-            ],
-        ),
-        f"Composition: {privacy['composition']}. Each node enforces its own budget from its "
-        "users' ledgers; the true gap (if shown) is computed by the simulation harness from "
-        "raw data and is not private.",
-    ]
-    privacy_blocks.append(ledger_totals_text(privacy.get("ledger_totals_reported_by_nodes")))
     return Report(
         title=f"fedparity LDP audit of the {metric} gap",
         question=f"How large is the {metric} gap between the groups, measured under local "
         "differential privacy?",
         headline=ldp_findings(results),
         sections=[Section("Audits", detail)],
-        privacy=Section("Privacy spent", privacy_blocks),
+        privacy=Section("Privacy spent", _ldp_privacy_blocks(results.privacy or LdpPrivacy())),
         notes=[f"{config['confidence'] * 100:g}% intervals; results.json holds every number."],
     )
+
+
+def _audits_table(audits_done: Sequence[AuditRecord], metric: str) -> Table:
+    """One row per audit: the estimate of the largest gap, its interval and the counts."""
+    rows = []
+    for audit in audits_done:
+        estimate = audit.estimate
+        counts = [
+            audit.num_reports,
+            len(audit.rejected_replies or []),
+            len(audit.missing_nodes or []),
+            audit.refused_users,
+        ]
+        if estimate is None:
+            rows.append([audit.budget, "-", None, None, None, "n/a", None, None, None, *counts])
+            continue
+        low, high = _interval(estimate)
+        index = [list(p) for p in estimate["pairs"]].index(list(estimate["max_gap_pair"]))
+        rows.append(
+            [
+                audit.budget,
+                f"M_{estimate['mechanism']}",
+                estimate["epsilon"],
+                estimate["epsilon_group"],
+                estimate["epsilon_value"],
+                estimate["max_gap"],
+                f"[{low:.4f},\u00a0{high:.4f}]",
+                estimate["normal_halfwidths"][index],
+                estimate["chebyshev_halfwidths"][index],
+                *counts,
+            ]
+        )
+    return Table(
+        [
+            "budget epsilon",
+            "mechanism",
+            "true epsilon",
+            "epsilon group",
+            "epsilon value",
+            "gap",
+            "interval",
+            "+/- normal",
+            "+/- Chebyshev",
+            "reports",
+            "rejected replies",
+            "missing nodes",
+            "refused users",
+        ],
+        rows,
+        caption=f"One LDP audit per budget: private estimate of the largest {metric} gap",
+    )
+
+
+def _group_means_table(audits_done: Sequence[AuditRecord], metric: str) -> Table:
+    """Every audit's private group means."""
+    group_rows = []
+    for audit in audits_done:
+        estimate = audit.estimate
+        if estimate is None:
+            continue
+        for group, (mean, stderr, size) in enumerate(
+            zip(
+                estimate["group_means"],
+                estimate["group_stderrs"],
+                estimate["group_sizes"],
+                strict=True,
+            )
+        ):
+            sized = f"{size:.0f}" + (" (estimated)" if estimate["sizes_estimated"] else "")
+            group_rows.append([audit.budget, group, mean, stderr, sized])
+    return Table(
+        ["budget epsilon", "group", f"mean {metric}", "std. error", "group size"],
+        group_rows,
+        caption="Private group means",
+    )
+
+
+def _ldp_privacy_blocks(privacy: LdpPrivacy) -> list[Any]:
+    spent_total = privacy.epsilon_spent_total_max_reported_by_nodes
+    return [
+        Table(
+            ["quantity", "value"],
+            [
+                ["epsilon spent per user by this run", privacy.epsilon_spent_per_user],
+                ["planned per-user budget (the server's plan)", privacy.user_budget],
+                [
+                    "most any user has spent over every run the nodes recorded",
+                    "not reported" if spent_total is None else spent_total,
+                ],
+            ],
+        ),
+        f"Composition: {privacy.composition}. Each node enforces its own budget from its "
+        "users' ledgers; the true gap (if shown) is computed by the simulation harness from "
+        "raw data and is not private.",
+        ledger_totals_text(privacy.ledger_totals_reported_by_nodes),
+    ]
 
 
 def ledger_totals_text(totals: Mapping[str, Any] | None) -> str:
@@ -429,18 +446,19 @@ def holder_dp_line(holder_dp: Mapping[str, Any]) -> str:
     )
 
 
-def _ordered_tests(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    primary = results["primary_mode"]
-    tests = results["fedevalfair"]["tests"]
+def _ordered_tests(results: FedEvalFairResults) -> list[Mapping[str, Any]]:
+    primary = results.primary_mode
+    tests = results.tests
     return [t for t in tests if t["mode"] == primary] + [t for t in tests if t["mode"] != primary]
 
 
-def fedevalfair_findings(results: Mapping[str, Any]) -> list[Finding]:
-    """The headline of a FedEvalFair run (from its results.json): one verdict per metric and
-    test (stage 1, stage 2 and, with a tolerance, the equivalence test), primary mode first;
-    the "paper" mode's lines say they are not evidence."""
+def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> list[Finding]:
+    """The headline of a FedEvalFair run (from its results, or its results.json): one verdict
+    per metric and test (stage 1, stage 2 and, with a tolerance, the equivalence test),
+    primary mode first; the "paper" mode's lines say they are not evidence."""
+    results = FedEvalFairResults.coerce(results)
     findings: list[Finding] = []
-    error = results["fedevalfair"]["error"]
+    error = results.error
     if error:
         findings.append(Finding((f"FedEvalFair gave no result: {error}",), "bad"))
     for test in _ordered_tests(results):
@@ -514,22 +532,25 @@ def fedevalfair_findings(results: Mapping[str, Any]) -> list[Finding]:
     return findings
 
 
-def fedevalfair_warnings(results: Mapping[str, Any]) -> list[str]:
+def fedevalfair_warnings(results: FedEvalFairResults | Mapping[str, Any]) -> list[str]:
     """Warnings a reader of a FedEvalFair result must see next to the verdicts."""
-    tests = results["fedevalfair"]["tests"]
+    results = FedEvalFairResults.coerce(results)
     warnings = []
-    if any(t["mode"] == "paper" and t["report"] is not None for t in tests):
+    if any(t["mode"] == "paper" and t["report"] is not None for t in results.tests):
         warnings.append(PAPER_MODE_WARNING)
-    holder_dp = results["fedevalfair"].get("holder_dp")
+    holder_dp = results.holder_dp
     if holder_dp is not None:
         warnings.append(holder_dp_line(holder_dp))
     return warnings
 
 
-def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str | None) -> Report:
-    """The HTML report of a FedEvalFair run, built from its results.json."""
-    config = results["run_config"]
-    outcome = results["fedevalfair"]
+def fedevalfair_report(
+    results: FedEvalFairResults | Mapping[str, Any], folder: Path, plot_note: str | None
+) -> Report:
+    """The HTML report of a FedEvalFair run, built from its results (or its results.json)."""
+    results = FedEvalFairResults.coerce(results)
+    config = results.run_config or {}
+    outcome = results.fedevalfair or {}
     rows = []
     for test in _ordered_tests(results):
         report = test["report"]
@@ -556,7 +577,7 @@ def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str 
         )
     participants = outcome["round_participants"]
     detail: list[Any] = [
-        f"{results['num_nodes']} holder(s) asked; {config['fef_variant']} model; tests at "
+        f"{results.num_nodes} holder(s) asked; {config['fef_variant']} model; tests at "
         f"alpha = {config['fef_alpha']:g}, stage 2 null mu0 = {config['fef_mu0']:g}. Stage 1 "
         "asks whether every holder has the same disparity (H0: equal), stage 2 whether the "
         "common disparity equals mu0 (H0: fair); the statistics are summed over CKKS "
@@ -592,7 +613,7 @@ def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str 
         detail.append(
             f"Round {item['round']}: reply of node {item['node_id']} rejected: {item['reason']}."
         )
-    difference = results["max_abs_pvalue_difference_vs_plaintext"]
+    difference = results.max_abs_pvalue_difference_vs_plaintext
     if difference is not None:
         detail.append(
             "Simulation harness (not private): the p-values match a plaintext computation on "
@@ -603,16 +624,36 @@ def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str 
             folder / "bootstrap_disparities.png",
             "every holder's bootstrap disparities (simulation harness only)",
             missing=plot_note
-            if plot_note or results["harness_plaintext"] is not None
+            if plot_note or results.harness_plaintext is not None
             else "the holders' bootstrap distributions are only known to the simulation "
             "harness (ground-truth = true, embedded data)",
         )
     )
-    holder_dp = outcome.get("holder_dp")
+    privacy_blocks = _fedevalfair_privacy_blocks(results)
+    return Report(
+        title="fedparity FedEvalFair fairness test",
+        question="Is the model fair across the protected groups, on every holder's private "
+        "test set, without revealing any holder's statistics?",
+        headline=fedevalfair_findings(results),
+        warnings=fedevalfair_warnings(results),
+        notes=[
+            "Disparities are signed in the calibrated mode: group 0's rate minus group 1's "
+            "(negative: group 1 has the higher rate). The paper mode averages absolute values."
+        ],
+        sections=[Section("Tests", detail)],
+        privacy=Section("Privacy spent", privacy_blocks),
+    )
+
+
+def _fedevalfair_privacy_blocks(results: FedEvalFairResults) -> list[Any]:
+    """The report's privacy section: whether the release is differentially private, and
+    its parameters."""
+    outcome = results.fedevalfair or {}
+    holder_dp = results.holder_dp
     rows = [
-        ["holders asked", results["num_nodes"]],
+        ["holders asked", results.num_nodes],
         ["key holders (decrypt the sums)", len(outcome["key_holders"])],
-        ["server's context holds the secret key", results["server_context_has_secret_key"]],
+        ["server's context holds the secret key", results.server_context_has_secret_key],
     ]
     if holder_dp is None:
         summary = (
@@ -641,17 +682,4 @@ def fedevalfair_report(results: Mapping[str, Any], folder: Path, plot_note: str 
             ["one holder's L2 sensitivity", holder_dp["sensitivity"]],
             ["weight cap (fef-dp-max-weight)", holder_dp["max_weight"]],
         ]
-    privacy_blocks = [summary, Table(["quantity", "value"], rows)]
-    return Report(
-        title="fedparity FedEvalFair fairness test",
-        question="Is the model fair across the protected groups, on every holder's private "
-        "test set, without revealing any holder's statistics?",
-        headline=fedevalfair_findings(results),
-        warnings=fedevalfair_warnings(results),
-        notes=[
-            "Disparities are signed in the calibrated mode: group 0's rate minus group 1's "
-            "(negative: group 1 has the higher rate). The paper mode averages absolute values."
-        ],
-        sections=[Section("Tests", detail)],
-        privacy=Section("Privacy spent", privacy_blocks),
-    )
+    return [summary, Table(["quantity", "value"], rows)]

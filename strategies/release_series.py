@@ -36,7 +36,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -78,7 +78,7 @@ class Release:
 
     what: str
     kind: str
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any]
 
     @property
     def epsilon(self) -> float | None:

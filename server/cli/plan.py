@@ -559,7 +559,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="errors on the metric's scale [0, 1] (default) or the report value's [-1, 1]",
     )
     plan.add_argument("--table", action="store_true", help="print Table 1 (paper vs valid)")
-    power = plan.add_argument_group("power and sample size")
+    _add_power_arguments(plan.add_argument_group("power and sample size"))
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_power_arguments(power: argparse._ArgumentGroup) -> None:
+    """The options of a power or sample-size plan (audit and FedEvalFair)."""
     power.add_argument(
         "--power",
         help="target probability of detecting the gap, above --significance and below 1 (e.g. 0.8)",
@@ -612,4 +617,3 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="FedEvalFair: share of the rows predicted positive, in (0, 1) (default 0.5)",
     )
     power.add_argument("--mu0", help="FedEvalFair: stage 2's null value (default 0)")
-    plan.add_argument("--json", action="store_true", help="print one JSON object")
