@@ -3,10 +3,13 @@ deployments on one machine.
 
 Flower 1.41's SuperNode sleeps a hard-coded 3 s after each pull that brought no message, and
 0.5 s between checks for its ClientApp's reply (``flwr/supernode/start_client_internal.py``):
-most of a deployed exchange's 5-6 s here. The tests start their SuperNodes with this script,
-which shortens those two sleeps (to 0.1 s and 0.05 s) in that module only and then runs
-Flower's own ``flower-supernode`` entry point with the same arguments; everything else is
-Flower's. The SuperExec's own task poll has a setting, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
+most of a deployed exchange's 5-6 s here. It also announces a heartbeat interval of 30 s
+(``HEARTBEAT_DEFAULT_INTERVAL``, not an option), so the SuperLink takes 38-60 s to notice a
+killed SuperNode, which the fault tests wait for. The tests start their SuperNodes with this
+script, which shortens those two sleeps (to 0.1 s and 0.05 s) in that module only, announces
+the SuperLink's minimum heartbeat interval (10 s: a killed node is noticed after 16-20 s) and
+then runs Flower's own ``flower-supernode`` entry point with the same arguments; everything
+else is Flower's. The SuperExec's own task poll has a setting, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
 (:func:`tests.flower_processes.child_env` sets it). Nothing here is part of fedparity: a real
 node runs ``flower-supernode``.
 """
@@ -17,7 +20,10 @@ import sys
 import time
 import types
 
+import flwr.supercore.heartbeat as heartbeat_sender
+import flwr.supernode.fleet_http_connection as fleet_connection
 import flwr.supernode.start_client_internal as supernode_loop
+from flwr.common.constant import HEARTBEAT_MIN_INTERVAL
 from flwr.supernode.cli import flower_supernode
 
 #: Flower's sleep (s) -> the tests' sleep (s); other durations are kept.
@@ -33,6 +39,9 @@ def main() -> None:
     patched.__dict__.update(time.__dict__)
     patched.sleep = _sleep  # type: ignore[attr-defined]
     supernode_loop.time = patched  # type: ignore[attr-defined]
+    # the interval the node announces (activation, heartbeats) and the one it sends at
+    fleet_connection.HEARTBEAT_DEFAULT_INTERVAL = HEARTBEAT_MIN_INTERVAL  # type: ignore[misc]
+    heartbeat_sender.HEARTBEAT_DEFAULT_INTERVAL = HEARTBEAT_MIN_INTERVAL  # type: ignore[misc]
     sys.argv[0] = "flower-supernode"
     flower_supernode()
 

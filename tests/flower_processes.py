@@ -33,10 +33,13 @@ What this module guarantees (measured facts are in ``/work/notes/flower-runtime.
   ``finished:completed`` (``check=True``).
 * Faults (:class:`Deployment`): every kill is a SIGKILL of a whole process tree (a
   crash). Flower 1.41 notices dead processes only through heartbeats (30 s interval,
-  patience 2, fixed: no CLI option on ``flower-superlink``/``flower-supernode``), so:
+  patience 2, fixed: no CLI option on ``flower-superlink``/``flower-supernode``; the
+  tests' SuperNodes, started by ``tests/fast_supernode.py``, announce the SuperLink's
+  minimum of 10 s instead), so:
 
-  - a killed SuperNode stays ``online`` (listed by ``grid.get_node_ids()``) until 60 s
-    after its last heartbeat, i.e. 38-60 s after the kill (measured 42, 51, 60 s); at
+  - a killed SuperNode stays ``online`` (listed by ``grid.get_node_ids()``) until two
+    intervals after its last heartbeat: 38-60 s after the kill at Flower's 30 s
+    (measured 42, 51, 60 s), 16-20 s for the tests' SuperNodes; at
     that moment a message to it gets an error reply (src node 1, code 5, ``Error: Node
     Unavailable``). A restarted SuperNode registers as a new node (new id);
   - a killed ``flwr-serverapp`` leaves its run ``running`` until 60 s after the task's
@@ -1598,8 +1601,8 @@ class Deployment:
         """SIGKILL SuperNode ``index`` and all its descendants; return once all are gone.
 
         Its ``flwr-clientapp`` (and SuperExec) processes die with it. The SuperLink is
-        not told: it keeps the node ``online`` until the heartbeat is overdue, 60 s
-        after the last one (38-60 s after the kill); only then does a message sent to
+        not told: it keeps the node ``online`` until the heartbeat is overdue, 20 s
+        after the last one (16-20 s after the kill); only then does a message sent to
         it get its ``Node Unavailable`` error reply (see :meth:`node_statuses`).
 
         Raises
@@ -1626,7 +1629,7 @@ class Deployment:
         node only while it is ``registered`` or ``offline`` (an ``online`` one gets
         ``[code: 2004] Failed to activate SuperNode.`` and the SuperNode exits with 305),
         so after a kill this first waits until the SuperLink has marked the old id
-        ``offline`` (heartbeat overdue: up to 60 s after the kill).
+        ``offline`` (heartbeat overdue: up to 20 s after the kill).
 
         Raises
         ------
