@@ -287,6 +287,29 @@ def _one_step_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     return curve
 
 
+@functools.lru_cache(maxsize=128)
+def _bisected_noise_multiplier(
+    epsilon: float, delta: float, rate: float, steps: int, accountant: str, tolerance: float
+) -> float:
+    """Opacus' bisection for ``sigma`` (about a second each; cached: a run, its resume and the
+    planner ask for the same calibration again)."""
+    get_noise_multiplier = _opacus("opacus.accountants.utils").get_noise_multiplier
+    with warnings.catch_warnings():
+        # Opacus warns about the RDP order grid while bisecting through huge sigmas; the
+        # final sigma's order is reported in ``achieved.order_at_edge``.
+        warnings.simplefilter("ignore", UserWarning)
+        return float(
+            get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=rate,
+                steps=steps,
+                accountant=accountant,
+                epsilon_tolerance=tolerance,
+            )
+        )
+
+
 def calibrate_noise(
     *,
     epsilon: float,
@@ -331,22 +354,7 @@ def calibrate_noise(
     delta, rate, accountant = _check_common(delta, rate, accountant)
     steps = check_int_at_least("steps", steps, 1)
     epsilon_tolerance = check_positive_finite("epsilon_tolerance", epsilon_tolerance)
-    get_noise_multiplier = _opacus("opacus.accountants.utils").get_noise_multiplier
-
-    with warnings.catch_warnings():
-        # Opacus warns about the RDP order grid while bisecting through huge sigmas; the
-        # final sigma's order is reported in ``achieved.order_at_edge``.
-        warnings.simplefilter("ignore", UserWarning)
-        sigma = float(
-            get_noise_multiplier(
-                target_epsilon=epsilon,
-                target_delta=delta,
-                sample_rate=rate,
-                steps=steps,
-                accountant=accountant,
-                epsilon_tolerance=epsilon_tolerance,
-            )
-        )
+    sigma = _bisected_noise_multiplier(epsilon, delta, rate, steps, accountant, epsilon_tolerance)
     achieved = privacy_spent(
         noise_multiplier=sigma, sample_rate=rate, steps=steps, delta=delta, accountant=accountant
     )
