@@ -173,20 +173,6 @@ def round_rng(
     )
 
 
-@functools.lru_cache(maxsize=16)
-def _calibrated_sigma(
-    epsilon: float, delta: float, cohort_size: int, population_size: int, steps: int, acct: str
-) -> float:
-    return calibrate_noise(
-        epsilon=epsilon,
-        delta=delta,
-        cohort_size=cohort_size,
-        population_size=population_size,
-        steps=steps,
-        accountant=acct,  # type: ignore[arg-type]
-    ).noise_multiplier
-
-
 @dataclass(frozen=True)
 class FPFLNodeSettings:
     """What a node needs to take part in FPFL training, set by the node's own app.
@@ -278,9 +264,14 @@ class FPFLNodeSettings:
         if self.epsilon is None:
             return 0.0
         delta = self.delta if self.delta is not None else 1.0 / population_size
-        return _calibrated_sigma(
-            self.epsilon, delta, self.cohort_size, population_size, self.rounds, self.accountant
-        )
+        return calibrate_noise(  # cached: asked again every round
+            epsilon=self.epsilon,
+            delta=delta,
+            cohort_size=self.cohort_size,
+            population_size=population_size,
+            steps=self.rounds,
+            accountant=self.accountant,  # type: ignore[arg-type]
+        ).noise_multiplier
 
     def noise_share_std(
         self,

@@ -288,17 +288,17 @@ def _one_step_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=128)
-def _bisected_noise_multiplier(
+def _calibration(
     epsilon: float, delta: float, rate: float, steps: int, accountant: str, tolerance: float
-) -> float:
-    """Opacus' bisection for ``sigma`` (about a second each; cached: a run, its resume and the
-    planner ask for the same calibration again)."""
+) -> NoiseCalibration:
+    """Opacus' bisection for ``sigma`` and the epsilon it achieves (about a second; cached: a
+    node asks again every round, and a run, its resume and the planner ask for the same)."""
     get_noise_multiplier = _opacus("opacus.accountants.utils").get_noise_multiplier
     with warnings.catch_warnings():
         # Opacus warns about the RDP order grid while bisecting through huge sigmas; the
         # final sigma's order is reported in ``achieved.order_at_edge``.
         warnings.simplefilter("ignore", UserWarning)
-        return float(
+        sigma = float(
             get_noise_multiplier(
                 target_epsilon=epsilon,
                 target_delta=delta,
@@ -308,6 +308,19 @@ def _bisected_noise_multiplier(
                 epsilon_tolerance=tolerance,
             )
         )
+    achieved = privacy_spent(
+        noise_multiplier=sigma, sample_rate=rate, steps=steps, delta=delta, accountant=accountant
+    )
+    return NoiseCalibration(
+        noise_multiplier=sigma,
+        target_epsilon=epsilon,
+        delta=delta,
+        sample_rate=rate,
+        steps=steps,
+        accountant=accountant,  # type: ignore[arg-type]
+        epsilon_tolerance=tolerance,
+        achieved=achieved,
+    )
 
 
 def calibrate_noise(
@@ -354,17 +367,4 @@ def calibrate_noise(
     delta, rate, accountant = _check_common(delta, rate, accountant)
     steps = check_int_at_least("steps", steps, 1)
     epsilon_tolerance = check_positive_finite("epsilon_tolerance", epsilon_tolerance)
-    sigma = _bisected_noise_multiplier(epsilon, delta, rate, steps, accountant, epsilon_tolerance)
-    achieved = privacy_spent(
-        noise_multiplier=sigma, sample_rate=rate, steps=steps, delta=delta, accountant=accountant
-    )
-    return NoiseCalibration(
-        noise_multiplier=sigma,
-        target_epsilon=epsilon,
-        delta=delta,
-        sample_rate=rate,
-        steps=steps,
-        accountant=accountant,
-        epsilon_tolerance=epsilon_tolerance,
-        achieved=achieved,
-    )
+    return _calibration(epsilon, delta, rate, steps, accountant, epsilon_tolerance)
