@@ -554,3 +554,98 @@ def test_measure_streams_a_large_file(tmp_path: Path) -> None:
     assert payload["num_reports"] == rows
     low, high = payload["gap_intervals"][0]
     assert low <= gap <= high
+
+
+# --- messages that name the true cause (issue 32, item 4) ------------------------------------
+
+
+def test_a_non_utf8_input_names_the_option_the_file_and_the_encoding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``'utf-8' codec can't decode byte 0xe9 in position 26``, naming neither the
+    option nor the file."""
+    path = tmp_path / "latin.csv"
+    path.write_bytes("group,metric\n0,0.5\n1,caf\u00e9\n".encode("latin-1"))
+    err = assert_usage_error(
+        ["measure", "--input", str(path), "--epsilon", "1"], capsys, "--input", str(path)
+    )
+    assert "not UTF-8" in err and "line 3" in err and "codec" not in err
+    header = tmp_path / "latin-header.csv"
+    header.write_bytes("groupe,m\u00e9trique\n0,0.5\n".encode("latin-1"))
+    err = assert_usage_error(
+        ["measure", "--input", str(header), "--epsilon", "1"], capsys, "--input", str(header)
+    )
+    assert "not UTF-8" in err and "line 1" in err
+
+
+def test_a_folder_given_as_input_is_called_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``--input: no such file: <dir>``, though the folder exists."""
+    err = assert_usage_error(
+        ["measure", "--input", str(tmp_path), "--epsilon", "1"], capsys, "--input", str(tmp_path)
+    )
+    assert "is a folder" in err and "no such file" not in err
+
+
+def test_a_parse_error_names_the_line_and_the_column_at_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``cannot parse rows 2-4: ... at row 1, column 2``: two row numbers that
+    disagree (numpy counts from 0 within the chunk) and a column number. The value is on
+    file line 3, in the metric column."""
+    path = tmp_path / "bad.csv"
+    path.write_text("id,group,metric\n7,0,0.5\n8,1,abc\n9,0,0.2\n")
+    argv = ["measure", "--input", str(path), "--epsilon", "1"]
+    err = assert_usage_error(argv, capsys, "--metric-column 'metric'", "bad.csv line 3", "'abc'")
+    assert "row 1" not in err and "rows 2-4" not in err
+    path.write_text("id,group,metric\n7,0,0.5\n8,1,0.5\n9,x,0.2\n")
+    assert_usage_error(argv, capsys, "--group-column 'group'", "bad.csv line 4", "'x'")
+
+
+@pytest.mark.parametrize("command", ["measure", "plan", "privacy"])
+def test_groups_errors_name_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Before: ``num_groups must be an integer in [2, 1024]`` (the library's parameter)."""
+    path = tmp_path / "in.csv"
+    path.write_text("group,metric\n0,0.5\n1,0.5\n")
+    argv = {
+        "measure": ["measure", "--input", str(path), "--epsilon", "1"],
+        "plan": ["plan", "--clients", "1000", "--epsilon", "1"],
+        "privacy": ["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"],
+    }[command]
+    err = assert_usage_error([*argv, "--groups", "1000000000"], capsys, "--groups", "[2, 1024]")
+    assert "num_groups" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["measure", "--input", "IN", "--epsilon", "1e300"],
+        ["plan", "--clients", "1000", "--epsilon", "1e300"],
+        ["plan", "--clients", "1000", "--gap", "0.1", "--epsilon", "1e300"],
+        ["privacy", "--mechanism", "R", "--eps1", "1e300", "--eps2", "1"],
+    ],
+    ids=["measure", "plan", "plan-power", "privacy"],
+)
+def test_one_epsilon_bound_in_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Before: ``measure --epsilon 1e300`` spent "1e+300" per client while ``plan`` capped
+    epsilon at 1e4. Now every command refuses it with the same range, before any work."""
+    path = tmp_path / "in.csv"
+    path.write_text("group,metric\n0,0.5\n1,0.5\n")
+    argv = [str(path) if arg == "IN" else arg for arg in argv]
+    option = "--eps1" if "--eps1" in argv else "--epsilon"
+    assert_usage_error(argv, capsys, f"{option} must be a number in [1e-06, 10000]")
+
+
+def test_a_second_keys_run_names_the_overwrite_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``pass overwrite=True to replace the keys`` (the Python API's wording)."""
+    out = tmp_path / "keys"
+    assert run(["keys", "--out", str(out)])[0] == 0
+    err = assert_usage_error(["keys", "--out", str(out)], capsys, "--out", str(out), "--overwrite")
+    assert "overwrite=True" not in err

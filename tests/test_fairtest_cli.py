@@ -341,3 +341,21 @@ def test_keys_for_holders_writes_private_folders_a_roster_and_the_public_context
     ):
         code, _ = run(argv)
         assert code == 2
+
+
+def test_a_non_utf8_or_folder_input_names_the_option_and_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: Python's codec error (no option, no file), and "no such file" for a folder
+    (issue 32, item 4)."""
+    path = tmp_path / "latin.csv"
+    path.write_bytes("mean,variance,n\n0.5,0.1,10\n0.4,0.1,10 caf\u00e9\n".encode("latin-1"))
+    for target, needle in (
+        (path, "is not UTF-8 text (byte 0xe9 on line 3)"),
+        (tmp_path, "is a folder"),
+    ):
+        capsys.readouterr()
+        code, text = run(["fairtest", "--input", str(target)])
+        err = capsys.readouterr().err
+        assert code == 2 and text == "" and err.count("\n") == 1
+        assert f"--input: {target} " in err and needle in err and "codec" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 EXIT_USAGE = 2
@@ -64,6 +65,48 @@ def _int_at_least(name: str, text: str, minimum: int) -> int:
     if value < minimum:
         raise UsageError(f"{name} must be an integer >= {minimum}, got {value}")
     return value
+
+
+def _epsilon(name: str, text: str) -> float:
+    """A privacy budget option: finite and in the planner's range (the one bound of every
+    command: ``measure`` took 1e300 where ``plan`` stops at 1e4)."""
+    from ...mechanisms.planner import MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
+
+    return _in_range(name, _finite(name, text), MIN_PLANNED_EPSILON, MAX_PLANNED_EPSILON)
+
+
+def _groups(text: str) -> int:
+    """``--groups``: an integer d in [2, MAX_GROUPS], checked by the mechanisms' own
+    validator under the option's name (not its parameter name ``num_groups``)."""
+    from ...mechanisms._validation import check_num_groups
+
+    try:
+        return check_num_groups(_int_at_least("--groups", text, 2), "--groups")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _input_file(option: str, text: str) -> Path:
+    """An input file option: a usage error naming the option when it is missing or a folder."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{option}: {path} is a folder, not a file")
+    if not path.is_file():
+        raise UsageError(f"{option}: no such file: {path}")
+    return path
+
+
+def _not_utf8(
+    option: str, path: Path, error: UnicodeDecodeError, line: int | None = None
+) -> UsageError:
+    """The usage error of a file that is not UTF-8 text (not Python's codec message, which
+    names neither the option nor the file)."""
+    byte = error.object[error.start : error.start + 1].hex()
+    where = f" on line {line}" if line is not None else ""
+    return UsageError(
+        f"{option}: {path} is not UTF-8 text (byte 0x{byte}{where}); the CSV must be UTF-8 "
+        "(e.g. save it as 'CSV UTF-8', or convert it with iconv -f latin1 -t utf-8)"
+    )
 
 
 def _number(value: float) -> str:

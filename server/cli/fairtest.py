@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -18,6 +19,8 @@ from ._common import (
     UsageError,
     _emit,
     _finite,
+    _input_file,
+    _not_utf8,
     _unit_open,
 )
 
@@ -29,10 +32,13 @@ MARGIN_COLUMNS = ("group0_rows", "group1_rows", "predicted_positive_rows")
 def _read_client_summaries(path: Path) -> list[ClientSummary]:
     """One ClientSummary per CSV row (columns mean, variance, n and, optionally, the margins
     group0_rows, group1_rows, predicted_positive_rows; others ignored)."""
-    if not path.is_file():
-        raise UsageError(f"--input: no such file: {path}")
-    with path.open("r", encoding="utf-8-sig", newline="") as handle:  # tolerate a BOM
-        rows = list(csv.reader(handle))
+    path = _input_file("--input", str(path))
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # tolerate a BOM
+    except UnicodeDecodeError as error:
+        line = error.object[: error.start].count(b"\n") + 1
+        raise _not_utf8("--input", path, error, line) from None
+    rows = list(csv.reader(io.StringIO(text, newline="")))
     if not rows or not any(field.strip() for field in rows[0]):
         raise UsageError(f"--input: {path} is empty (expected a header line: mean,variance,n)")
     names = [name.strip() for name in rows[0]]

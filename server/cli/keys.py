@@ -19,6 +19,13 @@ from ._common import (
 )
 
 
+def _exists(error: FileExistsError) -> str:
+    """The CLI's sentence for a file that exists: the option ``--overwrite``, not the Python
+    API's ``overwrite=True`` that the library's message names."""
+    path = error.filename or str(error).split(" exists", 1)[0]
+    return f"{path} exists; use --overwrite to replace it (and the keys written with it)"
+
+
 def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     """Write a CKKS key pair for FedEvalFair: the secret context for the key holders (the
     clients; give each node its path out of band) and the public one for the server."""
@@ -44,7 +51,7 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
             public_directory=args.public_out,
         )
     except FileExistsError as error:
-        raise UsageError(f"--out: {error} (use --overwrite to replace)") from None
+        raise UsageError(f"--out: {_exists(error)}") from None
     payload = {
         "secret_context": str(paths.secret),
         "public_context": str(paths.public),
@@ -99,7 +106,7 @@ def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> i
         )
         _, roster = write_identities(identity_files, roster_path, overwrite=args.overwrite)
     except FileExistsError as error:
-        raise UsageError(f"--out: {error} (use --overwrite to replace)") from None
+        raise UsageError(f"--out: {_exists(error)}") from None
     secret = paths.secret.read_bytes()
     for holder in holders:
         holder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -25,10 +25,13 @@ from ..progress import Progress
 from ._common import (
     UsageError,
     _emit,
+    _epsilon,
     _finite,
+    _groups,
+    _input_file,
     _int_at_least,
+    _not_utf8,
     _number,
-    _positive,
     _unit_open,
 )
 
@@ -39,8 +42,12 @@ PROGRESS_MIN_BYTES = 8 << 20
 
 
 def _csv_columns(path: Path, group_column: str, metric_column: str) -> tuple[int, int]:
-    with path.open("r", encoding="utf-8-sig") as handle:  # tolerate a BOM (Excel)
-        header = handle.readline().strip()
+    with path.open("rb") as handle:
+        raw = handle.readline()
+    try:
+        header = raw.decode("utf-8-sig").strip()  # tolerate a BOM (Excel)
+    except UnicodeDecodeError as error:
+        raise _not_utf8("--input", path, error, 1) from None
     if not header:
         raise UsageError(f"--input: {path} is empty (expected a header line)")
     names = [name.strip() for name in header.split(",")]
@@ -81,8 +88,8 @@ def _read_chunks(
                     dtype=np.float64,
                 )
             except ValueError as error:
-                raise UsageError(
-                    f"--input: cannot parse rows {row + 1}-{row + len(lines)}: {error}"
+                raise _parse_error(
+                    path, lines, row, (group_index, metric_index), args, error
                 ) from None
             groups_float, metrics = table[:, 0], table[:, 1]
             bad = ~np.isfinite(groups_float) | (groups_float != np.round(groups_float))
@@ -107,6 +114,43 @@ def _read_chunks(
             raw_sums += np.bincount(groups, weights=metrics, minlength=num_groups)
             row += len(lines)
             yield groups, metric_to_value(metrics)
+
+
+def _parse_error(
+    path: Path,
+    lines: list[bytes],
+    row: int,
+    indices: tuple[int, int],
+    args: argparse.Namespace,
+    error: ValueError,
+) -> UsageError:
+    """The usage error of a chunk numpy could not parse, naming the file line (``row`` is the
+    line before the chunk) and the column at fault, found line by line (numpy's own message
+    counts rows from 0 within the chunk)."""
+    options = (("--group-column", args.group_column), ("--metric-column", args.metric_column))
+    for offset, raw in enumerate(lines):
+        line = row + 1 + offset
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return _not_utf8("--input", path, bad, line)
+        if not text.strip():
+            continue
+        fields = text.rstrip("\r\n").split(",")
+        for index, (option, column) in zip(indices, options, strict=True):
+            if index >= len(fields):
+                return UsageError(
+                    f"--input: {path.name} line {line} has {len(fields)} fields, too few for "
+                    f"column {column!r} ({option})"
+                )
+            try:
+                float(fields[index])
+            except ValueError:
+                return UsageError(
+                    f"{option} {column!r}: {path.name} line {line} holds "
+                    f"{fields[index].strip()!r}, not a number"
+                )
+    return UsageError(f"--input: cannot parse lines {row + 1}-{row + len(lines)}: {error}")
 
 
 def _format_estimate(estimate: GapEstimate, budget: float, elapsed: float) -> str:
@@ -150,14 +194,12 @@ def _format_estimate(estimate: GapEstimate, budget: float, elapsed: float) -> st
 
 
 def run_measure(args: argparse.Namespace, out: TextIO) -> int:
-    budget = _positive("--epsilon", _finite("--epsilon", args.epsilon))
-    groups = _int_at_least("--groups", args.groups, 2)
+    budget = _epsilon("--epsilon", args.epsilon)
+    groups = _groups(args.groups)
     confidence = _unit_open("--confidence", _finite("--confidence", args.confidence))
     chunk_rows = _int_at_least("--chunk-rows", args.chunk_rows, 1)
     seed = None if args.seed is None else _int_at_least("--seed", args.seed, 0)
-    path = Path(args.input)
-    if not path.is_file():
-        raise UsageError(f"--input: no such file: {path}")
+    path = _input_file("--input", args.input)
     group_index, metric_index = _csv_columns(path, args.group_column, args.metric_column)
     mechanism = best_split(args.mechanism, budget, groups).build()
     # privacy noise: the secure generator; a seed (simulations only) makes a run reproducible

@@ -37,7 +37,9 @@ from ...mechanisms.power import (
 from ._common import (
     UsageError,
     _emit,
+    _epsilon,
     _finite,
+    _groups,
     _in_range,
     _int_at_least,
     _positive,
@@ -66,7 +68,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     ):
         return _run_power(args, out)
     confidence = _unit_open("--confidence", _finite("--confidence", _or(args.confidence, "0.99")))
-    groups = _int_at_least("--groups", _or(args.groups, "2"), 2)
+    groups = _groups(_or(args.groups, "2"))
     bound = _or(args.bound, "chebyshev")
     scale = _or(args.scale, "metric")
     mechanism = _or(args.mechanism, "best")
@@ -120,12 +122,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         chosen = min(reachable, key=lambda p: p.epsilon) if reachable else plans[0]
         query = "min_epsilon"
     else:
-        epsilon = _in_range(
-            "--epsilon",
-            _finite("--epsilon", args.epsilon),
-            MIN_PLANNED_EPSILON,
-            MAX_PLANNED_EPSILON,
-        )
+        epsilon = _epsilon("--epsilon", args.epsilon)
         plans = [error_bound(name, clients, epsilon, **common) for name in candidates]
         chosen = min(plans, key=lambda p: p.alpha)
         query = "error_bound"
@@ -260,7 +257,7 @@ def _run_power(args: argparse.Namespace, out: TextIO) -> int:
     if args.fedevalfair:
         return _run_fedevalfair_power(args, out, significance, ratio, target)
     _refuse(args, ("holders", "rows", "positive_rate", "mu0"), "needs --fedevalfair")
-    groups = _int_at_least("--groups", _or(args.groups, "2"), 2)
+    groups = _groups(_or(args.groups, "2"))
     clients = None
     if args.clients is not None:
         clients = _int_at_least("--clients", args.clients, groups)
@@ -271,12 +268,7 @@ def _run_power(args: argparse.Namespace, out: TextIO) -> int:
             )
     epsilon = None
     if args.epsilon is not None:
-        epsilon = _in_range(
-            "--epsilon",
-            _finite("--epsilon", args.epsilon),
-            MIN_PLANNED_EPSILON,
-            MAX_PLANNED_EPSILON,
-        )
+        epsilon = _epsilon("--epsilon", args.epsilon)
     gap = None
     if args.gap is not None:
         gap = _finite("--gap", args.gap)

@@ -20,8 +20,9 @@ from ...mechanisms.laplace import LDP_NOISE_RATIO, check_noise_ratio
 from ._common import (
     UsageError,
     _emit,
+    _epsilon,
     _finite,
-    _int_at_least,
+    _groups,
     _number,
     _positive,
 )
@@ -35,9 +36,9 @@ def _paper_claimed_epsilon(mechanism: str, eps1: float, eps2: float, k: float) -
 
 
 def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
-    eps1 = _positive("--eps1", _finite("--eps1", args.eps1))
-    eps2 = _positive("--eps2", _finite("--eps2", args.eps2))
-    groups = _int_at_least("--groups", args.groups, 2)
+    eps1 = _epsilon("--eps1", args.eps1)
+    eps2 = _epsilon("--eps2", args.eps2)
+    groups = _groups(args.groups)
     noise_ratio = _positive("--k", _finite("--k", args.k))
     if args.mechanism == "R" and noise_ratio != LDP_NOISE_RATIO:
         # Compared as a number: "2", "2.0" and "2e0" all mean the default.
