@@ -13,6 +13,14 @@ without a ledger folder, the node's run state (it lasts as long as the run). A f
 lost, damaged or foreign stops the node's releases until its operator restores it
 (:class:`~fedparity.mechanisms.accounting.LedgerFileError`).
 
+Never a new ledger silently: outside simulation each ledger file a node creates is recorded in a
+registry kept apart from the ledger folder (:func:`node_ledger_registry`: node config
+``ledger-registry``, else ``~/.fedparity/ledger-registry.json``), because a deleted folder takes
+the ``.created`` marker with it and a changed ``ledger-dir`` has none. A registered ledger that
+is gone, or (with the node's own registry) a new ledger while it holds one elsewhere, is
+refused from files and config alone, before any data is read; ``fedparity ledger reset`` is the
+operator's acknowledgement. A new ledger is logged (with the reset, or the others held).
+
 Users by id: a handler that knows its users' ids passes them
 (``open_node_ledger(..., user_ids=ids)``) and charges them by id
 (``ledger.charge(release, user_ids=ids)``): the users of one release need not be those of the
@@ -46,7 +54,12 @@ from flwr.common import log
 from numpy.typing import ArrayLike
 
 from ..mechanisms.accounting import ShardLedger, ledger_marker
-from ..mechanisms.privacy_ledger import UserLedger
+from ..mechanisms.privacy_ledger import (
+    DEFAULT_LEDGER_REGISTRY,
+    LedgerRegistry,
+    UserLedger,
+    check_ledger_writable,
+)
 from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_DELTA_KEY,
     EPSILON_SPENT_BASIC_KEY,
@@ -59,12 +72,14 @@ __all__ = [
     "DEFAULT_LEDGER_DIR",
     "DEFAULT_LEDGER_NAME",
     "LEDGER_DIR_NODE_KEY",
+    "LEDGER_REGISTRY_NODE_KEY",
     "LEDGER_STATE_KEY",
     "MIGRATED_SUFFIX",
     "default_ledger_path",
     "ledger_totals",
     "legacy_ledger_paths",
     "node_ledger_dir",
+    "node_ledger_registry",
     "open_node_ledger",
     "save_node_ledger",
 ]
@@ -73,6 +88,8 @@ __all__ = [
 LEDGER_STATE_KEY = "privacy-ledger"
 #: Node config key of the folder of a persistent ledger (set by whoever starts the SuperNode).
 LEDGER_DIR_NODE_KEY = "ledger-dir"
+#: Node config key of the node's own ledger registry file (see :func:`node_ledger_registry`).
+LEDGER_REGISTRY_NODE_KEY = "ledger-registry"
 #: The ledger folder of a node outside simulation whose node config names none.
 DEFAULT_LEDGER_DIR = Path("~/.fedparity/ledgers")
 #: The ledger file in the node's ledger folder.
@@ -91,6 +108,21 @@ def node_ledger_dir(context: Context) -> Path | None:
     if folder:
         return Path(os.fspath(str(folder))).expanduser()
     return None if in_flower_simulation() else DEFAULT_LEDGER_DIR.expanduser()
+
+
+def node_ledger_registry(context: Context) -> LedgerRegistry | None:
+    """The record of the ledgers this node created, kept apart from its ledger folder
+    (:class:`~fedparity.mechanisms.privacy_ledger.LedgerRegistry`): node config
+    ``ledger-registry`` (the node's own: a new ledger elsewhere is a changed ``ledger-dir``
+    and refused), else ``~/.fedparity/ledger-registry.json`` (shared by the account's nodes:
+    a new ledger is logged with the others it holds). None inside Flower's simulation engine,
+    whose nodes' ledgers live as long as the run or the test that set their ``ledger-dir``."""
+    if in_flower_simulation():
+        return None
+    own = context.node_config.get(LEDGER_REGISTRY_NODE_KEY)
+    if own:
+        return LedgerRegistry(str(own), single_node=True)
+    return LedgerRegistry(DEFAULT_LEDGER_REGISTRY)
 
 
 def default_ledger_path(context: Context) -> Path | None:
@@ -179,6 +211,14 @@ def open_node_ledger(
             _include(ledger, ids, source)
         ledger.budget, ledger.delta = min(ledger.budget, budget), min(ledger.delta, delta)
         return ledger
+    registry = node_ledger_registry(context)
+    if registry is not None:  # from files only, before the ledger or any data is read
+        registry.check(path)
+    check_ledger_writable(path)
+    if registry is not None and path.exists() and registry.entry(path) is None:
+        # a ledger of a fedparity before the registry, or moved here by the operator
+        registry.register(path, "found in use")
+        log(logging.INFO, "privacy ledger %s: recorded in the registry %s", path, registry.path)
     for legacy in legacy_ledger_paths(path):
         if legacy == path:
             found = path.is_file() and zipfile.is_zipfile(path)  # the old format at this path
@@ -209,8 +249,14 @@ def _include(ledger: UserLedger, user_ids: np.ndarray, source: str) -> None:
 
 
 def save_node_ledger(context: Context, path: Path | None, ledger: UserLedger) -> None:
-    """Persist ``ledger`` (atomically to ``path``, or to the run state when None)."""
+    """Persist ``ledger`` (atomically to ``path``, or to the run state when None); a new
+    ledger file is first recorded in the node's registry (:func:`node_ledger_registry`), and
+    logged: with the reset its operator acknowledged, or the other ledgers the registry holds.
+    """
     if path is not None:
+        registry = node_ledger_registry(context)
+        if registry is not None and not path.exists():
+            _register_new(registry, path, ledger)
         ledger.save(path)
     else:
         context.state.config_records[LEDGER_STATE_KEY] = ConfigRecord({"json": ledger.to_json()})
@@ -227,3 +273,34 @@ def ledger_totals(ledger: UserLedger) -> dict[str, float]:
         EPSILON_SPENT_BASIC_KEY: float(summary["max_epsilon_basic"]),
         EPSILON_SPENT_BASIC_DELTA_KEY: float(summary["max_delta_basic"]),
     }
+
+
+def _register_new(registry: LedgerRegistry, path: Path, ledger: UserLedger) -> None:
+    """Record the new ledger ``path`` before its first save (a crash in between leaves it
+    registered and missing: refused, never started again silently), and say so in the log."""
+    if not registry.register(path, f"{ledger.num_users} users at its creation"):
+        return
+    reset = registry.last_reset(path)
+    others = sorted(key for key in registry.ledgers() if key != LedgerRegistry.key(path))
+    if reset is not None:
+        log(
+            logging.WARNING,
+            "privacy ledger: new ledger %s, its users at zero: its operator accepted on %s "
+            "that the ledger created there on %s was lost (registry %s)",
+            path,
+            reset.get("reset"),
+            reset.get("created"),
+            registry.path,
+        )
+    elif others:
+        log(
+            logging.WARNING,
+            "privacy ledger: new ledger %s, its users at zero; the registry %s also holds %s "
+            "(another node of this account, or a changed ledger-dir: give each node its own "
+            "ledger-registry to have a changed ledger-dir refused)",
+            path,
+            registry.path,
+            ", ".join(others),
+        )
+    else:
+        log(logging.INFO, "privacy ledger: new ledger %s (registry %s)", path, registry.path)

@@ -54,10 +54,13 @@ from __future__ import annotations
 import abc
 import base64
 import binascii
+import contextlib
+import fcntl
 import functools
 import json
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,10 +95,12 @@ __all__ = [
     "ApproximateDPRelease",
     "Composition",
     "GapReportRelease",
+    "LedgerRegistry",
     "RandomizedResponseRelease",
     "Release",
     "SubsampledGaussianRelease",
     "UserLedger",
+    "check_ledger_writable",
     "compose",
 ]
 
@@ -112,6 +117,13 @@ LEDGER_VERSION = 1
 LEDGER_VERSION_KEYED = 2
 #: How many refused users a :class:`PrivacyBudgetExceeded` message names.
 NAMED_USERS = 5
+#: The operator's command that accepts that a lost or damaged ledger's users start at zero.
+RESET_COMMAND = "fedparity ledger reset"
+#: Where a node records the ledgers it created (:class:`LedgerRegistry`) unless told otherwise.
+DEFAULT_LEDGER_REGISTRY = Path("~/.fedparity/ledger-registry.json")
+#: Marker and version of a ledger registry file.
+REGISTRY_FORMAT = "fedparity-ledger-registry"
+REGISTRY_VERSION = 1
 
 ReleaseParameter = float | int | str
 
@@ -822,9 +834,12 @@ class UserLedger:
         """Persist atomically (``write_file_atomic``); the first save leaves the
         ``.created`` marker that tells a lost ledger from one never made."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_ledger_marker(path, f"{LEDGER_FORMAT} created for {self.num_users} users")
-        write_file_atomic(path, self.to_json().encode("utf-8"), 0o600)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_ledger_marker(path, f"{LEDGER_FORMAT} created for {self.num_users} users")
+            write_file_atomic(path, self.to_json().encode("utf-8"), 0o600)
+        except OSError as error:
+            raise LedgerFileError(_unwritable(path, error)) from None
 
     @classmethod
     def load(cls, path: str | Path, num_users: int | None = None) -> UserLedger:
@@ -971,7 +986,7 @@ class UserLedger:
                 f"ledger {path} is missing, but {marker.name} beside it says it was created "
                 "and saved before: the releases it held are not known. Restore it from a "
                 f"backup; no release is made until then (to accept that these users start "
-                f"again at zero, delete {marker} yourself)"
+                f"again at zero, run `{RESET_COMMAND} {path}`, which removes {marker})"
             )
         return cls(budget, delta, num_users, user_ids=user_ids)
 
@@ -1043,8 +1058,11 @@ class UserLedger:
 
 _RECOVERY = (
     "restore it from a backup; no release is made until then (a ledger is never reset to zero "
-    "by fedparity: delete the file yourself only if you accept that these users start again "
-    "at zero)"
+    "by fedparity: only if you accept that these users start again at zero, run `"
+    + RESET_COMMAND
+    + " <the ledger file>`, which keeps the file aside as <name>.damaged-<time> and removes "
+    "its .created marker and its registry entry; deleting the file alone leaves the marker, "
+    "which keeps the node refusing)"
 )
 
 
@@ -1081,3 +1099,181 @@ def _describe(release: Release) -> str:
         f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
         for name, value in release.parameters().items()
     )
+
+
+def _unwritable(path: Path, error: OSError, what: str = "ledger") -> str:
+    """One line naming the ledger file that cannot be written and why (not ``PermissionError(13,
+    ...)``, which names neither)."""
+    where = error.filename or path
+    return (
+        f"{what} {path} cannot be written ({error.strerror or type(error).__name__}: {where}): "
+        f"nothing was released; make its folder {path.parent} writable by the user running "
+        "this node (or set ledger-dir to a folder it can write)"
+    )
+
+
+def check_ledger_writable(path: str | Path) -> None:
+    """:class:`LedgerFileError` naming ``path`` when its folder (or, before it exists, the
+    nearest folder above it) cannot be written: a node checks before it answers, so an
+    unwritable ledger stops a release before it is made, not at the save after it."""
+    path = Path(path)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK)):
+        blocked = folder if not os.access(folder, os.W_OK | os.X_OK) else path
+        raise LedgerFileError(_unwritable(path, PermissionError(13, "Permission denied", blocked)))
+
+
+class LedgerRegistry:
+    """The ledger files a node has created, recorded apart from them, so that a ledger whose
+    whole folder vanished (its ``.created`` marker too) or a node pointed at another folder is
+    never taken for a node that never released anything.
+
+    The ``.created`` marker beside a ledger tells a lost file from one never made, but not a
+    lost *folder*: with file and marker gone, and equally with a changed or mistyped
+    ``ledger-dir``, a node would start its users at zero. The registry is a small JSON file
+    outside the ledger folder (by default :data:`DEFAULT_LEDGER_REGISTRY`, in the account's
+    fedparity folder, beside the keys and runs: it survives the deletion of the ledger folder
+    and a change of ``ledger-dir``, and needs no Flower state, which a SuperNode keeps in a
+    folder its operator may reset on an upgrade). It lists, by absolute path, each ledger the
+    node created and when, and each reset its operator acknowledged (:meth:`forget`, run by
+    ``fedparity ledger reset``). Writes are atomic and under an exclusive lock (several nodes
+    of one account share the default registry).
+
+    ``single_node``: the registry belongs to one node (its operator gave it its own), so a new
+    ledger anywhere else while it holds one is a changed ``ledger-dir`` and refused. A
+    registry shared by the nodes of one account cannot tell a second node from a moved one:
+    a new ledger is then allowed, and the node logs it with the ledgers the registry holds.
+    """
+
+    def __init__(self, path: str | Path, *, single_node: bool = False) -> None:
+        self.path = Path(os.path.abspath(Path(path).expanduser()))
+        self.single_node = single_node
+
+    @staticmethod
+    def key(ledger: str | Path) -> str:
+        """How a ledger is named in the registry: its absolute path (not resolved: the folder
+        may be gone)."""
+        return os.path.abspath(Path(ledger).expanduser())
+
+    def _read(self) -> dict[str, Any]:
+        empty: dict[str, Any] = {"ledgers": {}, "resets": []}
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return empty
+        except (OSError, UnicodeDecodeError) as error:
+            raise LedgerFileError(self._damaged(f"{type(error).__name__}: {error}")) from None
+        try:
+            data = json.loads(text)
+            if data.get("format") != REGISTRY_FORMAT or data.get("version") != REGISTRY_VERSION:
+                raise ValueError(f"format, version {data.get('format')!r}, {data.get('version')!r}")
+            if not isinstance(data["ledgers"], dict) or not isinstance(data["resets"], list):
+                raise ValueError("ledgers must be an object and resets a list")
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            raise LedgerFileError(self._damaged(f"{type(error).__name__}: {error}")) from None
+        return {"ledgers": data["ledgers"], "resets": data["resets"]}
+
+    def _damaged(self, why: str) -> str:
+        return (
+            f"ledger registry {self.path} cannot be read ({why}): it is what tells this node "
+            "which ledgers it created; restore it from a backup (no release is made until then)"
+        )
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """The registry's content, written back atomically on exit, under an exclusive lock."""
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT)
+        except OSError as error:
+            raise LedgerFileError(_unwritable(self.path, error, "ledger registry")) from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._read()
+            yield data
+            payload = {"format": REGISTRY_FORMAT, "version": REGISTRY_VERSION, **data}
+            try:
+                write_file_atomic(self.path, json.dumps(payload, indent=1).encode(), 0o600)
+            except OSError as error:
+                raise LedgerFileError(_unwritable(self.path, error, "ledger registry")) from None
+        finally:
+            os.close(lock)  # releases the lock
+
+    def ledgers(self) -> dict[str, dict[str, Any]]:
+        """``{absolute path: {"created": time, ...}}`` of the ledgers this registry holds."""
+        return dict(self._read()["ledgers"])
+
+    def entry(self, ledger: str | Path) -> dict[str, Any] | None:
+        """The registry's record of ``ledger`` (None: not registered)."""
+        return self._read()["ledgers"].get(self.key(ledger))
+
+    def last_reset(self, ledger: str | Path) -> dict[str, Any] | None:
+        """The last acknowledged reset of ``ledger`` (None: never reset)."""
+        key = self.key(ledger)
+        resets = [reset for reset in self._read()["resets"] if reset.get("path") == key]
+        return resets[-1] if resets else None
+
+    def check(self, ledger: str | Path) -> None:
+        """Decide from files only, before any data is read, whether a node may open
+        ``ledger``: :class:`LedgerFileError` (one line naming the ledger, the registry and the
+        way to recover) when it was registered but is gone, or, for a single-node registry,
+        when it would be a new ledger while the node created its ledger elsewhere."""
+        path = Path(self.key(ledger))
+        if path.exists():
+            return
+        ledgers = self._read()["ledgers"]
+        entry = ledgers.get(str(path))
+        reset = f"run `{RESET_COMMAND} {{}} --registry {self.path}`"
+        if entry is not None:
+            marker = ledger_marker(path)
+            gone = (
+                f"its whole folder {path.parent} is gone"
+                if not path.parent.exists()
+                else f"its marker {marker} is still there"
+                if marker.exists()
+                else "its .created marker is gone too"
+            )
+            raise LedgerFileError(
+                f"ledger {path} is missing ({gone}), but the ledger registry {self.path} says "
+                f"this node created it on {entry.get('created', '?')}: the releases it held "
+                f"are not known. Restore it from a backup; no release is made until then (to "
+                f"accept that its users start again at zero, {reset.format(path)}, which "
+                "removes any marker left and records the reset)"
+            )
+        others = sorted(key for key in ledgers if key != str(path))
+        if self.single_node and others and not ledger_marker(path).exists():
+            raise LedgerFileError(
+                f"ledger-dir points to {path.parent}, where this node has no ledger, but the "
+                f"ledger registry {self.path} says it created {', '.join(others)}: a changed or "
+                f"mistyped ledger-dir would start its users at zero. Set ledger-dir back, or "
+                f"move that ledger to {path}; no release is made until then (to accept that "
+                f"its users start again at zero here, {reset.format(others[0])})"
+            )
+
+    def register(self, ledger: str | Path, what: str) -> bool:
+        """Record ``ledger`` (``what`` it holds) if it is not yet; True when it was new."""
+        key = self.key(ledger)
+        with self._locked() as data:
+            if key in data["ledgers"]:
+                return False
+            data["ledgers"][key] = {"created": _now(), "what": what}
+        return True
+
+    def forget(self, ledger: str | Path, reason: str) -> dict[str, Any] | None:
+        """Remove ``ledger``'s record and log the reset (when, why, its creation); the record
+        removed, or None when it held none. The operator's acknowledgement that its users
+        start again at zero: the next node to open it starts a new ledger there."""
+        key = self.key(ledger)
+        with self._locked() as data:
+            entry = data["ledgers"].pop(key, None)
+            data["resets"].append(
+                {
+                    "path": key,
+                    "created": None if entry is None else entry.get("created"),
+                    "reset": _now(),
+                    "reason": reason,
+                }
+            )
+        return entry

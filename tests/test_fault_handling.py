@@ -38,6 +38,7 @@ from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.mechanisms.protocol import EPSILON_SPENT_KEY, METRICS_KEY
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import run_job
+from fedparity.server.cli import main
 from fedparity.server.run_record import (
     STATUS_FILE,
     RunRecord,
@@ -85,8 +86,9 @@ def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(
 ) -> None:
     """The fault of the trial: with ledger-dir set, a deleted ledger file was recreated at zero
     (users at 7 epsilon against a budget of 5). Now the marker the ledger left beside itself
-    tells the node the ledger was lost; only the operator, by deleting the marker, can accept
-    that the users start again at zero."""
+    tells the node the ledger was lost; only the operator (``fedparity ledger reset``, which
+    removes the marker and records the reset in the node's ledger registry) can accept that
+    the users start again at zero."""
     handler = ldp_audit_handler(lambda *_: _users(20), num_groups=2)
     config = {"ledger-dir": str(tmp_path), "user-epsilon-budget": 5.0}
     handler(_audit(), _context(config))
@@ -103,7 +105,8 @@ def test_a_deleted_ledger_stops_the_audits_instead_of_restarting_at_zero(
     assert str(ledger_marker(ledger)) in message  # how the operator accepts a restart
     assert not ledger.exists()  # nothing was recreated, nothing was released
 
-    ledger_marker(ledger).unlink()  # the operator says so
+    assert main(["ledger", "reset", str(ledger)]) == 0  # the operator says so
+    assert not ledger_marker(ledger).exists()
     reply = handler(_audit(), _context(config))
     assert reply.content.array_records["reports"]["groups"].numpy().size == 20
 

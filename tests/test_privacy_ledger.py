@@ -386,6 +386,6 @@ def test_ledger_help_has_examples_the_parser_accepts(capsys: pytest.CaptureFixtu
     examples = [
         shlex.split(line)[1:] for line in text.splitlines() if line.startswith("  fedparity ")
     ]
-    assert len(examples) == 2 and "``" not in text
+    assert len(examples) == 3 and "``" not in text  # show (2), reset (1)
     for argv in examples:
         assert build_parser().parse_args(argv).command == "ledger"

@@ -1,4 +1,6 @@
-"""``fedparity ledger show``: every release of a privacy ledger and the running total."""
+"""``fedparity ledger show``: every release of a privacy ledger and the running total;
+``fedparity ledger reset``: the operator's acknowledgement that a lost or damaged ledger's users
+start again at zero."""
 
 from __future__ import annotations
 
@@ -31,13 +33,73 @@ def _total_json(total: Composition) -> dict[str, Any]:
     return asdict(total)
 
 
+def run_reset(args: argparse.Namespace, out: TextIO) -> int:
+    """Accept that the ledger ``PATH`` is lost (or damaged) and its users start again at zero:
+    a damaged file is kept aside as ``<name>.damaged-<time>``, its ``.created`` marker is
+    removed, and the registry (``--registry``, default the nodes' own default) records the
+    reset and forgets the ledger. An intact ledger is only forgotten by the registry (its file
+    kept): the way to accept that a node whose ledger-dir changed starts elsewhere."""
+    from datetime import UTC, datetime
+
+    from ...mechanisms.accounting import LedgerFileError, ledger_marker
+    from ...mechanisms.privacy_ledger import DEFAULT_LEDGER_REGISTRY, LedgerRegistry, UserLedger
+
+    path = Path(LedgerRegistry.key(args.path))
+    if path.is_dir():
+        raise UsageError(f"PATH: {path} is a folder; give the ledger file in it")
+    registry = LedgerRegistry(args.registry or DEFAULT_LEDGER_REGISTRY)
+    try:
+        entry = registry.entry(path)
+    except LedgerFileError as error:
+        raise UsageError(f"--registry: {error}") from None
+    marker = ledger_marker(path)
+    done = []
+    if path.exists():
+        try:
+            UserLedger.load(path)
+        except LedgerFileError:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            kept = path.with_name(f"{path.name}.damaged-{stamp}")
+            path.rename(kept)
+            done.append(f"kept the damaged file as {kept}")
+        else:
+            if entry is None:
+                raise UsageError(
+                    f"PATH: {path} is an intact ledger that the registry {registry.path} does "
+                    "not hold: nothing to reset (a node uses it as it is)"
+                )
+            done.append(f"kept the intact file {path} (no node of this registry uses it now)")
+    elif entry is None and not marker.exists():
+        raise UsageError(
+            f"PATH: no ledger, .created marker or entry in the registry {registry.path} at {path}"
+        )
+    if marker.exists() and not path.exists():
+        marker.unlink()
+        done.append(f"removed the marker {marker}")
+    registry.forget(path, args.reason)
+    created = f" (created {entry.get('created')})" if entry else ""
+    done.append(f"recorded the reset in {registry.path}")
+    lines = [
+        f"ledger {path}{created} reset: its users start again at zero at the next release; "
+        + "; ".join(done)
+    ]
+    payload = {"path": str(path), "registry": str(registry.path), "actions": done}
+    _emit(payload, "\n".join(lines), args.json, out)
+    return 0
+
+
 def run_ledger(args: argparse.Namespace, out: TextIO) -> int:
     """List a ledger's releases (job, mechanism, parameters, time, users) and one user's
-    running total (PLD epsilon at the ledger's delta, basic composition beside it)."""
+    running total (PLD epsilon at the ledger's delta, basic composition beside it); or, with
+    ``reset``, :func:`run_reset`."""
     from ...mechanisms.accounting import LedgerFileError
     from ...mechanisms.privacy_ledger import UserLedger
 
+    if args.action == "reset":
+        return run_reset(args, out)
     path = Path(args.path).expanduser()
+    if path.is_dir():
+        raise UsageError(f"PATH: {path} is a folder; give the ledger file in it")
     if not path.is_file():
         raise UsageError(f"PATH: no ledger file at {path}")
     try:
@@ -122,12 +184,29 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "examples:\n"
             "  fedparity ledger show ~/.fedparity/ledgers/privacy-ledger.json\n"
             "      every release, and the running total of the user who spent the most\n"
-            "  fedparity ledger show privacy-ledger.json --user 17 --json"
+            "  fedparity ledger show privacy-ledger.json --user 17 --json\n"
+            "  fedparity ledger reset ~/.fedparity/ledgers/user-ledger.json\n"
+            "      accept that a lost or damaged ledger's users start again at zero (a node\n"
+            "      refuses every release until its ledger is restored or this is run)"
         ),
     )
-    parser.add_argument("action", choices=("show",), help="show: list the releases and totals")
+    parser.add_argument(
+        "action",
+        choices=("show", "reset"),
+        help="show: list the releases and totals; reset: accept that a lost or damaged "
+        "ledger's users start again at zero",
+    )
     parser.add_argument("path", metavar="PATH", help="the ledger file (JSON)")
     parser.add_argument(
         "--user", default=None, help="user index whose total to show (default: the most spent)"
+    )
+    parser.add_argument(
+        "--registry",
+        default=None,
+        help="reset: the node's ledger registry (its node config ledger-registry; default "
+        "~/.fedparity/ledger-registry.json)",
+    )
+    parser.add_argument(
+        "--reason", default="reset by its operator", help="reset: why, kept in the registry"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
