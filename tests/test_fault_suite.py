@@ -7,7 +7,8 @@ promises (docs/reliability.md): nothing lost, nothing misreported, privacy accou
   too), never as a phantom "node 1"; a rerun into the used output folder is refused; the
   SuperLink killed during an audit leaves a status file saying what was released, and the
   next run's total includes the spending of the dead run (read back from the nodes'
-  ledgers); a deleted or damaged ledger stops that node's audits without a reset.
+  ledgers); a deleted or damaged ledger stops that node's audits without a reset (the node's
+  ledger registry, kept apart from the ledger folder, still lists the deleted one).
 * FPFL: the ServerApp killed mid-training resumes, and epsilon counts every round ever
   released; a SuperNode killed mid-training makes the run stop early (instead of spending
   privacy on rounds bound to be lost), and the training resumes without that node, the
@@ -204,7 +205,10 @@ def test_ldp_audit_faults(tmp_path: Path) -> None:
         # The server reads a fixed sentence; each node's log names its file and the recovery.
         assert all(LEDGER_UNUSABLE_REPLY in reason for reason in reasons.values())
         assert "start again at zero" in deployment.supernodes[0].log_text()
-        assert "ledger-partition-1.json.created yourself" in deployment.supernodes[1].log_text()
+        # the deleted ledger is still in the node's registry (kept apart from the folder):
+        # refused, with the file and the operator's explicit reset named
+        lost = deployment.supernodes[1].log_text()
+        assert "ledger-partition-1.json" in lost and "fedparity ledger reset" in lost
         assert _ledger_path(deployment, 0).read_bytes() == b"garbage"
         assert not _ledger_path(deployment, 1).exists()
 
