@@ -32,6 +32,9 @@ from .fairtest import report_from_sums as report_from_sums
 from .fairtest import stage1_statistic as stage1_statistic
 from .fairtest import stage1_term as stage1_term
 from .fairtest import stage_statistics as stage_statistics
+from .frequency_oracle import FrequencyEstimate as FrequencyEstimate
+from .frequency_oracle import FrequencyOracle as FrequencyOracle
+from .frequency_oracle import frequency_oracle as frequency_oracle
 from .laplace import LaplaceMechanism as LaplaceMechanism
 from .laplace import UnboundedPrivacyLossError as UnboundedPrivacyLossError
 from .laplace import laplace_epsilon as laplace_epsilon
