@@ -35,6 +35,14 @@ from .fairtest import stage_statistics as stage_statistics
 from .frequency_oracle import FrequencyEstimate as FrequencyEstimate
 from .frequency_oracle import FrequencyOracle as FrequencyOracle
 from .frequency_oracle import frequency_oracle as frequency_oracle
+from .group_rates import RATE_METRICS as RATE_METRICS
+from .group_rates import FourFifthsVerdict as FourFifthsVerdict
+from .group_rates import GroupRates as GroupRates
+from .group_rates import IntersectionalGroups as IntersectionalGroups
+from .group_rates import RateEstimate as RateEstimate
+from .group_rates import confusion_counts as confusion_counts
+from .group_rates import encode_cells as encode_cells
+from .group_rates import group_rates as group_rates
 from .laplace import LaplaceMechanism as LaplaceMechanism
 from .laplace import UnboundedPrivacyLossError as UnboundedPrivacyLossError
 from .laplace import laplace_epsilon as laplace_epsilon
