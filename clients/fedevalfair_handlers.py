@@ -126,7 +126,13 @@ from .fedevalfair import (
     rows_statistics,
 )
 from .identity import NodeIdentity, node_identity
-from .ledger import default_ledger_path, node_ledger_dir, open_node_ledger, save_node_ledger
+from .ledger import (
+    default_ledger_path,
+    node_ledger_dir,
+    node_ledger_registry,
+    open_node_ledger,
+    save_node_ledger,
+)
 from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
 from .policy import NodePrivacyPolicy, PolicyRefusal, node_policy
 
@@ -574,7 +580,10 @@ class FedEvalFairHolder:
                 raise NodeRefusal(JOURNAL_UNUSABLE_REPLY) from None
             return journal, None
         path = folder / journal_file_name(fingerprint)
+        registry = node_ledger_registry(context)
         try:
+            if registry is not None:  # a journal whose folder vanished is not started again
+                registry.check(path, one_per_node=False)
             return ReleaseJournal.load_or_create(path, fingerprint), path
         except LedgerFileError as error:  # names the node's files: it stays in the node's log
             log(logging.ERROR, "FedEvalFair: %s", error)
@@ -583,6 +592,9 @@ class FedEvalFairHolder:
     @staticmethod
     def _save_journal(context: Context, journal: ReleaseJournal, path: Path | None) -> None:
         if path is not None:
+            registry = node_ledger_registry(context)
+            if registry is not None and not path.exists():
+                registry.register(path, f"FedEvalFair release journal of key {journal.key}")
             journal.save(path)
         else:
             context.state.config_records[f"{FEF_JOURNAL_STATE_KEY}/{journal.key}"] = ConfigRecord(

@@ -1215,11 +1215,13 @@ class LedgerRegistry:
         resets = [reset for reset in self._read()["resets"] if reset.get("path") == key]
         return resets[-1] if resets else None
 
-    def check(self, ledger: str | Path) -> None:
+    def check(self, ledger: str | Path, *, one_per_node: bool = True) -> None:
         """Decide from files only, before any data is read, whether a node may open
         ``ledger``: :class:`LedgerFileError` (one line naming the ledger, the registry and the
-        way to recover) when it was registered but is gone, or, for a single-node registry,
-        when it would be a new ledger while the node created its ledger elsewhere."""
+        way to recover) when it was registered but is gone, or, for a single-node registry
+        and a file the node keeps one of (``one_per_node``: its user ledger, not the
+        FedEvalFair journals it keeps per key), when it would be a new ledger while the node
+        created its ledger elsewhere."""
         path = Path(self.key(ledger))
         if path.exists():
             return
@@ -1243,7 +1245,7 @@ class LedgerRegistry:
                 "removes any marker left and records the reset)"
             )
         others = sorted(key for key in ledgers if key != str(path))
-        if self.single_node and others and not ledger_marker(path).exists():
+        if one_per_node and self.single_node and others and not ledger_marker(path).exists():
             raise LedgerFileError(
                 f"ledger-dir points to {path.parent}, where this node has no ledger, but the "
                 f"ledger registry {self.path} says it created {', '.join(others)}: a changed or "

@@ -17,6 +17,7 @@ releases only a pair every round-2 holder committed to; releases are counted per
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -593,6 +594,31 @@ def test_a_lost_or_damaged_key_journal_stops_commitments_and_releases(
     with pytest.raises(NodeRefusal, match="journal"):
         release(federation, first, "a", second, commitments)
     path.write_bytes(saved)  # the operator restores it
+    assert release(federation, first, "a", second, commitments).shape == (RELEASE_SIZE,)
+    assert '"releases": 2' in path.read_text()
+
+
+def test_a_key_journal_whose_whole_folder_vanished_is_refused_not_started_again(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """The key journal and its ``.created`` marker deleted together (the holder's whole ledger
+    folder): before, the next release started a new journal at zero, so a holder at its
+    ``fef-max-releases-per-key`` cap released again. The node's ledger registry, kept apart
+    from the folder, lists the journal: the holder refuses with the fixed sentence until the
+    journal is restored."""
+    first, second = through_round2(federation, 300, ledgers=tmp_path)
+    release(federation, first, "a", second, commit(federation, first, second))
+    path = journal_path(federation, tmp_path, "a")
+    saved = path.read_bytes()
+    shutil.rmtree(path.parent)
+    first, second = through_round2(federation, 301, ledgers=tmp_path)
+    with pytest.raises(NodeRefusal) as refused:
+        commit(federation, first, second, ("a",))
+    assert str(refused.value) == JOURNAL_UNUSABLE_REPLY
+    assert not path.exists()  # nothing started again
+    path.parent.mkdir(parents=True)
+    path.write_bytes(saved)  # the operator restores it
+    commitments = commit(federation, first, second)
     assert release(federation, first, "a", second, commitments).shape == (RELEASE_SIZE,)
     assert '"releases": 2' in path.read_text()
 
