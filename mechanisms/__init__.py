@@ -13,6 +13,9 @@ workshop, PMLR, 2022, and its Appendix A):
 * :mod:`fedparity.mechanisms.planner`: minimum budget for an error target, error at a budget, Table
   1;
 * :class:`PrivacyLedger` / :class:`ShardLedger`: per-user budgets over repeated audits.
+* :func:`frequency_oracle` (GRR, optimal unary encoding, subset selection, or ``"best"`` by
+  variance) and :func:`group_rates`: one joint (group, confusion cell) report per user, every
+  rate metric per group in fairlearn's vocabulary (:class:`GroupRates`), with intervals.
 * :class:`UserLedger` / :func:`compose`: per-user totals over heterogeneous releases (LDP
   reports, FPFL rounds, any (epsilon, delta) release), composed with a privacy-loss-distribution
   accountant (Google's dp-accounting) beside basic composition.
