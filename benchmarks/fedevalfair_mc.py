@@ -20,7 +20,7 @@ version); FedEvalFair (anonymous, 2024).
     client's population dp disparity is exactly delta_i. Scenarios: delta_i = delta for all
     clients (stage 1's H0 holds; stage 2's holds at delta = 0) and delta_i evenly spread on
     [0, delta] (stage 1's H1). TOST (calibrated) with tolerance 0.05.
-(b) UCI Adult (``clients.data.adult_holder``: race, 0 = White, 1 = other): the paper's
+(b) UCI Adult (``clients.project.data.adult_holder``: race, 0 = White, 1 = other): the paper's
     doctorate / no-doctorate split (k = 2) and a random split into k = 10 (Dirichlet shares
     with alpha = 100 per class: nearly IID). A client's population is its rows of adult.data +
     adult.test; each iteration its test set is a without-replacement sample of min(n, pool)
@@ -315,7 +315,7 @@ class Pool:
 
 
 def adult_pools(data_dir: Path, scheme: str, k: int) -> tuple[list[Pool], float]:
-    from fedparity.clients.data import adult_features, adult_holder, load_adult
+    from fedparity.clients.project.data import adult_features, adult_holder, load_adult
 
     adult = load_adult(data_dir)
     x_train, y_train, x_test, _, _, _ = adult_features(adult)

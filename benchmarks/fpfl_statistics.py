@@ -32,8 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedparity.clients.data import ADULT_DIR_ENV, load_adult
-from fedparity.clients.fpfl_data import FPFLShard, adult_fpfl_users, digits_leaf, unfair_shard
+from fedparity.clients.fpfl_data import FPFLShard
 from fedparity.clients.fpfl_task import (
     build_cnn,
     build_fpfl_model,
@@ -42,6 +41,8 @@ from fedparity.clients.fpfl_task import (
     user_statistics,
     user_statistics_loop,
 )
+from fedparity.clients.project.data import ADULT_DIR_ENV, load_adult
+from fedparity.clients.project.fpfl_data import adult_fpfl_users, digits_leaf, unfair_shard
 from fedparity.server.progress import Progress
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -6,7 +6,9 @@
 * :func:`fpfl_handlers` with :class:`FPFLNodeSettings` and :class:`FPFLShard` -- FPFL training
   of your torch model on the node's users (the bound methods of an :class:`FPFLNode`).
 
-The project's own ClientApp (:mod:`fedparity.clients.app`) is built from the same handlers.
+The project's own ClientApp (:mod:`fedparity.clients.app`) is built from the same handlers;
+its own task (run config, embedded data, populations, models) is :mod:`fedparity.clients.project`,
+which the library never imports.
 """
 
 import lazy_loader as _lazy

@@ -1,5 +1,5 @@
-"""fedparity ClientApp: thin Flower handlers around :mod:`fedparity.clients.task` and
-:mod:`mechanisms`.
+"""fedparity ClientApp: the project app's thin Flower handlers around its own task
+(:mod:`fedparity.clients.project`) and the library's handlers.
 
 A node hosts a shard of users (``users-per-node``; 1 on a real device), selected by the node
 config ``partition-id`` / ``num-partitions``. Handlers:
@@ -41,19 +41,7 @@ from ..mechanisms.fairtest import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
 )
-from .config import DEFAULT_ADULT_DOWNLOAD_DIR, PIPELINE_SESSIONS, RunConfig
-from .data import (
-    ADULT_DIR_ENV,
-    UserShard,
-    adult_folder,
-    adult_holder,
-    load_partition,
-    synthetic_holder,
-)
-from .fedevalfair import (
-    ClientStatistics,
-    holder_statistics,
-)
+from .fedevalfair import ClientStatistics
 from .fedevalfair_handlers import (
     CannotTakePart,
     fedevalfair_handlers,
@@ -63,20 +51,24 @@ from .fedevalfair_handlers import (
 )
 from .fpfl_data import FPFLShard, users_as_fpfl_shard
 from .fpfl_handlers import fpfl_handlers
-from .fpfl_node import node_settings, node_shard
 from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
-from .messages import MessageError, NodeRefusal, fixed_error_texts, int_field
-from .own_data import (
+from .messages import NodeRefusal, fixed_error_texts, int_field
+from .policy import PolicyRefusal, node_policy
+from .process import freeze_warm_heap
+from .project.config import DEFAULT_ADULT_DOWNLOAD_DIR, PIPELINE_SESSIONS, RunConfig
+from .project.data import ADULT_DIR_ENV, adult_folder
+from .project.evaluation import holder_statistics_for, load_shard_for, received_model
+from .project.fpfl_node import node_settings, node_shard
+from .project.own_data import (
     DATA_FILE_NODE_KEY,
     check_run_num_groups,
     own_fpfl_shard,
     own_shard,
     read_data_file,
 )
-from .policy import PolicyRefusal, node_policy
-from .process import freeze_warm_heap
+from .shards import UserShard
 
 if TYPE_CHECKING:
     import torch
@@ -105,14 +97,14 @@ def own_data_file(context: Context) -> str | None:
 
 
 #: Node config key of the node's own folder for UCI Adult (default
-#: :data:`~fedparity.clients.config.DEFAULT_ADULT_DOWNLOAD_DIR`): the only folder a node
+#: :data:`~fedparity.clients.project.config.DEFAULT_ADULT_DOWNLOAD_DIR`): the only folder a node
 #: downloads into.
 ADULT_DIR_NODE_KEY = "adult-dir"
 
 
 def node_adult_dir(context: Context) -> Path:
     """The node's own UCI Adult folder: node config ``adult-dir`` (an absolute path), else
-    :data:`~fedparity.clients.config.DEFAULT_ADULT_DOWNLOAD_DIR`."""
+    :data:`~fedparity.clients.project.config.DEFAULT_ADULT_DOWNLOAD_DIR`."""
     value = context.node_config.get(ADULT_DIR_NODE_KEY)
     folder = Path(str(value) if value else DEFAULT_ADULT_DOWNLOAD_DIR).expanduser()
     if not folder.is_absolute():
@@ -140,14 +132,15 @@ def node_data_config(context: Context, config: RunConfig) -> RunConfig:
 
 def load_shard(context: Context, config: RunConfig, split: str) -> UserShard:
     """This node's users (``split`` = "train" or "test"): from the node's own data file when
-    its node config names one (:mod:`fedparity.clients.own_data`; never a fallback to
+    its node config names one (:mod:`fedparity.clients.project.own_data`; never a fallback to
     embedded data), else from the embedded population (:func:`node_data_config`). For
     FedEvalFair the node is a data holder and every row is its own user
-    (:func:`fedparity.clients.data.adult_holder`).
+    (:func:`fedparity.clients.project.data.adult_holder`).
 
     A run whose ``num-groups`` is not the node config's (required with ``data-file``) is
-    refused before the file is read (:func:`~fedparity.clients.own_data.check_run_num_groups`):
-    the answer never depends on the groups in the file."""
+    refused before the file is read
+    (:func:`~fedparity.clients.project.own_data.check_run_num_groups`): the answer never
+    depends on the groups in the file."""
     data_file = own_data_file(context)
     if data_file is not None:
         num_groups = check_run_num_groups(context.node_config, config.num_groups)
@@ -171,70 +164,6 @@ def fpfl_users(context: Context, config: RunConfig) -> FPFLShard:
         )
     partition_id, num_partitions = _partition(context)
     return node_shard(node_data_config(context, config), partition_id, num_partitions)
-
-
-def load_shard_for(
-    config: RunConfig, partition_id: int, num_partitions: int, split: str
-) -> UserShard:
-    """The shard of partition ``partition_id`` (also used by the simulation harness). A node
-    passes its config through :func:`node_data_config` first, so that it never downloads into
-    the run's ``data-dir``."""
-    if config.task == "fedevalfair":
-        if config.dataset == "adult":
-            folder = config.data_dir or os.environ.get(ADULT_DIR_ENV, "")
-            return adult_holder(
-                folder,
-                partition_id,
-                num_partitions,
-                split,
-                scheme=config.fef_split,
-                seed=config.seed,
-                dirichlet_alpha=config.fef_dirichlet_alpha,
-                download=config.download,
-            )
-        return synthetic_holder(
-            partition_id,
-            num_partitions,
-            split,
-            rows_per_holder=config.users_per_node,
-            seed=config.seed,
-        )
-    return load_partition(
-        config.dataset,
-        partition_id,
-        num_partitions,
-        users_per_node=config.users_per_node,
-        num_groups=config.num_groups,
-        seed=config.seed,
-        split=split,
-        data_dir=config.data_dir or None,
-        download=config.download,
-    )
-
-
-def received_model(
-    shard: UserShard, arrays: ArrayRecord | None, config: RunConfig
-) -> torch.nn.Module:
-    """The received model as a module returning logits: the FedAvg logistic regression, or
-    in the pipeline the FPFL network (``fpfl-architecture``) from its flat ``weights``."""
-    from .fpfl_task import build_model_for, logit_model, num_parameters, set_flat_parameters
-    from .task import build_model, set_arrays
-
-    if config.task == "pipeline":
-        if arrays is None or "weights" not in arrays:
-            raise MessageError("message array 'weights' is missing")
-        network = build_model_for(
-            config.fpfl_architecture, (shard.num_features,), num_classes=2, seed=config.seed
-        )
-        weights = arrays["weights"].numpy()
-        if weights.shape != (num_parameters(network),) or not np.isfinite(weights).all():
-            raise MessageError("message array 'weights' must hold the model's finite parameters")
-        set_flat_parameters(network, weights)
-        return logit_model(network)
-    model = build_model(shard.num_features, seed=config.seed)
-    if arrays is not None:
-        set_arrays(model, list(arrays.to_numpy_ndarrays()))
-    return model
 
 
 def describe(msg: Message, context: Context, config: RunConfig) -> Message:
@@ -301,7 +230,7 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
     The reply is the model trained on the node's own data, in clear and uncharged: on a
     one-user device one step from zero weights gives back the user's row. So it is refused
     (:func:`check_fedavg_training`) unless the node's policy allows non-private training."""
-    from .task import get_arrays, train
+    from .project.task import get_arrays, train
 
     check_fedavg_training(context, config)
     shard = load_shard(context, config, "train")
@@ -364,7 +293,7 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
     node's shard: evaluate the received model per user and reply with perturbed pairs only."""
 
     def shard_users(arrays: ArrayRecord, metric: str, node: Context) -> LocalUsers:
-        from .task import evaluate_users, metric_values
+        from .project.task import evaluate_users, metric_values
 
         shard = load_shard(node, config, "test")
         if not shard.num_users:
@@ -433,15 +362,7 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     partition_id, _ = _partition(context)
     model = received_model(shard, msg.content["arrays"], config)
     try:
-        statistics = holder_statistics(
-            shard,
-            model,
-            seed=config.seed,
-            partition_id=partition_id,
-            variant=config.fef_variant,
-            num_resamples=config.fef_resamples,
-            min_cell_count=config.fef_min_cell,
-        )
+        statistics = holder_statistics_for(config, shard, model, partition_id)
     except InsufficientGroupData as error:
         # The detailed reason holds this node's cell counts: it stays in the node's log.
         log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)

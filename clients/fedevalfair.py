@@ -70,7 +70,7 @@ from ..mechanisms.protocol import (
     CORRUPT_SUM_MARKER,
     STAGE1_WIDTH,
 )
-from .data import UserShard
+from .shards import UserShard
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,7 @@ def client_statistics(
     rng: np.random.Generator,
     min_cell_count: int,
 ) -> ClientStatistics:
-    """:func:`rows_statistics` of a :class:`~fedparity.clients.data.UserShard` (every row's
+    """:func:`rows_statistics` of a :class:`~fedparity.clients.shards.UserShard` (every row's
     group is its user's group)."""
     return rows_statistics(
         shard.labels,

@@ -16,26 +16,28 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
   ``C``),
   or the unclipped sum for the non-private baselines FL and FFL.
 * **Noise share (distributed noise).** The node recomputes the noise multiplier ``sigma``
-  itself from the run's public parameters (:func:`node_noise_multiplier`, Opacus); it never
-  takes a noise level from the server. With ``n`` nodes in the round and at most a fraction
-  ``rho`` (``fpfl-dropout-tolerance``) allowed to drop, each node adds
+  itself from the run's public parameters (:meth:`FPFLNodeSettings.noise_multiplier`,
+  Opacus); it never takes a noise level from the server. With ``n`` nodes in the round and at
+  most a fraction ``rho`` (``fpfl-dropout-tolerance``) allowed to drop, each node adds
   ``N(0, C^2 sigma^2 / n_min)``, ``n_min = ceil((1 - rho) n)`` (:func:`noise_share_std`,
-  :func:`node_noise_share_std`; the server reports the same value): any ``n_min`` or more
-  surviving shares sum to at least the ``N(0, C^2 sigma^2)`` of Algorithm 1 (with all nodes
-  present the variance is over-provisioned by ``n / n_min``). Fewer survivors than ``n_min``
-  and the nodes refuse to unmask the sum (:mod:`fedparity.mechanisms.secure_sum`), so an
+  :meth:`FPFLNodeSettings.noise_share_std`; the server reports the same value): any
+  ``n_min`` or more surviving shares sum to at least the ``N(0, C^2 sigma^2)`` of
+  Algorithm 1 (with all nodes present the variance is over-provisioned by ``n / n_min``).
+  Fewer survivors than ``n_min`` and the nodes refuse to unmask the sum
+  (:mod:`fedparity.mechanisms.secure_sum`), so an
   under-noised sum is never readable.
 
 Randomness (cohort and noise) comes from the operating system unless ``fpfl-client-seed`` is
 set; a seed makes runs reproducible (and resumable bit for bit) but anyone who knows it can
 recompute the cohort and the noise, so a seeded run is **not private**.
+
+The project app's settings and populations from its run config (``node_settings(config)``,
+``population(config)``, ...) are in :mod:`fedparity.clients.project.fpfl_node`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,113 +49,17 @@ from ..mechanisms.mmdm import CONSTRAINTS
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
 from ..mechanisms.secure_random import secure_generator
 from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
-from .config import RunConfig
-from .data import ADULT_DIR_ENV, concat_shards, load_partition
-from .fpfl_data import FPFLShard, fpfl_population, users_as_fpfl_shard
+from ._deprecated import moved_names
+from .fpfl_data import FPFLShard
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "FPFLNodeSettings",
-    "cohort_contribution",
-    "node_contribution",
-    "node_settings",
-    "node_noise_multiplier",
-    "node_noise_share_std",
-    "node_shard",
-    "population",
-    "round_rng",
-]
+__all__ = ["FPFLNodeSettings", "cohort_contribution", "round_rng"]
 
 #: ``spawn_key`` tags of the seeded (reproducible, not private) streams.
 _COHORT_AND_NOISE_TAG = 41
 _CENTRAL_NOISE_TAG = 42
-
-
-@functools.lru_cache(maxsize=4)
-def _population(
-    dataset: str,
-    data_dir: str,
-    download: bool,
-    users_per_node: int,
-    num_groups: int,
-    seed: int,
-    num_partitions: int,
-) -> tuple[FPFLShard, FPFLShard]:
-    return fpfl_population(
-        dataset,
-        num_partitions=num_partitions,
-        seed=seed,
-        users_per_node=users_per_node,
-        num_groups=num_groups,
-        data_dir=data_dir,
-        download=download,
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def _pipeline_population(
-    dataset: str,
-    data_dir: str,
-    download: bool,
-    users_per_node: int,
-    num_groups: int,
-    seed: int,
-    num_partitions: int,
-) -> tuple[FPFLShard, FPFLShard]:
-    splits = []
-    for split in ("train", "test"):
-        shards = [
-            load_partition(
-                dataset,
-                partition,
-                num_partitions,
-                users_per_node=users_per_node,
-                num_groups=num_groups,
-                seed=seed,
-                split=split,
-                data_dir=data_dir or None,
-                download=download,
-            )
-            for partition in range(num_partitions)
-        ]
-        splits.append(users_as_fpfl_shard(concat_shards(shards), num_groups=num_groups))
-    return splits[0], splits[1]
-
-
-def population(config: RunConfig, num_partitions: int) -> tuple[FPFLShard, FPFLShard]:
-    """(training users, held-out test set) of the run, cached per process. The pipeline's
-    users are those of the LDP audit (:func:`~fedparity.clients.data.load_partition`): its
-    trainings use their ``train`` rows and the harness evaluates on their ``test`` rows."""
-    data_dir = config.data_dir or os.environ.get(ADULT_DIR_ENV, "")
-    if config.task == "pipeline":
-        return _pipeline_population(
-            config.dataset,
-            data_dir,
-            config.download,
-            config.users_per_node,
-            config.num_groups,
-            config.seed,
-            num_partitions,
-        )
-    return _population(
-        config.dataset,
-        data_dir,
-        config.download,
-        config.users_per_node,
-        config.num_groups,
-        config.seed,
-        num_partitions,
-    )
-
-
-@functools.lru_cache(maxsize=32)
-def node_shard(config: RunConfig, partition_id: int, num_partitions: int) -> FPFLShard:
-    """The users of partition ``partition_id``, cached per process like the population (a
-    simulated ClientApp serves every round of many nodes; nothing changes a shard)."""
-    train, _ = population(config, num_partitions)
-    return train.partition(partition_id, num_partitions)
 
 
 def round_rng(
@@ -303,36 +209,6 @@ class FPFLNodeSettings:
         return noise_share_std(self.clipping_bound, sigma, survivors - colluders)
 
 
-def node_settings(config: RunConfig) -> FPFLNodeSettings:
-    """The project app's node settings from its run config."""
-    return FPFLNodeSettings(
-        constraint=config.fpfl_constraint,
-        cohort_size=config.fpfl_cohort_size,
-        rounds=config.fpfl_rounds,
-        clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
-        epsilon=config.fpfl_epsilon if config.fpfl_private else None,
-        delta=config.fpfl_delta,
-        accountant=config.fpfl_accountant,
-        distributed_noise=config.fpfl_noise == "distributed",
-        masking=config.fpfl_secure_sum == "masking",
-        dropout_tolerance=config.fpfl_dropout_tolerance,
-        client_seed=config.fpfl_client_seed,
-    )
-
-
-def node_noise_multiplier(config: RunConfig, population_size: int) -> float:
-    """``sigma`` for the run's (epsilon, delta, m, K, T), recomputed on the node (Opacus);
-    0 for the algorithms without noise."""
-    return node_settings(config).noise_multiplier(population_size)
-
-
-def node_noise_share_std(config: RunConfig, population_size: int, num_nodes: int) -> float:
-    """The std this node's noise share has in a round with ``num_nodes`` member nodes:
-    :func:`noise_share_std` of (``C``, the node's own ``sigma``, ``n_min``) with distributed
-    noise, 0 with central noise or without noise (FL, FL + Clip, FFL, FFL + Clip)."""
-    return node_settings(config).noise_share_std(population_size, num_nodes)
-
-
 def cohort_contribution(
     model: torch.nn.Module,
     shard: FPFLShard,
@@ -390,32 +266,16 @@ def cohort_contribution(
     return np.asarray(total, dtype=np.float64)
 
 
-def node_contribution(
-    config: RunConfig,
-    shard: FPFLShard,
-    weights: NDArray[np.floating],
-    *,
-    sample_rate: float,
-    noise_share_std: float,
-    rng: np.random.Generator,
-) -> NDArray[np.float64]:
-    """:func:`cohort_contribution` of the project app's model (``fpfl-architecture``) with
-    ``weights``."""
-    from .fpfl_task import build_model_for, set_flat_parameters
-
-    model = build_model_for(
-        config.fpfl_architecture,
-        shard.features.shape[1:],
-        num_classes=shard.num_classes,
-        seed=config.seed,
-    )
-    set_flat_parameters(model, np.asarray(weights, dtype=np.float64))
-    return cohort_contribution(
-        model,
-        shard,
-        constraint=config.fpfl_constraint,
-        clipping_bound=config.fpfl_clipping_bound if config.fpfl_clips else None,
-        sample_rate=sample_rate,
-        noise_share_std=noise_share_std,
-        rng=rng,
-    )
+# The project app's run-config helpers moved to its own package (deprecated here).
+__getattr__ = moved_names(
+    __name__,
+    "fedparity.clients.project.fpfl_node",
+    (
+        "node_contribution",
+        "node_noise_multiplier",
+        "node_noise_share_std",
+        "node_settings",
+        "node_shard",
+        "population",
+    ),
+)

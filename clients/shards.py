@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-DATASETS: tuple[str, ...] = ("synthetic", "adult")
 SPLITS: tuple[str, ...] = ("train", "test")
 
 # --------------------------------------------------------------------------------------------

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..clients.app import build_client_app
-from ..clients.config import RunConfig
+from ..clients.project.config import RunConfig
 from .app import build_server_app
 
 __all__ = ["SimulationKeys", "fedevalfair_simulation_keys", "run_simulation_job"]
@@ -93,7 +92,7 @@ def run_simulation_job(
     ----------
     run_config : mapping
         Run-config keys (kebab-case, as in pyproject.toml); unknown keys or bad values raise
-        :class:`fedparity.clients.config.ConfigError` before the simulation starts. Without
+        :class:`fedparity.clients.project.config.ConfigError` before the simulation starts. Without
         ``output-dir`` the results go to a temporary folder (returned under ``output_dir``).
     num_supernodes : int
         Simulated nodes (partition-id 0..n-1).
@@ -104,6 +103,10 @@ def run_simulation_job(
         "FEDPARITY_IDENTITY_DIR": folder}`` (:func:`fedevalfair_simulation_keys`).
     """
     from flwr.simulation import run_simulation
+
+    # The one place the server side builds the ClientApp: a simulation runs both apps, as
+    # ``flwr run`` does from pyproject.toml. Loaded here, not with the module.
+    from ..clients.app import build_client_app
 
     if num_supernodes < 1:
         raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")

@@ -31,9 +31,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients import _math_first  # noqa: F401 - before the math package
-from ..clients.config import ConfigError, RunConfig
-from ..clients.data import ADULT_URL, load_adult
 from ..clients.logging_setup import quiet_known_noise
+from ..clients.project.config import ConfigError, RunConfig
+from ..clients.project.data import ADULT_URL, load_adult
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit

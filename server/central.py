@@ -38,8 +38,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from ..clients.data import ADULT_DIR_ENV, adult_features, load_adult
-from ..clients.fpfl_data import FPFLShard, check_groups_present, digits_leaf, unfair_shard
+from ..clients.fpfl_data import FPFLShard, check_groups_present
 from ..clients.fpfl_task import (
     ARCHITECTURES,
     CONSTRAINTS,
@@ -51,6 +50,8 @@ from ..clients.fpfl_task import (
     set_flat_parameters,
     statistics_layout,
 )
+from ..clients.project.data import ADULT_DIR_ENV, adult_features, load_adult
+from ..clients.project.fpfl_data import digits_leaf, unfair_shard
 from ..mechanisms._validation import check_choice, check_int_at_least
 from ..mechanisms.mmdm import (
     FairnessGaps,

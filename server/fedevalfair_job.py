@@ -29,7 +29,7 @@ from flwr.app import Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..clients.config import RunConfig
+from ..clients.project.config import RunConfig
 from ..mechanisms.ckks import (
     DEFAULT_KEY_DIR,
     PUBLIC_CONTEXT_FILE,

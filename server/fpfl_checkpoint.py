@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..clients.config import RunConfig
+from ..clients.project.config import RunConfig
 from ..mechanisms import training_state
 from ..mechanisms.training_state import (
     CHECKPOINT_ARRAYS,

@@ -64,9 +64,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from ..clients.config import ConfigError, RunConfig
 from ..clients.fpfl_data import check_groups_present
-from ..clients.fpfl_node import population, round_rng
+from ..clients.fpfl_node import round_rng
 from ..clients.fpfl_task import (
     build_model_for,
     constraint_mask,
@@ -76,6 +75,8 @@ from ..clients.fpfl_task import (
     statistics_layout,
 )
 from ..clients.process import freeze_warm_heap, thaw_heap
+from ..clients.project.config import ConfigError, RunConfig
+from ..clients.project.fpfl_node import population
 from ..mechanisms.dp_accounting import NoiseCalibration, calibrate_noise, sample_rate
 from ..mechanisms.mmdm import FairnessGaps, MMDMConfig, SelectionCandidate, fairness_gaps
 from ..mechanisms.protocol.fpfl import FPFLRunParameters

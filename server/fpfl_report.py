@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..clients.config import RunConfig
+from ..clients.project.config import RunConfig
 from ..mechanisms.training_state import metrics_from_json as metrics_from_json
 from ..mechanisms.training_state import metrics_to_json as metrics_to_json
 from .html_report import Figure, Finding, Report, Section, Table, Value

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord
 
-from ..clients.app import load_shard_for, received_model
-from ..clients.config import RunConfig
-from ..clients.task import evaluate_users, group_gap_truth, metric_values
+from ..clients.project.config import RunConfig
+from ..clients.project.evaluation import holder_statistics_for, load_shard_for, received_model
+from ..clients.project.task import evaluate_users, group_gap_truth, metric_values
 
 HARNESS_LABEL = "simulation harness only: computed from raw data, not private"
 
@@ -105,9 +105,9 @@ class FedEvalFairTruth:
 def fedevalfair_truth(
     config: RunConfig, arrays: ArrayRecord, partitions: Sequence[tuple[int, int]]
 ) -> FedEvalFairTruth:
-    """Recompute every holder's bootstrap exactly as its ClientApp does (same seeds) and run
+    """Recompute every holder's bootstrap exactly as its ClientApp does (the same
+    :func:`~fedparity.clients.project.evaluation.holder_statistics_for`, same seeds) and run
     :func:`fedparity.mechanisms.fairtest.fedevalfair` in plaintext."""
-    from ..clients.fedevalfair import holder_statistics
     from ..mechanisms.fairtest import InsufficientGroupData, fedevalfair
     from ..mechanisms.protocol import BLOCKS
 
@@ -117,15 +117,7 @@ def fedevalfair_truth(
         shard = load_shard_for(config, partition_id, num_partitions, "test")
         model = received_model(shard, arrays, config)
         try:
-            statistics = holder_statistics(
-                shard,
-                model,
-                seed=config.seed,
-                partition_id=partition_id,
-                variant=config.fef_variant,
-                num_resamples=config.fef_resamples,
-                min_cell_count=config.fef_min_cell,
-            )
+            statistics = holder_statistics_for(config, shard, model, partition_id)
         except InsufficientGroupData:
             continue
         for block, summary in zip(BLOCKS, statistics.summaries, strict=True):

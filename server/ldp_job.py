@@ -23,7 +23,7 @@ from pathlib import Path
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..clients.config import RunConfig
+from ..clients.project.config import RunConfig
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release, SeriesObserver
 from ..strategies.replies import merge_ledger_totals

@@ -23,9 +23,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..clients.config import ConfigError, RunConfig
 from ..clients.logging_setup import quiet_strategy_banner
-from ..clients.task import build_model, get_arrays
+from ..clients.project.config import ConfigError, RunConfig
+from ..clients.project.task import build_model, get_arrays
 from ..mechanisms.protocol import METRICS_KEY
 from ..strategies.replies import send_and_receive
 from ..strategies.robust_fedavg import RobustFedAvg
@@ -215,7 +215,7 @@ class _FedAvgWithProgress(RobustFedAvg):
 
 def supplied_model(config: RunConfig) -> list[np.ndarray] | None:
     """The model the server's operator supplies (``model-file``), read and checked before any
-    work: its arrays in the order of :func:`~fedparity.clients.task.get_arrays` (a ``.npz``
+    work: its arrays in the order of :func:`~fedparity.clients.project.task.get_arrays` (a ``.npz``
     written by ``np.savez(path, *arrays)``, or with the model's ``state_dict`` names as keys),
     finite numbers. None when ``model-file`` is empty (train with FedAvg). The shapes are
     checked against the nodes' feature count by :func:`train_global_model`.

@@ -18,9 +18,9 @@ One ``flwr run`` with ``task = "pipeline"`` does, over the same users and nodes:
    values where the simulation harness knows them (labelled as such), and each user's privacy
    spent over the three steps, from the nodes' per-user ledgers.
 
-The users are those of the LDP audit (:func:`~fedparity.clients.data.load_partition`: one group
-per user, ``train`` and ``test`` rows). The trainings use their ``train`` rows and the audit and
-the test their ``test`` rows, so one per-user ledger covers every DP release. FedEvalFair's
+The users are those of the LDP audit (:func:`~fedparity.clients.project.data.load_partition`: one
+group per user, ``train`` and ``test`` rows). The trainings use their ``train`` rows and the audit
+and the test their ``test`` rows, so one per-user ledger covers every DP release. FedEvalFair's
 releases are aggregates over at least the holders' ``min-holders`` and noise-flooded against key
 recovery, but not differentially private: they are not in the ledger (said in the report).
 
@@ -47,7 +47,7 @@ from flwr.app import Array, ArrayRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..clients.config import PIPELINE_SESSIONS, RunConfig
+from ..clients.project.config import PIPELINE_SESSIONS, RunConfig
 from ..mechanisms.estimators import compare_gaps
 from ..mechanisms.power import (
     audit_detectable_gap,

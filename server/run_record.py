@@ -33,7 +33,7 @@ from typing import Any
 
 from flwr.common import log
 
-from ..clients.config import ConfigError, RunConfig
+from ..clients.project.config import ConfigError, RunConfig
 from ..mechanisms._files import DEFAULT_RUNS_DIR, new_run_folder, write_text_durably
 
 __all__ = [

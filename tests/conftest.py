@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedparity.clients.data import ADULT_DIR_ENV
+from fedparity.clients.project.data import ADULT_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedparity.clients.data import adult_features, load_adult
-from fedparity.clients.fpfl_data import FPFLShard, synthetic_fpfl_users
+from fedparity.clients.fpfl_data import FPFLShard
+from fedparity.clients.project.data import adult_features, load_adult
+from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
 from fedparity.server.central import CentralConfig, adult_rows, main, torch_threads, train_central
 
 

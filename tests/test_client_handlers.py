@@ -14,9 +14,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedparity.clients.app import describe, ldp_audit, load_shard, train_handler
-from fedparity.clients.config import RunConfig
 from fedparity.clients.messages import NodeRefusal
-from fedparity.clients.task import build_model, get_arrays
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.mechanisms import (
     RandomizedResponseMechanism,
     randomized_response_epsilon,

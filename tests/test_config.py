@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedparity.clients.config import DEFAULT_ADULT_DOWNLOAD_DIR, ConfigError, RunConfig
+from fedparity.clients.project.config import DEFAULT_ADULT_DOWNLOAD_DIR, ConfigError, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,7 +186,7 @@ def test_federations_command_writes_connections_flower_reads(
 
 
 def test_the_key_table_lists_every_key_with_help_and_the_pyproject_defaults() -> None:
-    from fedparity.clients.config import config_keys
+    from fedparity.clients.project.config import config_keys
 
     keys = config_keys()
     defaults = pyproject_defaults()
@@ -218,7 +218,7 @@ def test_vocabularies_come_from_the_modules_that_use_them() -> None:
 
 
 def test_the_configuration_reference_is_generated_from_the_key_table() -> None:
-    from fedparity.clients.config import config_keys, config_reference
+    from fedparity.clients.project.config import config_keys, config_reference
 
     reference = config_reference()
     # one table row per key, with its type and allowed values
@@ -228,7 +228,9 @@ def test_the_configuration_reference_is_generated_from_the_key_table() -> None:
     assert (fpfl_delta.type, fpfl_delta.allowed) == ("number", '"" (not set) or (0, 1)')
     # the file in the repository is the generated one (regenerate it with the command it names)
     committed = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == reference, "python -m fedparity.clients.config > docs/configuration.md"
+    assert committed == reference, (
+        "python -m fedparity.clients.project.config > docs/configuration.md"
+    )
 
 
 def test_server_checks_the_adult_folder_before_any_work(

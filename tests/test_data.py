@@ -1,4 +1,4 @@
-"""Tests for clients.data: synthetic population, UCI Adult loading and partitioning."""
+"""Tests for clients.project.data: synthetic population, UCI Adult loading and partitioning."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedparity.clients.data import (
+from fedparity.clients.project.data import (
     ADULT_CATEGORICAL,
     ADULT_DIR_ENV,
     ADULT_NUMERIC,
@@ -419,7 +419,7 @@ def test_adult_download_only_when_absent_and_asked(adult_path: Path, tmp_path: P
 def test_adult_doctorate_holders_partition_the_rows(adult_path: Path) -> None:
     """FedEvalFair's (anonymous, 2024, Section 5.1.1) split: holder 0 = Doctorate rows, holder 1
     = the rest; group = non-White."""
-    from fedparity.clients.data import adult_holder
+    from fedparity.clients.project.data import adult_holder
 
     adult = load_adult(adult_path)
     education = adult.test.columns["education"]
@@ -436,7 +436,7 @@ def test_adult_doctorate_holders_partition_the_rows(adult_path: Path) -> None:
 
 
 def test_adult_dirichlet_holders_are_disjoint_complete_and_skewed(adult_path: Path) -> None:
-    from fedparity.clients.data import adult_holder
+    from fedparity.clients.project.data import adult_holder
 
     shards = [adult_holder(adult_path, i, 10, "train", seed=3) for i in range(10)]
     assert sum(s.num_samples for s in shards) == 32_561
@@ -449,7 +449,7 @@ def test_adult_dirichlet_holders_are_disjoint_complete_and_skewed(adult_path: Pa
 
 
 def test_synthetic_holder_rows_carry_their_users_group() -> None:
-    from fedparity.clients.data import synthetic_holder
+    from fedparity.clients.project.data import synthetic_holder
 
     holder = synthetic_holder(1, 3, "test", rows_per_holder=800)
     shard = synthetic_partition(1, 3, 50, split="test")

@@ -20,13 +20,13 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from fedparity.clients.app import app
 from fedparity.clients.ldp import NO_UNDEFINED_CATEGORY_REFUSAL, LocalUsers, ldp_audit_handler
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT, NodeRefusal
-from fedparity.clients.own_data import (
+from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.clients.project.own_data import (
     NUM_GROUPS_MISMATCH_REFUSAL,
     NUM_GROUPS_MISSING_REFUSAL,
     node_num_groups,
 )
-from fedparity.clients.policy import NodePrivacyPolicy
-from fedparity.clients.task import build_model, get_arrays
+from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.mechanisms.privacy_ledger import UserLedger
 from fedparity.strategies.ldp_audit import LdpGapAudit

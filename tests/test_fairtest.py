@@ -939,8 +939,8 @@ def test_mc_harness_applies_the_apps_min_cell_rule() -> None:
     """The Monte Carlo harness leaves a client's metric out exactly when the data holders'
     ``clients.fedevalfair.client_statistics`` does (``fef-min-cell``); an iteration with fewer
     than 2 reporting clients is unavailable; the draws do not depend on the rule."""
-    from fedparity.clients.data import UserShard
     from fedparity.clients.fedevalfair import client_statistics
+    from fedparity.clients.project.data import UserShard
     from fedparity.mechanisms.protocol import BLOCKS
 
     mc = _load_mc_harness()

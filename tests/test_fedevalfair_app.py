@@ -17,10 +17,10 @@ from flwr.simulation import run_simulation
 from scipy import stats
 
 from fedparity.clients.app import build_client_app, fef_round1, fef_round2, load_shard_for
-from fedparity.clients.config import RunConfig
 from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, holder_predictions
 from fedparity.clients.identity import IDENTITY_DIR_ENV, identity_key_file
-from fedparity.clients.task import build_model
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.task import build_model
 from fedparity.mechanisms.ckks import (
     SECRET_CONTEXT_ENV,
     KeyPaths,

@@ -659,7 +659,7 @@ def test_the_policy_refuses_an_epsilon_above_its_cap_before_any_data_is_read(
     (the project app); a delta not below user-delta likewise. Within the cap the same holders
     read their data."""
     from fedparity.clients.app import fef_round1
-    from fedparity.clients.config import RunConfig
+    from fedparity.clients.project.config import RunConfig
     from fedparity.mechanisms.ckks import NODE_CONFIG_KEY
 
     reads: list[int] = []
@@ -816,8 +816,8 @@ def test_the_project_app_runs_the_dp_mode_and_charges_each_nodes_ledger(
     paper's blocks not released), every holder's test users charged in the ledger its LDP
     audits charge (``ledger-partition-<i>.json``), and the report saying so."""
     from fedparity.clients import app
-    from fedparity.clients.config import RunConfig
-    from fedparity.clients.task import build_model, get_arrays
+    from fedparity.clients.project.config import RunConfig
+    from fedparity.clients.project.task import build_model, get_arrays
     from fedparity.mechanisms.ckks import NODE_CONFIG_KEY
     from fedparity.server.fedevalfair_job import fedevalfair_privacy, fedevalfair_protocol
     from fedparity.server.html_report import render_report
@@ -1169,7 +1169,7 @@ def test_with_the_mode_off_the_outputs_are_bit_for_bit_those_of_the_code_before_
     ],
 )
 def test_the_dp_keys_are_checked_before_any_work(mapping: dict, message: str) -> None:
-    from fedparity.clients.config import ConfigError, RunConfig
+    from fedparity.clients.project.config import ConfigError, RunConfig
 
     with pytest.raises(ConfigError) as error:
         RunConfig.from_mapping({"task": "fedevalfair", **mapping})
@@ -1177,7 +1177,7 @@ def test_the_dp_keys_are_checked_before_any_work(mapping: dict, message: str) ->
 
 
 def test_the_mode_is_off_by_default_and_its_parameters_name_their_range() -> None:
-    from fedparity.clients.config import RunConfig
+    from fedparity.clients.project.config import RunConfig
 
     assert RunConfig().fef_holder_dp is None
     assert RunConfig.from_mapping({"task": "fedevalfair"}).fef_holder_dp is None

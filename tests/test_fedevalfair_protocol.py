@@ -31,9 +31,9 @@ from fedparity.clients.app import (
     fef_round3,
     load_shard_for,
 )
-from fedparity.clients.config import RunConfig
 from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, holder_predictions
-from fedparity.clients.task import build_model, get_arrays, set_arrays
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.task import build_model, get_arrays, set_arrays
 from fedparity.mechanisms.ckks import (
     NODE_CONFIG_KEY,
     CkksParameters,

@@ -17,8 +17,7 @@ from flwr.app import Context, Message
 from flwr.simulation import run_simulation
 
 from fedparity.clients.app import build_client_app, fpfl_round
-from fedparity.clients.config import RunConfig
-from fedparity.clients.fpfl_node import node_shard, round_rng
+from fedparity.clients.fpfl_node import round_rng
 from fedparity.clients.fpfl_task import (
     build_model_for,
     clip_statistics,
@@ -28,6 +27,8 @@ from fedparity.clients.fpfl_task import (
     user_statistics,
 )
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.fpfl_node import node_shard
 from fedparity.mechanisms.dp_accounting import privacy_spent
 from fedparity.mechanisms.mmdm import sgd_update
 from fedparity.server.api import run_simulation_job

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedparity.clients.config import ConfigError, RunConfig
-from fedparity.clients.fpfl_data import check_groups_present, synthetic_fpfl_users
+from fedparity.clients.fpfl_data import check_groups_present
+from fedparity.clients.project.config import ConfigError, RunConfig
+from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
 from fedparity.mechanisms.secure_sum import minimum_survivors
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import run_job

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedparity.clients.data import adult_features, load_adult
-from fedparity.clients.fpfl_data import (
-    FPFLShard,
+from fedparity.clients.fpfl_data import FPFLShard, check_groups_present
+from fedparity.clients.project.data import adult_features, load_adult
+from fedparity.clients.project.fpfl_data import (
     adult_fpfl_users,
-    check_groups_present,
     digits_leaf,
     load_leaf,
     synthetic_fpfl_users,

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedparity.clients.config import RunConfig
-from fedparity.clients.fpfl_data import synthetic_fpfl_users
-from fedparity.clients.fpfl_node import node_contribution, node_noise_multiplier, round_rng
+from fedparity.clients.fpfl_node import round_rng
 from fedparity.clients.fpfl_task import (
     build_model_for,
     get_flat_parameters,
     statistics_layout,
     user_statistics,
 )
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
+from fedparity.clients.project.fpfl_node import node_contribution, node_noise_multiplier
 from fedparity.mechanisms.dp_accounting import calibrate_noise
 from fedparity.mechanisms.secure_sum import minimum_survivors
 from tests.import_probe import last_line_printed

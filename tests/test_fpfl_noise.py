@@ -20,17 +20,17 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedparity.clients.app import fpfl_keys, fpfl_round, fpfl_setup
-from fedparity.clients.config import RunConfig
-from fedparity.clients.fpfl_data import synthetic_fpfl_users
-from fedparity.clients.fpfl_node import (
+from fedparity.clients.fpfl_node import round_rng
+from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters, statistics_layout
+from fedparity.clients.messages import NodeRefusal
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
+from fedparity.clients.project.fpfl_node import (
     node_contribution,
     node_noise_multiplier,
     node_noise_share_std,
     node_shard,
-    round_rng,
 )
-from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters, statistics_layout
-from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms.dp_accounting import calibrate_noise
 from fedparity.mechanisms.protocol import FPFL_KEY, MessageError
 from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRoundRequest, FPFLSetupRequest

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedparity.clients.config import RunConfig
+from fedparity.clients.project.config import RunConfig
 from fedparity.mechanisms.dp_accounting import privacy_spent
 from fedparity.server.api import run_simulation_job
 from fedparity.server.fpfl_checkpoint import (

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedparity.clients.fpfl_data import FPFLShard, synthetic_fpfl_users
+from fedparity.clients.fpfl_data import FPFLShard
 from fedparity.clients.fpfl_task import (
     build_cnn,
     build_fpfl_model,
@@ -31,6 +31,7 @@ from fedparity.clients.fpfl_task import (
     user_statistics,
     user_statistics_loop,
 )
+from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
 from tests.import_probe import last_line_printed
 
 # Vectorised vs loop: the same float32 per-sample terms summed in a different order over a
@@ -264,7 +265,7 @@ def test_per_user_statistics_load_nothing_beyond_torch() -> None:
     # Opacus (1.4 s here) or scipy. A fresh interpreter: this process loaded both long ago.
     probe = (
         "import sys; "
-        "from fedparity.clients.fpfl_data import synthetic_fpfl_users; "
+        "from fedparity.clients.project.fpfl_data import synthetic_fpfl_users; "
         "from fedparity.clients.fpfl_task import build_fpfl_model, user_statistics; "
         "shard = synthetic_fpfl_users(5, seed=1, num_features=3, num_groups=2); "
         "user_statistics(build_fpfl_model('shallow', 3, seed=0), shard, constraint='fnr'); "

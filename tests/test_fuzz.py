@@ -511,8 +511,8 @@ def test_the_server_rejects_every_malformed_fpfl_sum(data: st.DataObject) -> Non
 @given(data=st.data())
 def test_the_built_in_node_refuses_or_trains_for_any_train_message(data: st.DataObject) -> None:
     from fedparity.clients.app import describe, train_handler
-    from fedparity.clients.config import RunConfig
-    from fedparity.clients.task import build_model, get_arrays
+    from fedparity.clients.project.config import RunConfig
+    from fedparity.clients.project.task import build_model, get_arrays
 
     config = RunConfig.from_mapping({"users-per-node": 20})
     context = Context(

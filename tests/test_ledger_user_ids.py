@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from fedparity.clients.app import app
 from fedparity.clients.ledger import open_node_ledger, save_node_ledger
 from fedparity.clients.policy import NodePrivacyPolicy
-from fedparity.clients.task import build_model, get_arrays
+from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.mechanisms.accounting import LedgerFileError
 from fedparity.mechanisms.calibration import mechanism_for_budget
 from fedparity.mechanisms.privacy_ledger import (

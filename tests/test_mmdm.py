@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedparity.clients.fpfl_data import FPFLShard, synthetic_fpfl_users
+from fedparity.clients.fpfl_data import FPFLShard
 from fedparity.clients.fpfl_task import (
     build_fpfl_model,
     constraint_mask,
@@ -24,6 +24,7 @@ from fedparity.clients.fpfl_task import (
     statistics_layout,
     user_statistics,
 )
+from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
 from fedparity.mechanisms.mmdm import (
     AggregateStatistics,
     CohortMetrics,

@@ -21,8 +21,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from fedparity.clients.app import app
-from fedparity.clients.data import ADULT_FILES
-from fedparity.clients.data import adult as adult_module
+from fedparity.clients.project.data import ADULT_FILES
+from fedparity.clients.project.data import adult as adult_module
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -458,7 +458,7 @@ def test_masks_are_revealed_only_for_the_policys_minimum_survivors() -> None:
 
 def test_a_one_user_device_describes_its_users_but_not_its_samples(tmp_path: Path) -> None:
     from fedparity.clients.app import describe
-    from fedparity.clients.config import RunConfig
+    from fedparity.clients.project.config import RunConfig
 
     rows = tmp_path / "me.csv"
     rows.write_text("group,label,age\n1,1,0.5\n1,0,0.25\n1,1,0.75\n", encoding="utf-8")

@@ -12,14 +12,14 @@ import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients.app import describe, ldp_audit
-from fedparity.clients.config import RunConfig
-from fedparity.clients.own_data import (
+from fedparity.clients.project.config import RunConfig
+from fedparity.clients.project.own_data import (
     DataFileError,
     own_fpfl_shard,
     own_shard,
     read_data_file,
 )
-from fedparity.clients.task import build_model, get_arrays
+from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.strategies.ldp_audit import LdpGapAudit
 

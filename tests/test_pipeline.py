@@ -18,11 +18,11 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from fedparity.clients.config import ConfigError, RunConfig
-from fedparity.clients.data import load_partition
 from fedparity.clients.fpfl_data import users_as_fpfl_shard
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.clients.project.config import ConfigError, RunConfig
+from fedparity.clients.project.data import load_partition
 from fedparity.mechanisms.privacy_ledger import (
     VALUE_DISCRETIZATION_INTERVAL,
     SubsampledGaussianRelease,

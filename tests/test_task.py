@@ -1,4 +1,4 @@
-"""Tests for clients.task: model, weights I/O, training, per-user metrics and the true gap."""
+"""Tests for clients.project.task: model, weights I/O, training, per-user metrics, true gap."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedparity.clients.data import ADULT_DIR_ENV, UserShard, adult_partition, concat_shards
-from fedparity.clients.data import synthetic_partition as synthetic
-from fedparity.clients.task import (
+from fedparity.clients.project.data import ADULT_DIR_ENV, UserShard, adult_partition, concat_shards
+from fedparity.clients.project.data import synthetic_partition as synthetic
+from fedparity.clients.project.task import (
     METRIC_NAMES,
     UserMetrics,
     build_model,

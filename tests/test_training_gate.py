@@ -33,10 +33,10 @@ from fedparity.clients.app import (
     NON_PRIVATE_TRAINING_RULE,
     app,
 )
-from fedparity.clients.config import ConfigError, RunConfig
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
-from fedparity.clients.task import build_model, get_arrays
+from fedparity.clients.project.config import ConfigError, RunConfig
+from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.server.orchestration import supplied_model, train_global_model
 
 pytestmark = pytest.mark.usefixtures("task_identity")

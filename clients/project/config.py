@@ -15,17 +15,17 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from ..mechanisms.accounting import BUDGET_TOLERANCE
-from ..mechanisms.calibration import MechanismChoice
-from ..mechanisms.dp_accounting import AccountantName
-from ..mechanisms.fairtest import Mode
-from ..mechanisms.metrics import METRIC_NAMES
-from ..mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
-from ..mechanisms.mmdm import CONSTRAINTS
+from ...mechanisms.accounting import BUDGET_TOLERANCE
+from ...mechanisms.calibration import MechanismChoice
+from ...mechanisms.dp_accounting import AccountantName
+from ...mechanisms.fairtest import Mode
+from ...mechanisms.metrics import METRIC_NAMES
+from ...mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
+from ...mechanisms.mmdm import CONSTRAINTS
 from .data import DATASETS
 
 if TYPE_CHECKING:
-    from ..mechanisms.ckks.holder_dp import HolderDP
+    from ...mechanisms.ckks.holder_dp import HolderDP
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
 #: The jobs that evaluate a global model they train with plain FedAvg (the ``train`` message),
@@ -266,14 +266,15 @@ def _toml_value(value: Any) -> str:
 def config_reference() -> str:
     """The configuration reference (Markdown), generated from the key table.
 
-    ``python -m fedparity.clients.config > docs/configuration.md`` writes it; a test checks
-    that the file in the repository is up to date.
+    ``python -m fedparity.clients.project.config > docs/configuration.md`` writes it; a test
+    checks that the file in the repository is up to date.
     """
     lines = [
         "# Run configuration reference",
         "",
-        "<!-- Generated from the key table of fedparity.clients.config by",
-        "     `python -m fedparity.clients.config > docs/configuration.md`; do not edit. -->",
+        "<!-- Generated from the key table of fedparity.clients.project.config by",
+        "     `python -m fedparity.clients.project.config > docs/configuration.md`;",
+        "     do not edit. -->",
         "",
         "Every key of `[tool.flwr.app.config]` in `pyproject.toml` (the defaults), of the named",
         "configs in `configs/` and of `flwr run . --run-config`. An unknown key or a value",
@@ -480,7 +481,7 @@ class RunConfig:
         "", the mode is off)."""
         if self.fef_dp_epsilon is None:
             return None
-        from ..mechanisms.ckks.holder_dp import HolderDP
+        from ...mechanisms.ckks.holder_dp import HolderDP
 
         return HolderDP(self.fef_dp_epsilon, self.fef_dp_delta, self.fef_dp_max_weight)
 

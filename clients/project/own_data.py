@@ -49,10 +49,10 @@ import numpy as np
 from flwr.common import log
 from numpy.typing import NDArray
 
-from ..mechanisms._validation import MAX_GROUPS
-from .data import UserShard
-from .fpfl_data import FPFLShard
-from .messages import NodeRefusal
+from ...mechanisms._validation import MAX_GROUPS
+from ..fpfl_data import FPFLShard
+from ..messages import NodeRefusal
+from ..shards import UserShard
 
 __all__ = [
     "DATA_FILE_NODE_KEY",

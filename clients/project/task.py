@@ -2,7 +2,7 @@
 
 The model maps a feature vector to one logit. :func:`evaluate_users` turns a trained model into
 per-user metrics (accuracy, TPR, FPR, FNR), vectorised over the users of a
-:class:`~fedparity.clients.data.UserShard`; :func:`group_gap_truth` gives the exact (non-private)
+:class:`~fedparity.clients.shards.UserShard`; :func:`group_gap_truth` gives the exact (non-private)
 per-group means and gap used as ground truth by the simulation harness.
 """
 
@@ -19,8 +19,8 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from ..mechanisms.metrics import METRIC_NAMES, UserRates, user_rates
-from .data import UserShard
+from ...mechanisms.metrics import METRIC_NAMES, UserRates, user_rates
+from ..shards import UserShard
 
 __all__ = [
     "METRIC_NAMES",
@@ -134,7 +134,7 @@ def train(
 
 @dataclass(frozen=True)
 class UserMetrics(UserRates):
-    """Per-user evaluation of a model on a :class:`~fedparity.clients.data.UserShard`.
+    """Per-user evaluation of a model on a :class:`~fedparity.clients.shards.UserShard`.
 
     The per-user rates and counts (:class:`~fedparity.mechanisms.metrics.UserRates`) are
     aligned with the shard's local users, NaN where undefined; ``loss`` and

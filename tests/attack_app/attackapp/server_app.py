@@ -21,8 +21,8 @@ from typing import Any
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedparity.clients.config import RunConfig
 from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters, statistics_layout
+from fedparity.clients.project.config import RunConfig
 from fedparity.mechanisms.identity import IdentityKey
 from fedparity.mechanisms.protocol import (
     FPFL_CONFIRM_MESSAGE_TYPE,

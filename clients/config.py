@@ -1,0 +1,8 @@
+"""Deprecated: moved to :mod:`fedparity.clients.project.config` (the project app's own task).
+
+Importing a name from here still works and warns with a ``DeprecationWarning``.
+"""
+
+from ._deprecated import moved_names
+
+__getattr__ = moved_names(__name__, "fedparity.clients.project.config")
