@@ -32,6 +32,7 @@ References
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -66,8 +67,22 @@ ORACLES: tuple[str, ...] = ("grr", "oue", "ss")
 #: the k-bit reports of OUE and subset selection to about CHUNK x k bytes).
 CHUNK = 1 << 16
 
-#: Users per chunk of GRR's counting path (one float and one integer per user in memory).
-GRR_CHUNK = 1 << 20
+#: Users per chunk of the one-uniform counting path (GRR, small-domain subset selection): a few
+#: arrays of this length stay in the CPU cache and are reused.
+COUNT_CHUNK = 1 << 15
+
+
+class _Buffers:
+    """Work arrays of one chunk, allocated once and reused (fresh arrays cost page faults)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.draws = np.empty(size)
+        self.work = np.empty(size)
+        self.other = np.empty(size)
+        self.index = np.empty(size, dtype=np.int64)
+        self.offset = np.empty(size, dtype=np.int64)
+
 
 #: The largest domain (GRR's sampler and the k x k covariance take up to MAX_GROUPS).
 MAX_DOMAIN_SIZE = MAX_GROUPS
@@ -75,6 +90,29 @@ MAX_DOMAIN_SIZE = MAX_GROUPS
 
 def _check_domain_size(value: int) -> int:
     return check_num_groups(value, "domain_size")
+
+
+#: Subset selection samples from a table of all C(k, omega) report shapes when k C(k, omega) is
+#: at most this many (one uniform per user); above it, Floyd's algorithm.
+MAX_SUBSET_TABLE = 1 << 22
+
+
+@functools.lru_cache(maxsize=32)
+def _subset_table(domain_size: int, subset_size: int) -> np.ndarray:
+    """Subset selection's reports relative to the user's value x, as a (C(k, omega), k) table.
+
+    Row s holds the offsets (category - x) mod k the report supports: first the C(k - 1,
+    omega - 1) shapes that include x (offset 0), then the C(k - 1, omega) that do not, each in
+    lexicographic order of the other categories.
+    """
+    k, w = domain_size, subset_size
+    rows = [(0, *(1 + o for o in others)) for others in itertools.combinations(range(k - 1), w - 1)]
+    rows += [tuple(1 + o for o in others) for others in itertools.combinations(range(k - 1), w)]
+    table = np.zeros((len(rows), k), dtype=np.int64)
+    for index, offsets in enumerate(rows):
+        table[index, list(offsets)] = 1
+    table.setflags(write=False)
+    return table
 
 
 @dataclass(frozen=True)
@@ -235,6 +273,59 @@ class FrequencyOracle:
             return grr_perturb(values, self.epsilon_target, self.domain_size, rng)
         return self._perturb_bits(values.astype(np.int64, copy=False), rng)
 
+    def _uses_subset_table(self) -> bool:
+        return (
+            self.name == "ss"
+            and self.domain_size * math.comb(self.domain_size, self.subset_size) <= MAX_SUBSET_TABLE
+        )
+
+    def _subset_shapes(self, m: int, rng: np.random.Generator) -> np.ndarray:
+        """One uniform per user -> a row of :func:`_subset_table` (subset selection's law)."""
+        buffers = _Buffers(m)
+        rng.random(out=buffers.draws)
+        self._shape_index(buffers)
+        return buffers.index.copy()
+
+    def _shape_index(self, buffers: _Buffers) -> None:
+        """Map the uniforms in ``buffers.draws`` to report shapes in ``buffers.index``, in place.
+
+        GRR: shape s = 0 (kept) on [0, a), else 1 + floor((u - a)(k - 1) / (1 - a)), the
+        report being (x + s) mod k, as :func:`~fedparity.mechanisms.grr_perturb` draws it.
+        Subset selection: [0, p) is cut into the C(k - 1, omega - 1) shapes that include the
+        user's value, [p, 1) into the C(k - 1, omega) that do not, each in equal parts (the
+        rows of :func:`_subset_table`). Exact to the 2^-53 resolution of a float64 uniform.
+        """
+        k, u, index = self.domain_size, buffers.draws, buffers.index
+        if self.name == "grr":
+            a = self.support_probability
+            u -= a
+            u *= (k - 1) / (1.0 - a)
+            u += 1.0
+            np.copyto(index, u, casting="unsafe")  # truncation: (-1, 1) gives 0 (kept)
+            np.clip(index, 0, k - 1, out=index)
+            return
+        w, p = self.subset_size, self.support_probability
+        with_value, without = math.comb(k - 1, w - 1), math.comb(k - 1, w)
+        # Both pieces are linear in u, with_value u / p on [0, p) and with_value + without
+        # (u - p) / (1 - p) on [p, 1), and meet at u = p: the piecewise map is the smaller of
+        # the two lines where the slope drops at p, the larger where it rises.
+        shape, other = buffers.work, buffers.other
+        np.multiply(u, with_value / p, out=shape)
+        np.multiply(u, without / (1.0 - p), out=other)
+        other += with_value - p * without / (1.0 - p)
+        if without / (1.0 - p) <= with_value / p:
+            np.minimum(shape, other, out=shape)
+        else:
+            np.maximum(shape, other, out=shape)
+        np.copyto(index, shape, casting="unsafe")
+        np.clip(index, 0, with_value + without - 1, out=index)
+
+    def _shape_table(self) -> np.ndarray:
+        """(shapes, k) table of supported offsets: GRR's is the identity, SS's the subsets."""
+        if self.name == "grr":
+            return np.eye(self.domain_size, dtype=np.int64)
+        return _subset_table(self.domain_size, self.subset_size)
+
     def _subset_others(
         self, values: np.ndarray, include: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:
@@ -264,6 +355,12 @@ class FrequencyOracle:
             out = rng.random((m, k)) < self.other_support_probability
             out[rows, values] = rng.random(m) < 0.5
             return out
+        if self._uses_subset_table():
+            shapes = _subset_table(k, self.subset_size)[self._subset_shapes(m, rng)]
+            columns = (values[:, None] + np.arange(k)[None, :]) % k
+            out = np.zeros((m, k), dtype=bool)
+            out[rows[:, None], columns] = shapes.astype(bool)
+            return out
         include = rng.random(m) < self.support_probability
         labels = self._subset_others(values, include, rng)
         out = np.zeros((m, k), dtype=bool)
@@ -291,10 +388,8 @@ class FrequencyOracle:
         rng = check_generator("rng", rng)
         k = self.domain_size
         counts = np.zeros(k, dtype=np.int64)
-        if self.name == "grr":
-            for start in range(0, values.shape[0], GRR_CHUNK):
-                counts += self._grr_count(values[start : start + GRR_CHUNK], rng)
-            return counts
+        if self.name == "grr" or self._uses_subset_table():
+            return self._count_by_shape(values, rng)
         values = values.astype(np.int64, copy=False)
         for start in range(0, values.shape[0], CHUNK):
             chunk = values[start : start + CHUNK]
@@ -307,26 +402,31 @@ class FrequencyOracle:
             counts += np.bincount(labels[labels >= 0], minlength=k)
         return counts
 
-    def _grr_count(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """GRR's support counts of one chunk, with the draws and the output of ``grr_perturb``.
+    def _count_by_shape(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Support counts from one uniform per user, without building reports.
 
-        A user's report is (x + s) mod k with s = 0 on [0, a) and s = 1 + floor((u - a)(k - 1)
-        / (1 - a)) after it, for one uniform u; the counts are those of the (x, s) pairs,
-        folded, so no report array is built.
+        Counts the (user value x, report shape s) pairs in chunks that stay in cache, with
+        reused buffers, then folds them: a user in x with shape s supports x + offset (mod k)
+        for each offset of row s of :meth:`_shape_table`.
         """
         k = self.domain_size
-        a = self.support_probability
-        shift = rng.random(values.shape[0])
-        shift -= a
-        shift *= (k - 1) / (1.0 - a)
-        shift += 1.0
-        cells = shift.astype(np.int64)  # truncation: t in (-1, 1) gives 0 (kept)
-        np.clip(cells, 0, k - 1, out=cells)
-        cells += values.astype(np.int64, copy=False) * k
-        pairs = np.bincount(cells, minlength=k * k).reshape(k, k)
-        # pairs[x, s] reports category (x + s) mod k.
-        target = (np.arange(k)[:, None] + np.arange(k)[None, :]) % k
-        return np.bincount(target.ravel(), weights=pairs.ravel(), minlength=k).astype(np.int64)
+        table = self._shape_table()
+        shapes = table.shape[0]
+        pairs = np.zeros(k * shapes, dtype=np.int64)
+        buffers = _Buffers(min(COUNT_CHUNK, values.shape[0]))
+        for start in range(0, values.shape[0], COUNT_CHUNK):
+            chunk = values[start : start + COUNT_CHUNK]
+            part = buffers if chunk.shape[0] == buffers.size else _Buffers(chunk.shape[0])
+            rng.random(out=part.draws)
+            self._shape_index(part)
+            np.multiply(chunk, shapes, out=part.offset, dtype=np.int64)
+            part.index += part.offset
+            pairs += np.bincount(part.index, minlength=k * shapes)
+        relative = pairs.reshape(k, shapes) @ table  # [x, offset]
+        counts = np.zeros(k, dtype=np.int64)
+        for x in range(k):
+            counts += np.roll(relative[x], x)
+        return counts
 
     # ---- estimation -------------------------------------------------------------------
 
