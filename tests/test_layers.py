@@ -6,6 +6,13 @@ Layers (bottom to top): ``fedparity.mechanisms`` imports no other layer and no F
 project every import of its own code is relative, so nothing depends on a top-level
 ``clients`` or ``server`` that a user's flat Flower app (its own ``server.py``) would shadow.
 Every import statement counts, also the lazy ones inside functions.
+
+Rooms inside ``fedparity.clients``: the project app's own task (``fedparity.clients.project``:
+run config, embedded data, populations, models) and its ClientApp module
+(``fedparity.clients.app``) sit beside the node library (handlers, policy, ledger, messages,
+shards). The library never imports the project app, and ``fedparity.server`` never imports the
+ClientApp module (it shares the task code in ``fedparity.clients.project`` instead, as a Flower
+app's ServerApp and ClientApp share ``task.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import packages_distributions, requires
 from pathlib import Path
@@ -138,6 +145,170 @@ def test_the_check_reports_each_kind_of_violation(layer: str, source: str, expec
 )
 def test_the_check_accepts_allowed_imports(layer: str, source: str) -> None:
     assert check_source(source, layer, ["module"], "probe.py") == []
+
+
+# --------------------------------------------------------------------------------------------
+# Rooms: the node library never imports the project app; the server never imports the ClientApp
+# --------------------------------------------------------------------------------------------
+
+#: The project app inside ``fedparity.clients``: its own task package and its ClientApp module.
+PROJECT_APP: tuple[str, ...] = ("fedparity.clients.project", "fedparity.clients.app")
+#: Old paths of modules that moved to ``fedparity.clients.project``; each only forwards its
+#: names (``clients/_deprecated.py``, with a ``DeprecationWarning``), so importing one is
+#: importing the project app.
+DEPRECATED_ALIASES: dict[str, str] = {
+    "fedparity.clients.config": "fedparity.clients.project.config",
+    "fedparity.clients.data": "fedparity.clients.project.data",
+    "fedparity.clients.own_data": "fedparity.clients.project.own_data",
+    "fedparity.clients.task": "fedparity.clients.project.task",
+}
+CLIENT_APP = "fedparity.clients.app"
+#: The one server module that builds the ClientApp: the Python API runs a simulation of both
+#: apps in one process (``flwr run`` does it from ``pyproject.toml``), inside the function only.
+CLIENT_APP_RUNNERS = frozenset({"fedparity.server.api"})
+
+
+def _within(name: str, packages: Iterable[str]) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
+def _import_targets(
+    tree: ast.AST, layer: str, module_parts: list[str]
+) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import, eager or lazy; ``from package import name`` also counts
+    as importing ``package.name`` (it loads the submodule when there is one)."""
+    for line, name, _ in _imports(tree, layer, module_parts):
+        yield line, name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            resolved = next(iter(_imports(node, layer, module_parts)))[1]
+            for alias in node.names:
+                yield node.lineno, f"{resolved}.{alias.name}"
+
+
+def module_name(layer: str, parts: list[str]) -> str:
+    names = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(["fedparity", layer, *names])
+
+
+def is_client_library(layer: str, parts: list[str]) -> bool:
+    """A module of the node library: in ``fedparity.clients``, not the project app, not an old
+    path of a moved module."""
+    name = module_name(layer, parts)
+    return layer == "clients" and not _within(name, PROJECT_APP) and name not in DEPRECATED_ALIASES
+
+
+def room_violations(source: str, layer: str, module_parts: list[str], path: str) -> list[Violation]:
+    """The library importing the project app, or the server importing the ClientApp module."""
+    found: list[Violation] = []
+    tree = ast.parse(source)
+    for line, name in _import_targets(tree, layer, module_parts):
+        if is_client_library(layer, module_parts) and (
+            _within(name, PROJECT_APP) or _within(name, DEPRECATED_ALIASES)
+        ):
+            found.append(Violation(path, line, f"the node library imports the project's {name!r}"))
+        if (
+            layer == "server"
+            and _within(name, (CLIENT_APP,))
+            and module_name(layer, module_parts) not in CLIENT_APP_RUNNERS
+        ):
+            found.append(Violation(path, line, f"fedparity.server imports the ClientApp {name!r}"))
+    return found
+
+
+def test_the_node_library_never_imports_the_project_app_and_the_server_never_the_client_app() -> (
+    None
+):
+    """Run on the sources of commit 5e50373 (before the project's task moved to
+    ``clients/project/``) this finds 16 violations: ``clients/fpfl_node.py`` imported
+    ``.config`` (``RunConfig``) and ``.data``, ``clients/fpfl_data.py`` and
+    ``clients/fedevalfair.py`` imported ``.data``, and ``server/harness.py`` imported
+    ``load_shard_for`` and ``received_model`` from ``clients/app.py``."""
+    modules = list(library_modules())
+    library = [m for m in modules if is_client_library(m[0], m[1])]
+    assert len(library) >= 15  # the node library was read
+    assert any(layer == "server" and parts == ["harness"] for layer, parts, _ in modules)
+    violations = [
+        v
+        for layer, parts, path in modules
+        for v in room_violations(
+            path.read_text(encoding="utf-8"), layer, parts, str(path.relative_to(REPO_ROOT))
+        )
+    ]
+    assert violations == []
+
+
+def test_the_old_paths_of_moved_modules_only_forward_to_the_project() -> None:
+    # A module left at an old path holds no code of its own: it imports only the forwarding
+    # helper, so the library cannot reach the project through it unseen.
+    for old in DEPRECATED_ALIASES:
+        parts = old.split(".")[2:]
+        path = REPO_ROOT / "clients" / Path(*parts).with_suffix(".py")
+        if not path.is_file():
+            path = REPO_ROOT / "clients" / Path(*parts) / "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_parts = [*parts, "__init__"] if path.name == "__init__.py" else parts
+        imported = {name for _, name, _ in _imports(tree, "clients", module_parts)}
+        assert imported <= {"fedparity.clients._deprecated"}, (old, imported)
+
+
+@pytest.mark.parametrize(
+    ("layer", "parts", "source", "expected"),
+    [
+        ("clients", ["ldp"], "from .project.config import RunConfig", "node library"),
+        ("clients", ["ldp"], "def f():\n    from .project import task", "node library"),
+        ("clients", ["fpfl_node"], "from .config import RunConfig", "node library"),
+        ("clients", ["fpfl_node"], "from . import app", "node library"),
+        ("clients", ["fpfl_node"], "from .app import load_shard_for", "node library"),
+        ("clients", ["data", "__init__"], "from ..ledger import x", None),
+        ("clients", ["project", "task"], "from ..ledger import x", None),
+        ("clients", ["app"], "from .project.config import RunConfig", None),
+        ("server", ["harness"], "from ..clients.app import received_model", "ClientApp"),
+        ("server", ["harness"], "from ..clients import app", "ClientApp"),
+        ("server", ["harness"], "def f():\n    from ..clients.app import x", "ClientApp"),
+        ("server", ["harness"], "from ..clients.project.evaluation import x", None),
+        ("server", ["api"], "def f():\n    from ..clients.app import build_client_app", None),
+    ],
+)
+def test_the_room_check_reports_each_kind_of_violation(
+    layer: str, parts: list[str], source: str, expected: str | None
+) -> None:
+    # Power check: each rule fails on the import it forbids, and passes the allowed ones.
+    violations = room_violations(source, layer, parts, "probe.py")
+    if expected is None:
+        assert violations == []
+    else:
+        assert any(expected in v.message for v in violations), violations
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(DEPRECATED_ALIASES.items()))
+def test_an_old_import_path_still_works_with_a_deprecation_warning(old: str, new: str) -> None:
+    import importlib
+
+    name = {"config": "RunConfig", "data": "load_partition", "own_data": "read_data_file"}.get(
+        old.rsplit(".", 1)[1], "build_model"
+    )
+    with pytest.warns(DeprecationWarning, match=f"{old}.{name} moved to {new}.{name}"):
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(new), name)
+
+
+@pytest.mark.parametrize(
+    ("old", "name"),
+    [
+        ("fedparity.clients.fpfl_data", "fpfl_population"),
+        ("fedparity.clients.fpfl_data", "digits_leaf"),
+        ("fedparity.clients.fpfl_node", "node_settings"),
+        ("fedparity.clients.fpfl_node", "population"),
+    ],
+)
+def test_a_name_moved_out_of_a_library_module_warns(old: str, name: str) -> None:
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match="moved to fedparity.clients.project"):
+        getattr(importlib.import_module(old), name)
+    with pytest.raises(AttributeError):
+        importlib.import_module(old).no_such_name  # noqa: B018
 
 
 def _declared_distributions() -> set[str]:
@@ -368,9 +539,9 @@ def test_a_nodes_messages_without_a_model_load_no_torch(tmp_path: Path) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedparity.clients.app import _fpfl_model, app, fpfl_users
-    from fedparity.clients.config import RunConfig
-    from fedparity.clients.fpfl_node import node_settings
     from fedparity.clients.fpfl_task import statistics_layout
+    from fedparity.clients.project.config import RunConfig
+    from fedparity.clients.project.fpfl_node import node_settings
     from fedparity.mechanisms.protocol import FPFL_KEY
     from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLSetupRequest
     from fedparity.mechanisms.secure_sum import contribution_codec
