@@ -35,7 +35,6 @@ from .fairtest import stage_statistics as stage_statistics
 from .frequency_oracle import FrequencyEstimate as FrequencyEstimate
 from .frequency_oracle import FrequencyOracle as FrequencyOracle
 from .frequency_oracle import frequency_oracle as frequency_oracle
-from .group_rates import RATE_METRICS as RATE_METRICS
 from .group_rates import FourFifthsVerdict as FourFifthsVerdict
 from .group_rates import GroupRates as GroupRates
 from .group_rates import IntersectionalGroups as IntersectionalGroups

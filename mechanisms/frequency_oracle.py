@@ -13,8 +13,8 @@ that support j.
   omega categories that holds the true one with probability p = omega e^eps / (omega e^eps +
   k - omega); omega minimises the variance.
 
-Every oracle's epsilon is computed from its realised probabilities (:attr:`FrequencyOracle.
-epsilon`), its estimator's exact covariance for given true counts is
+Every oracle's epsilon is computed from its realised probabilities
+(:attr:`FrequencyOracle.epsilon`), its estimator's exact covariance for given true counts is
 :meth:`FrequencyOracle.covariance`, and :func:`frequency_oracle` with ``"best"`` picks the
 oracle whose estimator has the smallest total variance (the trace of the covariance, which for a
 pure protocol depends on n only, not on the unknown counts).
@@ -115,7 +115,7 @@ def _subset_table(domain_size: int, subset_size: int) -> np.ndarray:
     return table
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: identity, not ==
 class FrequencyEstimate:
     """Unbiased category counts from n reports and their estimated covariance.
 
@@ -505,10 +505,11 @@ def frequency_oracle(
 ) -> FrequencyOracle:
     """The oracle ``name`` ("grr", "oue", "ss" or "best") at ``epsilon`` for k categories.
 
-    ``"best"`` returns the oracle with the smallest total variance (:meth:`FrequencyOracle.
-    total_variance`) for ``num_users`` users; n scales every oracle's variance alike, so the
-    choice depends on (epsilon, k) only: GRR wins for small k (k < 3 e^eps + 2), unary encoding
-    and subset selection for large k. Subset selection's omega minimises its variance.
+    ``"best"`` returns the oracle with the smallest total variance
+    (:meth:`FrequencyOracle.total_variance`) for ``num_users`` users; n scales every oracle's
+    variance alike, so the choice depends on (epsilon, k) only: GRR wins for small k (about
+    k < 3 e^eps + 2), subset selection for large k. Subset selection's omega minimises its
+    variance.
 
     >>> frequency_oracle("best", 2.0, 8).name
     'grr'

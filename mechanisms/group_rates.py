@@ -273,7 +273,7 @@ def _label_text(label: Any) -> str:
     return str(label)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: identity, not ==
 class GroupRates:
     """Rate metrics per group and overall, in fairlearn's ``MetricFrame`` vocabulary.
 
@@ -477,7 +477,7 @@ class GroupRates:
         return ordered, len(valid), note
 
     def difference(self, metric: str | None = None, method: str = "between_groups") -> Any:
-        """max - min over groups, or the largest |group - overall| (``method="to_overall"``).
+        """max - min over groups, or the largest ``|group - overall|`` (``method="to_overall"``).
 
         The interval is simultaneous over the pairs (Bonferroni), folded at 0.
         """
@@ -673,7 +673,9 @@ def group_rates(
         A group whose noisy count (the sum of its cells) is below this is suppressed: its
         values are nan, labelled "suppressed", and it is left out of the summaries.
     metrics : sequence of str, optional
-        Names from :data:`RATE_METRICS` (default: all).
+        Metric names (default: all eight): "selection_rate", "true_positive_rate",
+        "false_positive_rate", "false_negative_rate", "true_negative_rate", "accuracy",
+        "precision", "negative_predictive_value".
 
     Notes
     -----
