@@ -593,92 +593,77 @@ class FedEvalFairProtocol:
         return tuple(results)
 
     def start(self, grid: Grid, arrays: ArrayRecord, node_ids: Sequence[int]) -> FedEvalFairOutcome:
-        """Run the rounds on ``node_ids``; never raises on bad or missing replies."""
+        """Run the rounds on ``node_ids``; never raises on bad or missing replies.
+
+        Round 1, the verifiers' endorsement of its sum, round 2, every round-2 participant's
+        commitment to both sets, round 3 (the key holders' release): each step below records
+        what it saw in ``progress`` and stops the run with the reason when it cannot go on."""
         run_id = session_id(int(grid.run.run_id), self.session)
-        participants: list[tuple[int, ...]] = []
-        dropped: list[tuple[int, ...]] = []
-        rejected_all: list[tuple[int, RejectedReply]] = []
-        corrupt_all: list[tuple[int, RejectedReply]] = []
-        uploaded_all: list[dict[int, int]] = []
-        #: Per round, the most ciphertexts accepted from one node (each accepted payload was
-        #: checked to hold exactly one CKKS ciphertext by mechanisms.ckks.add_ciphertexts).
-        ciphertexts_all: list[int] = []
-        verifiers: list[int] = []
-        endorsers: list[int] = []
-        committers: list[int] = []
+        progress = _Progress()
+        try:
+            first = self._round1(grid, arrays, node_ids, run_id, progress)
+            sum1, endorsements = self._endorse(grid, first, run_id, progress)
+            second = self._round2(grid, first, sum1, endorsements, run_id, progress)
+            commitments = self._commit(grid, first, second, run_id, progress)
+            release = self._round3(grid, first, second, commitments, progress)
+        except _Withheld as stop:
+            return self._finish(progress, str(stop))
+        return self._finish(progress, None, self.reports(release), release)
 
-        def corrupt_error(
-            round_number: int, reports: list[RejectedReply], senders: Sequence[int]
-        ) -> str:
-            which = "round-1" if round_number == 2 else "round-2"
-            return (
-                f"round {round_number}: {len(reports)} node(s) report that the {which} sum is "
-                f"corrupt: at least one {which} ciphertext (senders: {sorted(senders)}) was "
-                "encrypted under another key or carried out-of-range values; the server holds "
-                "no secret key and cannot tell which node sent it; result withheld"
-            )
-
-        def finish(
-            error: str | None,
-            unable: list[RejectedReply],
-            holders: Sequence[int] = (),
-            blocks: tuple[BlockResult, ...] = (),
-            released: np.ndarray | None = None,
-        ) -> FedEvalFairOutcome:
-            if error:
-                log(logging.WARNING, "FedEvalFair: %s", error)
-            return FedEvalFairOutcome(
-                blocks=blocks,
-                round_participants=tuple(participants),
-                dropped=tuple(dropped),
-                rejected=tuple(rejected_all),
-                unable=tuple(unable),
-                key_holders=tuple(holders),
-                uploaded_bytes=tuple(uploaded_all),
-                ciphertexts_per_node=tuple(ciphertexts_all),
-                error=error,
-                released=() if released is None else tuple(float(x) for x in released),
-                corrupt_sum_reports=tuple(corrupt_all),
-                verifiers=tuple(verifiers),
-                endorsers=tuple(endorsers),
-                committers=tuple(committers),
-                holder_dp=None if self.dp is None else self.dp.to_dict(),
-            )
-
-        # Round 1
+    def _round1(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        node_ids: Sequence[int],
+        run_id: str,
+        progress: _Progress,
+    ) -> RoundCollection:
+        """Round 1 on ``node_ids``: their signed ciphertexts, summed by the server."""
         log(logging.INFO, "[FedEvalFair round 1/3] %d node(s)", len(node_ids))
         replies = self._send(
             grid, FEF_ROUND_MESSAGE_TYPES[0], node_ids, self.round1_content(arrays)
         )
         first = self.collect_round(1, node_ids, replies, ROUND1_SIZE, run_id=run_id)
-        round1, unable = list(first.accepted), list(first.unable)
-        rejected_all += [(1, item) for item in first.rejected]
-        uploaded_all.append(first.uploaded)
-        ciphertexts_all.append(max(Counter(round1).values(), default=0))
-        participants.append(tuple(round1))
-        answered = {item.node_id for item in first.rejected + first.unable} | set(round1)
-        dropped.append(tuple(node for node in node_ids if node not in answered))
+        round1 = list(first.accepted)
+        progress.unable = list(first.unable)
+        progress.rejected += [(1, item) for item in first.rejected]
+        progress.record_round(first, node_ids)
         if first.total is None or len(round1) < self.min_clients:
-            return finish(
-                f"round 1: {len(round1)} valid ciphertext(s), need {self.min_clients}", unable
-            )
+            raise _Withheld(f"round 1: {len(round1)} valid ciphertext(s), need {self.min_clients}")
+        return first
 
-        # Endorsement of the round-1 sum by the verifiers
-        verifiers.extend(sorted(round1)[: self.key_holders])
+    def _endorse(
+        self, grid: Grid, first: RoundCollection, run_id: str, progress: _Progress
+    ) -> tuple[bytes, list[tuple[int, bytes, bytes]]]:
+        """The verifiers (the first ``key_holders`` round-1 nodes) recompute and endorse the
+        round-1 sum: (the endorsed sum, the endorsements)."""
+        progress.verifiers.extend(sorted(first.accepted)[: self.key_holders])
         contributors = [entry.signer for entry in first.entries]
-        log(logging.INFO, "[FedEvalFair endorsement] verifier(s) %s", verifiers)
+        log(logging.INFO, "[FedEvalFair endorsement] verifier(s) %s", progress.verifiers)
         replies = self._send(
-            grid, FEF_ENDORSE_MESSAGE_TYPE, verifiers, self.endorse_content(first.entries)
+            grid, FEF_ENDORSE_MESSAGE_TYPE, progress.verifiers, self.endorse_content(first.entries)
         )
         sum1, endorsements, rejected = self.collect_endorsements(
-            replies, verifiers, contributors, run_id=run_id
+            replies, progress.verifiers, contributors, run_id=run_id
         )
-        rejected_all += [(1, item) for item in rejected]
-        endorsers.extend(node for node, _, _ in endorsements)
+        progress.rejected += [(1, item) for item in rejected]
+        progress.endorsers.extend(node for node, _, _ in endorsements)
         if sum1 is None:
-            return finish("endorsement: no verifier endorsed the round-1 sum", unable)
+            raise _Withheld("endorsement: no verifier endorsed the round-1 sum")
+        return sum1, endorsements
 
-        # Round 2
+    def _round2(
+        self,
+        grid: Grid,
+        first: RoundCollection,
+        sum1: bytes,
+        endorsements: Sequence[tuple[int, bytes, bytes]],
+        run_id: str,
+        progress: _Progress,
+    ) -> RoundCollection:
+        """Round 2 on the round-1 nodes: the endorsed sum in, their stage-2 ciphertexts out."""
+        round1 = list(first.accepted)
+        contributors = [entry.signer for entry in first.entries]
         log(logging.INFO, "[FedEvalFair round 2/3] %d node(s)", len(round1))
         content = self.round2_content(sum1, contributors, [(e, s) for _, e, s in endorsements])
         replies = self._send(grid, FEF_ROUND_MESSAGE_TYPES[1], round1, content)
@@ -693,56 +678,70 @@ class FedEvalFairProtocol:
         round2 = list(second.accepted)
         corrupt = [item for item in second.unable if CORRUPT_SUM_MARKER in item.reason]
         other = [item for item in second.unable if CORRUPT_SUM_MARKER not in item.reason]
-        rejected_all += [(2, item) for item in [*second.rejected, *other]]
-        corrupt_all += [(2, item) for item in corrupt]
-        uploaded_all.append(second.uploaded)
-        ciphertexts_all.append(max(Counter(round2).values(), default=0))
-        participants.append(tuple(round2))
-        answered = {item.node_id for item in second.rejected + second.unable} | set(round2)
-        dropped.append(tuple(node for node in round1 if node not in answered))
+        progress.rejected += [(2, item) for item in [*second.rejected, *other]]
+        progress.corrupt += [(2, item) for item in corrupt]
+        progress.record_round(second, round1)
         if corrupt:
-            return finish(corrupt_error(2, corrupt, round1), unable)
+            raise _Withheld(_corrupt_error(2, corrupt, round1))
         if second.total is None or len(round2) < self.min_clients:
-            return finish(
-                f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}", unable
-            )
+            raise _Withheld(f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}")
+        return second
 
-        # Commitment of every round-2 participant to the two sets
+    def _commit(
+        self,
+        grid: Grid,
+        first: RoundCollection,
+        second: RoundCollection,
+        run_id: str,
+        progress: _Progress,
+    ) -> list[tuple[int, bytes, bytes]]:
+        """Every round-2 participant commits to the round-1 and round-2 sets."""
+        round2 = list(second.accepted)
         log(logging.INFO, "[FedEvalFair commitment] %d node(s)", len(round2))
         content = self.commit_content(first.entries, second.entries)
         replies = self._send(grid, FEF_COMMIT_MESSAGE_TYPE, round2, content)
         commitments, rejected = self.collect_commitments(
             replies, first.entries, second.entries, round2, run_id=run_id
         )
-        rejected_all += [(2, item) for item in rejected]
-        committers.extend(node for node, _, _ in commitments)
+        progress.rejected += [(2, item) for item in rejected]
+        progress.committers.extend(node for node, _, _ in commitments)
         if len(commitments) != len(round2):
-            missing = sorted(set(round2) - set(committers))
-            return finish(
+            missing = sorted(set(round2) - set(progress.committers))
+            raise _Withheld(
                 f"commitment: round-2 node(s) {missing} did not commit to the round-1 and "
                 "round-2 sets; a key holder releases only sets every round-2 node committed "
-                "to; result withheld",
-                unable,
+                "to; result withheld"
             )
+        return commitments
 
-        # Round 3
-        holders = sorted(round2)[: self.key_holders]
-        log(logging.INFO, "[FedEvalFair round 3/3] key holder(s) %s", holders)
+    def _round3(
+        self,
+        grid: Grid,
+        first: RoundCollection,
+        second: RoundCollection,
+        commitments: Sequence[tuple[int, bytes, bytes]],
+        progress: _Progress,
+    ) -> np.ndarray:
+        """Round 3 on the key holders (the first ``key_holders`` round-2 nodes): their
+        releases, which must agree; the first one is returned."""
+        round2 = list(second.accepted)
+        progress.holders = sorted(round2)[: self.key_holders]
+        log(logging.INFO, "[FedEvalFair round 3/3] key holder(s) %s", progress.holders)
         content = self.round3_content(
             first.entries, second.entries, [(signer, sig) for _, signer, sig in commitments]
         )
-        replies = self._send(grid, FEF_ROUND_MESSAGE_TYPES[2], holders, content)
-        releases, rejected = self.collect_releases(replies, holders)
+        replies = self._send(grid, FEF_ROUND_MESSAGE_TYPES[2], progress.holders, content)
+        releases, rejected = self.collect_releases(replies, progress.holders)
         corrupt = [item for item in rejected if CORRUPT_SUM_MARKER in item.reason]
-        rejected_all += [(3, item) for item in rejected if item not in corrupt]
-        corrupt_all += [(3, item) for item in corrupt]
-        uploaded_all.append({})
-        ciphertexts_all.append(0)  # round 3: the key holders release plaintext aggregates
-        participants.append(tuple(holders))
+        progress.rejected += [(3, item) for item in rejected if item not in corrupt]
+        progress.corrupt += [(3, item) for item in corrupt]
+        progress.uploaded.append({})
+        progress.ciphertexts.append(0)  # round 3: the key holders release plaintext aggregates
+        progress.participants.append(tuple(progress.holders))
         if corrupt:
-            return finish(corrupt_error(3, corrupt, round2), unable, holders)
+            raise _Withheld(_corrupt_error(3, corrupt, round2))
         if not releases:
-            return finish("round 3: no key holder released the statistics", unable, holders)
+            raise _Withheld("round 3: no key holder released the statistics")
         first_release = releases[0]
         for other_release in releases[1:]:
             same = np.isclose(
@@ -753,10 +752,81 @@ class FedEvalFairProtocol:
                 equal_nan=True,
             )
             if not same.all():
-                return finish(
-                    "round 3: the key holders' releases disagree; result withheld", unable, holders
-                )
-        return finish(None, unable, holders, self.reports(first_release), first_release)
+                raise _Withheld("round 3: the key holders' releases disagree; result withheld")
+        return first_release
+
+    def _finish(
+        self,
+        progress: _Progress,
+        error: str | None,
+        blocks: tuple[BlockResult, ...] = (),
+        released: np.ndarray | None = None,
+    ) -> FedEvalFairOutcome:
+        """The outcome of the run so far (``error``: why it stopped, logged)."""
+        if error:
+            log(logging.WARNING, "FedEvalFair: %s", error)
+        return FedEvalFairOutcome(
+            blocks=blocks,
+            round_participants=tuple(progress.participants),
+            dropped=tuple(progress.dropped),
+            rejected=tuple(progress.rejected),
+            unable=tuple(progress.unable),
+            key_holders=tuple(progress.holders),
+            uploaded_bytes=tuple(progress.uploaded),
+            ciphertexts_per_node=tuple(progress.ciphertexts),
+            error=error,
+            released=() if released is None else tuple(float(x) for x in released),
+            corrupt_sum_reports=tuple(progress.corrupt),
+            verifiers=tuple(progress.verifiers),
+            endorsers=tuple(progress.endorsers),
+            committers=tuple(progress.committers),
+            holder_dp=None if self.dp is None else self.dp.to_dict(),
+        )
+
+
+class _Withheld(Exception):
+    """A step of :meth:`FedEvalFairProtocol.start` cannot go on: the result is withheld (the
+    message is the outcome's ``error``). Never leaves ``start``."""
+
+
+def _corrupt_error(round_number: int, reports: list[RejectedReply], senders: Sequence[int]) -> str:
+    which = "round-1" if round_number == 2 else "round-2"
+    return (
+        f"round {round_number}: {len(reports)} node(s) report that the {which} sum is "
+        f"corrupt: at least one {which} ciphertext (senders: {sorted(senders)}) was "
+        "encrypted under another key or carried out-of-range values; the server holds "
+        "no secret key and cannot tell which node sent it; result withheld"
+    )
+
+
+@dataclass
+class _Progress:
+    """What one run of :meth:`FedEvalFairProtocol.start` has seen so far (its outcome)."""
+
+    participants: list[tuple[int, ...]] = field(default_factory=list)
+    dropped: list[tuple[int, ...]] = field(default_factory=list)
+    rejected: list[tuple[int, RejectedReply]] = field(default_factory=list)
+    corrupt: list[tuple[int, RejectedReply]] = field(default_factory=list)
+    uploaded: list[dict[int, int]] = field(default_factory=list)
+    #: Per round, the most ciphertexts accepted from one node (each accepted payload was
+    #: checked to hold exactly one CKKS ciphertext by mechanisms.ckks.add_ciphertexts).
+    ciphertexts: list[int] = field(default_factory=list)
+    verifiers: list[int] = field(default_factory=list)
+    endorsers: list[int] = field(default_factory=list)
+    committers: list[int] = field(default_factory=list)
+    #: Round 1's nodes that could not take part.
+    unable: list[RejectedReply] = field(default_factory=list)
+    holders: list[int] = field(default_factory=list)
+
+    def record_round(self, collection: RoundCollection, asked: Sequence[int]) -> None:
+        """Bytes, ciphertexts per node, participants and the nodes that never answered, of a
+        round sent to ``asked``."""
+        self.uploaded.append(collection.uploaded)
+        self.ciphertexts.append(max(Counter(collection.accepted).values(), default=0))
+        self.participants.append(tuple(collection.accepted))
+        answered = {item.node_id for item in collection.rejected + collection.unable}
+        answered |= set(collection.accepted)
+        self.dropped.append(tuple(node for node in asked if node not in answered))
 
 
 @dataclass(frozen=True)
