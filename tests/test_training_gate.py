@@ -28,6 +28,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 import fedparity.clients.app as client_app_module
+import fedparity.clients.project.evaluation as project_evaluation
 from fedparity.clients.app import (
     NO_FEDAVG_TRAINING_TEXT,
     NON_PRIVATE_TRAINING_RULE,
@@ -227,8 +228,15 @@ RULES = {
     "bootstrap resamples": "the run's bootstrap resamples are outside [1, max-resamples]",
     "rounds": "the training's rounds are outside [1, fpfl-max-rounds]",
 }
-#: The node's data loaders (each loads, or generates, the node's users).
-LOADERS = ("load_partition", "synthetic_holder", "adult_holder", "node_shard", "read_data_file")
+#: The node's data loaders (each loads, or generates, the node's users), by the module that
+#: calls them: the ClientApp, and the project's task code it shares with the harness.
+LOADERS = {
+    "load_partition": project_evaluation,
+    "synthetic_holder": project_evaluation,
+    "adult_holder": project_evaluation,
+    "node_shard": client_app_module,
+    "read_data_file": client_app_module,
+}
 
 
 def _watch_loaders(monkeypatch: pytest.MonkeyPatch, fail: bool) -> list[str]:
@@ -245,10 +253,8 @@ def _watch_loaders(monkeypatch: pytest.MonkeyPatch, fail: bool) -> list[str]:
 
         return call
 
-    for name in LOADERS:
-        monkeypatch.setattr(
-            client_app_module, name, watched(name, getattr(client_app_module, name))
-        )
+    for name, module in LOADERS.items():
+        monkeypatch.setattr(module, name, watched(name, getattr(module, name)))
     return calls
 
 
