@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from flwr.app import ConfigRecord, Context, Message
 
-from fedparity.clients.config import RunConfig
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT
+from fedparity.clients.project.config import RunConfig
 
 try:
     from tests.flower_processes import local_simulation
@@ -79,8 +79,8 @@ def test_audit_completes_despite_crashed_silent_and_malformed_nodes(tmp_path: Pa
 
 #: A ClientApp's first message takes this long (seconds), against a reply-timeout of
 #: COLD_START_REPLY_TIMEOUT: the first two describe requests go unanswered.
-COLD_START_SECONDS = 20.0
-COLD_START_REPLY_TIMEOUT = 8.0
+COLD_START_SECONDS = 30.0
+COLD_START_REPLY_TIMEOUT = 12.0
 
 
 def cold_describe(msg: Message, context: Context, config: RunConfig) -> Message:
@@ -128,7 +128,7 @@ def _run_audit(tmp_path: Path, overrides: dict, handlers: dict) -> dict:
 def test_a_cold_start_longer_than_the_reply_timeout_does_not_fail_the_run(
     tmp_path: Path,
 ) -> None:
-    """No node describes itself within reply-timeout (8 s) because every ClientApp takes 20 s
+    """No node describes itself within reply-timeout (12 s) because every ClientApp takes 30 s
     over its first message: the server asks again until node-wait-timeout and the audit
     runs. (Before, the job failed at once with 'no node described its data: []', as CI saw
     under load with the fault tests' short reply-timeouts.)"""

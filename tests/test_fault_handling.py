@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from fedparity.clients.config import ConfigError, RunConfig
 from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY, LocalUsers, ldp_audit_handler
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
+from fedparity.clients.project.config import ConfigError, RunConfig
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.mechanisms.accounting import ledger_marker
 from fedparity.mechanisms.privacy_ledger import UserLedger

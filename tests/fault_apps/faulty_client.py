@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedparity.clients import app as real
-from fedparity.clients.config import RunConfig
+from fedparity.clients.project.config import RunConfig
 
 
 def faulty_audit(msg: Message, context: Context, config: RunConfig) -> Message:
