@@ -625,7 +625,9 @@ class GroupRates:
         try:
             import pandas as pd
         except ImportError as error:  # pragma: no cover - pandas is optional
-            raise ImportError("to_pandas needs pandas: pip install pandas") from error
+            raise ImportError(
+                "to_pandas needs pandas: pip install 'fedparity[frame]' (or pandas)"
+            ) from error
         rows = []
         suppressed = set(self.suppressed)
         for metric, groups in self.by_group.items():
