@@ -53,3 +53,11 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(home))
         yield home
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first (each module kept together, for its module-scoped
+    fixtures): the CI's two xdist workers then start on the long multi-process tests and share
+    the short ones at the end, instead of one worker finishing a 10-minute module alone."""
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow")}  # type: ignore[attr-defined]
+    items.sort(key=lambda item: item.module not in slow_modules)  # type: ignore[attr-defined]
