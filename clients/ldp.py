@@ -326,7 +326,11 @@ def _perturbed_reply(
             ledger.charge(release, user_ids=users.user_ids[answering])
         refused = int((~answering).sum())
         # charged (atomically) before anything is released
-        save_node_ledger(context, path, ledger)
+        try:
+            save_node_ledger(context, path, ledger)
+        except LedgerFileError as error:  # e.g. the folder became unwritable: names the file
+            log(logging.ERROR, "ldp_audit: %s", error)
+            raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
         totals = ledger_totals(ledger)
         # an undefined metric is the undefined category with the value 0 (m = 1/2)
         user_groups = np.where(defined, users.groups, num_groups)

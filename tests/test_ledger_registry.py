@@ -30,7 +30,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY, LocalUsers, ldp_audit_handler
-from fedparity.clients.messages import INTERNAL_ERROR_TEXT, NodeRefusal
+from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.mechanisms import privacy_ledger as privacy_ledger_module
 from fedparity.mechanisms.accounting import ledger_marker
@@ -219,8 +219,8 @@ def test_a_failed_save_names_the_ledger_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The write itself failing (a full or read-only disk) after the checks: the node's log
-    names the ledger file (before: ``PermissionError(13, ...)``), the server reads a fixed
-    sentence, nothing is released."""
+    names the ledger file (before: ``PermissionError(13, ...)``), the server reads the fixed
+    ledger sentence (before: the generic internal-error one), nothing is released."""
 
     real_write = privacy_ledger_module.write_file_atomic
 
@@ -231,7 +231,7 @@ def test_a_failed_save_names_the_ledger_file(
 
     monkeypatch.setattr(privacy_ledger_module, "write_file_atomic", refuse)
     folder = tmp_path / "ledgers"
-    with node_log(caplog), pytest.raises(NodeRefusal, match=re.escape(INTERNAL_ERROR_TEXT)):
+    with node_log(caplog), pytest.raises(NodeRefusal, match=re.escape(LEDGER_UNUSABLE_REPLY)):
         _handler()(_audit(), _context({"ledger-dir": str(folder)}))
     assert f"ledger {folder / 'user-ledger.json'} cannot be written" in caplog.text
     assert "PermissionError(13" not in caplog.text
