@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flwr.app import Context
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients import _math_first  # noqa: F401 - before the math package
@@ -90,15 +91,25 @@ def check_adult_files(config: RunConfig) -> None:
         ) from None
 
 
-def run_job(grid: Grid, run_config: Mapping[str, Any]) -> None:
+def run_job(grid: Grid, run_config: Mapping[str, Any], run_id: int | None = None) -> None:
     """Validate the run config and the output folder (before any work), then run its task.
 
     The run's ``status.json`` (:mod:`fedparity.server.run_record`) says how it ended: a job
     that raises is recorded as failed (or interrupted), with what it had released, and an
-    ERROR line says so on the console (``flwr run`` itself exits 0 either way)."""
+    ERROR line says so on the console (``flwr run`` itself exits 0 either way). The first line
+    says where that file is and how to stop the run (``flwr stop``: Ctrl-C on ``flwr run
+    --stream`` only detaches the console, and the run goes on releasing)."""
     config = RunConfig.from_mapping(run_config)
     check_adult_files(config)
     record = open_run_record(config)
+    stop = f"flwr stop {run_id}" if run_id is not None else "flwr stop <run id>"
+    log(
+        logging.INFO,
+        "fedparity %s: status in %s; to stop the run: %s (Ctrl-C only detaches the console)",
+        config.task,
+        record.path,
+        stop,
+    )
     try:
         JOBS[config.task](grid, config, record)
     except BaseException as error:
@@ -115,7 +126,7 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_job(grid, {**context.run_config, **extra})
+        run_job(grid, {**context.run_config, **extra}, run_id=context.run_id)
 
     return server_app
 

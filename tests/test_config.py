@@ -203,8 +203,8 @@ def test_the_key_table_lists_every_key_with_help_and_the_pyproject_defaults() ->
 def test_vocabularies_come_from_the_modules_that_use_them() -> None:
     from typing import get_args
 
-    from fedparity.clients import config
     from fedparity.clients.fpfl_task import CONSTRAINTS
+    from fedparity.clients.project import config
     from fedparity.mechanisms.calibration import MechanismChoice
     from fedparity.mechanisms.dp_accounting import AccountantName
     from fedparity.mechanisms.fairtest import Mode

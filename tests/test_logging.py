@@ -186,6 +186,9 @@ def test_flwr_run_prints_each_line_once_and_no_debug(tmp_path: Path, job: str) -
         run = simulation.run(run_config, timeout=600)
     output = run.output  # stdout + stderr, colour codes removed
     assert "results written to" in output  # the job's own lines are in the stream
+    # the job says first where its status is and how to stop it (Ctrl-C only detaches)
+    status = tmp_path / "run" / "status.json"
+    assert f"status in {status}; to stop the run: flwr stop {run.run_id}" in output
 
     in_a_row, overall = repeated_lines(output)
     assert in_a_row == [], f"printed twice in a row: {in_a_row}\n{output}"
