@@ -8,12 +8,12 @@ TenSEAL ciphertexts (:func:`ckks_simulator.run_protocol_locally`); the plaintext
 same protocol with float64 vectors (:func:`ckks_simulator.run_protocol_plaintext`). Flower's
 own overhead is measured elsewhere.
 
-Payload (the calibrated mode's inverse-variance form, :mod:`fedparity.mechanisms.fairtest`):
-client i contributes [w_i, w_i y_i, w_i y_i^2] with w_i = 1/S_i^2 in [1e4, 1e6] and
-y_i ~ N(0.03, 1/w_i) (+ the count slot); its round-2 terms are Cochran's w_i (y_i - mu)^2 and
-the paper's w_i (y_i - mu)^2 / (1 - w_i / W) (T1, Eq. 10 of "FedEvalFair: A Privacy-Preserving
-and Statistically Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM
-Multimedia 2024 submission). Two key holders decrypt
+Payload (the calibrated mode's inverse-variance form,
+:mod:`fedparity.mechanisms.fairness_tests.fedevalfair`): client i contributes [w_i, w_i y_i, w_i
+y_i^2] with w_i = 1/S_i^2 in [1e4, 1e6] and y_i ~ N(0.03, 1/w_i) (+ the count slot); its round-2
+terms are Cochran's w_i (y_i - mu)^2 and the paper's w_i (y_i - mu)^2 / (1 - w_i / W) (T1, Eq. 10 of
+"FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness Evaluation
+Framework", anonymous authors, ACM Multimedia 2024 submission). Two key holders decrypt
 in round 3. Reported per client and round: payload bytes up and down (Flower framing not
 included), ciphertexts uploaded, compute time; per round the server's time. "parallel s"
 is the critical path if the clients ran in parallel: sum over rounds of (slowest client +
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     CkksParameters,
     generate_keys,
     load_public_context,
@@ -177,9 +177,9 @@ def measure_handlers(k: int, seed: int, secret_path: Path, public: Any) -> dict[
     from fedparity.clients.fedevalfair_handlers import FEF_STATE_KEY
     from fedparity.clients.identity import NodeIdentity
     from fedparity.clients.policy import NodePrivacyPolicy
-    from fedparity.mechanisms.ckks import contributors_digest
-    from fedparity.mechanisms.fairtest import fedevalfair
-    from fedparity.mechanisms.identity import IdentityKey, Roster
+    from fedparity.mechanisms.crypto.ckks import contributors_digest
+    from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
+    from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
     from fedparity.mechanisms.protocol import (
         BLOCKS,
         FEF_ENDORSE_MESSAGE_TYPE,

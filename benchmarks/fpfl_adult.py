@@ -481,7 +481,7 @@ def shamir_reference_ms(num_nodes: int = NUM_SUPERNODES, repeats: int = 7) -> fl
     interpolation over the prime field of ``SHAMIR_PRIME`` by the ``shamirs`` package).
     Median of ``repeats``, in ms: a machine speed reference for the round times, which are
     quantised by the 0.1 s tick and so move in steps with CPU speed."""
-    from fedparity.mechanisms.secure_sum import (
+    from fedparity.mechanisms.crypto.secure_sum import (
         combine_self_seed,
         new_self_seed,
         share_self_seed,

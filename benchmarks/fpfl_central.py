@@ -9,10 +9,11 @@ The same sufficient statistics and updates as FPFL, without users, clipping or n
 iteration draws a mini-batch of rows (the paper: ``n_batch = 400``, 1,000 iterations; or the
 full training set), computes the pooled statistics of Eq. (16) with
 :func:`fedparity.clients.fpfl_task.pooled_statistics` and applies
-:func:`fedparity.mechanisms.mmdm.mmdm_update`
+:func:`fedparity.mechanisms.fpfl.mmdm.mmdm_update`
 (MMDM, FNR parity, ``alpha = 0.02``, ``eta = 0.1``, ``gamma = 0.01``, ``c = 2``) or plain SGD
-(:func:`fedparity.mechanisms.mmdm.sgd_update`). The final model is evaluated on ``adult.test``
-(accuracy and the FNR / EO / DemP / PP gaps of :func:`fedparity.mechanisms.mmdm.fairness_gaps`).
+(:func:`fedparity.mechanisms.fpfl.mmdm.sgd_update`). The final model is evaluated on ``adult.test``
+(accuracy and the FNR / EO / DemP / PP gaps of
+:func:`fedparity.mechanisms.fpfl.mmdm.fairness_gaps`).
 
 The same trainer runs the unfair-digits stand-in for unfair FEMNIST (Section 4.2; scikit-learn's
 8x8 digits, 3 writer groups, accuracy parity, the convolutional network):
@@ -53,7 +54,7 @@ from fedparity.clients.fpfl_task import (
 from fedparity.clients.project.data import ADULT_DIR_ENV, adult_features, load_adult
 from fedparity.clients.project.fpfl_data import digits_leaf, unfair_shard
 from fedparity.mechanisms._validation import check_choice, check_int_at_least
-from fedparity.mechanisms.mmdm import (
+from fedparity.mechanisms.fpfl.mmdm import (
     FairnessGaps,
     MMDMConfig,
     evaluate_constraints,

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ldp_throughput import GENERATION_CHUNK, run_in_subprocess  # noqa: E402
 
 from fedparity.mechanisms import encode_cells, frequency_oracle, group_rates  # noqa: E402
-from fedparity.mechanisms.secure_random import secure_generator  # noqa: E402
+from fedparity.mechanisms.crypto.secure_random import secure_generator  # noqa: E402
 
 ORACLES = ("best", "grr", "oue", "ss")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from fedparity.mechanisms import LaplaceMechanism, estimate_gap, summarize_stream
-from fedparity.mechanisms.calibration import optimal_split
+from fedparity.mechanisms.ldp.calibration import optimal_split
 from fedparity.server.progress import Progress
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -10,7 +10,7 @@ process so that ``peak_rss_mb`` (the process's maximum resident set size) is its
 ``--sweep`` writes a Markdown table to benchmarks/results/ldp_throughput.md.
 
 The privacy noise comes from the cryptographically secure generator the nodes use
-(:func:`fedparity.mechanisms.secure_random.secure_generator`, AES-128-CTR), and M_L is the
+(:func:`fedparity.mechanisms.crypto.secure_random.secure_generator`, AES-128-CTR), and M_L is the
 grid mechanism with its integer-only sampler; ``--generator pcg64`` measures the same with
 NumPy's statistical generator for comparison. ``--seed`` seeds only the synthetic clients.
 
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from fedparity.mechanisms import estimate_gap, mechanism_for_budget, summarize_stream
-from fedparity.mechanisms.laplace import LaplaceMechanism
-from fedparity.mechanisms.reports import ReportSummary
-from fedparity.mechanisms.secure_random import secure_generator
+from fedparity.mechanisms.crypto.secure_random import secure_generator
+from fedparity.mechanisms.ldp.laplace import LaplaceMechanism
+from fedparity.mechanisms.ldp.reports import ReportSummary
 
 GENERATION_CHUNK = 1 << 20
 RESULTS = Path(__file__).resolve().parent / "results"

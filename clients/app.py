@@ -34,10 +34,10 @@ from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from ..clients import _math_first  # noqa: F401 - before the math package
-from ..mechanisms.ckks import (
+from ..mechanisms.crypto.ckks import (
     secret_context_path,
 )
-from ..mechanisms.fairtest import InsufficientGroupData
+from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
 )

@@ -2,7 +2,8 @@
 
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
-version); the calibrated mode is fedparity's correction (:mod:`fedparity.mechanisms.fairtest`).
+version); the calibrated mode is fedparity's correction
+(:mod:`fedparity.mechanisms.fairness_tests.fedevalfair`).
 
 One protocol run tests both disparities (dp, eo) in both modes (calibrated, paper): the four
 (metric, mode) *blocks* travel side by side in one CKKS ciphertext per message, so a client
@@ -10,18 +11,18 @@ sends at most one ciphertext per round.
 
 * Round 1 -- :func:`round1_vector`: per block the contribution
   ``[w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, 1]`` of
-  :func:`fedparity.mechanisms.fairtest.client_contribution`
+  :func:`fedparity.mechanisms.fairness_tests.fedevalfair.client_contribution`
   (zeros for a block the client cannot compute, e.g. eo without positives in a group), plus
   one message-count slot.
 * Round 2 -- :func:`round2_vector`: decrypt the round-1 sum, compute the block's stage-1
-  parts (:func:`fedparity.mechanisms.fairtest.stage1_term`, 3 numbers), and send
+  parts (:func:`fedparity.mechanisms.fairness_tests.fedevalfair.stage1_term`, 3 numbers), and send
   ``[parts, contribution again, 1]``: the fresh contribution sums give the estimate over the
   clients that are still there.
 * Round 3 -- :func:`release_vector` (key holders only): decrypt both sums and release, per
   block, ``[stage-1 statistic, sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, k]`` over the
   round-2 clients. These numbers determine (T, W*, mu_hat, its standard error, k) plus
   sum w and sum w Ybar^2: the server learns the test statistics and nothing per client.
-* The holder-level DP mode (``dp``, :mod:`fedparity.mechanisms.ckks.holder_dp`): the
+* The holder-level DP mode (``dp``, :mod:`fedparity.mechanisms.crypto.ckks.holder_dp`): the
   contributions carry capped, normalised weights (:meth:`ClientStatistics.contribution`), round
   2 has no stage-1 terms, and round 3 releases only the calibrated blocks' three sums with
   keyed Gaussian noise (:func:`dp_release_vector`).
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tenseal as ts
 
-from ..mechanisms.ckks import (
+from ..mechanisms.crypto.ckks import (
     CkksParameters,
     KeyMaterialError,
     append_count_slot,
@@ -54,8 +55,8 @@ from ..mechanisms.ckks import (
     flood,
     flooding_std,
 )
-from ..mechanisms.ckks.holder_dp import HolderDP, dp_block, dp_release
-from ..mechanisms.fairtest import (
+from ..mechanisms.crypto.ckks.holder_dp import HolderDP, dp_block, dp_release
+from ..mechanisms.fairness_tests.fedevalfair import (
     BootstrapDisparity,
     ClientSummary,
     InsufficientGroupData,
@@ -80,7 +81,7 @@ MAX_MAGNITUDE = 1e12
 #: Round-2 vectors are encrypted times 2^ROUND2_PRECISION_BITS (and, slot by slot, divided by
 #: a power of two near the slot's natural size, :func:`round2_scales`): the CKKS noise then
 #: sits far below the precision the test needs, which leaves room for the noise that floods
-#: it before a key holder releases anything (:mod:`fedparity.mechanisms.ckks.flooding`).
+#: it before a key holder releases anything (:mod:`fedparity.mechanisms.crypto.ckks.flooding`).
 ROUND2_PRECISION_BITS = 24
 
 
@@ -115,7 +116,7 @@ class ClientStatistics:
     ) -> np.ndarray:
         """The round-1 contribution for the run's ``fef-mu0`` and ``fef-tolerance`` (zeros
         for the blocks without a summary). With ``dp`` (the holder-level DP mode) the
-        calibrated blocks are :func:`~fedparity.mechanisms.ckks.holder_dp.dp_block` (capped,
+        calibrated blocks are :func:`~fedparity.mechanisms.crypto.ckks.holder_dp.dp_block` (capped,
         normalised weights; count 1 whatever the data) and the paper blocks zeros with count 1
         (not released in that mode)."""
         if dp is not None:
@@ -304,7 +305,7 @@ def open_sum(
     the payload is not a ciphertext of ``size`` slots under this key, decrypts to a value
     beyond ``max_magnitude`` or non-finite, or its count slot is not ``count``. ``count`` must
     come from the holder's own verification of the sum's signed contributors
-    (:mod:`fedparity.mechanisms.ckks.signing`), never from the server.
+    (:mod:`fedparity.mechanisms.crypto.ckks.signing`), never from the server.
     """
     try:
         decrypted = decrypt_vector(context, payload, expected_size=size)
@@ -417,9 +418,9 @@ def flooded_round2_sum(
     ``scaled_round2_sum`` is the decrypted round-2 sum (count slot removed) of
     ``num_ciphertexts`` ciphertexts made by :func:`round2_payload`. The per-block count slots
     (integers, error far below 1/2) are rounded to integers; every other slot gets the keyed
-    flooding noise of :func:`fedparity.mechanisms.ckks.flood` -- standard deviation
-    :func:`~fedparity.mechanisms.ckks.flooding_std` of the
-    :func:`~fedparity.mechanisms.ckks.decryption_error_bound` of this sum -- and is then
+    flooding noise of :func:`fedparity.mechanisms.crypto.ckks.flood` -- standard deviation
+    :func:`~fedparity.mechanisms.crypto.ckks.flooding_std` of the
+    :func:`~fedparity.mechanisms.crypto.ckks.decryption_error_bound` of this sum -- and is then
     divided by its :func:`round2_scales` factor.
     """
     raw = np.asarray(scaled_round2_sum, dtype=np.float64)
@@ -444,7 +445,7 @@ def dp_release_vector(
 ) -> np.ndarray:
     """Round 3 (key holder) in the holder-level DP mode: from the (flooded, natural-unit)
     round-2 sum, the calibrated blocks' sums of the DP contributions with the keyed Gaussian
-    noise of :func:`~fedparity.mechanisms.ckks.holder_dp.dp_release`; NaN where nothing is
+    noise of :func:`~fedparity.mechanisms.crypto.ckks.holder_dp.dp_release`; NaN where nothing is
     released. ``num_holders``: the round-2 holders (public)."""
     split = len(BLOCKS) * STAGE1_WIDTH
     return dp_release(

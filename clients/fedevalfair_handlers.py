@@ -31,14 +31,14 @@ holders recompute and endorse the sum). Before round 3 every round-2 holder sign
 commitment to the run's round-1 and round-2 sets (``fef_commit``), and a key holder recomputes
 both sums itself from the signed ciphertexts and releases them, noise-flooded, only with the
 commitments of *every* round-2 holder to that very pair of sets
-(:mod:`fedparity.mechanisms.ckks.signing`, :mod:`fedparity.mechanisms.ckks.flooding`): a
-server cannot have two key holders release over two round-2 sets of one run and difference
+(:mod:`fedparity.mechanisms.crypto.ckks.signing`, :mod:`fedparity.mechanisms.crypto.ckks.flooding`):
+a server cannot have two key holders release over two round-2 sets of one run and difference
 them. A holder signs one ciphertext per round, commits to one pair of sets and releases at
 most once per run; it keeps its commitments and releases per secret key in a journal beside
-its privacy ledger (node config ``ledger-dir``; :mod:`fedparity.mechanisms.ckks.releases`),
+its privacy ledger (node config ``ledger-dir``; :mod:`fedparity.mechanisms.crypto.ckks.releases`),
 which survives restarts, and refuses past its policy's ``fef-max-releases-per-key``.
 
-Holder-level DP (optional, ``dp``; :mod:`fedparity.mechanisms.ckks.holder_dp`): every holder
+Holder-level DP (optional, ``dp``; :mod:`fedparity.mechanisms.crypto.ckks.holder_dp`): every holder
 contributes capped, normalised weights; the key holders add keyed Gaussian noise calibrated to
 one holder's sensitivity to the released sums; every round-2 holder checks the parameters
 against its policy (``fef-dp-max-epsilon``, before any data is read) and charges the release's
@@ -65,8 +65,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import log
 
-from ..mechanisms.accounting import LedgerFileError, PrivacyBudgetExceeded
-from ..mechanisms.ckks import (
+from ..mechanisms.crypto.ckks import (
     CkksParameters,
     CommitmentConflict,
     ReleaseJournal,
@@ -90,10 +89,11 @@ from ..mechanisms.ckks import (
     verify_endorsements,
     verify_round_sets,
 )
-from ..mechanisms.ckks.holder_dp import HOLDER_DP_LABEL, HolderDP
-from ..mechanisms.fairtest import InsufficientGroupData
-from ..mechanisms.identity import IdentityError, IdentityKey, Roster, transcript
-from ..mechanisms.privacy_ledger import ApproximateDPRelease
+from ..mechanisms.crypto.ckks.holder_dp import HOLDER_DP_LABEL, HolderDP
+from ..mechanisms.crypto.identity import IdentityError, IdentityKey, Roster, transcript
+from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData
+from ..mechanisms.privacy.basic_ledger import LedgerFileError, PrivacyBudgetExceeded
+from ..mechanisms.privacy.user_ledger import ApproximateDPRelease
 from ..mechanisms.protocol import (
     BLOCK_WIDTH,
     FEF_IDENTITY_REFUSAL,
@@ -292,7 +292,7 @@ class HolderState:
     """What a holder keeps of one FedEvalFair session between messages, in its run state
     (``context.state``): the round-1 statistics (for round 2), the steps it took (each at most
     once: ``round1``, ``round2``, ``release``) and the commitment it signed (SHA-256 of
-    :func:`~fedparity.mechanisms.ckks.commitment_transcript`)."""
+    :func:`~fedparity.mechanisms.crypto.ckks.commitment_transcript`)."""
 
     statistics: ClientStatistics | None = None
     steps: set[str] = field(default_factory=set)
@@ -353,7 +353,7 @@ class HolderState:
 
 def _session(msg: Message, context: Context, sessions: Collection[str]) -> tuple[str, int]:
     """The message's session (refused unless the node's run config defines it) and the id its
-    signatures bind (:func:`~fedparity.mechanisms.ckks.session_id`)."""
+    signatures bind (:func:`~fedparity.mechanisms.crypto.ckks.session_id`)."""
     label = session_label(msg, sessions)
     return label, session_id(context.run_id, label)
 
@@ -557,8 +557,8 @@ class FedEvalFairHolder:
     def _journal(
         self, context: Context, limits: NodePrivacyPolicy
     ) -> tuple[ReleaseJournal, Path | None]:
-        """This key's journal (:mod:`fedparity.mechanisms.ckks.releases`) in the node's ledger
-        folder, or in its run state (a simulated node without one, if the policy allows an
+        """This key's journal (:mod:`fedparity.mechanisms.crypto.ckks.releases`) in the node's
+        ledger folder, or in its run state (a simulated node without one, if the policy allows an
         ephemeral ledger); refused with fixed sentences when it cannot be used."""
         fingerprint = key_fingerprint(_flood_key(self.secret_path(context)))
         folder = node_ledger_dir(context)
@@ -867,10 +867,10 @@ def fedevalfair_handlers(
         The tests this node's run defines (``("",)``: one). A run that tests more than one
         model (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own
         steps, and its signatures bind the session
-        (:func:`~fedparity.mechanisms.ckks.session_id`), so one test's ciphertexts are never
+        (:func:`~fedparity.mechanisms.crypto.ckks.session_id`), so one test's ciphertexts are never
         accepted in another.
     dp : HolderDP, optional
-        The holder-level DP mode (:mod:`fedparity.mechanisms.ckks.holder_dp`; the server's
+        The holder-level DP mode (:mod:`fedparity.mechanisms.crypto.ckks.holder_dp`; the server's
         protocol must use the same): capped weights, keyed Gaussian noise on the released
         sums, each user charged (epsilon, delta) at the commitment. Needs
         ``HolderRows.user_ids``. None (default): the plain release, unchanged.

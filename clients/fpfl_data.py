@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ._deprecated import moved_names
+from ..mechanisms._deprecated import moved_names
 from .shards import UserShard
 
 __all__ = ["FPFLShard", "check_groups_present", "users_as_fpfl_shard"]

@@ -52,10 +52,10 @@ is a test in ``tests/test_secure_sum_attacks.py`` and ``tests/test_agreed_parame
 * a round number is masked at most once, in increasing order; an unmask request is answered
   once, for the round masked last, for survivors and dropped nodes that split the members;
 * every vector carries a self-mask whose seed only ``t`` survivors' shares rebuild
-  (:func:`~fedparity.mechanisms.secure_sum.share_threshold`: ``t + r > n + 1 + c`` for the
+  (:func:`~fedparity.mechanisms.crypto.secure_sum.share_threshold`: ``t + r > n + 1 + c`` for the
   ``r`` survivors a node reveals for, with or without noise);
 * a round in which a node dropped is unmasked only for a view that enough members attested
-  (:func:`~fedparity.mechanisms.secure_sum.attestation_threshold`); a node attests one such
+  (:func:`~fedparity.mechanisms.crypto.secure_sum.attestation_threshold`); a node attests one such
   view per round, so no node reveals pair seeds with a peer another honest node saw alive;
 * every refusal reaches the server as a fixed sentence
   (:func:`~fedparity.clients.messages.fixed_error_texts`).
@@ -74,24 +74,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
-from ..mechanisms.accounting import LedgerFileError, PrivacyBudgetExceeded
-from ..mechanisms.identity import IdentityError
-from ..mechanisms.privacy_ledger import SubsampledGaussianRelease
-from ..mechanisms.protocol import FPFL_KEY, METRICS_KEY
-from ..mechanisms.protocol.fpfl import (
-    FPFLConfirmReply,
-    FPFLConfirmRequest,
-    FPFLKeysReply,
-    FPFLKeyTable,
-    FPFLRevealReply,
-    FPFLRevealRequest,
-    FPFLRoundReply,
-    FPFLRoundRequest,
-    FPFLRunParameters,
-    FPFLSetupReply,
-    FPFLSetupRequest,
-)
-from ..mechanisms.secure_sum import (
+from ..mechanisms.crypto.identity import IdentityError
+from ..mechanisms.crypto.secure_sum import (
     FixedPointCodec,
     MaskingKeyPair,
     attest_view,
@@ -110,6 +94,22 @@ from ..mechanisms.secure_sum import (
     seal_share,
     share_self_seed,
     share_threshold,
+)
+from ..mechanisms.privacy.basic_ledger import LedgerFileError, PrivacyBudgetExceeded
+from ..mechanisms.privacy.user_ledger import SubsampledGaussianRelease
+from ..mechanisms.protocol import FPFL_KEY, METRICS_KEY
+from ..mechanisms.protocol.fpfl import (
+    FPFLConfirmReply,
+    FPFLConfirmRequest,
+    FPFLKeysReply,
+    FPFLKeyTable,
+    FPFLRevealReply,
+    FPFLRevealRequest,
+    FPFLRoundReply,
+    FPFLRoundRequest,
+    FPFLRunParameters,
+    FPFLSetupReply,
+    FPFLSetupRequest,
 )
 from .fpfl_data import FPFLShard
 from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
@@ -350,7 +350,7 @@ class FPFLNode:
         assert parameters.delta is not None  # FPFLRunParameters checks it with epsilon
         if not parameters.delta <= limits.fpfl_max_delta:
             raise PolicyRefusal("the training's delta is above fpfl-max-delta")
-        from ..mechanisms.dp_accounting import privacy_spent  # Opacus: once per run
+        from ..mechanisms.privacy.opacus_accounting import privacy_spent  # Opacus: once per run
 
         achieved = privacy_spent(
             noise_multiplier=parameters.noise_multiplier,

@@ -11,7 +11,7 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
 * **Cohort (Poisson sampling).** Every user of the node joins round ``t`` independently with
   probability ``q = m / K``, drawn *on the node*: the server never learns who took part, and
   the accountant's Poisson-sampling assumption holds exactly
-  (:mod:`fedparity.mechanisms.dp_accounting`).
+  (:mod:`fedparity.mechanisms.privacy.opacus_accounting`).
 * **Statistics.** :func:`fedparity.clients.fpfl_task.shard_contribution` (vectorised, clipped to
   ``C``),
   or the unclipped sum for the non-private baselines FL and FFL.
@@ -24,7 +24,7 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
   ``n_min`` or more surviving shares sum to at least the ``N(0, C^2 sigma^2)`` of
   Algorithm 1 (with all nodes present the variance is over-provisioned by ``n / n_min``).
   Fewer survivors than ``n_min`` and the nodes refuse to unmask the sum
-  (:mod:`fedparity.mechanisms.secure_sum`), so an
+  (:mod:`fedparity.mechanisms.crypto.secure_sum`), so an
   under-noised sum is never readable.
 
 Randomness (cohort and noise) comes from the operating system unless ``fpfl-client-seed`` is
@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from ..mechanisms.dp_accounting import calibrate_noise
-from ..mechanisms.mmdm import CONSTRAINTS
+from ..mechanisms._deprecated import moved_names
+from ..mechanisms.crypto.secure_random import secure_generator
+from ..mechanisms.crypto.secure_sum import minimum_survivors, noise_share_std
+from ..mechanisms.fpfl.mmdm import CONSTRAINTS
+from ..mechanisms.privacy.opacus_accounting import calibrate_noise
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
-from ..mechanisms.secure_random import secure_generator
-from ..mechanisms.secure_sum import minimum_survivors, noise_share_std
-from ._deprecated import moved_names
 from .fpfl_data import FPFLShard
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def round_rng(
     """The generator of one round's cohort and noise on node ``stream`` (its partition id),
     or of the server's central noise (``central=True``). When ``client_seed`` is None, a
     cryptographically secure generator keyed from the operating system
-    (:func:`~fedparity.mechanisms.secure_random.secure_generator`); otherwise
+    (:func:`~fedparity.mechanisms.crypto.secure_random.secure_generator`); otherwise
     ``SeedSequence(client_seed)`` keyed by (stream, round), so that a resumed run draws
     exactly what the uninterrupted one would have drawn (reproducible, NOT private)."""
     if client_seed is None:

@@ -7,13 +7,13 @@ NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021
 
 What a client computes per round (Algorithm 1, ``UserStatistics``): for every user
 ``k`` of its cohort, the vector of Eq. (17) plus the model-selection counts, in the layout of
-:class:`fedparity.mechanisms.mmdm.StatisticsLayout`::
+:class:`fedparity.mechanisms.fpfl.mmdm.StatisticsLayout`::
 
     [ grad L(d^k) | F(d'^k_a) | grad F(d'^k_a) | n'^k_a | n^k | errors^k | e^k_a | L(d^k) ]
 
 clipped to L2 norm ``C``. :func:`shard_contribution` returns the sum over the cohort users
 a node hosts; the strategy sums the nodes' contributions (secure aggregation), adds
-``N(0, C^2 sigma^2)`` noise and applies :func:`fedparity.mechanisms.mmdm.mmdm_update`.
+``N(0, C^2 sigma^2)`` noise and applies :func:`fedparity.mechanisms.fpfl.mmdm.mmdm_update`.
 
 Models (Section 4.1-4.2): :func:`build_fpfl_model` (``"shallow"``: one hidden layer of 10 ReLU
 units; ``"deep"``: 16-8-8 ReLU) and :func:`build_cnn` (32/64 filters + FC 100), all ending in
@@ -52,7 +52,7 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from ..mechanisms.mmdm import CONSTRAINTS, StatisticsLayout
+from ..mechanisms.fpfl.mmdm import CONSTRAINTS, StatisticsLayout
 from .fpfl_data import FPFLShard
 
 __all__ = [
@@ -424,8 +424,8 @@ def user_statistics(
     Returns
     -------
     torch.Tensor, float64, shape (num_users, layout.size)
-        One row per user in :class:`fedparity.mechanisms.mmdm.StatisticsLayout` order (gradients are
-        computed in the model's dtype). A user without samples gets a zero row.
+        One row per user in :class:`fedparity.mechanisms.fpfl.mmdm.StatisticsLayout` order
+        (gradients are computed in the model's dtype). A user without samples gets a zero row.
     """
     body, activation = _prepare(model, shard, constraint)
     if any(True for _ in model.buffers()):

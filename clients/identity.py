@@ -2,7 +2,7 @@
 
 * node config ``identity-key``: the path of the node's Ed25519 identity key (made by
   ``fedparity identity``; mode 0600), and ``roster``: the path of the roster of the members it
-  trusts (TOML, :class:`~fedparity.mechanisms.identity.Roster`), both set by whoever starts
+  trusts (TOML, :class:`~fedparity.mechanisms.crypto.identity.Roster`), both set by whoever starts
   the SuperNode (``flower-supernode --node-config "identity-key='/etc/fedparity/node.key'
   roster='/etc/fedparity/roster.toml'"``);
 * otherwise the environment variable ``FEDPARITY_IDENTITY_DIR`` of the process that hosts the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..mechanisms.identity import IdentityError, IdentityKey, Roster
+from ..mechanisms.crypto.identity import IdentityError, IdentityKey, Roster
 
 __all__ = [
     "IDENTITY_DIR_ENV",

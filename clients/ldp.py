@@ -28,10 +28,10 @@ other release of the user. Outside Flower's simulation engine
 the ledger always persists (node config ``ledger-dir``, default ``~/.fedparity/ledgers``); a
 custom ``ledger_path`` that keeps none is refused unless the policy opts in
 (``allow-ephemeral-ledger``, logged at every audit), and a ledger that existed and is now
-missing or damaged stops the node's audits (:class:`~fedparity.mechanisms.accounting.
+missing or damaged stops the node's audits (:class:`~fedparity.mechanisms.privacy.basic_ledger.
 LedgerFileError`) until the operator restores it.
 The perturbation randomness comes from a cryptographically secure generator keyed by the
-operating system (:func:`~fedparity.mechanisms.secure_random.secure_generator`), never from
+operating system (:func:`~fedparity.mechanisms.crypto.secure_random.secure_generator`), never from
 a seed the server could know.
 
 Replies that do not depend on the data. Whether a node answers is decided from the request
@@ -63,13 +63,13 @@ from flwr.common import log
 from numpy.typing import ArrayLike, NDArray
 
 from ..mechanisms import build_mechanism, metric_to_value
-from ..mechanisms.accounting import BUDGET_TOLERANCE, LedgerFileError
-from ..mechanisms.calibration import GapMechanismType
-from ..mechanisms.metrics import UNDEFINABLE_METRICS, user_rates
-from ..mechanisms.privacy_ledger import GapReportRelease, UserLedger
+from ..mechanisms.crypto.secure_random import secure_generator
+from ..mechanisms.ldp.calibration import GapMechanismType
+from ..mechanisms.ldp.metrics import UNDEFINABLE_METRICS, user_rates
+from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE, LedgerFileError
+from ..mechanisms.privacy.user_ledger import GapReportRelease, UserLedger
 from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
-from ..mechanisms.secure_random import secure_generator
 from .ledger import (
     DEFAULT_LEDGER_DIR,
     LEDGER_STATE_KEY,

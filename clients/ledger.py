@@ -1,6 +1,6 @@
 """The node's per-user privacy ledger, shared by its LDP audit and FPFL handlers.
 
-One :class:`~fedparity.mechanisms.privacy_ledger.UserLedger` per node holds every DP release
+One :class:`~fedparity.mechanisms.privacy.user_ledger.UserLedger` per node holds every DP release
 each of the node's users took part in (LDP gap reports, FPFL trainings) and composes them
 with the PLD accountant (basic composition beside it), under replace-one-user. Each user's
 budget and delta come from the node's own policy (``user-epsilon-budget`` at ``user-delta``,
@@ -11,7 +11,7 @@ Where it lives: a file in the node's ledger folder (node config ``ledger-dir``; 
 Flower's simulation engine ``~/.fedparity/ledgers`` by default), or, for a simulated node
 without a ledger folder, the node's run state (it lasts as long as the run). A file that is
 lost, damaged or foreign stops the node's releases until its operator restores it
-(:class:`~fedparity.mechanisms.accounting.LedgerFileError`).
+(:class:`~fedparity.mechanisms.privacy.basic_ledger.LedgerFileError`).
 
 Never a new ledger silently: outside simulation each ledger file a node creates is recorded in a
 registry kept apart from the ledger folder (:func:`node_ledger_registry`: node config
@@ -53,8 +53,8 @@ from flwr.app import ConfigRecord, Context
 from flwr.common import log
 from numpy.typing import ArrayLike
 
-from ..mechanisms.accounting import ShardLedger, ledger_marker
-from ..mechanisms.privacy_ledger import (
+from ..mechanisms.privacy.basic_ledger import ShardLedger, ledger_marker
+from ..mechanisms.privacy.user_ledger import (
     DEFAULT_LEDGER_REGISTRY,
     LedgerRegistry,
     UserLedger,
@@ -112,7 +112,7 @@ def node_ledger_dir(context: Context) -> Path | None:
 
 def node_ledger_registry(context: Context) -> LedgerRegistry | None:
     """The record of the ledgers this node created, kept apart from its ledger folder
-    (:class:`~fedparity.mechanisms.privacy_ledger.LedgerRegistry`): node config
+    (:class:`~fedparity.mechanisms.privacy.user_ledger.LedgerRegistry`): node config
     ``ledger-registry`` (the node's own: a new ledger elsewhere is a changed ``ledger-dir``
     and refused), else ``~/.fedparity/ledger-registry.json`` (shared by the account's nodes:
     a new ledger is logged with the others it holds). None inside Flower's simulation engine,

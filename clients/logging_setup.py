@@ -13,7 +13,8 @@ Flower's per-round lines and drops the ~30-line configuration banner and "Final 
 dump that ``Strategy.start`` logs around them (the job prints its own results).
 
 Opacus' ``logging.basicConfig`` (a root handler that printed every Flower line twice) is
-handled where Opacus is imported, the only place: ``fedparity.mechanisms.dp_accounting``.
+handled where Opacus is imported, the only place:
+``fedparity.mechanisms.privacy.opacus_accounting``.
 """
 
 from __future__ import annotations

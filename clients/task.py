@@ -3,6 +3,6 @@
 Importing a name from here still works and warns with a ``DeprecationWarning``.
 """
 
-from ._deprecated import moved_names
+from ..mechanisms._deprecated import moved_names
 
 __getattr__ = moved_names(__name__, "fedparity.clients.project.task")

@@ -10,8 +10,8 @@ workshop, PMLR, 2022, and its Appendix A):
 * :func:`mechanism_for_budget` / :func:`optimal_split`: the (eps1, eps2) split within a budget;
 * :func:`estimate_gap`: unbiased group means, gaps, standard errors, intervals and bounds;
 * :func:`summarize_stream`: mechanism + summary over chunks, in bounded memory;
-* :mod:`fedparity.mechanisms.planner`: minimum budget for an error target, error at a budget, Table
-  1;
+* :mod:`fedparity.mechanisms.ldp.planner`: minimum budget for an error target, error at a budget,
+  Table 1;
 * :class:`PrivacyLedger` / :class:`ShardLedger`: per-user budgets over repeated audits.
 * :func:`frequency_oracle` (GRR, optimal unary encoding, subset selection, or ``"best"`` by
   variance) and :func:`group_rates`: one joint (group, confusion cell) report per user, every
@@ -23,7 +23,7 @@ workshop, PMLR, 2022, and its Appendix A):
 FedEvalFair two-stage fairness test ("FedEvalFair: A Privacy-Preserving and Statistically
 Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM Multimedia 2024
 submission), with a calibrated default mode where the paper's test is miscalibrated (see
-:mod:`fedparity.mechanisms.fairtest`):
+:mod:`fedparity.mechanisms.fairness_tests.fedevalfair`):
 
 * :func:`bootstrap_disparity`: a client's B bootstrap disparities (dp / eo) and its
   :class:`ClientSummary` in mode "paper" or "calibrated";

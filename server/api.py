@@ -67,7 +67,7 @@ def fedevalfair_simulation_keys(
     what every FedEvalFair holder needs (docs/threat-model.md). For simulations and tests;
     real holders get theirs from ``fedparity keys --holders N``."""
     from ..clients.identity import IDENTITY_DIR_ENV
-    from ..mechanisms.ckks import SECRET_CONTEXT_ENV, generate_keys
+    from ..mechanisms.crypto.ckks import SECRET_CONTEXT_ENV, generate_keys
     from .cli.identity import write_node_identities
 
     base = Path(folder).expanduser()

@@ -3,7 +3,7 @@
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
 version); FedEvalFair (anonymous, 2024), "the paper" below. The test runs in fedparity's
-calibrated mode and in the paper's (see :mod:`fedparity.mechanisms.fairtest`).
+calibrated mode and in the paper's (see :mod:`fedparity.mechanisms.fairness_tests.fedevalfair`).
 
 Nodes are data holders (synthetic, or UCI Adult split by doctorate or Dirichlet label skew;
 protected attribute: race). The global model (or its fair-by-construction variant) is
@@ -30,7 +30,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.project.config import RunConfig
-from ..mechanisms.ckks import (
+from ..mechanisms.crypto.ckks import (
     DEFAULT_KEY_DIR,
     PUBLIC_CONTEXT_FILE,
     context_has_secret_key,
@@ -197,7 +197,8 @@ class ExchangeProgress(SeriesObserver):
 def server_public_context(config: RunConfig) -> ts.Context:
     """The server's public TenSEAL context (``fef-public-context``, else the default key
     folder's), before any work: a missing file names the key and how to make it, and a context
-    holding a secret key is refused (:func:`~fedparity.mechanisms.ckks.load_public_context`)."""
+    holding a secret key is refused
+    (:func:`~fedparity.mechanisms.crypto.ckks.load_public_context`)."""
     public_path = (
         Path(config.fef_public_context).expanduser()
         if config.fef_public_context

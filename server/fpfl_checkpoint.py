@@ -1,5 +1,5 @@
 """FPFL checkpoints and the durable release ledger of the FPFL job: the files of
-:mod:`fedparity.mechanisms.training_state`, fingerprinted with the job's run config.
+:mod:`fedparity.mechanisms.fpfl.training_state`, fingerprinted with the job's run config.
 
 The files and the observer that keeps them (:class:`~fedparity.strategies.fpfl_observers.
 DurableTraining`) live in the library, so that a library user's training is as durable as the
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..clients.project.config import RunConfig
-from ..mechanisms import training_state
-from ..mechanisms.training_state import (
+from ..mechanisms.fpfl import training_state
+from ..mechanisms.fpfl.training_state import (
     CHECKPOINT_ARRAYS,
     CHECKPOINT_STATE,
     RELEASE_LEDGER,
@@ -99,7 +99,7 @@ def resumed_ledger(
     delta: float,
 ) -> ReleaseLedger:
     """The rounds released before this (resumed) run, to which its own rounds are added
-    (:func:`fedparity.mechanisms.training_state.resumed_ledger`)."""
+    (:func:`fedparity.mechanisms.fpfl.training_state.resumed_ledger`)."""
     return training_state.resumed_ledger(
         folder,
         run_fingerprint(config),

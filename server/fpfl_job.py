@@ -10,16 +10,16 @@ One run trains with one of the six algorithms of the paper's Table 2 (``fpfl-alg
 ``ffl-clip`` and ``fpfl`` (MMDM + clip + noise). Every round (FedSGD structure: one update,
 no local epochs) the nodes return the secure sum of their cohort users' statistic vectors
 (:class:`fedparity.strategies.fpfl.FPFLProtocol`); the server splits it
-(:class:`fedparity.mechanisms.mmdm.StatisticsLayout`), offers the model that produced it to the
+(:class:`fedparity.mechanisms.fpfl.mmdm.StatisticsLayout`), offers the model that produced it to the
 model
 selector (best cohort accuracy among the models fair on cohort statistics; Section 4.1) and
-applies :func:`fedparity.mechanisms.mmdm.mmdm_update` or
-:func:`fedparity.mechanisms.mmdm.sgd_update`.
+applies :func:`fedparity.mechanisms.fpfl.mmdm.mmdm_update` or
+:func:`fedparity.mechanisms.fpfl.mmdm.sgd_update`.
 
 Privacy: ``sigma`` is calibrated with Opacus for (``fpfl-epsilon``, ``fpfl-delta``,
 ``q = m / K``, ``T``) and the epsilon actually spent is recomputed
-(:mod:`fedparity.mechanisms.dp_accounting`) over **every round ever released** for this run; every
-round sent counts, including a lost one.
+(:mod:`fedparity.mechanisms.privacy.opacus_accounting`) over **every round ever released** for this
+run; every round sent counts, including a lost one.
 
 Release ledger (``output-dir/privacy-ledger.json``): before round ``t`` is sent to the nodes
 (so before its noisy sum can exist, let alone be read or used) the total number of rounds
@@ -77,8 +77,8 @@ from ..clients.fpfl_task import (
 from ..clients.process import freeze_warm_heap, thaw_heap
 from ..clients.project.config import ConfigError, RunConfig
 from ..clients.project.fpfl_node import population
-from ..mechanisms.dp_accounting import NoiseCalibration, calibrate_noise, sample_rate
-from ..mechanisms.mmdm import FairnessGaps, MMDMConfig, SelectionCandidate, fairness_gaps
+from ..mechanisms.fpfl.mmdm import FairnessGaps, MMDMConfig, SelectionCandidate, fairness_gaps
+from ..mechanisms.privacy.opacus_accounting import NoiseCalibration, calibrate_noise, sample_rate
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
 from ..strategies.fpfl import FPFLProtocol, FPFLTraining, FPFLTrainingResult, RoundOutcome
 from ..strategies.fpfl_observers import (

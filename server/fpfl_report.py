@@ -1,8 +1,9 @@
 """FPFL output: the progress line per round, the training plot, results.json helpers, the
 privacy caveats, the summary printed at the end and the content of the HTML report.
 
-``metrics_to_json`` and ``metrics_from_json`` moved to :mod:`fedparity.mechanisms.training_state`
-with the checkpoint format; they are still importable from here."""
+``metrics_to_json`` and ``metrics_from_json`` moved to
+:mod:`fedparity.mechanisms.fpfl.training_state` with the checkpoint format; they are still
+importable from here."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..clients.project.config import RunConfig
-from ..mechanisms.training_state import metrics_from_json as metrics_from_json
-from ..mechanisms.training_state import metrics_to_json as metrics_to_json
+from ..mechanisms.fpfl.training_state import metrics_from_json as metrics_from_json
+from ..mechanisms.fpfl.training_state import metrics_to_json as metrics_to_json
 from .html_report import Figure, Finding, Report, Section, Table, Value
 from .report import (
     NOISY_RATES_NOTE,

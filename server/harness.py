@@ -80,7 +80,7 @@ class FedEvalFairTruth:
     """The plaintext FedEvalFair computation on the same data (simulation harness only).
 
     ``reports`` maps (metric, mode) to the plaintext
-    :class:`~fedparity.mechanisms.fairtest.FairnessReport`
+    :class:`~fedparity.mechanisms.fairness_tests.fedevalfair.FairnessReport`
     (None if fewer than 2 holders could compute the metric); ``resamples`` maps metric to
     each holder's bootstrap disparities (for the distribution plot, paper Figures 4/5).
     """
@@ -107,8 +107,8 @@ def fedevalfair_truth(
 ) -> FedEvalFairTruth:
     """Recompute every holder's bootstrap exactly as its ClientApp does (the same
     :func:`~fedparity.clients.project.evaluation.holder_statistics_for`, same seeds) and run
-    :func:`fedparity.mechanisms.fairtest.fedevalfair` in plaintext."""
-    from ..mechanisms.fairtest import InsufficientGroupData, fedevalfair
+    :func:`fedparity.mechanisms.fairness_tests.fedevalfair.fedevalfair` in plaintext."""
+    from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData, fedevalfair
     from ..mechanisms.protocol import BLOCKS
 
     per_block: dict[tuple[str, str], list] = {block: [] for block in BLOCKS}

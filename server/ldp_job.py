@@ -3,7 +3,7 @@
 The audit runs the mechanisms M_R / M_L of Marc Juarez and Aleksandra Korolova, "'You Can't Fix
 What You Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
 Learning", AFCP workshop, PMLR, 2022, with their true epsilon and a budget split that respects
-it (:mod:`fedparity.mechanisms.calibration`; the paper's Theorem 5, and its Theorem 6 for
+it (:mod:`fedparity.mechanisms.ldp.calibration`; the paper's Theorem 5, and its Theorem 6 for
 k != 2, are false).
 
 Nodes host shards of users; ``num-server-rounds`` FedAvg rounds train a logistic regression;

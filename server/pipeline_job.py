@@ -9,8 +9,8 @@ One ``flwr run`` with ``task = "pipeline"`` does, over the same users and nodes:
 2. **Audit** both models' ``metric`` gap with the LDP audit over all users (M_R / M_L of Juarez
    and Korolova 2022 at their true epsilon), once per value of ``epsilons`` and model, and
    compare the two gaps from the private estimates alone
-   (:func:`~fedparity.mechanisms.estimators.compare_gaps`); the power planner
-   (:mod:`fedparity.mechanisms.power`) says which gap each audit could detect and which budget
+   (:func:`~fedparity.mechanisms.ldp.estimators.compare_gaps`); the power planner
+   (:mod:`fedparity.mechanisms.ldp.power`) says which gap each audit could detect and which budget
    would resolve the comparison.
 3. **Test** both models with FedEvalFair's two-stage test over CKKS-encrypted statistics, the
    nodes being the data holders (FedEvalFair (anonymous, 2024); calibrated mode by default).
@@ -48,8 +48,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.project.config import PIPELINE_SESSIONS, RunConfig
-from ..mechanisms.estimators import compare_gaps
-from ..mechanisms.power import (
+from ..mechanisms.ldp.estimators import compare_gaps
+from ..mechanisms.ldp.power import (
     audit_detectable_gap,
     audit_minimum_epsilon,
     audit_minimum_users,
@@ -95,7 +95,7 @@ def _model_arrays(weights: np.ndarray) -> ArrayRecord:
 
 
 def _audit_plan(outcome: AuditOutcome, confidence: float, mechanism: str) -> dict[str, Any] | None:
-    """What this audit could detect (:func:`~fedparity.mechanisms.power.audit_detectable_gap`
+    """What this audit could detect (:func:`~fedparity.mechanisms.ldp.power.audit_detectable_gap`
     at its reports, budget and estimated group fractions)."""
     estimate = outcome.estimate
     if estimate is None:

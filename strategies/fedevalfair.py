@@ -3,7 +3,7 @@
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
 version), Algorithms 1-2; the encryption layer and its threat model are in
-:mod:`fedparity.mechanisms.ckks`.
+:mod:`fedparity.mechanisms.crypto.ckks`.
 
 The server holds only the *public* TenSEAL context (no secret key; checked at construction).
 Round 1: every node uploads one ciphertext of its bootstrap contributions, signed with its
@@ -18,13 +18,13 @@ participants do not all commit ends there (result withheld). Round 3: a few key-
 get both signed ciphertext sets with the commitments, check that every round-2 participant
 committed to exactly these sets, recompute both sums, decrypt, and release the aggregate
 statistics, noise-flooded; the server checks they agree and computes the two stages' p-values
-(``mechanisms.fairtest``). The commitment keeps a server from having two key holders release
-over two different round-2 sets of one run and differencing them
-(:mod:`fedparity.mechanisms.ckks.signing`).
+(``mechanisms.fairness_tests.fedevalfair``). The commitment keeps a server from having two key
+holders release over two different round-2 sets of one run and differencing them
+(:mod:`fedparity.mechanisms.crypto.ckks.signing`).
 Nothing the server asserts (a count, a sum) is believed by a node: see
-:mod:`fedparity.mechanisms.ckks.signing` and docs/threat-model.md.
+:mod:`fedparity.mechanisms.crypto.ckks.signing` and docs/threat-model.md.
 
-Holder-level DP (optional, ``dp``; :mod:`fedparity.mechanisms.ckks.holder_dp`): the key
+Holder-level DP (optional, ``dp``; :mod:`fedparity.mechanisms.crypto.ckks.holder_dp`): the key
 holders release only the calibrated blocks' sums of capped weights, each with Gaussian noise
 of a standard deviation calibrated to one holder's sensitivity, and the server computes both
 stages from those noisy sums (the stage-2 and TOST statistics with the noise's known variance
@@ -59,7 +59,7 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..mechanisms.ckks import (
+from ..mechanisms.crypto.ckks import (
     DP_BLOCKS,
     HolderDP,
     NoValidCiphertextError,
@@ -75,8 +75,8 @@ from ..mechanisms.ckks import (
     session_id,
     set_digest,
 )
-from ..mechanisms.fairtest import FairnessReport, report_from_sums
-from ..mechanisms.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, verify_signature
+from ..mechanisms.crypto.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, verify_signature
+from ..mechanisms.fairness_tests.fedevalfair import FairnessReport, report_from_sums
 from ..mechanisms.protocol import (
     BLOCKS,
     CORRUPT_SUM_MARKER,
@@ -196,7 +196,7 @@ class FedEvalFairProtocol:
     session : str, optional
         The label of this test when a run tests more than one model (the pipeline: ``"fpfl"``
         and ``"pfl"``): every message names it and every signature binds it
-        (:func:`~fedparity.mechanisms.ckks.session_id`). ``""``: the run's only test.
+        (:func:`~fedparity.mechanisms.crypto.ckks.session_id`). ``""``: the run's only test.
     dp : HolderDP, optional
         The holder-level DP mode (the holders' must be the same: the commitment binds it).
         None (default): the plain release.
@@ -218,7 +218,7 @@ class FedEvalFairProtocol:
         if context_has_secret_key(public_context):
             raise ValueError(
                 "public_context holds a secret key: the server must only have the public "
-                "context (load it with mechanisms.ckks.load_public_context)"
+                "context (load it with mechanisms.crypto.ckks.load_public_context)"
             )
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
@@ -564,7 +564,7 @@ class FedEvalFairProtocol:
 
     def dp_reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
         """The tests of the holder-level DP mode from its noisy release
-        (:func:`~fedparity.mechanisms.ckks.dp_report`); the paper blocks are not released."""
+        (:func:`~fedparity.mechanisms.crypto.ckks.dp_report`); the paper blocks are not released."""
         assert self.dp is not None
         results = []
         for index, (metric, mode) in enumerate(BLOCKS):
@@ -809,7 +809,7 @@ class _Progress:
     corrupt: list[tuple[int, RejectedReply]] = field(default_factory=list)
     uploaded: list[dict[int, int]] = field(default_factory=list)
     #: Per round, the most ciphertexts accepted from one node (each accepted payload was
-    #: checked to hold exactly one CKKS ciphertext by mechanisms.ckks.add_ciphertexts).
+    #: checked to hold exactly one CKKS ciphertext by mechanisms.crypto.ckks.add_ciphertexts).
     ciphertexts: list[int] = field(default_factory=list)
     verifiers: list[int] = field(default_factory=list)
     endorsers: list[int] = field(default_factory=list)

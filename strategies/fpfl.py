@@ -18,7 +18,7 @@ fixed from then on, and every round names that digest (the messages:
 Round ``t``: ``query.fpfl_round`` sends the current weights to every member node; each node
 samples its cohort users (Poisson, ``q = m / K``), sums their clipped statistic vectors, adds
 its noise share and replies with that sum **double-masked**, sealed Shamir shares of its
-self-mask and their threshold (:mod:`fedparity.mechanisms.secure_sum`). When a node dropped,
+self-mask and their threshold (:mod:`fedparity.mechanisms.crypto.secure_sum`). When a node dropped,
 ``query.fpfl_confirm`` first asks every survivor to attest the view (survivors, dropped): a
 node reveals only for a view enough members attested. ``query.fpfl_reveal`` then asks
 survivors for the shares of the survivors' self-masks and their pair seeds with the
@@ -30,9 +30,9 @@ nodes with t = 8). The server removes every mask and reads only the sum over all
 Otherwise the round is lost (the weights do not move, the round still counts as spent
 privacy).
 
-The released sum is split with :class:`fedparity.mechanisms.mmdm.StatisticsLayout`;
-:class:`FPFLTraining` takes the updates (:mod:`fedparity.mechanisms.mmdm`) and selects the model,
-in the one training loop of the library and of the FPFL job (:meth:`FPFLTraining.start`). Its
+The released sum is split with :class:`fedparity.mechanisms.fpfl.mmdm.StatisticsLayout`;
+:class:`FPFLTraining` takes the updates (:mod:`fedparity.mechanisms.fpfl.mmdm`) and selects the
+model, in the one training loop of the library and of the FPFL job (:meth:`FPFLTraining.start`). Its
 observers (:mod:`fedparity.strategies.fpfl_observers`) keep the durable release ledger and the
 checkpoint (by default), and stop a training whose rounds would be lost.
 
@@ -60,7 +60,16 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from ..mechanisms._validation import check_int_at_least
-from ..mechanisms.mmdm import (
+from ..mechanisms.crypto.secure_random import secure_generator
+from ..mechanisms.crypto.secure_sum import (
+    FixedPointCodec,
+    combine_self_seed,
+    contribution_codec,
+    minimum_survivors,
+    noise_share_std,
+    unmask_sum,
+)
+from ..mechanisms.fpfl.mmdm import (
     MMDMConfig,
     ModelSelector,
     StatisticsLayout,
@@ -95,15 +104,6 @@ from ..mechanisms.protocol.fpfl import (
     FPFLRunParameters,
     FPFLSetupReply,
     FPFLSetupRequest,
-)
-from ..mechanisms.secure_random import secure_generator
-from ..mechanisms.secure_sum import (
-    FixedPointCodec,
-    combine_self_seed,
-    contribution_codec,
-    minimum_survivors,
-    noise_share_std,
-    unmask_sum,
 )
 from .fpfl_observers import DurableTraining, FPFLObserver
 from .replies import LedgerTotals, send_and_receive, session_records
@@ -345,12 +345,13 @@ class FPFLProtocol:
 
     def min_survivors(self) -> int:
         """n_min: the fewest member nodes whose noise shares add up to the accounted noise
-        (:func:`~fedparity.mechanisms.secure_sum.minimum_survivors`, the nodes' own rule)."""
+        (:func:`~fedparity.mechanisms.crypto.secure_sum.minimum_survivors`, the nodes' own rule)."""
         return minimum_survivors(len(self.members), self.dropout_tolerance)
 
     def noise_share_std(self) -> float:
         """Std of one node's noise share (distributed noise), by the nodes' own rule
-        (:func:`~fedparity.mechanisms.secure_sum.noise_share_std`: ``C sigma / sqrt(n_min)``)."""
+        (:func:`~fedparity.mechanisms.crypto.secure_sum.noise_share_std`:
+        ``C sigma / sqrt(n_min)``)."""
         if not self.parameters.noisy_shares:
             return 0.0
         if self.clipping_bound is None:
@@ -369,8 +370,8 @@ class FPFLProtocol:
 
     def codec(self) -> FixedPointCodec:
         """The fixed-point encoding of the run, by the nodes' own rule
-        (:func:`~fedparity.mechanisms.secure_sum.contribution_codec` of the pinned ``K``, ``C``,
-        sigma and members); sent in the member table, which every node compares with its
+        (:func:`~fedparity.mechanisms.crypto.secure_sum.contribution_codec` of the pinned ``K``,
+        ``C``, sigma and members); sent in the member table, which every node compares with its
         own."""
         return self._codec(len(self.members))
 

@@ -33,8 +33,7 @@ from flwr.common import log
 
 from ..mechanisms._files import DEFAULT_RUNS_DIR, new_run_folder
 from ..mechanisms._validation import check_int_at_least
-from ..mechanisms.dp_accounting import PrivacySpent, privacy_spent_history
-from ..mechanisms.training_state import (
+from ..mechanisms.fpfl.training_state import (
     ADVICE,
     CHECKPOINT_ARRAYS,
     CHECKPOINT_STATE,
@@ -48,6 +47,7 @@ from ..mechanisms.training_state import (
     save_checkpoint,
     save_release_ledger,
 )
+from ..mechanisms.privacy.opacus_accounting import PrivacySpent, privacy_spent_history
 
 if TYPE_CHECKING:
     from .fpfl import FPFLProtocol, FPFLTraining, FPFLTrainingResult, RoundOutcome
@@ -128,8 +128,8 @@ class DurableTraining(FPFLObserver):
     side), so the epsilon reported covers every round ever released.
 
     Each round's history entry gets ``rounds_released_total``, ``epsilon_spent`` (the
-    accountant's, :func:`~fedparity.mechanisms.dp_accounting.privacy_spent_history`, over
-    every release; None without noise) and ``seconds``.
+    accountant's, :func:`~fedparity.mechanisms.privacy.opacus_accounting.privacy_spent_history`,
+    over every release; None without noise) and ``seconds``.
 
     Parameters
     ----------

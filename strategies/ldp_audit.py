@@ -3,15 +3,15 @@
 The mechanisms M_R and M_L are those of Marc Juarez and Aleksandra Korolova, "'You Can't Fix
 What You Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
 Learning", AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022), used with their true epsilon
-(:func:`fedparity.mechanisms.calibration.true_epsilon`).
+(:func:`fedparity.mechanisms.ldp.calibration.true_epsilon`).
 
 One audit = one exchange. The server sends the global model and the mechanism's public
 parameters (M_R or M_L, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
 node evaluates the model for each of its users, perturbs each user's (group, metric) pair
 on the node and replies with the perturbed pairs only. The strategy validates every reply,
 counts rejected and missing ones, merges the accepted reports into a
-:class:`~fedparity.mechanisms.reports.ReportSummary` and calls
-:func:`~fedparity.mechanisms.estimators.estimate_gap`.
+:class:`~fedparity.mechanisms.ldp.reports.ReportSummary` and calls
+:func:`~fedparity.mechanisms.ldp.estimators.estimate_gap`.
 
 It is not a :class:`flwr.serverapp.strategy.Strategy` subclass: an audit is not a training
 round (no arrays are aggregated, and every audit spends privacy budget, so it must not run
@@ -32,10 +32,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
-from ..mechanisms.accounting import BUDGET_TOLERANCE
-from ..mechanisms.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
-from ..mechanisms.laplace import GRID_STEP, LaplaceMechanism
-from ..mechanisms.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
+from ..mechanisms.ldp.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
+from ..mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
+from ..mechanisms.ldp.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
+from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
 from .replies import LedgerTotals, RejectedReply, send_and_receive, short_reason
@@ -138,7 +138,7 @@ class LdpGapAudit:
         The mechanism's last category is "metric undefined" (default: for TPR, FPR and FNR,
         which are undefined for a user without positives, resp. negatives). Every user then
         reports, and silence never tells the server a label; the estimate covers the other
-        categories (:func:`~fedparity.mechanisms.estimators.estimate_gap`).
+        categories (:func:`~fedparity.mechanisms.ldp.estimators.estimate_gap`).
         :meth:`for_budget` builds the mechanism with the extra category.
     """
 
@@ -204,7 +204,7 @@ class LdpGapAudit:
     ) -> LdpGapAudit:
         """The audit with the variance-optimal mechanism (``"R"``, ``"L"`` or ``"best"``) for
         ``budget`` over ``num_groups`` protected groups, plus the undefined category for
-        TPR, FPR and FNR (:func:`~fedparity.mechanisms.calibration.mechanism_for_budget`)."""
+        TPR, FPR and FNR (:func:`~fedparity.mechanisms.ldp.calibration.mechanism_for_budget`)."""
         undefined = metric in UNDEFINABLE_METRICS
         built = mechanism_for_budget(mechanism, budget, num_groups + int(undefined))
         return cls(built, budget=budget, metric=metric, undefined_category=undefined, **kwargs)

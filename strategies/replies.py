@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..mechanisms.privacy_ledger import NEIGHBOURING
+from ..mechanisms.privacy.user_ledger import NEIGHBOURING
 from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_DELTA_KEY,
     EPSILON_SPENT_BASIC_KEY,
@@ -67,7 +67,7 @@ class LedgerTotals:
     """What nodes report of their per-user privacy ledgers: the most any of their users has
     spent over every release the ledgers recorded (``epsilon`` at ``delta``: the PLD
     accountant's total), and basic composition's ``basic_epsilon`` at ``basic_delta`` beside
-    it, under the relation :data:`~fedparity.mechanisms.privacy_ledger.NEIGHBOURING`. Over
+    it, under the relation :data:`~fedparity.mechanisms.privacy.user_ledger.NEIGHBOURING`. Over
     several nodes: the largest of each (every user is then within both pairs)."""
 
     epsilon: float

@@ -1,6 +1,6 @@
 """The three-round FedEvalFair CKKS protocol without Flower: an in-process simulator.
 
-Runs the protocol of :mod:`fedparity.mechanisms.ckks` (real TenSEAL ciphertexts, or float64
+Runs the protocol of :mod:`fedparity.mechanisms.crypto.ckks` (real TenSEAL ciphertexts, or float64
 vectors for a plaintext baseline) for the unit tests and ``benchmarks/fedevalfair_protocol.py``.
 It is not part of the library: the Flower handlers and strategy implement the protocol.
 """
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import tenseal as ts
 
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     COUNT_BYTES,
     DEFAULT_AGREEMENT_TOLERANCE,
     DEFAULT_COUNT_TOLERANCE,
@@ -38,7 +38,7 @@ from fedparity.mechanisms.ckks import (
     from_array,
     to_array,
 )
-from fedparity.mechanisms.ckks.vectors import _as_values
+from fedparity.mechanisms.crypto.ckks.vectors import _as_values
 
 #: ``term_fn(round1_sum, contribution) -> round-2 term`` (count slot removed from the sum).
 TermFn = Callable[[np.ndarray, np.ndarray], np.ndarray]

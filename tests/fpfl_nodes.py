@@ -5,7 +5,7 @@
 messages an honest :class:`~fedparity.strategies.fpfl.FPFLProtocol` sends (same fields), so a
 test can send them as they are, or tamper with them as an active server would, and read the
 replies as the server does. The server-side unmasking is the library's
-(:func:`~fedparity.mechanisms.secure_sum.unmask_sum`, :func:`combine_self_seed`).
+(:func:`~fedparity.mechanisms.crypto.secure_sum.unmask_sum`, :func:`combine_self_seed`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.messages import session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.mechanisms.crypto.secure_sum import combine_self_seed, unmask_sum
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.mechanisms.protocol.fpfl import (
     MASKED_ARRAY,
@@ -40,7 +41,6 @@ from fedparity.mechanisms.protocol.fpfl import (
     FPFLSetupReply,
     FPFLSetupRequest,
 )
-from fedparity.mechanisms.secure_sum import combine_self_seed, unmask_sum
 
 USERS = 20
 CLIP = 1.0

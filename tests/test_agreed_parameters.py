@@ -23,14 +23,14 @@ from torch import nn
 from fedparity.clients import FPFLNodeSettings, FPFLShard
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
-from fedparity.mechanisms.privacy_ledger import SubsampledGaussianRelease, UserLedger, compose
-from fedparity.mechanisms.protocol import MessageError
-from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRunParameters
-from fedparity.mechanisms.secure_sum import (
+from fedparity.mechanisms.crypto.secure_sum import (
     attest_view,
     minimum_survivors,
     share_threshold,
 )
+from fedparity.mechanisms.privacy.user_ledger import SubsampledGaussianRelease, UserLedger, compose
+from fedparity.mechanisms.protocol import MessageError
+from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRunParameters
 from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -107,7 +107,7 @@ def test_with_a_roster_split_parameters_are_refused_at_the_key_table() -> None:
     """With a roster each node's masking key is signed together with the parameters' digest
     it accepted: a table mixing keys accepted under two views is refused by every node."""
     from fedparity.clients.identity import NodeIdentity
-    from fedparity.mechanisms.identity import IdentityKey, Roster
+    from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
 
     keys = {node: IdentityKey.generate() for node in (3, 4, 5)}
     roster = Roster.from_keys({f"node-{node}": key for node, key in keys.items()})

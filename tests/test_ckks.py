@@ -1,4 +1,4 @@
-"""CKKS layer of FedEvalFair (mechanisms/ckks.py): real TenSEAL ciphertexts, no mocks.
+"""CKKS layer of FedEvalFair (mechanisms/crypto/ckks/): real TenSEAL ciphertexts, no mocks.
 
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
@@ -22,7 +22,7 @@ import pytest
 import tenseal as ts
 from scipy import stats
 
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     MAX_COEFF_MODULUS_BITS_128,
     NODE_CONFIG_KEY,
     SECRET_CONTEXT_ENV,
@@ -620,7 +620,7 @@ def test_a_holder_recomputes_the_servers_sum_bit_for_bit(
 ) -> None:
     """The verifiers' endorsement covers the SHA-256 of the sum they recomputed: it must be
     the same bytes whatever the order, and a bad payload is refused, not skipped."""
-    from fedparity.mechanisms.ckks import sum_ciphertexts
+    from fedparity.mechanisms.crypto.ckks import sum_ciphertexts
 
     payloads = [encrypt_vector(secret_ctx, np.full(6, float(i))) for i in range(4)]
     server, rejections = add_ciphertexts(public_ctx, payloads, expected_size=6)
@@ -635,7 +635,7 @@ def test_a_holder_recomputes_the_servers_sum_bit_for_bit(
 def test_signed_contributions_are_checked_against_the_roster() -> None:
     import hashlib
 
-    from fedparity.mechanisms.ckks import (
+    from fedparity.mechanisms.crypto.ckks import (
         SignedCiphertext,
         UnverifiedSumError,
         ciphertext_transcript,
@@ -643,7 +643,7 @@ def test_signed_contributions_are_checked_against_the_roster() -> None:
         signed_from_arrays,
         verify_contributions,
     )
-    from fedparity.mechanisms.identity import IdentityKey, Roster
+    from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
 
     keys = [IdentityKey.generate() for _ in range(3)]
     roster = Roster.from_keys({f"h{i}": key for i, key in enumerate(keys)})
@@ -677,7 +677,7 @@ def test_the_decryption_error_estimate_matches_tenseal(
 ) -> None:
     """The per-slot error model of the flooding (SEAL's rounding noise, sqrt(k) for a sum)
     against measured decryptions: std within 25% (1,000+ slots), every error below the bound."""
-    from fedparity.mechanisms.ckks import decryption_error_bound, encryption_noise_std
+    from fedparity.mechanisms.crypto.ckks import decryption_error_bound, encryption_noise_std
 
     rng = np.random.default_rng(k)
     errors = []
@@ -694,7 +694,7 @@ def test_the_decryption_error_estimate_matches_tenseal(
 
 
 def test_flooding_noise_is_keyed_gaussian_and_rounded() -> None:
-    from fedparity.mechanisms.ckks import flood, flooding_std, keyed_gaussian
+    from fedparity.mechanisms.crypto.ckks import flood, flooding_std, keyed_gaussian
 
     draws = keyed_gaussian(b"k" * 32, b"message", 200_000)
     assert draws.size == 200_000
@@ -718,7 +718,7 @@ def test_flooding_noise_is_keyed_gaussian_and_rounded() -> None:
 def test_flood_keys_come_from_the_secret_key(keys: KeyPaths, tmp_path: Path) -> None:
     """Every holder of one secret context derives the same flooding key; another key pair
     derives another (and the public context has nothing to derive it from)."""
-    from fedparity.mechanisms.ckks import flood_key
+    from fedparity.mechanisms.crypto.ckks import flood_key
 
     first = flood_key(load_secret_context(keys.secret))
     assert first == flood_key(load_secret_context(keys.secret))

@@ -35,7 +35,7 @@ from fedparity.clients.fedevalfair_handlers import (
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.messages import NodeRefusal, session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     CommitmentConflict,
     KeyPaths,
     SignedCiphertext,
@@ -51,7 +51,7 @@ from fedparity.mechanisms.ckks import (
     load_public_context,
     load_secret_context,
 )
-from fedparity.mechanisms.identity import IdentityError, IdentityKey, Roster
+from fedparity.mechanisms.crypto.identity import IdentityError, IdentityKey, Roster
 from fedparity.mechanisms.protocol import (
     FEF_ENDORSE_MESSAGE_TYPE,
     FEF_IDENTITY_REFUSAL,
@@ -269,7 +269,7 @@ def test_one_holders_ciphertext_as_a_sum_is_refused(federation: Federation) -> N
 def test_a_ciphertext_signed_by_a_key_off_the_roster_is_refused(federation: Federation) -> None:
     """The server (or anyone) with an identity key of its own, not on the holders' roster,
     signs ``Enc(0, ..., 0, 1)`` correctly for this run and round: still not a holder."""
-    from fedparity.mechanisms.ckks import ciphertext_transcript
+    from fedparity.mechanisms.crypto.ckks import ciphertext_transcript
 
     first = round1(federation)
     victim = first.entries["a"]
@@ -639,7 +639,7 @@ def test_a_holder_without_identity_refuses_with_a_fixed_sentence(
 def reply_of(node: int, entry: SignedCiphertext) -> Message:
     from flwr.app import Array
 
-    from fedparity.mechanisms.ckks import to_array
+    from fedparity.mechanisms.crypto.ckks import to_array
 
     record = ArrayRecord(
         {

@@ -47,7 +47,7 @@ def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *nee
 
 def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
     """The true-epsilon closed forms (M_R any d; M_L with k = 2), not Theorems 5/6 of Juarez and
-    Korolova 2022, which are false (see fedparity.mechanisms.calibration.true_epsilon)."""
+    Korolova 2022, which are false (see fedparity.mechanisms.ldp.calibration.true_epsilon)."""
     if mechanism == "R":
         log_two_b = math.log(2.0) - math.log1p(math.exp(-eps2))
         log_half = math.log1p(math.exp(eps2)) - math.log(2.0)

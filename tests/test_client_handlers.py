@@ -21,7 +21,7 @@ from fedparity.mechanisms import (
     RandomizedResponseMechanism,
     randomized_response_epsilon,
 )
-from fedparity.mechanisms.privacy_ledger import UserLedger
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY
 from fedparity.strategies.ldp_audit import LdpGapAudit
 

@@ -205,10 +205,10 @@ def test_vocabularies_come_from_the_modules_that_use_them() -> None:
 
     from fedparity.clients.fpfl_task import CONSTRAINTS
     from fedparity.clients.project import config
-    from fedparity.mechanisms.calibration import MechanismChoice
-    from fedparity.mechanisms.dp_accounting import AccountantName
-    from fedparity.mechanisms.fairtest import Mode
-    from fedparity.mechanisms.metrics import METRIC_NAMES
+    from fedparity.mechanisms.fairness_tests.fedevalfair import Mode
+    from fedparity.mechanisms.ldp.calibration import MechanismChoice
+    from fedparity.mechanisms.ldp.metrics import METRIC_NAMES
+    from fedparity.mechanisms.privacy.opacus_accounting import AccountantName
 
     assert config.FEF_MODES == get_args(Mode)
     assert config.MECHANISM_CHOICES == get_args(MechanismChoice)

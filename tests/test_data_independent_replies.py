@@ -28,7 +28,7 @@ from fedparity.clients.project.own_data import (
 )
 from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.mechanisms import RandomizedResponseMechanism
-from fedparity.mechanisms.privacy_ledger import UserLedger
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
 pytestmark = pytest.mark.usefixtures("task_identity")

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedparity.mechanisms.discrete_laplace import discrete_laplace_noise, uniform_index
-from fedparity.mechanisms.laplace import GRID_STEP, LaplaceMechanism
-from fedparity.mechanisms.secure_random import is_secure_generator, secure_generator
+from fedparity.mechanisms.crypto.secure_random import is_secure_generator, secure_generator
+from fedparity.mechanisms.ldp.discrete_laplace import discrete_laplace_noise, uniform_index
+from fedparity.mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
 
 # --- the distinguisher on the low mantissa bits --------------------------------------------------
 

@@ -83,14 +83,14 @@ def test_the_build_fails_on_a_reference_to_a_function_that_does_not_exist(
     shutil.copy(DOCS / "conf.py", source / "conf.py")
     shutil.copytree(DOCS / "_ext", source / "_ext")
     (source / "index.md").write_text(
-        "# Page\n\n{py:func}`fedparity.mechanisms.planner.minimum_epsilon`\n\n"
-        "{py:func}`fedparity.mechanisms.planner.minimum_epsilonn`\n",
+        "# Page\n\n{py:func}`fedparity.mechanisms.ldp.planner.minimum_epsilon`\n\n"
+        "{py:func}`fedparity.mechanisms.ldp.planner.minimum_epsilonn`\n",
         encoding="utf-8",
     )
     result = sphinx_build(source, tmp_path / "out")
     assert result.returncode != 0
     unresolved = re.findall(r"reference target not found: (\S+)", result.stderr)
-    assert unresolved == ["fedparity.mechanisms.planner.minimum_epsilonn"], result.stderr
+    assert unresolved == ["fedparity.mechanisms.ldp.planner.minimum_epsilonn"], result.stderr
 
 
 def test_the_app_bundle_leaves_out_the_docs_and_their_build() -> None:

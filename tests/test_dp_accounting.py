@@ -1,4 +1,4 @@
-"""mechanisms/dp_accounting.py: noise calibration and epsilon spent, against Opacus.
+"""mechanisms/privacy/opacus_accounting.py: noise calibration and epsilon spent, against Opacus.
 
 Reference values: Opacus noise multipliers for epsilon = 2, delta = 1/K, K = 16280, Poisson
 sampling (the federated Adult setting of Rodriguez-Galvez et al., "Enforcing fairness in
@@ -14,7 +14,7 @@ from opacus.accountants import PRVAccountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
-from fedparity.mechanisms.dp_accounting import (
+from fedparity.mechanisms.privacy.opacus_accounting import (
     EPSILON_TOLERANCE,
     calibrate_noise,
     privacy_spent,
@@ -162,7 +162,7 @@ def test_importing_opacus_leaves_the_root_logger_alone() -> None:
         "{action}\n"
         "print(len(logging.getLogger().handlers) - len(before))\n"
     )
-    ours = "from fedparity.mechanisms.dp_accounting import calibrate_noise\n" + (
+    ours = "from fedparity.mechanisms.privacy.opacus_accounting import calibrate_noise\n" + (
         "calibrate_noise(epsilon=2.0, delta=1e-5, cohort_size=10, population_size=1000, steps=5)"
     )
     raw = "import opacus.accountants"
@@ -186,7 +186,7 @@ def test_epsilon_after_every_round_is_opacus_rdp_exactly() -> None:
     altered by a caller."""
     from opacus.accountants import RDPAccountant
 
-    from fedparity.mechanisms.dp_accounting import _one_step_rdp, privacy_spent_history
+    from fedparity.mechanisms.privacy.opacus_accounting import _one_step_rdp, privacy_spent_history
 
     for history in (
         [(2.3828, 1000 / 14062, 1)],

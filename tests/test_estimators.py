@@ -43,7 +43,7 @@ from fedparity.mechanisms import (
     grr_frequency_estimate,
     mechanism_for_budget,
 )
-from fedparity.mechanisms.estimators import estimator_covariance
+from fedparity.mechanisms.ldp.estimators import estimator_covariance
 
 REPS = 1200
 CONFIDENCES = (0.95, 0.99)

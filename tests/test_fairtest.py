@@ -1,4 +1,5 @@
-"""FedEvalFair (mechanisms/fairtest.py): bootstrap, both stages, TOST, protocol sums, errors.
+"""FedEvalFair (mechanisms/fairness_tests/fedevalfair.py): bootstrap, both stages, TOST, protocol
+sums, errors.
 
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
@@ -17,7 +18,7 @@ Reference values are computed here, independently of the library:
   E*[Y*] = plug-in and Var*[Y*] = p0(1-p0) E*[1/N0*] + p1(1-p1) E*[1/N1*] with N0* ~ Bin(n, n0/n)
   (conditioned on both >= 1, which the redraws enforce), summed over scipy's binomial pmf.
 * The rejection rates of T1 and Q from a separate 20,000-draw simulation (each), quoted in the
-  docstring of :mod:`fedparity.mechanisms.fairtest`.
+  docstring of :mod:`fedparity.mechanisms.fairness_tests.fedevalfair`.
 
 Tolerances: a rejection rate p estimated from R draws has SE sqrt(p (1 - p) / R); comparing with
 another R'-draw simulation (the quoted one, R' = 20,000) uses SE sqrt(p (1 - p) (1/R + 1/R')). A
@@ -51,7 +52,7 @@ from fedparity.mechanisms import (
     stage1_term,
     stage_statistics,
 )
-from fedparity.mechanisms.fairtest import ROUND1_FIELDS, STAGE1_FIELDS
+from fedparity.mechanisms.fairness_tests.fedevalfair import ROUND1_FIELDS, STAGE1_FIELDS
 
 # --- independent reference formulas -----------------------------------------------------------
 

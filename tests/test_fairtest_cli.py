@@ -152,7 +152,8 @@ def test_text_output(csv_path: Path) -> None:
 def test_paper_mode_text_warns(csv_path: Path) -> None:
     code, text = run(["fairtest", "--input", str(csv_path), "--mode", "paper"])
     assert code == 0
-    assert "T1 (FedEvalFair Eq. 10)" in text and "see fedparity.mechanisms.fairtest" in text
+    assert "T1 (FedEvalFair Eq. 10)" in text
+    assert "see fedparity.mechanisms.fairness_tests.fedevalfair" in text
     assert "TOST" not in text
 
 
@@ -306,8 +307,8 @@ def test_keys_for_holders_writes_private_folders_a_roster_and_the_public_context
     import stat
 
     from fedparity.clients.identity import node_identity
-    from fedparity.mechanisms.ckks import load_public_context, load_secret_context
-    from fedparity.mechanisms.identity import Roster
+    from fedparity.mechanisms.crypto.ckks import load_public_context, load_secret_context
+    from fedparity.mechanisms.crypto.identity import Roster
 
     out, public = tmp_path / "holders", tmp_path / "server"
     payload = run_json(["keys", "--holders", "3", "--out", str(out), "--public-out", str(public)])

@@ -33,8 +33,8 @@ from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
 from fedparity.clients.project.config import ConfigError, RunConfig
 from fedparity.mechanisms import RandomizedResponseMechanism
-from fedparity.mechanisms.accounting import ledger_marker
-from fedparity.mechanisms.privacy_ledger import UserLedger
+from fedparity.mechanisms.privacy.basic_ledger import ledger_marker
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.mechanisms.protocol import EPSILON_SPENT_KEY, METRICS_KEY
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import run_job

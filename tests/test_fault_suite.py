@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY
-from fedparity.mechanisms.dp_accounting import privacy_spent, privacy_spent_history
-from fedparity.mechanisms.privacy_ledger import UserLedger
+from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent, privacy_spent_history
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.server.run_record import read_status
 
 try:
@@ -336,7 +336,7 @@ def test_fpfl_faults(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fedevalfair_holder_killed_mid_exchange(tmp_path: Path) -> None:
-    from fedparity.mechanisms.ckks import generate_keys
+    from fedparity.mechanisms.crypto.ckks import generate_keys
     from fedparity.server.cli.identity import write_node_identities
 
     keys = generate_keys(tmp_path / "keys")

@@ -21,7 +21,7 @@ from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, hol
 from fedparity.clients.identity import IDENTITY_DIR_ENV, identity_key_file
 from fedparity.clients.project.config import RunConfig
 from fedparity.clients.project.task import build_model
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     SECRET_CONTEXT_ENV,
     KeyPaths,
     ciphertext_transcript,
@@ -30,13 +30,13 @@ from fedparity.mechanisms.ckks import (
     load_secret_context,
     to_array,
 )
-from fedparity.mechanisms.fairtest import (
+from fedparity.mechanisms.crypto.identity import IdentityKey
+from fedparity.mechanisms.fairness_tests.fedevalfair import (
     client_contribution,
     fedevalfair,
     stage1_statistic,
     stage1_term,
 )
-from fedparity.mechanisms.identity import IdentityKey
 from fedparity.mechanisms.protocol import BLOCKS, ROUND1_SIZE, UNABLE_REPLY
 from fedparity.server.api import _environment, run_simulation_job
 from fedparity.server.app import build_server_app

@@ -1,6 +1,6 @@
 """FedEvalFair's optional holder-level DP mode (issue 27: "where a holder must not be singled
 out, an optional DP noise calibrated to one holder's sensitivity, charged";
-:mod:`fedparity.mechanisms.ckks.holder_dp`), with the real holders
+:mod:`fedparity.mechanisms.crypto.ckks.holder_dp`), with the real holders
 (:func:`fedparity.clients.fedevalfair_handlers` and the project app's ``fef_*`` handlers),
 real TenSEAL ciphertexts, real privacy ledgers and the server's protocol over an in-process
 grid.
@@ -48,7 +48,7 @@ from fedparity.clients.fedevalfair_handlers import (
 )
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT, session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     DP_BLOCKS,
     SENSITIVITY,
     CkksParameters,
@@ -60,19 +60,19 @@ from fedparity.mechanisms.ckks import (
     generate_keys,
     load_public_context,
 )
-from fedparity.mechanisms.ckks.holder_dp import (
+from fedparity.mechanisms.crypto.ckks.holder_dp import (
     chi2_plus_normal_sf,
     dp_block,
     dp_report,
     dp_weight,
     released_blocks,
 )
-from fedparity.mechanisms.fairtest import (
+from fedparity.mechanisms.fairness_tests.fedevalfair import (
     ClientSummary,
     disparity_variance,
     disparity_variances,
 )
-from fedparity.mechanisms.privacy_ledger import ApproximateDPRelease, UserLedger
+from fedparity.mechanisms.privacy.user_ledger import ApproximateDPRelease, UserLedger
 from fedparity.mechanisms.protocol import (
     BLOCK_WIDTH,
     BLOCKS,
@@ -324,7 +324,7 @@ def extreme(mean: float) -> ClientStatistics:
 
 
 def test_one_holder_moves_the_release_by_at_most_the_sensitivity_and_extremes_attain_it() -> None:
-    """Delta = 2 sqrt(2) (the derivation in :mod:`fedparity.mechanisms.ckks.holder_dp`): the
+    """Delta = 2 sqrt(2) (the derivation in :mod:`fedparity.mechanisms.crypto.ckks.holder_dp`): the
     worst-case neighbours are two holders at the weight cap with mean disparities +1 and -1,
     in both metrics; nothing else in the release depends on a holder's data."""
     plus, minus = extreme(1.0), extreme(-1.0)
@@ -660,7 +660,7 @@ def test_the_policy_refuses_an_epsilon_above_its_cap_before_any_data_is_read(
     read their data."""
     from fedparity.clients.app import fef_round1
     from fedparity.clients.project.config import RunConfig
-    from fedparity.mechanisms.ckks import NODE_CONFIG_KEY
+    from fedparity.mechanisms.crypto.ckks import NODE_CONFIG_KEY
 
     reads: list[int] = []
 
@@ -818,7 +818,7 @@ def test_the_project_app_runs_the_dp_mode_and_charges_each_nodes_ledger(
     from fedparity.clients import app
     from fedparity.clients.project.config import RunConfig
     from fedparity.clients.project.task import build_model, get_arrays
-    from fedparity.mechanisms.ckks import NODE_CONFIG_KEY
+    from fedparity.mechanisms.crypto.ckks import NODE_CONFIG_KEY
     from fedparity.server.fedevalfair_job import fedevalfair_privacy, fedevalfair_protocol
     from fedparity.server.html_report import render_report
     from fedparity.server.report import fedevalfair_report, fedevalfair_warnings
@@ -924,7 +924,7 @@ strategy = importlib.import_module("fedparity.strategies.fedevalfair")
 report = importlib.import_module("fedparity.server.report")
 job = importlib.import_module("fedparity.server.fedevalfair_job")
 html = importlib.import_module("fedparity.server.html_report")
-ckks = importlib.import_module("fedparity.mechanisms.ckks")
+ckks = importlib.import_module("fedparity.mechanisms.crypto.ckks")
 policy = importlib.import_module("fedparity.clients.policy")
 assert fef.__file__.startswith(str(folder)), fef.__file__
 

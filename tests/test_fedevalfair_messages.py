@@ -1,7 +1,7 @@
 """FedEvalFair's typed messages (:mod:`fedparity.mechanisms.protocol.fedevalfair`), the
-commitment check (:func:`fedparity.mechanisms.ckks.verify_commitment`) and a key holder's
+commitment check (:func:`fedparity.mechanisms.crypto.ckks.verify_commitment`) and a key holder's
 journal of commitments and releases per secret key
-(:class:`fedparity.mechanisms.ckks.ReleaseJournal`), without Flower or TenSEAL.
+(:class:`fedparity.mechanisms.crypto.ckks.ReleaseJournal`), without Flower or TenSEAL.
 
 The handlers that use them, against an active server: tests/test_ckks_active_server.py.
 """
@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedparity.mechanisms.accounting import LedgerFileError, ledger_marker
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     CommitmentConflict,
     ReleaseJournal,
     SignedCiphertext,
@@ -30,7 +29,8 @@ from fedparity.mechanisms.ckks import (
     verify_commitment,
     verify_round_sets,
 )
-from fedparity.mechanisms.identity import IdentityKey, Roster
+from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
+from fedparity.mechanisms.privacy.basic_ledger import LedgerFileError, ledger_marker
 from fedparity.mechanisms.protocol import RELEASE_SIZE, MessageError
 from fedparity.mechanisms.protocol.fedevalfair import (
     CommitReply,

@@ -1,6 +1,6 @@
 """The encrypted FedEvalFair protocol, message by message, with the real ClientApp handlers,
 real TenSEAL ciphertexts and the real server strategy (threat model:
-:mod:`fedparity.mechanisms.ckks`).
+:mod:`fedparity.mechanisms.crypto.ckks`).
 
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
@@ -34,7 +34,7 @@ from fedparity.clients.app import (
 from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, holder_predictions
 from fedparity.clients.project.config import RunConfig
 from fedparity.clients.project.task import build_model, get_arrays, set_arrays
-from fedparity.mechanisms.ckks import (
+from fedparity.mechanisms.crypto.ckks import (
     NODE_CONFIG_KEY,
     CkksParameters,
     KeyPaths,
@@ -50,8 +50,8 @@ from fedparity.mechanisms.ckks import (
     load_secret_context,
     to_array,
 )
-from fedparity.mechanisms.fairtest import fedevalfair
-from fedparity.mechanisms.identity import IdentityKey
+from fedparity.mechanisms.crypto.identity import IdentityKey
+from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
 from fedparity.mechanisms.protocol import (
     BLOCKS,
     FEF_ENDORSE_MESSAGE_TYPE,

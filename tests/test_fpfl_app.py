@@ -29,8 +29,8 @@ from fedparity.clients.fpfl_task import (
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT
 from fedparity.clients.project.config import RunConfig
 from fedparity.clients.project.fpfl_node import node_shard
-from fedparity.mechanisms.dp_accounting import privacy_spent
-from fedparity.mechanisms.mmdm import sgd_update
+from fedparity.mechanisms.fpfl.mmdm import sgd_update
+from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import build_server_app
 from fedparity.server.fpfl_checkpoint import load_checkpoint

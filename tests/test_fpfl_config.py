@@ -10,7 +10,7 @@ import pytest
 from fedparity.clients.fpfl_data import check_groups_present
 from fedparity.clients.project.config import ConfigError, RunConfig
 from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
-from fedparity.mechanisms.secure_sum import minimum_survivors
+from fedparity.mechanisms.crypto.secure_sum import minimum_survivors
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import run_job
 from fedparity.server.fpfl_job import cohort_sample_rate

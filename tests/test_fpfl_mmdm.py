@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedparity.mechanisms.mmdm import (
+from fedparity.mechanisms.fpfl.mmdm import (
     AggregateStatistics,
     MMDMConfig,
     evaluate_constraints,

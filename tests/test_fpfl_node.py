@@ -19,8 +19,8 @@ from fedparity.clients.fpfl_task import (
 from fedparity.clients.project.config import RunConfig
 from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
 from fedparity.clients.project.fpfl_node import node_contribution, node_noise_multiplier
-from fedparity.mechanisms.dp_accounting import calibrate_noise
-from fedparity.mechanisms.secure_sum import minimum_survivors
+from fedparity.mechanisms.crypto.secure_sum import minimum_survivors
+from fedparity.mechanisms.privacy.opacus_accounting import calibrate_noise
 from tests.import_probe import last_line_printed
 
 CONFIG = RunConfig.from_mapping({"task": "fpfl", "fpfl-algorithm": "fl"})

@@ -5,7 +5,7 @@ fairness in private federated learning via the modified method of differential m
 NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.08604, 2021.
 
 Each node adds ``N(0, (C sigma)^2 / n_min)``
-(:func:`fedparity.mechanisms.secure_sum.noise_share_std`), so the sum of ``n_min`` shares is
+(:func:`fedparity.mechanisms.crypto.secure_sum.noise_share_std`), so the sum of ``n_min`` shares is
 ``N(0, (C sigma)^2)``, the noise of Algorithm 1. Checked three ways: the formula's value, the
 empirical std of sums of shares drawn by the node's own code, and
 ``clients.app.fpfl_round`` (the handler Flower calls) adding exactly those draws.
@@ -31,10 +31,10 @@ from fedparity.clients.project.fpfl_node import (
     node_noise_share_std,
     node_shard,
 )
-from fedparity.mechanisms.dp_accounting import calibrate_noise
+from fedparity.mechanisms.crypto.secure_sum import minimum_survivors, noise_share_std
+from fedparity.mechanisms.privacy.opacus_accounting import calibrate_noise
 from fedparity.mechanisms.protocol import FPFL_KEY, MessageError
 from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRoundRequest, FPFLSetupRequest
-from fedparity.mechanisms.secure_sum import minimum_survivors, noise_share_std
 from fedparity.strategies.fpfl import FPFLProtocol, FPFLRunParameters
 
 #: pfl with distributed noise; 4 nodes and dropout tolerance 0.25 give n_min = 3.

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedparity.clients.project.config import RunConfig
-from fedparity.mechanisms.dp_accounting import privacy_spent
+from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.server.api import run_simulation_job
 from fedparity.server.fpfl_checkpoint import (
     RELEASE_LEDGER,
@@ -102,7 +102,7 @@ def test_segments_compose_with_opacus_history() -> None:
     single-(sigma, q) value."""
     from opacus.accountants import RDPAccountant
 
-    from fedparity.mechanisms.dp_accounting import privacy_spent_history
+    from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent_history
 
     history = [(1.2, 0.25, 7), (0.9, 0.4, 5)]
     ours = privacy_spent_history(history, delta=1e-3).epsilon

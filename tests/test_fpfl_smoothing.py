@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedparity.mechanisms.mmdm import (
+from fedparity.mechanisms.fpfl.mmdm import (
     AggregateStatistics,
     MMDMConfig,
     evaluate_constraints,

@@ -20,9 +20,9 @@ import pytest
 
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.clients.policy import NodePrivacyPolicy
-from fedparity.mechanisms.dp_accounting import privacy_spent
-from fedparity.mechanisms.mmdm import MMDMConfig
-from fedparity.mechanisms.training_state import CHECKPOINT_STATE, RELEASE_LEDGER
+from fedparity.mechanisms.fpfl.mmdm import MMDMConfig
+from fedparity.mechanisms.fpfl.training_state import CHECKPOINT_STATE, RELEASE_LEDGER
+from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.strategies import (
     DurableTraining,
     FPFLObserver,

@@ -17,9 +17,9 @@ import pytest
 from scipy import stats
 
 from fedparity.mechanisms import FrequencyOracle, frequency_oracle
-from fedparity.mechanisms.frequency_oracle import CHUNK
+from fedparity.mechanisms.ldp.frequency_oracle import CHUNK
 
-frequency_oracle_module = importlib.import_module("fedparity.mechanisms.frequency_oracle")
+frequency_oracle_module = importlib.import_module("fedparity.mechanisms.ldp.frequency_oracle")
 
 FAMILY_ALPHA = 1e-3
 

@@ -25,7 +25,7 @@ from fedparity.clients.ldp import ldp_audit_handler
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, build_mechanism
-from fedparity.mechanisms.laplace import LaplaceMechanism
+from fedparity.mechanisms.ldp.laplace import LaplaceMechanism
 from fedparity.mechanisms.protocol import FPFL_KEY, METRICS_KEY, REPORTS_KEY
 from fedparity.server.cli import main as cli_main
 from fedparity.strategies.ldp_audit import LdpGapAudit
@@ -357,7 +357,7 @@ def test_the_cli_exits_0_or_2_with_a_message_never_with_a_traceback(
 
 @pytest.fixture(scope="module")
 def holder_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fedparity.mechanisms.ckks import generate_keys
+    from fedparity.mechanisms.crypto.ckks import generate_keys
 
     return generate_keys(tmp_path_factory.mktemp("fuzz-keys")).secret
 
@@ -370,7 +370,7 @@ def test_a_key_holder_refuses_any_sum_it_cannot_verify(
 ) -> None:
     from fedparity.clients import fedevalfair_handlers
     from fedparity.clients.identity import NodeIdentity
-    from fedparity.mechanisms.identity import IdentityKey, Roster
+    from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
     from fedparity.mechanisms.protocol import FEF_KEY
 
     # A holder with an identity and a roster, so the fuzzed message reaches the checks of the
@@ -427,7 +427,7 @@ def test_an_fpfl_node_refuses_any_setup_without_a_salt(salt: object) -> None:
 
 @pytest.fixture(scope="module")
 def public_context(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    from fedparity.mechanisms.ckks import generate_keys, load_public_context
+    from fedparity.mechanisms.crypto.ckks import generate_keys, load_public_context
 
     return load_public_context(generate_keys(tmp_path_factory.mktemp("fuzz-public")).public)
 

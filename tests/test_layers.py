@@ -123,7 +123,7 @@ def test_every_layer_imports_only_what_it_may() -> None:
         ("mechanisms", "import flwr", "imports Flower"),
         ("mechanisms", "def f():\n    from flwr.app import Message", "imports Flower"),
         ("server", "from server.config import RunConfig", "top-level import"),
-        ("clients", "import mechanisms.secure_sum", "top-level import"),
+        ("clients", "import mechanisms.crypto.secure_sum", "top-level import"),
         ("server", "from fedparity.clients import app", "absolute import"),
         ("server", "from .... import x", "beyond the fedparity namespace"),
     ],
@@ -138,7 +138,7 @@ def test_the_check_reports_each_kind_of_violation(layer: str, source: str, expec
     ("layer", "source"),
     [
         ("server", "from ..clients.config import RunConfig\nfrom ..strategies import fpfl"),
-        ("clients", "from ..mechanisms.secure_sum import mask_vector\nfrom .data import x"),
+        ("clients", "from ..mechanisms.crypto.secure_sum import mask_vector\nfrom .data import x"),
         ("strategies", "from ..mechanisms.protocol import FPFL_KEY\nfrom flwr.app import Message"),
         ("mechanisms", "from .fairtest import ROUND1_FIELDS\nimport numpy as np"),
     ],
@@ -154,7 +154,7 @@ def test_the_check_accepts_allowed_imports(layer: str, source: str) -> None:
 #: The project app inside ``fedparity.clients``: its own task package and its ClientApp module.
 PROJECT_APP: tuple[str, ...] = ("fedparity.clients.project", "fedparity.clients.app")
 #: Old paths of modules that moved to ``fedparity.clients.project``; each only forwards its
-#: names (``clients/_deprecated.py``, with a ``DeprecationWarning``), so importing one is
+#: names (``mechanisms/_deprecated.py``, with a ``DeprecationWarning``), so importing one is
 #: importing the project app.
 DEPRECATED_ALIASES: dict[str, str] = {
     "fedparity.clients.config": "fedparity.clients.project.config",
@@ -249,7 +249,7 @@ def test_the_old_paths_of_moved_modules_only_forward_to_the_project() -> None:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module_parts = [*parts, "__init__"] if path.name == "__init__.py" else parts
         imported = {name for _, name, _ in _imports(tree, "clients", module_parts)}
-        assert imported <= {"fedparity.clients._deprecated"}, (old, imported)
+        assert imported <= {"fedparity.mechanisms._deprecated"}, (old, imported)
 
 
 @pytest.mark.parametrize(
@@ -542,9 +542,9 @@ def test_a_nodes_messages_without_a_model_load_no_torch(tmp_path: Path) -> None:
     from fedparity.clients.fpfl_task import statistics_layout
     from fedparity.clients.project.config import RunConfig
     from fedparity.clients.project.fpfl_node import node_settings
+    from fedparity.mechanisms.crypto.secure_sum import contribution_codec
     from fedparity.mechanisms.protocol import FPFL_KEY
     from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLSetupRequest
-    from fedparity.mechanisms.secure_sum import contribution_codec
     from tests.fpfl_nodes import run_parameters
 
     run_config = {"task": "fpfl", "dataset": "synthetic", "users-per-node": 50}

@@ -4,7 +4,7 @@ items 6 and 8; the multi-process fault trial of 2026-11-26).
 The ``.created`` marker beside a ledger tells a lost file from one never made, but deleting the
 whole ledger folder (file and marker) or pointing ``ledger-dir`` elsewhere started the node's
 users at zero with no log line. A node now records the ledgers it creates in a registry kept
-apart from them (:class:`~fedparity.mechanisms.privacy_ledger.LedgerRegistry`); a ledger it
+apart from them (:class:`~fedparity.mechanisms.privacy.user_ledger.LedgerRegistry`); a ledger it
 created that is gone, or (with the node's own ``ledger-registry``) a new ledger while it holds
 one elsewhere, is refused with a fixed sentence to the server and one log line naming the
 files and ``fedparity ledger reset``, the operator's explicit acknowledgement.
@@ -32,9 +32,9 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY, LocalUsers, ldp_audit_handler
 from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism
-from fedparity.mechanisms import privacy_ledger as privacy_ledger_module
-from fedparity.mechanisms.accounting import ledger_marker
-from fedparity.mechanisms.privacy_ledger import LedgerRegistry, UserLedger
+from fedparity.mechanisms.privacy import user_ledger as user_ledger_module
+from fedparity.mechanisms.privacy.basic_ledger import ledger_marker
+from fedparity.mechanisms.privacy.user_ledger import LedgerRegistry, UserLedger
 from fedparity.server.cli import main
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
@@ -205,7 +205,7 @@ def test_an_unwritable_ledger_folder_is_named_before_any_release(
     folder.mkdir()
     real_access = os.access
     monkeypatch.setattr(  # the fault: a read-only folder (root ignores permission bits)
-        privacy_ledger_module.os,
+        user_ledger_module.os,
         "access",
         lambda path, mode: False if Path(path) == folder else real_access(path, mode),
     )
@@ -222,14 +222,14 @@ def test_a_failed_save_names_the_ledger_file(
     names the ledger file (before: ``PermissionError(13, ...)``), the server reads the fixed
     ledger sentence (before: the generic internal-error one), nothing is released."""
 
-    real_write = privacy_ledger_module.write_file_atomic
+    real_write = user_ledger_module.write_file_atomic
 
     def refuse(path: Path, data: bytes, mode: int) -> None:
         if path.name != "user-ledger.json":  # the registry beside it is written
             return real_write(path, data, mode)
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(privacy_ledger_module, "write_file_atomic", refuse)
+    monkeypatch.setattr(user_ledger_module, "write_file_atomic", refuse)
     folder = tmp_path / "ledgers"
     with node_log(caplog), pytest.raises(NodeRefusal, match=re.escape(LEDGER_UNUSABLE_REPLY)):
         _handler()(_audit(), _context({"ledger-dir": str(folder)}))

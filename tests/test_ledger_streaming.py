@@ -21,7 +21,7 @@ from fedparity.mechanisms import (
     estimate_gap,
     summarize_stream,
 )
-from fedparity.mechanisms.accounting import LedgerFileError
+from fedparity.mechanisms.privacy.basic_ledger import LedgerFileError
 
 # --- PrivacyLedger --------------------------------------------------------------------------------
 
@@ -196,7 +196,7 @@ def test_save_replaces_the_file_atomically(tmp_path: Path, monkeypatch: pytest.M
             Path(file).write_bytes(data[: len(data) // 2])
         raise OSError("simulated crash while writing")
 
-    monkeypatch.setattr("fedparity.mechanisms.accounting.np.savez", crash_half_way)
+    monkeypatch.setattr("fedparity.mechanisms.privacy.basic_ledger.np.savez", crash_half_way)
     with pytest.raises(OSError, match="simulated crash"):
         ledger.save(path)
     monkeypatch.undo()

@@ -21,9 +21,9 @@ from fedparity.clients.app import app
 from fedparity.clients.ledger import open_node_ledger, save_node_ledger
 from fedparity.clients.policy import NodePrivacyPolicy
 from fedparity.clients.project.task import build_model, get_arrays
-from fedparity.mechanisms.accounting import LedgerFileError
-from fedparity.mechanisms.calibration import mechanism_for_budget
-from fedparity.mechanisms.privacy_ledger import (
+from fedparity.mechanisms.ldp.calibration import mechanism_for_budget
+from fedparity.mechanisms.privacy.basic_ledger import LedgerFileError
+from fedparity.mechanisms.privacy.user_ledger import (
     GapReportRelease,
     SubsampledGaussianRelease,
     UserLedger,

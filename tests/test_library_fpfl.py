@@ -21,7 +21,7 @@ from fedparity.clients.fpfl_task import (
     shard_contribution,
     statistics_layout,
 )
-from fedparity.mechanisms.mmdm import MMDMConfig, mmdm_update, with_constraint_terms
+from fedparity.mechanisms.fpfl.mmdm import MMDMConfig, mmdm_update, with_constraint_terms
 from fedparity.strategies import FPFLProtocol, FPFLRunParameters, FPFLTraining
 
 NUM_NODES = 3

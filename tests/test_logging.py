@@ -3,8 +3,8 @@
 Real runs: a simulation SuperLink on a free port (``tests/flower_processes.py``, its own
 ``FLWR_HOME``), the project submitted with ``flwr run . --stream``, and the streamed output
 read line by line. Opacus calls ``logging.basicConfig`` when imported; without the guard in
-``fedparity.mechanisms.dp_accounting`` the root logger gains a stderr handler and every Flower
-line of the process that imported it prints twice (again with a timestamp), DEBUG lines
+``fedparity.mechanisms.privacy.opacus_accounting`` the root logger gains a stderr handler and every
+Flower line of the process that imported it prints twice (again with a timestamp), DEBUG lines
 included. The FPFL job imports Opacus (its accountant) in the ServerApp and in the nodes; the
 LDP job does not, and checks that nothing else doubles its lines.
 """

@@ -1,4 +1,4 @@
-"""mechanisms/mmdm.py: constraint gradients, updates and recovery from summed statistics.
+"""mechanisms/fpfl/mmdm.py: constraint gradients, updates and recovery from summed statistics.
 
 Reference: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing
 fairness in private federated learning via the modified method of differential multipliers",
@@ -25,7 +25,7 @@ from fedparity.clients.fpfl_task import (
     user_statistics,
 )
 from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
-from fedparity.mechanisms.mmdm import (
+from fedparity.mechanisms.fpfl.mmdm import (
     AggregateStatistics,
     CohortMetrics,
     MMDMConfig,

@@ -16,9 +16,9 @@ from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
 from fedparity.clients.ledger import MIGRATED_SUFFIX
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy
-from fedparity.mechanisms.accounting import ShardLedger, ledger_marker
-from fedparity.mechanisms.calibration import mechanism_for_budget
-from fedparity.mechanisms.privacy_ledger import (
+from fedparity.mechanisms.ldp.calibration import mechanism_for_budget
+from fedparity.mechanisms.privacy.basic_ledger import ShardLedger, ledger_marker
+from fedparity.mechanisms.privacy.user_ledger import (
     NEIGHBOURING,
     ApproximateDPRelease,
     GapReportRelease,

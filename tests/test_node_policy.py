@@ -36,7 +36,8 @@ from fedparity.clients.policy import (
     node_policy,
 )
 from fedparity.mechanisms import RandomizedResponseMechanism
-from fedparity.mechanisms.privacy_ledger import UserLedger
+from fedparity.mechanisms.crypto.secure_sum import noise_share_std
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.mechanisms.protocol import FPFL_KEY
 from fedparity.mechanisms.protocol.fpfl import (
     FPFLKeyTable,
@@ -44,7 +45,6 @@ from fedparity.mechanisms.protocol.fpfl import (
     FPFLRunParameters,
     FPFLSetupRequest,
 )
-from fedparity.mechanisms.secure_sum import noise_share_std
 from fedparity.strategies.ldp_audit import LdpGapAudit
 from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
 

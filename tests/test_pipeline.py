@@ -23,7 +23,7 @@ from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy
 from fedparity.clients.project.config import ConfigError, RunConfig
 from fedparity.clients.project.data import load_partition
-from fedparity.mechanisms.privacy_ledger import (
+from fedparity.mechanisms.privacy.user_ledger import (
     VALUE_DISCRETIZATION_INTERVAL,
     SubsampledGaussianRelease,
     UserLedger,
@@ -359,8 +359,8 @@ def test_the_difference_the_report_says_two_audits_detect_is_detected_with_its_p
     difference (compare_gaps) in at least 80% of 400 seeded repetitions, within the Monte
     Carlo error (the planner's variance is the worst case, so more is allowed)."""
     from fedparity.mechanisms import ReportSummary, compare_gaps, estimate_gap
-    from fedparity.mechanisms.calibration import mechanism_for_budget
-    from fedparity.mechanisms.power import audit_detectable_gap
+    from fedparity.mechanisms.ldp.calibration import mechanism_for_budget
+    from fedparity.mechanisms.ldp.power import audit_detectable_gap
 
     users, epsilon = 20_000, 1.0
     one = audit_detectable_gap(0.8, users, epsilon, group_fractions=[0.5, 0.5]).gap

@@ -8,7 +8,7 @@ Reference values: the paper's printed Table 1 ("Minimum privacy budget required 
 error by alpha, given K clients, with 0.99 probability"; value scale, Chebyshev, balanced
 groups); for the valid planner an independent computation written here from Eq. 19 / Eq. 20
 (Juarez and Korolova 2022, Appendix A.4) and the true-epsilon privacy constraints (the
-paper's Theorems 5/6 are false; see :func:`fedparity.mechanisms.calibration.true_epsilon`).
+paper's Theorems 5/6 are false; see :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from fedparity.mechanisms.laplace import LaplaceMechanism
-from fedparity.mechanisms.planner import error_bound, minimum_epsilon, paper_table1_cell, table1
+from fedparity.mechanisms.ldp.laplace import LaplaceMechanism
+from fedparity.mechanisms.ldp.planner import error_bound, minimum_epsilon, paper_table1_cell, table1
 
 CLIENTS = (10**5, 10**6, 10**7, 10**8, 10**9)
 ALPHAS = (0.1, 0.01, 0.001)

@@ -1,4 +1,4 @@
-"""Power and sample size (mechanisms/power.py, ``fedparity plan --power/--gap``).
+"""Power and sample size (mechanisms/ldp/power.py, ``fedparity plan --power/--gap``).
 
 Checked by simulation: a population with a known gap is perturbed with the real mechanisms
 (``perturb_and_summarize`` and ``summarize_stream``), estimated with the real ``estimate_gap``, and
@@ -33,10 +33,10 @@ from fedparity.mechanisms import (
     stage_statistics,
     summarize_stream,
 )
-from fedparity.mechanisms.calibration import best_split
-from fedparity.mechanisms.estimators import metric_to_value
-from fedparity.mechanisms.planner import error_bound
-from fedparity.mechanisms.power import (
+from fedparity.mechanisms.ldp.calibration import best_split
+from fedparity.mechanisms.ldp.estimators import metric_to_value
+from fedparity.mechanisms.ldp.planner import error_bound
+from fedparity.mechanisms.ldp.power import (
     AuditPlan,
     audit_detectable_gap,
     audit_minimum_epsilon,

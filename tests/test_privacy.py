@@ -6,7 +6,7 @@ AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022 below). M_R (Algorithm 1) ha
 outputs and probabilities linear in v, so its true epsilon is the exact maximum over a table of
 output probabilities built here from the algorithm's definition. M_L (k = 2) has a density; its
 worst-case log-likelihood ratio is evaluated on a grid. The closed forms checked against them
-are the corrected ones of :func:`fedparity.mechanisms.calibration.true_epsilon`; the paper's
+are the corrected ones of :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`; the paper's
 Theorems 5/6 are wrong.
 """
 
@@ -27,7 +27,7 @@ from fedparity.mechanisms import (
     randomized_response_epsilon,
     true_epsilon,
 )
-from fedparity.mechanisms.calibration import gap_variance_factor
+from fedparity.mechanisms.ldp.calibration import gap_variance_factor
 
 GROUPS = (2, 3, 5)
 SPLITS = ((0.1, 2.0), (1.0, 1.0), (2.0, 0.5), (3.0, 3.0), (0.01, 0.01), (5.0, 0.2))

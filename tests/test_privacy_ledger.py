@@ -1,4 +1,4 @@
-"""The per-user privacy ledger (mechanisms/privacy_ledger.py) and ``fedparity ledger show``.
+"""The per-user privacy ledger (mechanisms/privacy/user_ledger.py) and ``fedparity ledger show``.
 
 Reference values come from dp-accounting's own PLD accountant, fed with events built here by
 hand from the mechanisms' definitions (not with the module's conversions).
@@ -18,9 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedparity.mechanisms.accounting import LedgerFileError, PrivacyBudgetExceeded, ledger_marker
-from fedparity.mechanisms.calibration import mechanism_for_budget
-from fedparity.mechanisms.privacy_ledger import (
+from fedparity.mechanisms.ldp.calibration import mechanism_for_budget
+from fedparity.mechanisms.privacy.basic_ledger import (
+    LedgerFileError,
+    PrivacyBudgetExceeded,
+    ledger_marker,
+)
+from fedparity.mechanisms.privacy.user_ledger import (
     NEIGHBOURING,
     VALUE_DISCRETIZATION_INTERVAL,
     ApproximateDPRelease,
@@ -292,7 +296,7 @@ def test_a_ledger_for_another_number_of_users_is_refused(tmp_path: Path) -> None
 def test_dp_accounting_is_imported_only_when_used_and_adds_no_log_handler() -> None:
     code = (
         "import logging, sys\n"
-        "from fedparity.mechanisms import privacy_ledger as pl\n"
+        "from fedparity.mechanisms.privacy import user_ledger as pl\n"
         "assert 'dp_accounting' not in sys.modules\n"
         "pl.compose([pl.ApproximateDPRelease(epsilon=1.0, job='x')], 1e-5)\n"
         "assert 'dp_accounting' in sys.modules\n"

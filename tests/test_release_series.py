@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message, RecordDict
 from fedparity.clients import LocalUsers, ldp_audit_handler
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
-from fedparity.mechanisms.privacy_ledger import UserLedger
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.strategies import (
     DurableReleases,
     LdpAuditSeries,

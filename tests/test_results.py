@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedparity.mechanisms import RandomizedResponseMechanism, ReportSummary, estimate_gap
-from fedparity.mechanisms.secure_random import secure_generator
+from fedparity.mechanisms.crypto.secure_random import secure_generator
 from fedparity.server import fpfl_report, pipeline_report, report
 from fedparity.server.html_report import render_report
 from fedparity.server.results import (

@@ -31,8 +31,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from fedparity.clients.identity import ROSTER_FILE, identity_key_file
-from fedparity.mechanisms.ckks import KeyPaths, generate_keys
-from fedparity.mechanisms.identity import IdentityKey, Roster
+from fedparity.mechanisms.crypto.ckks import KeyPaths, generate_keys
+from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
 
 try:
     from tests.flower_processes import (

@@ -1,4 +1,4 @@
-"""mechanisms/secure_sum.py: pairwise-masking secure sum, with real X25519/HKDF/ChaCha20.
+"""mechanisms/crypto/secure_sum.py: pairwise-masking secure sum, with real X25519/HKDF/ChaCha20.
 
 Keys come from seeded private bytes, so every test is deterministic. Bounds: a sum of ``n``
 encodings decodes to the exact real sum within ``n * 0.5 * step`` (round half to even, and
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import shamirs
 
-from fedparity.mechanisms.secure_sum import (
+from fedparity.mechanisms.crypto.secure_sum import (
     KEY_BYTES,
     MAX_MASKING_NODES,
     SHAMIR_PRIME,
@@ -462,7 +462,7 @@ def test_id_tables_and_masked_vectors_survive_flower_arrays() -> None:
 
 
 def test_module_imports_no_flower() -> None:
-    assert modules_loaded_by("fedparity.mechanisms.secure_sum", {"flwr"}) == []
+    assert modules_loaded_by("fedparity.mechanisms.crypto.secure_sum", {"flwr"}) == []
 
 
 @pytest.mark.parametrize("threshold", [2, 4, 7])

@@ -16,8 +16,8 @@ import shamirs
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import PolicyRefusal
-from fedparity.mechanisms.identity import IdentityKey, Roster
-from fedparity.mechanisms.secure_sum import (
+from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
+from fedparity.mechanisms.crypto.secure_sum import (
     SHAMIR_PRIME,
     MaskingKeyPair,
     combine_self_seed,
@@ -107,7 +107,7 @@ def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> No
     # would rebuild 6's self-mask and read x_6.
     from dataclasses import replace
 
-    from fedparity.mechanisms.secure_sum import open_share, self_mask
+    from fedparity.mechanisms.crypto.secure_sum import open_share, self_mask
 
     # Today the view "6 dropped" must also be attested by enough members: 3 and 4 attest it and
     # the colluder 5 makes its own attestations (it knows its pair secrets), so it passes; the
@@ -115,7 +115,7 @@ def test_a_split_view_with_a_colluder_gets_too_few_shares_of_a_self_mask() -> No
     nodes = pinned(policy=replace(EXACT_POLICY, tolerated_colluders=1))
     replies = nodes.round(1)
     assert replies.thresholds[6] == 4
-    from fedparity.mechanisms.secure_sum import attest_view
+    from fedparity.mechanisms.crypto.secure_sum import attest_view
 
     view = ([3, 4, 5], [6])
     attestations = {node: nodes.confirm(1, node, *view) for node in (3, 4)}
@@ -158,7 +158,7 @@ def test_a_round_is_masked_at_most_once_and_in_order() -> None:
 def test_the_attack_a_replay_enabled_on_pair_masks_alone() -> None:
     # Why the rule: two vectors masked with the same round's pair masks (no self-mask, as on
     # the previous main) differ by exactly the difference of the values.
-    from fedparity.mechanisms.secure_sum import mask_vector, pair_secrets
+    from fedparity.mechanisms.crypto.secure_sum import mask_vector, pair_secrets
 
     keys = {node: MaskingKeyPair.generate() for node in (1, 2)}
     table = {node: key.public_bytes() for node, key in keys.items()}
@@ -276,7 +276,7 @@ def test_with_a_roster_every_key_is_signed_by_a_distinct_member() -> None:
     # The server substitutes its own masking key for node 4 (and signs it with its own key).
     from dataclasses import replace
 
-    from fedparity.mechanisms.secure_sum import masking_key_transcript
+    from fedparity.mechanisms.crypto.secure_sum import masking_key_transcript
 
     nodes = roster_nodes()
     impostor_identity, impostor = IdentityKey.generate(), MaskingKeyPair.generate()
@@ -365,7 +365,7 @@ def test_a_population_that_would_coarsen_the_step_or_clamp_is_refused() -> None:
     from fedparity.clients import FPFLNodeSettings
     from fedparity.clients.fpfl_handlers import MAX_STEP_TO_SHARE_STD
     from fedparity.clients.policy import NodePrivacyPolicy
-    from fedparity.mechanisms.secure_sum import contribution_codec
+    from fedparity.mechanisms.crypto.secure_sum import contribution_codec
 
     # A private run, whose noise share is what the step must stay far below.
     private = FPFLNodeSettings(

@@ -20,9 +20,9 @@ import pytest
 from fedparity.clients import LocalUsers
 from fedparity.clients.fedevalfair import rows_statistics
 from fedparity.clients.identity import IDENTITY_DIR_ENV
-from fedparity.mechanisms.ckks import generate_keys
-from fedparity.mechanisms.dp_accounting import privacy_spent
-from fedparity.mechanisms.fairtest import fedevalfair
+from fedparity.mechanisms.crypto.ckks import generate_keys
+from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
+from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.mechanisms.protocol import BLOCKS
 from fedparity.server.cli.identity import write_node_identities
 

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from ...mechanisms.accounting import BUDGET_TOLERANCE
-from ...mechanisms.calibration import MechanismChoice
-from ...mechanisms.dp_accounting import AccountantName
-from ...mechanisms.fairtest import Mode
-from ...mechanisms.metrics import METRIC_NAMES
-from ...mechanisms.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
-from ...mechanisms.mmdm import CONSTRAINTS
+from ...mechanisms.fairness_tests.fedevalfair import Mode
+from ...mechanisms.fpfl.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
+from ...mechanisms.fpfl.mmdm import CONSTRAINTS
+from ...mechanisms.ldp.calibration import MechanismChoice
+from ...mechanisms.ldp.metrics import METRIC_NAMES
+from ...mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
+from ...mechanisms.privacy.opacus_accounting import AccountantName
 from .data import DATASETS
 
 if TYPE_CHECKING:
-    from ...mechanisms.ckks.holder_dp import HolderDP
+    from ...mechanisms.crypto.ckks.holder_dp import HolderDP
 
 TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
 #: The jobs that evaluate a global model they train with plain FedAvg (the ``train`` message),
@@ -481,7 +481,7 @@ class RunConfig:
         "", the mode is off)."""
         if self.fef_dp_epsilon is None:
             return None
-        from ...mechanisms.ckks.holder_dp import HolderDP
+        from ...mechanisms.crypto.ckks.holder_dp import HolderDP
 
         return HolderDP(self.fef_dp_epsilon, self.fef_dp_delta, self.fef_dp_max_weight)
 

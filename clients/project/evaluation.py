@@ -97,7 +97,7 @@ def holder_statistics_for(
     """A FedEvalFair holder's bootstrap statistics of ``model`` on ``shard`` with the run's
     variant, resamples and minimum cell count, seeded by the run's seed and the partition (so
     the harness recomputes exactly what the holder sent). Raises
-    :class:`~fedparity.mechanisms.fairtest.InsufficientGroupData` as
+    :class:`~fedparity.mechanisms.fairness_tests.fedevalfair.InsufficientGroupData` as
     :func:`~fedparity.clients.fedevalfair.holder_statistics` does."""
     return holder_statistics(
         shard,

@@ -141,7 +141,7 @@ def node_noise_multiplier(config: RunConfig, population_size: int) -> float:
 
 def node_noise_share_std(config: RunConfig, population_size: int, num_nodes: int) -> float:
     """The std this node's noise share has in a round with ``num_nodes`` member nodes:
-    :func:`~fedparity.mechanisms.secure_sum.noise_share_std` of (``C``, the node's own
+    :func:`~fedparity.mechanisms.crypto.secure_sum.noise_share_std` of (``C``, the node's own
     ``sigma``, ``n_min``) with distributed noise, 0 with central noise or without noise (FL,
     FL + Clip, FFL, FFL + Clip)."""
     return node_settings(config).noise_share_std(population_size, num_nodes)

@@ -19,7 +19,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from ...mechanisms.metrics import METRIC_NAMES, UserRates, user_rates
+from ...mechanisms.ldp.metrics import METRIC_NAMES, UserRates, user_rates
 from ..shards import UserShard
 
 __all__ = [
@@ -136,7 +136,7 @@ def train(
 class UserMetrics(UserRates):
     """Per-user evaluation of a model on a :class:`~fedparity.clients.shards.UserShard`.
 
-    The per-user rates and counts (:class:`~fedparity.mechanisms.metrics.UserRates`) are
+    The per-user rates and counts (:class:`~fedparity.mechanisms.ldp.metrics.UserRates`) are
     aligned with the shard's local users, NaN where undefined; ``loss`` and
     ``overall_accuracy`` are over all samples of the shard (NaN for an empty shard).
     """

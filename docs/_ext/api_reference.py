@@ -7,7 +7,7 @@ exceptions, functions and data. A module without ``__all__`` is an error: the re
 what the package exports, nothing else.
 
 A Python cross-reference that names no documented object (an internal helper such as
-``fedparity.mechanisms.planner``, or a type from numpy, Flower or the standard library: there is
+``fedparity.mechanisms.ldp.planner``, or a type from numpy, Flower or the standard library: there is
 no intersphinx, the build is offline) is rendered as code without a link if the name imports to
 a real object, and stays a warning (an error under ``-W``) if it does not: a renamed or
 misspelt function in a docstring or a page fails the build.
@@ -148,7 +148,7 @@ def names_object(dotted: str) -> bool:
 def candidate_targets(node: nodes.Element) -> list[str]:
     """Full names a Python reference may mean: as written, or inside the current module or
     class, the documented object, or the module that defines one of them (autodoc documents
-    ``fedparity.mechanisms.X`` from ``fedparity.mechanisms.estimators``, where the docstring's
+    ``fedparity.mechanisms.X`` from ``fedparity.mechanisms.ldp.estimators``, where the docstring's
     short names live)."""
     target = node["reftarget"].lstrip("~.")
     module, cls = node.get("py:module"), node.get("py:class")

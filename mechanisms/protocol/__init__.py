@@ -9,7 +9,7 @@ a server strategy and a strategy never imports a client module.
 
 from __future__ import annotations
 
-from ..fairtest import ROUND1_FIELDS, STAGE1_FIELDS
+from ..fairness_tests.fedevalfair import ROUND1_FIELDS, STAGE1_FIELDS
 
 __all__ = [
     "AUDIT_MESSAGE_TYPE",

@@ -2,7 +2,8 @@
 
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
-version), Algorithms 1-2; the signatures are those of :mod:`fedparity.mechanisms.ckks.signing`.
+version), Algorithms 1-2; the signatures are those of
+:mod:`fedparity.mechanisms.crypto.ckks.signing`.
 
 Each message is a frozen dataclass whose :meth:`to_fields` gives the uint8 (or float64)
 arrays of the protocol's ``fef`` record, by the names the wire has always used, and whose
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ckks.signing import SignedCiphertext, SignedDigest
-from ..identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES
+from ..crypto.ckks.signing import SignedCiphertext, SignedDigest
+from ..crypto.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES
 from . import RELEASE_SIZE, MessageError
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 
 #: Between rounds 2 and 3: every round-2 holder signs one commitment to the run's round-1 and
 #: round-2 sets (``@app.query("fef_commit")``); a key holder releases only a set every one of
-#: them committed to (:func:`fedparity.mechanisms.ckks.verify_commitment`).
+#: them committed to (:func:`fedparity.mechanisms.crypto.ckks.verify_commitment`).
 FEF_COMMIT_MESSAGE_TYPE = "query.fef_commit"
 #: Bytes of a SHA-256 digest.
 DIGEST_BYTES = 32
@@ -256,7 +257,7 @@ class CommitRequest:
 @dataclass(frozen=True)
 class CommitReply:
     """A round-2 holder's signature on the commitment
-    (:func:`~fedparity.mechanisms.ckks.commitment_transcript`)."""
+    (:func:`~fedparity.mechanisms.crypto.ckks.commitment_transcript`)."""
 
     signer: bytes
     signature: bytes

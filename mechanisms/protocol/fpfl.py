@@ -4,7 +4,7 @@ FPFL is Algorithm 1 of Rodriguez-Galvez, Granqvist, van Dalen and Seigel, "Enfor
 in private federated learning via the modified method of differential multipliers", 2021; its
 sums travel through the double-masking secure sum of Bonawitz et al., "Practical Secure
 Aggregation for Privacy-Preserving Machine Learning", CCS 2017
-(:mod:`fedparity.mechanisms.secure_sum`).
+(:mod:`fedparity.mechanisms.crypto.secure_sum`).
 
 Each message is a frozen dataclass used by both ends (the Flower adapters
 :mod:`fedparity.clients.fpfl_handlers` and :mod:`fedparity.strategies.fpfl`). ``to_fields()``
@@ -278,11 +278,11 @@ class FPFLRunParameters:
     ) -> FPFLRunParameters:
         """The parameters of a training, with sigma calibrated for ``(epsilon, delta)`` after
         ``rounds`` rounds at ``q = m / K``
-        (:func:`~fedparity.mechanisms.dp_accounting.calibrate_noise`, Opacus; ``delta`` None:
-        ``1 / K``) or 0 without ``epsilon``: what a node with the same settings accepts."""
+        (:func:`~fedparity.mechanisms.privacy.opacus_accounting.calibrate_noise`, Opacus; ``delta``
+        None: ``1 / K``) or 0 without ``epsilon``: what a node with the same settings accepts."""
         sigma = 0.0
         if epsilon is not None:
-            from ..dp_accounting import calibrate_noise  # Opacus: only when calibrating
+            from ..privacy.opacus_accounting import calibrate_noise  # Opacus: only when calibrating
 
             delta = 1.0 / population_size if delta is None else delta
             sigma = calibrate_noise(
@@ -660,7 +660,7 @@ class FPFLConfirmRequest:
 @dataclass(frozen=True)
 class FPFLConfirmReply:
     """The node's attestation of the view, one MAC for each other survivor (keyed with their
-    pair secret, :func:`~fedparity.mechanisms.secure_sum.attest_view`)."""
+    pair secret, :func:`~fedparity.mechanisms.crypto.secure_sum.attest_view`)."""
 
     recipients: tuple[int, ...]
     attestations: tuple[bytes, ...]

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..metrics import METRIC_NAMES
+from ..ldp.metrics import METRIC_NAMES
 from . import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, USER_COUNT_KEYS, VALUES_KEY, MessageError
 
 __all__ = [

@@ -4,7 +4,7 @@ Subcommands (``fedparity <command> --help`` for every option):
 
 * ``privacy``  -- the true LDP epsilon of M_R / M_L for (eps1, eps2, d) (the paper's
   Theorem 5, and its Theorem 6 for k != 2, are false; see
-  :func:`fedparity.mechanisms.calibration.true_epsilon`);
+  :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`);
 * ``plan``     -- minimum budget for an error target, or the error bound at a budget;
 * ``measure``  -- run a mechanism on every row of a CSV (one row = one client) and estimate
   the per-group means and gaps from the perturbed reports, streaming the file;
@@ -13,7 +13,7 @@ Subcommands (``fedparity <command> --help`` for every option):
 * ``federations`` -- add the app's ``local-simulation`` / ``local-deployment`` connections to
   Flower's ``$FLWR_HOME/config.toml``;
 * ``ledger``   -- ``ledger show PATH``: every release of a per-user privacy ledger and the
-  running total (:mod:`fedparity.mechanisms.privacy_ledger`).
+  running total (:mod:`fedparity.mechanisms.privacy.user_ledger`).
 
 M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",

@@ -70,7 +70,7 @@ def _int_at_least(name: str, text: str, minimum: int) -> int:
 def _epsilon(name: str, text: str) -> float:
     """A privacy budget option: finite and in the planner's range (the one bound of every
     command: ``measure`` took 1e300 where ``plan`` stops at 1e4)."""
-    from ...mechanisms.planner import MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
+    from ...mechanisms.ldp.planner import MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
 
     return _in_range(name, _finite(name, text), MIN_PLANNED_EPSILON, MAX_PLANNED_EPSILON)
 

@@ -3,7 +3,7 @@
 FedEvalFair: "FedEvalFair: A Privacy-Preserving and Statistically Grounded Federated Fairness
 Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonymous review
 version). ``--mode paper`` uses its statistics, which are miscalibrated; the default
-``calibrated`` mode and why are described in :mod:`fedparity.mechanisms.fairtest`.
+``calibrated`` mode and why are described in :mod:`fedparity.mechanisms.fairness_tests.fedevalfair`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import io
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...mechanisms.fairtest import ClientSummary, FairnessReport, fedevalfair
+from ...mechanisms.fairness_tests.fedevalfair import ClientSummary, FairnessReport, fedevalfair
 from ._common import (
     UsageError,
     _emit,
@@ -109,8 +109,8 @@ def _format_fairtest(report: FairnessReport) -> str:
     if report.mode == "paper":
         lines.append(
             "(paper mode: weights n/S^2 with n = bootstrap resamples, |disparities|, T1 is not "
-            "chi2(k-1): see fedparity.mechanisms.fairtest; the default calibrated mode holds "
-            "alpha)"
+            "chi2(k-1): see fedparity.mechanisms.fairness_tests.fedevalfair; the default "
+            "calibrated mode holds alpha)"
         )
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 from ._common import UsageError, _emit, _int_at_least
 
 if TYPE_CHECKING:
-    from ...mechanisms.identity import IdentityKey, Roster
+    from ...mechanisms.crypto.identity import IdentityKey, Roster
 
 
 def write_identities(
@@ -24,7 +24,7 @@ def write_identities(
     FileExistsError
         A key file exists, or the roster already lists a name, and not ``overwrite``.
     """
-    from ...mechanisms.identity import IdentityKey, Roster
+    from ...mechanisms.crypto.identity import IdentityKey, Roster
 
     existing: dict[str, bytes] = {}
     if roster_path.exists():

@@ -29,7 +29,7 @@ def _exists(error: FileExistsError) -> str:
 def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     """Write a CKKS key pair for FedEvalFair: the secret context for the key holders (the
     clients; give each node its path out of band) and the public one for the server."""
-    from ...mechanisms.ckks import DEFAULT_KEY_DIR, CkksParameters, generate_keys
+    from ...mechanisms.crypto.ckks import DEFAULT_KEY_DIR, CkksParameters, generate_keys
 
     degree = _int_at_least("--poly-modulus-degree", args.poly_modulus_degree, 1024)
     try:
@@ -77,7 +77,7 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
 def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> int:
     """``--holders N``: per-holder private folders, the roster, the public context apart."""
     from ...mechanisms._files import write_file_atomic
-    from ...mechanisms.ckks import SECRET_CONTEXT_FILE, generate_keys
+    from ...mechanisms.crypto.ckks import SECRET_CONTEXT_FILE, generate_keys
     from .identity import write_identities
 
     count = _int_at_least("--holders", args.holders, 2)

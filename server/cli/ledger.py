@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ._common import UsageError, _emit, _int_at_least
 
 if TYPE_CHECKING:
-    from ...mechanisms.privacy_ledger import Composition, Release
+    from ...mechanisms.privacy.user_ledger import Composition, Release
 
 
 def _parameters(release: Release) -> str:
@@ -41,8 +41,12 @@ def run_reset(args: argparse.Namespace, out: TextIO) -> int:
     kept): the way to accept that a node whose ledger-dir changed starts elsewhere."""
     from datetime import UTC, datetime
 
-    from ...mechanisms.accounting import LedgerFileError, ledger_marker
-    from ...mechanisms.privacy_ledger import DEFAULT_LEDGER_REGISTRY, LedgerRegistry, UserLedger
+    from ...mechanisms.privacy.basic_ledger import LedgerFileError, ledger_marker
+    from ...mechanisms.privacy.user_ledger import (
+        DEFAULT_LEDGER_REGISTRY,
+        LedgerRegistry,
+        UserLedger,
+    )
 
     path = Path(LedgerRegistry.key(args.path))
     if path.is_dir():
@@ -92,8 +96,8 @@ def run_ledger(args: argparse.Namespace, out: TextIO) -> int:
     """List a ledger's releases (job, mechanism, parameters, time, users) and one user's
     running total (PLD epsilon at the ledger's delta, basic composition beside it); or, with
     ``reset``, :func:`run_reset`."""
-    from ...mechanisms.accounting import LedgerFileError
-    from ...mechanisms.privacy_ledger import UserLedger
+    from ...mechanisms.privacy.basic_ledger import LedgerFileError
+    from ...mechanisms.privacy.user_ledger import UserLedger
 
     if args.action == "reset":
         return run_reset(args, out)

@@ -19,8 +19,8 @@ from ...mechanisms import (
     metric_to_value,
     summarize_stream,
 )
-from ...mechanisms.calibration import best_split
-from ...mechanisms.secure_random import secure_generator
+from ...mechanisms.crypto.secure_random import secure_generator
+from ...mechanisms.ldp.calibration import best_split
 from ..progress import Progress
 from ._common import (
     UsageError,

@@ -1,13 +1,13 @@
 """``fedparity plan``: minimum budget for an error target, or the error bound at a budget; and
 power and sample size, for the LDP audit or FedEvalFair's stage 2
-(:mod:`fedparity.mechanisms.power`)."""
+(:mod:`fedparity.mechanisms.ldp.power`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TextIO
 
-from ...mechanisms.planner import (
+from ...mechanisms.ldp.planner import (
     MAX_GAP,
     MAX_GROUP_RATIO,
     MAX_PLANNED_CLIENTS,
@@ -20,7 +20,7 @@ from ...mechanisms.planner import (
     minimum_epsilon,
     table1,
 )
-from ...mechanisms.power import (
+from ...mechanisms.ldp.power import (
     MAX_PLANNED_HOLDERS,
     MAX_PLANNED_ROWS,
     AuditPlan,

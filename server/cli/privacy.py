@@ -3,7 +3,7 @@
 M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",
 AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022). Its Theorem 5 (M_R) and Theorem 6 (M_L,
-k != 2) are false; the true epsilon is :func:`fedparity.mechanisms.calibration.true_epsilon`.
+k != 2) are false; the true epsilon is :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ...mechanisms import (
     UnboundedPrivacyLossError,
     true_epsilon,
 )
-from ...mechanisms.laplace import LDP_NOISE_RATIO, check_noise_ratio
+from ...mechanisms.ldp.laplace import LDP_NOISE_RATIO, check_noise_ratio
 from ._common import (
     UsageError,
     _emit,
@@ -69,7 +69,7 @@ def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
         f"(Juarez and Korolova 2022, {theorem}, claims {claimed:.6g}"
         + (
             ", which is wrong: the true epsilon is computed by "
-            "fedparity.mechanisms.calibration.true_epsilon)"
+            "fedparity.mechanisms.ldp.calibration.true_epsilon)"
             if not math.isclose(claimed, epsilon)
             else ")"
         )

@@ -13,8 +13,8 @@ from task import build_model, trained_arrays
 
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.mechanisms import mechanism_for_budget
-from fedparity.mechanisms.ckks import load_public_context
-from fedparity.mechanisms.mmdm import MMDMConfig
+from fedparity.mechanisms.crypto.ckks import load_public_context
+from fedparity.mechanisms.fpfl.mmdm import MMDMConfig
 from fedparity.strategies import (
     FedEvalFairProtocol,
     FPFLProtocol,

@@ -23,7 +23,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedparity.clients.fpfl_task import build_model_for, get_flat_parameters, statistics_layout
 from fedparity.clients.project.config import RunConfig
-from fedparity.mechanisms.identity import IdentityKey
+from fedparity.mechanisms.crypto.identity import IdentityKey
+from fedparity.mechanisms.crypto.secure_sum import MaskingKeyPair, masking_key_transcript
 from fedparity.mechanisms.protocol import (
     FPFL_CONFIRM_MESSAGE_TYPE,
     FPFL_KEY,
@@ -44,7 +45,6 @@ from fedparity.mechanisms.protocol.fpfl import (
     FPFLSetupReply,
     FPFLSetupRequest,
 )
-from fedparity.mechanisms.secure_sum import MaskingKeyPair, masking_key_transcript
 from fedparity.server.orchestration import connect_nodes
 from fedparity.strategies.fpfl import FPFLProtocol
 from fedparity.strategies.replies import send_and_receive

@@ -20,9 +20,9 @@ Protocol
 1. *Setup (once per run).* Every node makes an X25519 key pair (:class:`MaskingKeyPair`) and
    sends its public key, signed with its identity key when it has one, together with the
    digest of the run parameters it accepted (:func:`masking_key_transcript`;
-   :mod:`fedparity.mechanisms.identity`). The server broadcasts the key table; each node checks
-   it (own key present, at most ``max-nodes`` entries, distinct keys; with a roster, every key
-   signed by a distinct roster member over the same parameters: :func:`check_signed_key_table`)
+   :mod:`fedparity.mechanisms.crypto.identity`). The server broadcasts the key table; each node
+   checks it (own key present, at most ``max-nodes`` entries, distinct keys; with a roster, every
+   key signed by a distinct roster member over the same parameters: :func:`check_signed_key_table`)
    and **pins** it: the pair secrets ``s_uv = HKDF-SHA256(X25519(u, v), salt=run_salt,
    info=label || min id || max id || run digest)`` (:func:`pair_secrets`; RFC 7748, RFC 5869;
    the run digest binds the parameters, members and keys) are the only ones it uses for the
@@ -104,7 +104,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ._validation import check_int_at_least, check_positive_finite
+from .._validation import check_int_at_least, check_positive_finite
 from .identity import Roster, transcript, verify_signature
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 A user's (group g, confusion cell) pair is one category of a domain of k = d c categories
 (cells TP, FP, FN, TN, and optionally "undefined" for a user who cannot place itself); a
-frequency oracle (:func:`~fedparity.mechanisms.frequency_oracle`) perturbs it once under one
+frequency oracle (:func:`~fedparity.mechanisms.ldp.frequency_oracle`) perturbs it once under one
 epsilon, and every metric below is post-processing of the unbiased group x cell counts, so it
 costs no further privacy. Each rate is a ratio of two linear functions of the counts,
 R = a'c / b'c; its standard error comes from the delta method, grad R = (a - R b) / b'c and
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ._validation import (
+from .._validation import (
     check_binary_array,
     check_choice,
     check_finite,

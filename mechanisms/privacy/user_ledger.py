@@ -14,8 +14,8 @@ in *one user's data replaced by any other* (:data:`NEIGHBOURING`). An LDP report
 guarantee of exactly this kind (any two inputs of the user; a report that is absent instead
 is not covered by LDP at all), so add/remove-one-user is not a relation under which LDP
 reports compose. FPFL's user-level DP is usually stated (and computed by Opacus, see
-:mod:`fedparity.mechanisms.dp_accounting`) for adding or removing one user; under replacement
-the subsampled Gaussian is analysed directly by ``dp-accounting``
+:mod:`fedparity.mechanisms.privacy.opacus_accounting`) for adding or removing one user; under
+replacement the subsampled Gaussian is analysed directly by ``dp-accounting``
 (``NeighboringRelation.REPLACE_ONE``: with probability ``q`` the user's clipped vector ``x``
 is in the sum, and it is replaced by ``-x``, both of norm ``C``), which is tighter than the
 generic "add/remove epsilon doubles" bound. The FPFL part of a ledger's total is therefore
@@ -28,13 +28,13 @@ under-counted):
 
 * :class:`GapReportRelease` -- one M_R or M_L report of a user (group and value together).
   The mechanism is ``epsilon``-LDP with ``epsilon`` its true (for M_L: realised) epsilon
-  (:attr:`~fedparity.mechanisms.laplace.LaplaceMechanism.epsilon`), and binary randomized
+  (:attr:`~fedparity.mechanisms.ldp.laplace.LaplaceMechanism.epsilon`), and binary randomized
   response at ``epsilon`` dominates every ``epsilon``-DP mechanism (Kairouz, Oh and Viswanath
   2015, "The composition theorem for differential privacy", ICML), so the report is accounted
   as that pair. It is not split into "GRR on the group" and "RR / discrete Laplace on the
   value": that composition is sound (the value step is ``eps2``-DP for every group output)
   but charges ``eps1 + eps2``, 1.5 to 1.6 times the true epsilon at the budget splits of
-  :func:`~fedparity.mechanisms.calibration.mechanism_for_budget`. M_L's value step is not
+  :func:`~fedparity.mechanisms.ldp.calibration.mechanism_for_budget`. M_L's value step is not
   modelled as a Laplace mechanism either: its randomised rounding to the grid and its clamp
   make its privacy loss differ from the discrete Laplace's, while its pure epsilon is
   computed from the sampler's realised probabilities.
@@ -69,8 +69,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._files import write_file_atomic
-from ._validation import (
+from .._files import write_file_atomic
+from .._validation import (
     check_choice,
     check_epsilon,
     check_int_at_least,
@@ -78,7 +78,7 @@ from ._validation import (
     check_open_unit,
     check_positive_finite,
 )
-from .accounting import (
+from .basic_ledger import (
     BUDGET_TOLERANCE,
     LedgerFileError,
     PrivacyBudgetExceeded,
@@ -285,7 +285,7 @@ class GapReportRelease(Release):
         )
 
     def _mechanism(self) -> Any:
-        from .calibration import MECHANISMS, build_mechanism
+        from ..ldp.calibration import MECHANISMS, build_mechanism
 
         check_choice("gap_mechanism", self.gap_mechanism, MECHANISMS)
         return build_mechanism(
@@ -666,8 +666,8 @@ class UserLedger:
         users were the ones at these positions of the node's users sorted by id, so position
         ``i`` becomes the ``i``-th smallest of ``user_ids``. That needs as many ids as it has
         users; otherwise which user spent what cannot be told, and
-        :class:`~fedparity.mechanisms.accounting.LedgerFileError` says so (``source`` names
-        the ledger)."""
+        :class:`~fedparity.mechanisms.privacy.basic_ledger.LedgerFileError` says so (``source``
+        names the ledger)."""
         ids = _check_user_ids(user_ids, allow_empty=True)
         if self._user_ids is not None:
             self.add_users(ids)

@@ -2,8 +2,8 @@
 
 Clients arrive in chunks (from a file, a generator, a database cursor); each chunk is
 validated, cut into cache-sized blocks, perturbed and summarised at once; only the additive
-:class:`~fedparity.mechanisms.reports.ReportSummary` is kept, so memory stays bounded whatever the
-number of clients (10^8 and beyond). The output distribution is the mechanism's; the
+:class:`~fedparity.mechanisms.ldp.reports.ReportSummary` is kept, so memory stays bounded whatever
+the number of clients (10^8 and beyond). The output distribution is the mechanism's; the
 sequence of random draws differs from one whole-array call (blocks interleave draws).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._validation import check_clients, check_generator, check_int_at_least
+from .._validation import check_clients, check_generator, check_int_at_least
 from .calibration import GapMechanismType
 from .reports import ReportSummary
 

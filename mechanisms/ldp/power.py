@@ -2,21 +2,21 @@
 
 **LDP audit.** The audit estimates the difference of two groups' mean metric, D = m_0 - m_1
 (metric units, m in [0, 1]), from the perturbed reports with
-:func:`~fedparity.mechanisms.estimators.estimate_gap`, and its normal interval at level
+:func:`~fedparity.mechanisms.ldp.estimators.estimate_gap`, and its normal interval at level
 1 - alpha excludes 0 exactly when the two-sided test of D = 0 at level alpha rejects. With
 D_hat ~ N(D, s_t^2) and the estimator's standard error s_e, the power is
 
     P(reject) = Phi((|D| - z s_e) / s_t) + Phi((-|D| - z s_e) / s_t),   z = Phi^-1(1 - alpha / 2).
 
 s_t and s_e come from the estimator's own covariance,
-:func:`~fedparity.mechanisms.estimators.estimator_covariance`: Juarez and Korolova 2022,
+:func:`~fedparity.mechanisms.ldp.estimators.estimator_covariance`: Juarez and Korolova 2022,
 Eq. 19 (M_L) and Eq. 20 (M_R) with Theorem 9 for known group sizes, and the delta method for
 sizes estimated from the reports (the audit job's default). They are equal except for M_R with a
 given spread of values: M_R's reports carry no information on the spread, so its standard error
 assumes the smallest spread consistent with the mean. Both scale as 1 / sqrt(K) at fixed group
 fractions. The mechanism is the one the audit job deploys for the budget,
-:func:`~fedparity.mechanisms.calibration.best_split` at equal group fractions (as
-:func:`~fedparity.mechanisms.calibration.mechanism_for_budget`).
+:func:`~fedparity.mechanisms.ldp.calibration.best_split` at equal group fractions (as
+:func:`~fedparity.mechanisms.ldp.calibration.mechanism_for_budget`).
 
 Worst case (the default; the metric's mean and spread unknown): the smallest power over the
 pairs of means (m_0, m_1) in [0, 1] with the given |D|, either group ahead, each group's values
@@ -34,13 +34,13 @@ alpha / number of pairs). A TPR / FPR audit, whose users without the metric repo
 "undefined" category, is planned with that category's share as a third group fraction.
 
 **FedEvalFair.** Stage 2 in the calibrated mode (FedEvalFair (anonymous, 2024), Algorithm 2,
-with this package's calibration, :mod:`fedparity.mechanisms.fairtest`): H0 mu = mu0 is rejected
-when |mu_hat - mu0| > z se(mu0), mu_hat = sum w_i Y_i / sum w_i the Graybill-Deal estimate
-(Eq. 6), w_i = 1 / V_i(0), se(mu) = sqrt(sum w_i^2 V_i(mu)) / sum w_i, V_i(mu) the binomial
+with this package's calibration, :mod:`fedparity.mechanisms.fairness_tests.fedevalfair`): H0 mu =
+mu0 is rejected when |mu_hat - mu0| > z se(mu0), mu_hat = sum w_i Y_i / sum w_i the Graybill-Deal
+estimate (Eq. 6), w_i = 1 / V_i(0), se(mu) = sqrt(sum w_i^2 V_i(mu)) / sum w_i, V_i(mu) the binomial
 variance of a holder's difference of two proportions at disparity mu given its margins
-(:func:`~fedparity.mechanisms.fairtest.disparity_variance`). With a true common disparity d,
-Y_i ~ N(d, V_i(d)), so the power is the formula above with D = d - mu0, s_e = se(mu0) and
-s_t = se(d). Approximations: normal holders' disparities, each holder's margins at their
+(:func:`~fedparity.mechanisms.fairness_tests.fedevalfair.disparity_variance`). With a true common
+disparity d, Y_i ~ N(d, V_i(d)), so the power is the formula above with D = d - mu0, s_e = se(mu0)
+and s_t = se(d). Approximations: normal holders' disparities, each holder's margins at their
 expected values (rows N_i, group fractions, and the predicted-positive rate p: group rates
 p + f_1 d and p - f_0 d), the calibrated mode only (the paper's own mode rejects a fair
 population almost always, so its power means nothing).
@@ -74,13 +74,14 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from ._validation import (
+from .._validation import (
     check_choice,
     check_finite,
     check_group_fractions,
     check_int_at_least,
     check_open_unit,
 )
+from ..fairness_tests.fedevalfair import disparity_variances
 from .calibration import BudgetSplit, MechanismChoice, best_split
 from .estimators import (
     SIZE_DETECTION_SIGMAS,
@@ -89,7 +90,6 @@ from .estimators import (
     size_estimate_covariance,
     worst_case_square_sums,
 )
-from .fairtest import disparity_variances
 from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE
 from .planner import MAX_PLANNED_CLIENTS, MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
 from .reports import ReportMoments
@@ -203,7 +203,7 @@ class AuditPlan:
     mechanism : {"R", "L"}
         The mechanism the audit deploys at ``epsilon`` (for "best", the one chosen).
     num_users : int or None
-        K (None: no K up to :data:`~fedparity.mechanisms.planner.MAX_PLANNED_CLIENTS` reaches
+        K (None: no K up to :data:`~fedparity.mechanisms.ldp.planner.MAX_PLANNED_CLIENTS` reaches
         the target; ``power`` is then the power there).
     epsilon : float or None
         The per-user budget (None: no budget up to the search's upper limit reaches the

@@ -6,7 +6,7 @@ Section 5 ("Precision relative to the number of clients", Table 1): the gap esti
 variance bound Var(K, ratio, eps) and Chebyshev's inequality give the error alpha that holds
 with probability ``confidence``: alpha = sqrt(Var / (1 - confidence)). Here the same is
 done for the *valid* mechanisms (true epsilon <= budget, with the true epsilon of
-:func:`~fedparity.mechanisms.calibration.true_epsilon`, not the paper's Theorems 5 and 6,
+:func:`~fedparity.mechanisms.ldp.calibration.true_epsilon`, not the paper's Theorems 5 and 6,
 which are false) and, as a tighter option, with the normal approximation
 alpha = z * sqrt(Var).
 
@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from ._validation import (
+from .._validation import (
     check_choice,
     check_epsilon,
     check_int_at_least,

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from ._files import private_file_problem, write_file_atomic
+from .._files import private_file_problem, write_file_atomic
 
 __all__ = [
     "IDENTITY_KEY_BYTES",

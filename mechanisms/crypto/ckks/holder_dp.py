@@ -13,8 +13,8 @@ What a holder contributes (per calibrated block, metric dp and eo)
 -----------------------------------------------------------------
 Let v_min = 1 / ``max_weight`` (run config ``fef-dp-max-weight``) and
 V* = max{V_i(mu) : mu in {0, mu0, +tol, -tol}} the largest of the holder's null variances
-(:func:`~fedparity.mechanisms.fairtest.disparity_variance`; S_i^2 without margins; the
-tolerance only when the run has one). The holder's weight is
+(:func:`~fedparity.mechanisms.fairness_tests.fedevalfair.disparity_variance`; S_i^2 without margins;
+the tolerance only when the run has one). The holder's weight is
 
     w~ = min(1, v_min / V*)      (0 when it cannot compute the block)
 
@@ -106,14 +106,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fairtest import (
+from ...fairness_tests.fedevalfair import (
     ClientSummary,
     FairnessReport,
     StageStatistics,
     _report,
     disparity_variance,
 )
-from ..protocol import BLOCK_WIDTH, BLOCKS, RELEASE_WIDTH
+from ...protocol import BLOCK_WIDTH, BLOCKS, RELEASE_WIDTH
 from .flooding import keyed_gaussian
 
 __all__ = [
@@ -289,7 +289,7 @@ def released_blocks(round2_contributions: np.ndarray) -> np.ndarray:
 
 def add_noise(values: np.ndarray, *, std: float, key: bytes, message: bytes) -> np.ndarray:
     """``values`` plus ``std`` times the keyed standard normals of ``key`` and ``message``
-    (:func:`~fedparity.mechanisms.ckks.keyed_gaussian`), rounded to the power-of-two grid at
+    (:func:`~fedparity.mechanisms.crypto.ckks.keyed_gaussian`), rounded to the power-of-two grid at
     ``std / 2^GRID_BITS`` (post-processing)."""
     array = np.asarray(values, dtype=np.float64)
     if not (math.isfinite(std) and std > 0):
@@ -364,10 +364,10 @@ def dp_report(
     mu0: float,
     tolerance: float | None,
 ) -> FairnessReport:
-    """The calibrated block's :class:`~fedparity.mechanisms.fairtest.FairnessReport` from its
-    noisy released sums ``[C, B, A]`` and the number of round-2 holders (module docstring:
-    stage 2 and TOST account for the noise's known variance; the estimate's standard error
-    and stage 1 are approximate).
+    """The calibrated block's
+    :class:`~fedparity.mechanisms.fairness_tests.fedevalfair.FairnessReport` from its noisy released
+    sums ``[C, B, A]`` and the number of round-2 holders (module docstring: stage 2 and TOST account
+    for the noise's known variance; the estimate's standard error and stage 1 are approximate).
 
     Raises ``ValueError`` when the noisy sum of weights C is not positive (the noise swamps
     the test) or there are fewer than 2 holders.

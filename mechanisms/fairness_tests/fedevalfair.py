@@ -61,7 +61,7 @@ in the paper, it is what an operator who wants to *certify* fairness needs) cert
 |mu| < tolerance with the same standard error.
 
 The server only adds (the paper's Algorithms 1-2; the encrypted protocol is
-:mod:`fedparity.mechanisms.ckks`): in round 1 every client adds
+:mod:`fedparity.mechanisms.crypto.ckks`): in round 1 every client adds
 :func:`client_contribution` = [w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, and w_i^2 V_i at
 mu0, +tolerance and -tolerance, 1] (:data:`ROUND1_FIELDS`); in round 2, given the
 decrypted round-1 totals, it adds :func:`stage1_term` (:data:`STAGE1_FIELDS`);
@@ -79,7 +79,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._validation import (
+from .._validation import (
     check_binary_array,
     check_choice,
     check_finite,
@@ -89,7 +89,7 @@ from ._validation import (
     check_open_unit,
     check_positive_finite,
 )
-from .estimators import ConfidenceInterval, normal_quantile
+from ..ldp.estimators import ConfidenceInterval, normal_quantile
 
 Mode = Literal["calibrated", "paper"]
 Metric = Literal["dp", "eo"]

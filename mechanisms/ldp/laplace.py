@@ -12,7 +12,7 @@ bit is always 0, with v = +1 it is odd a third of the time). M_L here releases e
 of :data:`GRID_STEP`: the value is rounded to the grid at random (unbiased), the noise is a
 discrete Laplace on the grid with the same scale ``2 / eps2`` (Canonne, Kamath and Steinke
 2020), drawn with integer operations only, and the report is clamped to
-``+/- (1 + TAIL_SCALES * 2 / eps2)`` (:mod:`fedparity.mechanisms.discrete_laplace`). The
+``+/- (1 + TAIL_SCALES * 2 / eps2)`` (:mod:`fedparity.mechanisms.ldp.discrete_laplace`). The
 mechanism's :attr:`~LaplaceMechanism.epsilon` is computed from the probabilities the integer
 sampler actually realises, not assumed.
 
@@ -25,7 +25,7 @@ with probability ``floor(frac 2^18) / 2^18``: a downward bias below ``2^-18`` gr
 (1.5e-8 on the [-1, 1] scale, far below any standard error the estimators report). Clients
 are processed in blocks of :data:`BLOCK` (cache-sized).
 
-Privacy noise should come from :func:`fedparity.mechanisms.secure_random.secure_generator`.
+Privacy noise should come from :func:`fedparity.mechanisms.crypto.secure_random.secure_generator`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ._validation import check_clients, check_epsilon, check_generator, check_num_groups
+from .._validation import check_clients, check_epsilon, check_generator, check_num_groups
 from .discrete_laplace import DiscreteLaplaceNoise, discrete_laplace_noise, uniform_index
 from .randomized_response import grr_keep_probability
 from .reports import PerturbedReports, ReportMoments, ReportSummary

@@ -10,7 +10,7 @@ estimator is found numerically:
 
 * M_R: eps = max(eps2, eps1 + ln(2 e^eps2 / (1 + e^eps2))) (the third term of the true
   epsilon, ln((1 + e^eps2) / 2) - eps1 in
-  :func:`~fedparity.mechanisms.randomized_response.randomized_response_epsilon`, is always
+  :func:`~fedparity.mechanisms.ldp.randomized_response.randomized_response_epsilon`, is always
   below eps2), so eps1 = eps - ln(2 b(eps2)) for eps2 in (0, eps].
 * M_L (k = 2): eps = max(eps2, eps1 + eps2 / 2), so eps1 = eps - eps2 / 2 for eps2 in (0, eps].
 
@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from ._validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
+from .._validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
 from .estimators import estimator_covariance, worst_case_square_sums
 from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE, LaplaceMechanism, laplace_epsilon
 from .randomized_response import RandomizedResponseMechanism, randomized_response_epsilon
@@ -58,8 +58,8 @@ def true_epsilon(
 
     Not the paper's claims: its Theorem 5 (M_R is max(eps1, eps2)-LDP) is false, and its
     Theorem 6 (M_L) is false for every noise ratio k != 2. M_R:
-    :func:`~fedparity.mechanisms.randomized_response.randomized_response_epsilon`; M_L:
-    :func:`~fedparity.mechanisms.laplace.laplace_epsilon`, which explain the corrections.
+    :func:`~fedparity.mechanisms.ldp.randomized_response.randomized_response_epsilon`; M_L:
+    :func:`~fedparity.mechanisms.ldp.laplace.laplace_epsilon`, which explain the corrections.
 
     References
     ----------

@@ -26,7 +26,8 @@ __all__ = ["is_secure_generator", "secure_generator"]
 def secure_generator(key: bytes | None = None) -> np.random.Generator:
     """A new ``Generator`` over AES-128-CTR keyed from the operating system's entropy, or
     with the first 16 bytes of ``key``: a keyed stream that whoever holds the key (and only
-    they) can reproduce (e.g. the noise flooding of :mod:`fedparity.mechanisms.ckks.flooding`).
+    they) can reproduce (e.g. the noise flooding of
+    :mod:`fedparity.mechanisms.crypto.ckks.flooding`).
     """
     if key is None:
         material = os.urandom(16)

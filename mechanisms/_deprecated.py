@@ -1,10 +1,13 @@
-"""Old import paths of names that moved to the project app's package, kept with a warning.
+"""Old import paths of modules and names that moved, kept for a deprecation period.
 
-The project app's own task (its run config, embedded data, populations and models) moved from
-``fedparity.clients`` to :mod:`fedparity.clients.project`, so that the library never imports
-the app. A module left at an old path forwards its names through :func:`moved_names`: the
-first use of each name warns with a ``DeprecationWarning`` naming the new path. The target is
-imported by name, on use only, so the library's own modules still load without the project.
+A module left at an old path forwards its names through :func:`moved_names`: the first use of
+each name warns with a ``DeprecationWarning`` naming the new path. The target is imported by
+name, on use only, so an old path costs nothing until it is used and never imports more than
+the module it forwards to. Two moves use it: the project app's own task (``fedparity.clients``
+to :mod:`fedparity.clients.project`, so that the library never imports the app) and the
+mechanisms' rooms by purpose (``fedparity.mechanisms.<module>`` to
+``fedparity.mechanisms.<room>.<module>``, issue 29). It lives in ``fedparity.mechanisms``, the
+bottom layer, so that every layer may import it (pure standard library, no Flower).
 """
 
 from __future__ import annotations

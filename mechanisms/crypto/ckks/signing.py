@@ -4,7 +4,7 @@ Against an *active* server a holder must never decrypt a ciphertext the server m
 "sum": the server holds the public key, so it can encrypt anything, add ``Enc(0, ..., 0, 1)``
 to one holder's ciphertext and present the result as the sum of two holders. Here every
 ciphertext a holder uploads is signed with its Ed25519 identity key
-(:mod:`fedparity.mechanisms.identity`) over :func:`ciphertext_transcript` -- a label, the run
+(:mod:`fedparity.mechanisms.crypto.identity`) over :func:`ciphertext_transcript` -- a label, the run
 id, the round, the SHA-256 of the ciphertext bytes and, in round 2, the digest of the round-1
 contributors it built on -- so a signature is valid for one run and one round only. A holder
 decrypts only a sum of at least ``min_holders`` such ciphertexts, each signed by a *distinct*
@@ -77,7 +77,7 @@ ENDORSEMENT_LABEL = "fedparity/fedevalfair/endorsement/v1"
 #: Label of a round-2 holder's commitment to the run's round-1 and round-2 sets.
 COMMITMENT_LABEL = "fedparity/fedevalfair/commitment/v1"
 #: Label of the same commitment when it also binds the release's terms (the holder-level DP
-#: mode's parameters, :meth:`fedparity.mechanisms.ckks.holder_dp.HolderDP.terms`).
+#: mode's parameters, :meth:`fedparity.mechanisms.crypto.ckks.holder_dp.HolderDP.terms`).
 COMMITMENT_TERMS_LABEL = "fedparity/fedevalfair/commitment-with-terms/v1"
 
 

@@ -8,9 +8,10 @@ round whose noisy sum may exist. The **checkpoint** (``checkpoint.npz`` for the 
 ``fingerprint`` of the training that wrote them (a JSON mapping of its settings): a training
 with other settings is refused, never silently started from 0 over them.
 
-The accountant composes the ledger's segments (:func:`~fedparity.mechanisms.dp_accounting.
-privacy_spent_history`, the history Opacus's ``RDPAccountant`` keeps). The server side that
-writes these files is :class:`fedparity.strategies.fpfl_observers.DurableTraining`.
+The accountant composes the ledger's segments
+(:func:`~fedparity.mechanisms.privacy.opacus_accounting.privacy_spent_history`, the history
+Opacus's ``RDPAccountant`` keeps). The server side that writes these files is
+:class:`fedparity.strategies.fpfl_observers.DurableTraining`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ._files import write_text_durably
+from .._files import write_text_durably
 from .mmdm import CohortMetrics
 
 __all__ = [
@@ -80,7 +81,7 @@ class ReleaseLedger:
     """Every round released so far for one training, as ``(sigma, q)`` segments in release
     order (over the interrupted and resumed runs of the training), and its ``delta``.
 
-    The accountant composes the segments (:func:`~fedparity.mechanisms.dp_accounting.
+    The accountant composes the segments (:func:`~fedparity.mechanisms.privacy.opacus_accounting.
     privacy_spent_history`); :meth:`after_release` is the ledger with one more round.
     """
 

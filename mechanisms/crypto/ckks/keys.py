@@ -16,7 +16,7 @@ import numpy as np
 if TYPE_CHECKING:
     import tenseal as ts
 
-from .._files import private_file_problem, write_file_atomic
+from ..._files import private_file_problem, write_file_atomic
 from .errors import KeyMaterialError
 
 #: Maximum total coefficient-modulus bits log2(q) per polynomial modulus degree N for 128-bit

@@ -11,8 +11,9 @@ or release, a second set of that run.
 The journal is a small JSON file, written atomically with fixed permission bits. Its first save
 leaves a ``<name>.created`` marker beside it, as the privacy ledgers do: a journal whose marker
 is there but whose file is gone was lost, and the holder refuses every commitment and release
-until its operator restores it (:class:`~fedparity.mechanisms.accounting.LedgerFileError`),
-instead of starting again at zero.
+until its operator restores it
+(:class:`~fedparity.mechanisms.privacy.basic_ledger.LedgerFileError`), instead of starting again at
+zero.
 
 Pure Python: no Flower, no TenSEAL.
 """
@@ -24,8 +25,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._files import write_file_atomic
-from ..accounting import LedgerFileError, ledger_marker, write_ledger_marker
+from ..._files import write_file_atomic
+from ...privacy.basic_ledger import LedgerFileError, ledger_marker, write_ledger_marker
 from .signing import UnverifiedSumError
 
 __all__ = [
@@ -52,7 +53,7 @@ class CommitmentConflict(UnverifiedSumError):
 
 def key_fingerprint(flood_key: bytes) -> str:
     """A 16-hex-digit name of a secret key, from its
-    :func:`~fedparity.mechanisms.ckks.flood_key` (one-way: it reveals nothing of the key)."""
+    :func:`~fedparity.mechanisms.crypto.ckks.flood_key` (one-way: it reveals nothing of the key)."""
     return hashlib.sha256(b"fedparity/ckks/key-fingerprint/v1" + bytes(flood_key)).hexdigest()[:16]
 
 

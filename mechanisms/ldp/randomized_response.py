@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import (
+from .._validation import (
     check_clients,
     check_epsilon,
     check_generator,
@@ -135,7 +135,7 @@ class RandomizedResponseMechanism:
     num_groups : int
         d >= 2.
 
-    Use :func:`fedparity.mechanisms.calibration.mechanism_for_budget` to build one for a total
+    Use :func:`fedparity.mechanisms.ldp.calibration.mechanism_for_budget` to build one for a total
     budget;
     :attr:`epsilon` is the true guarantee (:func:`randomized_response_epsilon`; the paper's
     Theorem 5 is false), computed, not assumed.

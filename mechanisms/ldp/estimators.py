@@ -14,7 +14,7 @@ The estimator of a group's mean is  m_hat_G = S_G / (gain * n_G)  with gain = a 
 for M_R and a for M_L; n_G is the true group size when known, otherwise the GRR frequency
 estimate n_hat_G = (n'_G - K q) / (a - q), q = (1 - a)/(d - 1).
 
-Variances (derived per client from :class:`~fedparity.mechanisms.reports.ReportMoments`)::
+Variances (derived per client from :class:`~fedparity.mechanisms.ldp.reports.ReportMoments`)::
 
     Var(S_G) = a alpha0 n_G + (a alpha1 - a^2 gamma^2) sum_G v^2 + (K - n_G) q beta
 
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._validation import check_open_unit
+from .._validation import check_open_unit
 from .randomized_response import grr_frequency_estimate
 from .reports import ReportMoments, ReportSummary
 

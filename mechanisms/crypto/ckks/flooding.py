@@ -94,7 +94,7 @@ def decryption_error_bound(
 
     Examples
     --------
-    >>> from fedparity.mechanisms.ckks import CkksParameters
+    >>> from fedparity.mechanisms.crypto.ckks import CkksParameters
     >>> f"{decryption_error_bound(CkksParameters(), num_ciphertexts=100, max_magnitude=0):.2e}"
     '1.99e-07'
     """
@@ -138,7 +138,7 @@ def flood_key(context: ts.Context) -> bytes:
 
 def keyed_gaussian(key: bytes, message: bytes, size: int) -> np.ndarray:
     """``size`` standard normal draws determined by ``key`` and ``message``: the AES-CTR
-    generator of :func:`~fedparity.mechanisms.secure_random.secure_generator` keyed with
+    generator of :func:`~fedparity.mechanisms.crypto.secure_random.secure_generator` keyed with
     HMAC-SHA256(key, message). Without ``key`` the draws cannot be predicted."""
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size!r}")
