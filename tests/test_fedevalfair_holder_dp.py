@@ -924,7 +924,7 @@ strategy = importlib.import_module("fedparity.strategies.fedevalfair")
 report = importlib.import_module("fedparity.server.report")
 job = importlib.import_module("fedparity.server.fedevalfair_job")
 html = importlib.import_module("fedparity.server.html_report")
-ckks = importlib.import_module("fedparity.mechanisms.crypto.ckks")
+ckks = importlib.import_module("fedparity.mechanisms.ckks")  # the old code: its path then
 policy = importlib.import_module("fedparity.clients.policy")
 assert fef.__file__.startswith(str(folder)), fef.__file__
 
