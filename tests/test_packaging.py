@@ -1,6 +1,7 @@
 """What ``pip install fedparity`` and the Flower app bundle contain.
 
-The distribution provides ``fedparity.{mechanisms,clients,strategies,server}`` and no
+The distribution provides the package ``fedparity`` (with ``__version__``) and its
+subpackages ``fedparity.{mechanisms,clients,strategies,server}``, and no
 top-level ``clients``/``server``/``strategies``/``mechanisms`` (which pip would silently
 overwrite, and which a flat Flower app's own ``server.py`` would shadow). The app bundle
 (FAB) leaves the tests and benchmarks out.
@@ -31,6 +32,8 @@ def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         shutil.copy2(REPO_ROOT / name, source / name)
     for layer in LAYERS:
         shutil.copytree(REPO_ROOT / layer, source / layer)
+    # the import package: its __init__ and the links to the four folders, kept as links
+    shutil.copytree(REPO_ROOT / "fedparity", source / "fedparity", symlinks=True)
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
@@ -50,6 +53,8 @@ def test_the_wheel_installs_one_namespace_and_no_generic_top_level_package(
     tops = {name.split("/")[0] for name in wheel_names}
     assert tops == {"fedparity", *(n for n in tops if n.endswith(".dist-info"))}
     assert not tops & set(LAYERS)
+    # a regular package (not a namespace): its __init__ carries __version__
+    assert {"fedparity/__init__.py", "fedparity/py.typed"} <= set(wheel_names)
     for layer in LAYERS:
         assert f"fedparity/{layer}/__init__.py" in wheel_names
         assert f"fedparity/{layer}/py.typed" in wheel_names
@@ -104,6 +109,31 @@ def test_the_app_bundle_leaves_out_tests_and_benchmarks() -> None:
     assert "clients/app.py" in names and "server/app.py" in names
     assert any(n.startswith("configs/") for n in names)
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    # no fedparity/__init__.py in the bundle: with the bundle's folder first on sys.path it
+    # would shadow the installed package and hide its subpackages
+    assert not any(n.startswith("fedparity/") for n in names)
+
+
+def test_fedparity_is_a_package_with_the_distribution_version() -> None:
+    from importlib.metadata import version
+
+    import fedparity
+
+    assert fedparity.__version__ == version("fedparity") != "0+unknown"
+    assert fedparity.__file__ is not None and fedparity.__spec__ is not None
+    assert fedparity.__spec__.origin == fedparity.__file__  # not a namespace package
+
+
+def test_the_checkout_resolves_fedparity_without_an_import_hook() -> None:
+    # Editors and type checkers (Pylance, mypy) do not run setuptools' editable import hook;
+    # in a checkout they find fedparity/ at the root, whose links lead to the four folders.
+    package = REPO_ROOT / "fedparity"
+    assert (package / "__init__.py").is_file()
+    for layer in LAYERS:
+        link = package / layer
+        assert link.is_symlink(), f"fedparity/{layer} must be a link to ../{layer}"
+        assert link.resolve() == (REPO_ROOT / layer).resolve()
+        assert (link / "__init__.py").is_file()
 
 
 def test_the_app_components_and_the_cli_name_the_namespace() -> None:
