@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..mechanisms.formatting import format_number
+
 __all__ = [
     "REPORT_FILE",
     "Figure",
@@ -50,13 +52,9 @@ class Value:
     words: tuple[str, str] = ("yes", "no")
 
     def text(self) -> str:
-        if self.value is None:
-            return "n/a"
         if isinstance(self.value, bool):
             return self.words[0] if self.value else self.words[1]
-        if isinstance(self.value, float) and not math.isfinite(self.value):
-            return "n/a"
-        return format(self.value, self.fmt)
+        return format_number(self.value, self.fmt)
 
     def html(self) -> str:
         value = self.value

@@ -143,7 +143,7 @@ def _report_audits(
     )
     report_path = write_report(output_dir, ldp_report(written, output_dir, plot_note))
     contributed = max((o.accepted_nodes for o in outcomes), default=0)
-    reports = max((o.summary.num_reports for o in outcomes), default=0)
+    reports = max((o.reports.num_reports for o in outcomes), default=0)
     assert results.num_nodes is not None and results.privacy is not None
     for line in (
         "",

@@ -9,6 +9,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..mechanisms.fairness_tests.fedevalfair import (
+    EQUIVALENCE_VERDICTS,
+    FAIRNESS_VERDICTS,
+    HOMOGENEITY_VERDICTS,
+    METRIC_NAMES,
+    PAPER_MODE_WARNING,
+)
+from ..mechanisms.ldp.estimators import GAP_VERDICTS
 from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.replies import LedgerTotals
 from .harness import GroundTruth
@@ -90,7 +98,7 @@ def audit_table(
         if estimate is None:
             lines.append(
                 f"{budget:>6g} {'-':>4} {'':>7} {'':>7} {'n/a':>8} {'':>17} {'':>10} {'':>9} "
-                f"{true_gap:>9} {outcome.summary.num_reports:>8} {len(outcome.rejected):>8} "
+                f"{true_gap:>9} {outcome.reports.num_reports:>8} {len(outcome.rejected):>8} "
                 f"{len(outcome.missing_nodes):>7}   ({outcome.error})"
             )
             continue
@@ -225,12 +233,7 @@ def ldp_findings(results: LdpAuditResults | Mapping[str, Any]) -> list[Finding]:
                     Value(f"audit-{number}-low", low),
                     ", ",
                     Value(f"audit-{number}-high", high),
-                    "]: "
-                    + (
-                        "the groups differ"
-                        if detected
-                        else "no gap detectable at this budget (the interval reaches 0)"
-                    ),
+                    "]: " + GAP_VERDICTS[0 if detected else 1],
                 ),
                 "bad" if detected else "info",
             )
@@ -419,16 +422,8 @@ def ledger_totals_text(totals: Mapping[str, Any] | None) -> str:
 # The HTML report: FedEvalFair
 # --------------------------------------------------------------------------------------------
 
-#: What each FedEvalFair metric measures.
-FEDEVALFAIR_METRICS = {"dp": "Demographic parity", "eo": "Equal opportunity"}
-
-#: Why the rows of FedEvalFair's "paper" mode are not evidence.
-PAPER_MODE_WARNING = (
-    "the 'paper' mode rows follow FedEvalFair (anonymous, 2024) as published and are not "
-    "evidence: they average absolute bootstrap disparities, which are positive even for a fair "
-    "model, so their stage 2 rejects fairness almost always, and their stage 1 rejects a true "
-    "null too often; they are shown to compare with the paper. Read the 'calibrated' rows"
-)
+#: What each FedEvalFair metric measures (the names the outcome objects' summaries use).
+FEDEVALFAIR_METRICS = METRIC_NAMES
 
 
 def holder_dp_line(holder_dp: Mapping[str, Any]) -> str:
@@ -480,7 +475,7 @@ def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> lis
                     Value(
                         f"{key}-reject-homogeneity",
                         reject1,
-                        words=("no, the holders differ", "no evidence that the holders differ"),
+                        words=HOMOGENEITY_VERDICTS,
                     ),
                     ", p = ",
                     Value(f"{key}-stage1-pvalue", report["homogeneity"]["pvalue"], ".3g"),
@@ -498,7 +493,7 @@ def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> lis
                     Value(
                         f"{key}-reject-fairness",
                         reject2,
-                        words=("UNFAIR", "no evidence of unfairness"),
+                        words=FAIRNESS_VERDICTS,
                     ),
                     "; common disparity ",
                     Value(f"{key}-estimate", report["estimate"]),
@@ -521,7 +516,7 @@ def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> lis
                         Value(
                             f"{key}-certified-fair",
                             certified,
-                            words=("yes, certified fair", "not certified"),
+                            words=EQUIVALENCE_VERDICTS,
                         ),
                         ", p = ",
                         Value(f"{key}-equivalence-pvalue", report["equivalence"]["pvalue"], ".3g"),

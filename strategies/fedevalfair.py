@@ -76,7 +76,12 @@ from ..mechanisms.crypto.ckks import (
     set_digest,
 )
 from ..mechanisms.crypto.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, verify_signature
-from ..mechanisms.fairness_tests.fedevalfair import FairnessReport, report_from_sums
+from ..mechanisms.fairness_tests.fedevalfair import (
+    METRIC_NAMES,
+    PAPER_MODE_WARNING,
+    FairnessReport,
+    report_from_sums,
+)
 from ..mechanisms.protocol import (
     BLOCKS,
     CORRUPT_SUM_MARKER,
@@ -111,6 +116,21 @@ class BlockResult:
     mode: str
     report: FairnessReport | None
     reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The metric's name and the mode; mode "paper" says it is not evidence."""
+        name = METRIC_NAMES.get(self.metric, self.metric)
+        return f"{name} ({self.mode} mode" + (", not evidence)" if self.mode == "paper" else ")")
+
+    def summary(self) -> str:
+        """The verdict lines of this block (or why there is none)."""
+        if self.report is None:
+            return f"{self.label}: unavailable: {self.reason}"
+        return self.report.summary(self.label)
+
+    def __repr__(self) -> str:
+        return f"BlockResult(metric={self.metric!r}, mode={self.mode!r}, report={self.report!r})"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -148,7 +168,42 @@ class FedEvalFairOutcome:
     def block(self, metric: str, mode: str) -> BlockResult:
         return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
 
+    def summary(self) -> str:
+        """The verdicts (mode "calibrated" first, "paper" after it, labelled as not evidence),
+        then who took part in each round and which replies were lost or rejected."""
+        lines = [] if self.error is None else [f"FedEvalFair gave no result: {self.error}"]
+        ordered = sorted(self.blocks, key=lambda block: block.mode == "paper")
+        lines.extend(block.summary() for block in ordered)
+        if any(block.mode == "paper" and block.report is not None for block in self.blocks):
+            lines.append(f"note: {PAPER_MODE_WARNING}")
+        participants = ", ".join(str(len(nodes)) for nodes in self.round_participants)
+        lines.append(
+            f"holders per round: {participants or 'none'}; key holders {list(self.key_holders)}"
+        )
+        for number, nodes in enumerate(self.dropped, start=1):
+            if nodes:
+                lines.append(f"dropped after round {number}: nodes {list(nodes)}")
+        for number, item in self.rejected:
+            lines.append(f"round {number}: rejected reply from node {item.node_id}: {item.reason}")
+        for item in self.unable:
+            lines.append(f"node {item.node_id} could not take part: {item.reason}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        decisions = ", ".join(
+            f"{block.metric}/{block.mode}: "
+            + (
+                "unavailable"
+                if block.report is None
+                else f"reject_fairness={block.report.reject_fairness}"
+            )
+            for block in self.blocks
+        )
+        holders = [len(nodes) for nodes in self.round_participants]
+        return f"FedEvalFairOutcome([{decisions}], holders={holders}, error={self.error!r})"
+
     def to_dict(self) -> dict[str, object]:
+        """JSON-ready (the results.json of the built-in job: the blocks under "tests")."""
         return {
             "error": self.error,
             "tests": [block.to_dict() for block in self.blocks],

@@ -22,6 +22,7 @@ in every round of ``Strategy.start``). It follows the same shape: ``configure_au
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms import EstimationError, GapEstimate, ReportSummary, estimate_gap
+from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
 from ..mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.ldp.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
@@ -39,6 +41,28 @@ from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
 from .replies import LedgerTotals, RejectedReply, send_and_receive, short_reason
+
+
+class _SummaryMethod:
+    """``AuditOutcome.summary``: called, the outcome in words; read as the field it replaced
+    (the accepted reports' :class:`ReportSummary`), that field, with a deprecation warning."""
+
+    __slots__ = ("_outcome",)
+
+    def __init__(self, outcome: AuditOutcome) -> None:
+        self._outcome = outcome
+
+    def __call__(self) -> str:
+        return self._outcome.summary_text()
+
+    def __getattr__(self, name: str) -> Any:
+        warnings.warn(
+            "AuditOutcome.summary is now a method (the outcome in words); the accepted reports "
+            "are AuditOutcome.reports",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(self._outcome.reports, name)
 
 
 @dataclass(frozen=True)
@@ -49,8 +73,9 @@ class AuditOutcome:
     ----------
     estimate : GapEstimate or None
         The private estimate (None if the accepted reports did not allow one; see ``error``).
-    summary : ReportSummary
-        Sufficient statistics of the accepted reports.
+    reports : ReportSummary
+        Sufficient statistics of the accepted reports (``summary`` before version 0.2: that
+        name is now the method that prints the outcome).
     nodes_sent, nodes_replied : int
         Messages sent, replies received (before the timeout).
     accepted_nodes : int
@@ -73,10 +98,15 @@ class AuditOutcome:
         send none).
     ledger_totals : LedgerTotals or None
         The same with its delta, basic composition beside it and the neighbouring relation.
+    metric : str
+        The audited metric (accuracy, tpr, fpr, fnr; "" if not recorded).
+
+    ``print(outcome)`` gives a one-line repr; ``print(outcome.summary())`` the verdict lines
+    the built-in job prints, with the nodes' replies and the privacy the users have spent.
     """
 
     estimate: GapEstimate | None
-    summary: ReportSummary
+    reports: ReportSummary
     nodes_sent: int
     nodes_replied: int
     accepted_nodes: int
@@ -87,16 +117,68 @@ class AuditOutcome:
     error: str | None = None
     epsilon_spent_max: float | None = None
     ledger_totals: LedgerTotals | None = None
+    metric: str = ""
 
     @property
     def contributing_nodes(self) -> int:
         """Nodes whose reports entered the estimate."""
         return self.accepted_nodes
 
+    @property
+    def summary(self) -> _SummaryMethod:
+        """``summary()``: the outcome in words (see :meth:`summary_text`). Reading an attribute
+        of it (``outcome.summary.num_reports``, the field's old use) still works, with a
+        ``DeprecationWarning``: use :attr:`reports`."""
+        return _SummaryMethod(self)
+
+    def summary_text(self) -> str:
+        """The verdict (the largest gap, its interval, whether the groups differ), each
+        group's mean, then how many nodes and users took part and the most any user has spent."""
+        metric = self.metric or "metric"
+        lines = [f"LDP audit of {metric}"]
+        if self.estimate is None:
+            lines.append(f"no estimate: {self.error}")
+        else:
+            lines.append(self.estimate.summary(metric))
+        lines.append(
+            f"{self.reports.num_reports} reports from {self.accepted_nodes} of "
+            f"{self.nodes_sent} nodes ({self.nodes_replied} replied, {len(self.rejected)} "
+            f"replies rejected, {len(self.missing_nodes)} nodes missing); "
+            f"{self.refused_users} users refused (their ledgers could not afford it), "
+            f"{self.undefined_users} without a defined {metric}"
+        )
+        for item in self.rejected:
+            lines.append(f"  rejected reply from node {item.node_id}: {item.reason}")
+        if self.ledger_totals is not None:
+            totals = self.ledger_totals
+            lines.append(
+                f"the most any user of the accepted nodes has spent, this audit included: "
+                f"epsilon = {format_number(totals.epsilon, '.4g')} at delta = "
+                f"{format_number(totals.delta, '.3g')}"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        estimate = self.estimate
+        if estimate is None:
+            found = f"estimate=None, error={self.error!r}"
+        else:
+            low, high = estimate.max_gap_interval.low, estimate.max_gap_interval.high
+            found = (
+                f"max_gap={format_number(estimate.max_gap)}, "
+                f"interval=[{format_number(low)}, {format_number(high)}]"
+            )
+        return (
+            f"AuditOutcome(metric={self.metric!r}, {found}, "
+            f"num_reports={self.reports.num_reports}, "
+            f"nodes={self.accepted_nodes}/{self.nodes_sent}, rejected={len(self.rejected)}, "
+            f"missing={len(self.missing_nodes)})"
+        )
+
     def to_dict(self) -> dict[str, object]:
         return {
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
-            "num_reports": self.summary.num_reports,
+            "num_reports": self.reports.num_reports,
             "nodes_sent": self.nodes_sent,
             "nodes_replied": self.nodes_replied,
             "accepted_nodes": self.accepted_nodes,
@@ -361,7 +443,7 @@ class LdpGapAudit:
             log(logging.WARNING, "LDP audit: no reply from %d node(s)", len(missing))
         return AuditOutcome(
             estimate=estimate,
-            summary=total,
+            reports=total,
             nodes_sent=len(sent_to),
             nodes_replied=len(replied),
             accepted_nodes=accepted,
@@ -372,6 +454,7 @@ class LdpGapAudit:
             error=error_text,
             epsilon_spent_max=None if totals is None else totals.epsilon,
             ledger_totals=totals,
+            metric=self.metric,
         )
 
     def start(

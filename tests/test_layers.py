@@ -361,7 +361,16 @@ MOVED_MECHANISMS: dict[str, str] = {
 }
 #: What the mechanisms' top level keeps beside the rooms (and the shims above).
 MECHANISMS_TOP_LEVEL = frozenset(
-    {"__init__", "_deprecated", "_files", "_validation", "protocol", "ldp", "fairness_tests"}
+    {
+        "__init__",
+        "_deprecated",
+        "_files",
+        "formatting",
+        "_validation",
+        "protocol",
+        "ldp",
+        "fairness_tests",
+    }
     | {"privacy", "crypto", "fpfl"}
 )
 

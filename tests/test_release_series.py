@@ -134,7 +134,7 @@ def test_each_audit_is_on_disk_before_it_is_sent(tmp_path: Path) -> None:
     assert {item["kind"] for item in log["releases"]} == {"ldp-audit"}
     assert result.epsilon_spent == pytest.approx(sum(epsilons))
     assert log["epsilon_recorded"] == pytest.approx(sum(epsilons))
-    assert all(o.accepted_nodes == 3 and o.summary.num_reports == 90 for o in result.outcomes)
+    assert all(o.accepted_nodes == 3 and o.reports.num_reports == 90 for o in result.outcomes)
 
 
 def test_a_crashed_series_still_says_what_it_released_and_a_rerun_counts_on(

@@ -64,8 +64,8 @@ def test_valid_replies_are_merged_exactly() -> None:
         np.concatenate([g for g, _ in parts]), np.concatenate([v for _, v in parts]), 2
     )
     assert outcome.accepted_nodes == 3 and not outcome.rejected and not outcome.missing_nodes
-    np.testing.assert_array_equal(outcome.summary.report_counts, expected.report_counts)
-    np.testing.assert_array_equal(outcome.summary.value_sums, expected.value_sums)
+    np.testing.assert_array_equal(outcome.reports.report_counts, expected.report_counts)
+    np.testing.assert_array_equal(outcome.reports.value_sums, expected.value_sums)
     assert outcome.estimate is not None and outcome.estimate.num_reports == 1500
 
 
@@ -113,7 +113,7 @@ def test_malformed_replies_are_counted_and_reported_not_raised() -> None:
     outcome = audit.aggregate_audit(sent_to, replies)
 
     assert outcome.accepted_nodes == 2
-    assert outcome.summary.num_reports == 4000  # only the two honest replies
+    assert outcome.reports.num_reports == 4000  # only the two honest replies
     assert outcome.missing_nodes == tuple(missing_nodes)
     reasons = {item.node_id: item.reason for item in outcome.rejected if item.node_id >= 100}
     for node, (_, fragment) in zip(bad_nodes, faults, strict=True):
@@ -180,7 +180,7 @@ def test_implausible_laplace_values_and_user_counts_are_rejected_and_counted() -
     )
 
     assert outcome.accepted_nodes == 3
-    assert outcome.summary.num_reports == 4003
+    assert outcome.reports.num_reports == 4003
     reasons = {item.node_id: item.reason for item in outcome.rejected}
     assert sorted(reasons) == bad_nodes
     for node, (_, fragment) in zip(bad_nodes, faults, strict=True):
@@ -221,7 +221,7 @@ def test_no_valid_reply_gives_an_error_not_an_exception() -> None:
     outcome = audit.aggregate_audit([7, 8], replies)
     assert outcome.estimate is None and outcome.error
     assert outcome.missing_nodes == (8,)
-    assert outcome.summary.num_reports == 0
+    assert outcome.reports.num_reports == 0
 
 
 def test_audit_refuses_a_mechanism_over_budget() -> None:

@@ -62,7 +62,7 @@ def outcome(epsilon: float, *, estimated: bool = True) -> AuditOutcome:
     estimate = estimate_gap(summary, mechanism) if estimated else None
     return AuditOutcome(
         estimate=estimate,
-        summary=summary,
+        reports=summary,
         nodes_sent=3,
         nodes_replied=3,
         accepted_nodes=2,

@@ -89,6 +89,7 @@ from .._validation import (
     check_open_unit,
     check_positive_finite,
 )
+from ..formatting import format_number
 from ..ldp.estimators import ConfidenceInterval, normal_quantile
 
 Mode = Literal["calibrated", "paper"]
@@ -873,6 +874,23 @@ _METHODS = {
 }
 
 
+#: Stage 1's decision in words: rejects H0 mu_1 = ... = mu_k, or not.
+HOMOGENEITY_VERDICTS = ("no, the holders differ", "no evidence that the holders differ")
+#: Stage 2's decision in words: rejects H0 mu = mu0, or not.
+FAIRNESS_VERDICTS = ("UNFAIR", "no evidence of unfairness")
+#: The equivalence test's decision in words: TOST rejects H0 |mu| >= tolerance, or not.
+EQUIVALENCE_VERDICTS = ("yes, certified fair", "not certified")
+#: The metrics' names in summaries and reports.
+METRIC_NAMES = {"dp": "Demographic parity", "eo": "Equal opportunity"}
+#: Why the rows of mode "paper" are not evidence (printed beside them).
+PAPER_MODE_WARNING = (
+    "the 'paper' mode rows follow FedEvalFair (anonymous, 2024) as published and are not "
+    "evidence: they average absolute bootstrap disparities, which are positive even for a fair "
+    "model, so their stage 2 rejects fairness almost always, and their stage 1 rejects a true "
+    "null too often; they are shown to compare with the paper. Read the 'calibrated' rows"
+)
+
+
 @dataclass(frozen=True)
 class FairnessReport:
     """Both stages of FedEvalFair, the optional equivalence test, and the decisions at alpha.
@@ -920,6 +938,57 @@ class FairnessReport:
         it excludes mu0 exactly when stage 2 rejects if every summary lacks margins (or in
         mode "paper"); with margins stage 2 uses se(mu0) instead of the sandwich stderr."""
         return self.common_disparity.confidence_interval(level)
+
+    def verdicts(self) -> tuple[str, ...]:
+        """The decisions in words, one line per test (stage 1, stage 2 and, with a tolerance,
+        the equivalence test): the lines the built-in job prints after the metric's name."""
+        interval = self.confidence_interval(1.0 - self.alpha)
+        lines = [
+            "stage 1 (same disparity at every holder?): "
+            + HOMOGENEITY_VERDICTS[0 if self.reject_homogeneity else 1]
+            + f", p = {format_number(self.homogeneity.pvalue, '.3g')} (alpha = {self.alpha:g})",
+            f"stage 2 (common disparity = {self.mu0:g}?): "
+            + FAIRNESS_VERDICTS[0 if self.reject_fairness else 1]
+            + f"; common disparity {format_number(self.estimate)}, "
+            + f"{100 * (1.0 - self.alpha):g}% interval [{format_number(interval.low)}, "
+            + f"{format_number(interval.high)}], "
+            + f"p = {format_number(self.common_disparity.pvalue, '.3g')}",
+        ]
+        if self.equivalence is not None:
+            lines.append(
+                f"equivalence (|disparity| < {self.tolerance:g}?): "
+                + EQUIVALENCE_VERDICTS[0 if self.certified_fair else 1]
+                + f", p = {format_number(self.equivalence.pvalue, '.3g')}"
+            )
+        return tuple(lines)
+
+    def summary(self, label: str = "") -> str:
+        """The verdict lines, each after ``label`` (e.g. the metric's name), then what the
+        common disparity is: a precision-weighted mean, not the pooled disparity."""
+        prefix = f"{label}, " if label else ""
+        lines = [prefix + line for line in self.verdicts()]
+        lines.append(
+            f"({self.k} holders, {self.mode} mode; the common disparity is the "
+            "precision-weighted mean of the holders' disparities, dominated by the most precise "
+            "holders"
+            + (
+                "; stage 1 rejected, so it summarises holders that disagree: read the "
+                "holders' own disparities)"
+                if self.reject_homogeneity
+                else ")"
+            )
+        )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        interval = self.confidence_interval(1.0 - self.alpha)
+        return (
+            f"FairnessReport(mode={self.mode!r}, k={self.k}, "
+            f"estimate={format_number(self.estimate)}, "
+            f"interval=[{format_number(interval.low)}, {format_number(interval.high)}], "
+            f"reject_homogeneity={self.reject_homogeneity}, "
+            f"reject_fairness={self.reject_fairness}, certified_fair={self.certified_fair})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary (keys documented in the CLI guide, docs/guides/cli.md); never NaN
@@ -1177,8 +1246,13 @@ def stage_statistics(
 
 
 __all__ = [
+    "EQUIVALENCE_VERDICTS",
+    "FAIRNESS_VERDICTS",
+    "HOMOGENEITY_VERDICTS",
     "METRICS",
+    "METRIC_NAMES",
     "MODES",
+    "PAPER_MODE_WARNING",
     "ROUND1_FIELDS",
     "STAGE1_FIELDS",
     "BootstrapDisparity",

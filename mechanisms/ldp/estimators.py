@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._validation import check_open_unit
+from ..formatting import format_number
 from .randomized_response import grr_frequency_estimate
 from .reports import ReportMoments, ReportSummary
 
@@ -196,6 +197,10 @@ def fold_interval(low: float, high: float) -> ConfidenceInterval:
     return ConfidenceInterval(0.0, max(-low, high))
 
 
+#: What the interval of the largest gap says: it excludes 0, or it reaches 0.
+GAP_VERDICTS = ("the groups differ", "no gap detectable at this budget (the interval reaches 0)")
+
+
 @dataclass(frozen=True)
 class GapEstimate:
     """Private estimate of group means and gaps (metric units), with error bounds.
@@ -250,6 +255,52 @@ class GapEstimate:
     @property
     def num_groups(self) -> int:
         return int(self.group_means.shape[0])
+
+    @property
+    def detected(self) -> bool:
+        """Whether the interval of the largest gap excludes 0 (the groups differ)."""
+        return bool(self.max_gap_interval.low > 0)
+
+    def verdict(self, metric: str = "metric") -> str:
+        """The largest gap, its interval and what they say: the line the built-in job prints
+        after "At epsilon = ...: "."""
+        first, second = self.max_gap_pair
+        interval = self.max_gap_interval
+        return (
+            f"the {metric} gap between groups {first} and {second} is "
+            f"{format_number(self.max_gap)}, {100 * self.confidence:g}% interval "
+            f"[{format_number(interval.low)}, {format_number(interval.high)}]: "
+            + GAP_VERDICTS[0 if self.detected else 1]
+        )
+
+    def summary(self, metric: str = "metric") -> str:
+        """The verdict, then each group's mean with its standard error and size, then the
+        estimator's notes."""
+        sizes = "estimated" if self.sizes_estimated else "known"
+        lines = [
+            f"At epsilon = {self.epsilon:g} (mechanism {self.mechanism}, {self.num_reports} "
+            f"reports): {self.verdict(metric)}"
+        ]
+        for group, (mean, stderr, size) in enumerate(
+            zip(self.group_means, self.group_stderrs, self.group_sizes, strict=True)
+        ):
+            lines.append(
+                f"  group {group}: {metric} {format_number(float(mean))} "
+                f"(stderr {format_number(float(stderr))}; {sizes} size {float(size):.0f})"
+            )
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        interval = self.max_gap_interval
+        return (
+            f"GapEstimate(max_gap={format_number(self.max_gap)}, "
+            f"max_gap_pair={self.max_gap_pair}, "
+            f"interval=[{format_number(interval.low)}, {format_number(interval.high)}], "
+            f"confidence={self.confidence:g}, num_groups={self.num_groups}, "
+            f"num_reports={self.num_reports}, mechanism={self.mechanism!r}, "
+            f"epsilon={self.epsilon:g})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary (keys documented in the CLI guide, docs/guides/cli.md)."""
@@ -597,6 +648,7 @@ def compare_gaps(
 
 
 __all__ = [
+    "GAP_VERDICTS",
     "ConfidenceInterval",
     "EstimationError",
     "GapComparison",

@@ -1,0 +1,15 @@
+"""How results print: one number format for summaries, verdict lines and reports."""
+
+from __future__ import annotations
+
+import math
+
+
+def format_number(value: float | int | None, spec: str = ".4f") -> str:
+    """``format(value, spec)``, or ``"n/a"`` for None, NaN and infinity (a result that has no
+    value prints the same in a summary, on the console and in a report)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "n/a"
+    return format(value, spec)
