@@ -6,9 +6,13 @@
   the SuperNode (``flower-supernode --node-config "identity-key='/etc/fedparity/node.key'
   roster='/etc/fedparity/roster.toml'"``);
 * otherwise the environment variable ``FEDPARITY_IDENTITY_DIR`` of the process that hosts the
-  node (how a simulation's operator, or a test, gives simulated nodes their material): the
-  folder holds ``roster.toml`` and one key per partition, ``node-<partition-id>.key``
+  node: the folder holds ``roster.toml`` and one key per partition, ``node-<partition-id>.key``
   (``fedparity identity --nodes N --out DIR`` writes exactly that);
+* otherwise the node's default folder ``~/.fedparity/identity`` (:data:`DEFAULT_IDENTITY_DIR`,
+  where ``fedparity identity --nodes N`` writes by default), if it holds a roster: how a
+  simulation's nodes find their material whatever process started the SuperLink (an
+  environment variable reaches the simulated nodes only if it was set when the SuperLink
+  started);
 * otherwise the node has no identity (cross-device deployments: no roster can list every
   phone), and the protocols that need one refuse, naming these keys.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from ..mechanisms.crypto.identity import IdentityError, IdentityKey, Roster
 
 __all__ = [
+    "DEFAULT_IDENTITY_DIR",
     "IDENTITY_DIR_ENV",
     "IDENTITY_KEY_NODE_KEY",
     "ROSTER_FILE",
@@ -42,6 +47,8 @@ ROSTER_NODE_KEY = "roster"
 IDENTITY_DIR_ENV = "FEDPARITY_IDENTITY_DIR"
 #: The roster's file name in such a folder.
 ROSTER_FILE = "roster.toml"
+#: The node's own default identity folder (``fedparity identity`` writes there by default).
+DEFAULT_IDENTITY_DIR = Path.home() / ".fedparity" / "identity"
 
 
 def identity_key_file(partition_id: int) -> str:
@@ -95,15 +102,22 @@ def _mtime(path: Path, what: str) -> float:
 
 
 def node_identity(
-    node_config: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    node_config: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    *,
+    default_dir: Path | None = None,
 ) -> NodeIdentity:
     """This node's identity key and roster (module docstring: node config, then
-    ``FEDPARITY_IDENTITY_DIR`` with the node's ``partition-id``); files are re-read when they
-    change."""
+    ``FEDPARITY_IDENTITY_DIR``, then ``default_dir`` (default :data:`DEFAULT_IDENTITY_DIR`) if
+    it holds a roster, with the node's ``partition-id``); files are re-read when they change.
+    Every source is the node's own: never a path from the server."""
     environ = os.environ if environ is None else environ
     key_path = node_config.get(IDENTITY_KEY_NODE_KEY) or None
     roster_path = node_config.get(ROSTER_NODE_KEY) or None
     folder = environ.get(IDENTITY_DIR_ENV)
+    if not folder:
+        fallback = DEFAULT_IDENTITY_DIR if default_dir is None else Path(default_dir)
+        folder = str(fallback) if (fallback / ROSTER_FILE).is_file() else None
     if key_path is None and roster_path is None and folder:
         if "partition-id" in node_config:
             key_path = str(Path(folder) / identity_key_file(int(node_config["partition-id"])))

@@ -58,9 +58,9 @@ def write_node_identities(folder: str | Path, num_nodes: int, *, overwrite: bool
 def run_identity(args: argparse.Namespace, out: TextIO) -> int:
     """Write one identity key per node (mode 0600, for the node only) and the roster of their
     public keys (public: give every node a copy, out of band)."""
-    from ...clients.identity import ROSTER_FILE, identity_key_file
+    from ...clients.identity import DEFAULT_IDENTITY_DIR, ROSTER_FILE, identity_key_file
 
-    folder = Path(args.out).expanduser()
+    folder = DEFAULT_IDENTITY_DIR if args.out is None else Path(args.out).expanduser()
     if args.nodes is not None and args.name is not None:
         raise UsageError("--nodes and --name: give one of them")
     if args.nodes is not None:
@@ -89,8 +89,12 @@ def run_identity(args: argparse.Namespace, out: TextIO) -> int:
     lines += [
         f"roster ({len(roster)} member(s); copy it to every node): {roster_path}",
         "give each node its key and the roster: --node-config \"identity-key='<key file>' "
-        f"roster='<roster file>'\" (or FEDPARITY_IDENTITY_DIR={folder} in a simulation's "
-        "environment)",
+        "roster='<roster file>'\""
+        + (
+            "; the nodes of a simulation on this machine find them here by themselves"
+            if folder == DEFAULT_IDENTITY_DIR and roster_path == folder / ROSTER_FILE
+            else f" (or FEDPARITY_IDENTITY_DIR={folder} in a simulation's environment)"
+        ),
     ]
     _emit(payload, "\n".join(lines), args.json, out)
     return 0
@@ -105,13 +109,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description=(
             "Write node identity keys and add them to a roster.\n\n"
             "examples:\n"
-            "  fedparity identity --nodes 3 --out ~/.fedparity/identity\n"
-            "      node-0.key .. node-2.key and roster.toml, for a simulation or a test\n"
+            "  fedparity identity --nodes 3\n"
+            "      node-0.key .. node-2.key and roster.toml in ~/.fedparity/identity, where the\n"
+            "      nodes of a simulation on this machine find them\n"
             "  fedparity identity --name hospital-a --out /etc/fedparity --roster roster.toml\n"
             "      on each silo; then merge the rosters"
         ),
     )
-    parser.add_argument("--out", required=True, help="folder for the key file(s)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for the key file(s) (default ~/.fedparity/identity, where simulated "
+        "nodes find them)",
+    )
     parser.add_argument("--name", default=None, help="the member's name (one key: NAME.key)")
     parser.add_argument(
         "--nodes", default=None, help="write N keys node-0.key .. node-<N-1>.key instead"
