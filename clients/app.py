@@ -34,9 +34,8 @@ from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from ..clients import _math_first  # noqa: F401 - before the math package
-from ..mechanisms.crypto.ckks import (
-    secret_context_path,
-)
+from ..mechanisms.crypto.ckks import KeyMaterialError, secret_context_path
+from ..mechanisms.crypto.identity import IdentityError
 from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
@@ -51,6 +50,7 @@ from .fedevalfair_handlers import (
 )
 from .fpfl_data import FPFLShard, users_as_fpfl_shard
 from .fpfl_handlers import fpfl_handlers
+from .identity import node_identity
 from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
 from .logging_setup import quiet_known_noise
@@ -166,10 +166,33 @@ def fpfl_users(context: Context, config: RunConfig) -> FPFLShard:
     return node_shard(node_data_config(context, config), partition_id, num_partitions)
 
 
+#: ``fef-missing`` of a describe reply: what a FedEvalFair holder lacks (bits; 0 = ready).
+FEF_MISSING_SECRET_CONTEXT = 1
+FEF_MISSING_IDENTITY = 2
+
+
+def fedevalfair_missing(context: Context) -> int:
+    """What this node lacks to take part in FedEvalFair, from its own configuration and files
+    (never its data): :data:`FEF_MISSING_SECRET_CONTEXT` without a secret context,
+    :data:`FEF_MISSING_IDENTITY` without an identity key and roster; 0 when it can hold."""
+    missing = 0
+    try:
+        _node_secret_context_path(context)
+    except KeyMaterialError:
+        missing |= FEF_MISSING_SECRET_CONTEXT
+    try:
+        node_identity(context.node_config).require("FedEvalFair")
+    except IdentityError:
+        missing |= FEF_MISSING_IDENTITY
+    return missing
+
+
 def describe(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Reply with the shard's shape (no private content: sizes and feature count). On a node
-    with its own data file a run whose ``num-groups`` is not the node config's is refused
-    before the file is read (:func:`load_shard`, :func:`fpfl_users`)."""
+    """Reply with the shard's shape (no private content: sizes and feature count) and, for the
+    jobs that run FedEvalFair, whether the node has its key material (``fef-missing``,
+    :func:`fedevalfair_missing`: so the server can stop before training). On a node with its
+    own data file a run whose ``num-groups`` is not the node config's is refused before the
+    file is read (:func:`load_shard`, :func:`fpfl_users`)."""
     partition_id, num_partitions = _partition(context)
     if config.task in ("fpfl", "pipeline"):
         users = fpfl_users(context, config)
@@ -200,6 +223,11 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
             # 1: the node reads its own file; the simulation harness cannot know its truth.
             "own-data": int(own_data_file(context) is not None),
             **values,
+            **(
+                {"fef-missing": fedevalfair_missing(context)}
+                if config.task in ("fedevalfair", "pipeline")
+                else {}
+            ),
         }
     )
     return Message(content=RecordDict({METRICS_KEY: metrics}), reply_to=msg)

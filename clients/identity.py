@@ -8,7 +8,7 @@
 * otherwise the environment variable ``FEDPARITY_IDENTITY_DIR`` of the process that hosts the
   node: the folder holds ``roster.toml`` and one key per partition, ``node-<partition-id>.key``
   (``fedparity identity --nodes N --out DIR`` writes exactly that);
-* otherwise the node's default folder ``~/.fedparity/identity`` (:data:`DEFAULT_IDENTITY_DIR`,
+* otherwise the node's default folder ``~/.fedparity/identity`` (:func:`default_identity_dir`,
   where ``fedparity identity --nodes N`` writes by default), if it holds a roster: how a
   simulation's nodes find their material whatever process started the SuperLink (an
   environment variable reaches the simulated nodes only if it was set when the SuperLink
@@ -29,12 +29,12 @@ from typing import Any
 from ..mechanisms.crypto.identity import IdentityError, IdentityKey, Roster
 
 __all__ = [
-    "DEFAULT_IDENTITY_DIR",
     "IDENTITY_DIR_ENV",
     "IDENTITY_KEY_NODE_KEY",
     "ROSTER_FILE",
     "ROSTER_NODE_KEY",
     "NodeIdentity",
+    "default_identity_dir",
     "identity_key_file",
     "node_identity",
 ]
@@ -47,8 +47,12 @@ ROSTER_NODE_KEY = "roster"
 IDENTITY_DIR_ENV = "FEDPARITY_IDENTITY_DIR"
 #: The roster's file name in such a folder.
 ROSTER_FILE = "roster.toml"
-#: The node's own default identity folder (``fedparity identity`` writes there by default).
-DEFAULT_IDENTITY_DIR = Path.home() / ".fedparity" / "identity"
+
+
+def default_identity_dir() -> Path:
+    """The node's own default identity folder, ``~/.fedparity/identity`` (read when asked, so
+    it follows ``$HOME``; ``fedparity identity`` writes there by default)."""
+    return Path.home() / ".fedparity" / "identity"
 
 
 def identity_key_file(partition_id: int) -> str:
@@ -108,7 +112,7 @@ def node_identity(
     default_dir: Path | None = None,
 ) -> NodeIdentity:
     """This node's identity key and roster (module docstring: node config, then
-    ``FEDPARITY_IDENTITY_DIR``, then ``default_dir`` (default :data:`DEFAULT_IDENTITY_DIR`) if
+    ``FEDPARITY_IDENTITY_DIR``, then ``default_dir`` (default :func:`default_identity_dir`) if
     it holds a roster, with the node's ``partition-id``); files are re-read when they change.
     Every source is the node's own: never a path from the server."""
     environ = os.environ if environ is None else environ
@@ -116,7 +120,7 @@ def node_identity(
     roster_path = node_config.get(ROSTER_NODE_KEY) or None
     folder = environ.get(IDENTITY_DIR_ENV)
     if not folder:
-        fallback = DEFAULT_IDENTITY_DIR if default_dir is None else Path(default_dir)
+        fallback = default_identity_dir() if default_dir is None else Path(default_dir)
         folder = str(fallback) if (fallback / ROSTER_FILE).is_file() else None
     if key_path is None and roster_path is None and folder:
         if "partition-id" in node_config:

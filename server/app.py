@@ -38,6 +38,7 @@ from ..clients.project.data import ADULT_URL, load_adult
 from .fedevalfair_job import run_fedevalfair
 from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
+from .orchestration import JobCannotStart
 from .pipeline_job import run_pipeline
 from .run_record import open_run_record
 
@@ -59,6 +60,11 @@ class RunConfigErrorWithoutTraceback(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, ConfigError):
             record.msg = "%s refused the run config before any work: %s"
+            record.args = (*(record.args or ("ServerApp",))[:1], str(error))
+            record.exc_info = None
+            record.exc_text = None
+        elif isinstance(error, JobCannotStart):
+            record.msg = "%s could not start (nothing trained or released): %s"
             record.args = (*(record.args or ("ServerApp",))[:1], str(error))
             record.exc_info = None
             record.exc_text = None

@@ -50,6 +50,7 @@ from .html_report import write_report
 from .orchestration import (
     connect_nodes,
     harness_applies,
+    require_fedevalfair_holders,
     supplied_model,
     train_global_model,
     training_report,
@@ -312,6 +313,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
     protocol = fedevalfair_protocol(config, server_public_context(config))
     supplied = supplied_model(config)  # model-file: read and checked before any work
     node_ids, nodes = connect_nodes(grid, config, minimum=2)
+    require_fedevalfair_holders(nodes, node_ids)  # before training: the holders have their keys
     log(
         logging.INFO,
         "fedparity FedEvalFair: %d holder(s), %d test/train rows described, dataset %s",
@@ -362,5 +364,8 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
     )
     _report_test(config, output_dir, results, outcome, truth)
     assert len(outcome.blocks) in (0, len(BLOCKS))
-    record.finish("completed", error=outcome.error)
+    if outcome.error:
+        record.fail(f"FedEvalFair gave no result: {outcome.error}")
+    else:
+        record.finish("completed")
     return output_dir

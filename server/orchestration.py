@@ -49,6 +49,9 @@ class NodeDescriptions:
         self.sample_shape: tuple[int, ...] | None = None
         self.num_classes: int | None = None
         self.num_groups: int | None = None
+        #: Nodes that said what they lack to hold in FedEvalFair (``fef-missing`` bits, non-zero
+        #: only: a secret context, an identity); nodes that did not say are not listed.
+        self.fedevalfair_missing: dict[int, int] = {}
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
@@ -102,8 +105,59 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescr
         found.users_by_node[node] = num_users
         if int(metrics.get("own-data", 0)):  # type: ignore[union-attr]
             found.own_data.append(node)
+        missing = metrics.get("fef-missing")  # type: ignore[union-attr]
+        if isinstance(missing, int) and missing:
+            found.fedevalfair_missing[node] = missing
         found.partitions.append(partition)
     return found
+
+
+class JobCannotStart(RuntimeError):
+    """The job cannot do its work with the federation it found (e.g. FedEvalFair holders
+    without their keys): raised before any training or release, one line saying what to do."""
+
+
+#: What each ``fef-missing`` bit means, and how a simulation's operator fixes it.
+FEDEVALFAIR_MATERIAL = {
+    1: ("a secret context", "fedparity keys"),
+    2: ("an identity key and roster", "fedparity identity --nodes {nodes}"),
+}
+
+
+def require_fedevalfair_holders(nodes: NodeDescriptions, node_ids: Sequence[int]) -> None:
+    """Refuse to start (:class:`JobCannotStart`) when fewer than two of the described nodes
+    can hold in FedEvalFair; warn when some cannot. Decided from the nodes' ``fef-missing``
+    (their configuration, never their data), before the model is trained."""
+    lacking = {node: bits for node, bits in nodes.fedevalfair_missing.items() if node in node_ids}
+    if not lacking:
+        return
+    ready = len(node_ids) - len(lacking)
+    what = "; ".join(
+        f"{sum(1 for bits in lacking.values() if bits & bit)} without {name}"
+        for bit, (name, _) in FEDEVALFAIR_MATERIAL.items()
+        if any(bits & bit for bits in lacking.values())
+    )
+    if ready >= 2:
+        log(
+            logging.WARNING,
+            "FedEvalFair: %d of %d nodes cannot hold (%s); the test runs with the other %d",
+            len(lacking),
+            len(node_ids),
+            what,
+            ready,
+        )
+        return
+    commands = " and ".join(
+        command.format(nodes=len(node_ids))
+        for bit, (_, command) in FEDEVALFAIR_MATERIAL.items()
+        if any(bits & bit for bits in lacking.values())
+    )
+    raise JobCannotStart(
+        f"FedEvalFair needs at least 2 holders with their keys, and {ready} of {len(node_ids)} "
+        f"nodes have them ({what}): in a simulation run {commands} on this machine (the nodes "
+        "read ~/.fedparity/keys and ~/.fedparity/identity), on real nodes set their node config "
+        "keys fef-secret-context, identity-key and roster; then start the run again"
+    )
 
 
 def connect_nodes(

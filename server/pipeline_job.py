@@ -68,7 +68,12 @@ from .fpfl_job import FPFLRun, train_fpfl
 from .harness import HARNESS_LABEL, GroundTruth, ground_truth
 from .html_report import write_report
 from .ldp_job import AuditLog, ldp_audit_for
-from .orchestration import NodeDescriptions, connect_nodes, harness_applies
+from .orchestration import (
+    NodeDescriptions,
+    connect_nodes,
+    harness_applies,
+    require_fedevalfair_holders,
+)
 from .pipeline_report import pipeline_findings, pipeline_report
 from .report import ledger_totals_text, write_json
 from .results import (
@@ -337,6 +342,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     started = time.perf_counter()
     public = server_public_context(config)
     node_ids, nodes = connect_nodes(grid, config, minimum=2)
+    require_fedevalfair_holders(nodes, node_ids)  # before training: the holders have their keys
     log(
         logging.INFO,
         "fedparity pipeline: %d node(s), %d user(s), dataset %s; steps: train FPFL and PFL, "
@@ -374,8 +380,12 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     assert written.privacy is not None
     log(logging.INFO, "%s", ledger_totals_text(written.privacy.ledger_totals_reported_by_nodes))
     log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
-    errors = [tests[s].error for s in PIPELINE_SESSIONS if tests[s].error]
-    record.finish("completed", error="; ".join(errors) if errors else None)
+    errors = [f"FedEvalFair ({s}): {tests[s].error}" for s in PIPELINE_SESSIONS if tests[s].error]
+    if errors:
+        record.finish("completed-with-errors", error="; ".join(errors))
+        log(logging.ERROR, "fedparity: the pipeline ran, but %s", "; ".join(errors))
+    else:
+        record.finish("completed")
     return folder
 
 

@@ -60,6 +60,7 @@ PROTECTED_FILES = (
 FINAL_STATUSES = (
     "completed",
     "completed-with-lost-rounds",
+    "completed-with-errors",
     "stopped-early",
     "paused",
     "failed",
@@ -163,10 +164,11 @@ class RunRecord:
         self.payload["results_file"] = str(results) if results.is_file() else None
         self._write()
 
-    def fail(self, error: BaseException) -> None:
-        """The run raised ``error``: say so in the folder and, loudly, on the console."""
+    def fail(self, error: BaseException | str) -> None:
+        """The run raised ``error`` (or, given as text, could not do its work): say so in the
+        folder and, loudly, on the console."""
         interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
-        text = f"{type(error).__name__}: {error}".strip()
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}".strip()
         self.finish("interrupted" if interrupted else "failed", error=text)
         released = _released_summary(self.payload["releases"], self.payload)
         log(

@@ -77,8 +77,9 @@ def test_a_default_folder_without_a_roster_gives_no_identity(tmp_path: Path) -> 
 def test_fedparity_identity_writes_to_the_default_folder_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     default = tmp_path / "home" / ".fedparity" / "identity"
-    monkeypatch.setattr(node_identities, "DEFAULT_IDENTITY_DIR", default)
+    assert node_identities.default_identity_dir() == default
     out = io.StringIO()
     assert main(["identity", "--nodes", "2"], out=out) == 0
     assert sorted(p.name for p in default.iterdir()) == [

@@ -58,9 +58,9 @@ def write_node_identities(folder: str | Path, num_nodes: int, *, overwrite: bool
 def run_identity(args: argparse.Namespace, out: TextIO) -> int:
     """Write one identity key per node (mode 0600, for the node only) and the roster of their
     public keys (public: give every node a copy, out of band)."""
-    from ...clients.identity import DEFAULT_IDENTITY_DIR, ROSTER_FILE, identity_key_file
+    from ...clients.identity import ROSTER_FILE, default_identity_dir, identity_key_file
 
-    folder = DEFAULT_IDENTITY_DIR if args.out is None else Path(args.out).expanduser()
+    folder = default_identity_dir() if args.out is None else Path(args.out).expanduser()
     if args.nodes is not None and args.name is not None:
         raise UsageError("--nodes and --name: give one of them")
     if args.nodes is not None:
@@ -92,7 +92,7 @@ def run_identity(args: argparse.Namespace, out: TextIO) -> int:
         "roster='<roster file>'\""
         + (
             "; the nodes of a simulation on this machine find them here by themselves"
-            if folder == DEFAULT_IDENTITY_DIR and roster_path == folder / ROSTER_FILE
+            if args.out is None and roster_path == folder / ROSTER_FILE
             else f" (or FEDPARITY_IDENTITY_DIR={folder} in a simulation's environment)"
         ),
     ]
