@@ -24,7 +24,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
@@ -76,6 +78,32 @@ if not any(isinstance(item, RunConfigErrorWithoutTraceback) for item in _FLWR_LO
     _FLWR_LOGGER.addFilter(RunConfigErrorWithoutTraceback())
 
 
+#: The folder (under ``$FLWR_HOME``) where Flower's runtime dependency installation makes each
+#: run's environment (``flwr/supercore/superexec/dependency_installer.py``, Flower 1.41).
+FLOWER_RUNTIME_ENVS = "runtime-envs"
+
+
+def runtime_install_notice(environ: Mapping[str, str] | None = None) -> str | None:
+    """One line for the operator when Flower installed this run's dependencies into a fresh
+    environment before the job started (its SuperLink was started without
+    ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``), else None. Flower activates that
+    environment by setting ``VIRTUAL_ENV`` to a folder under ``runtime-envs``; the variable the
+    user gave a later ``flwr run`` never reached the SuperLink (Getting started)."""
+    environ = os.environ if environ is None else environ
+    folder = environ.get("VIRTUAL_ENV", "")
+    if not folder or Path(folder).parent.name != FLOWER_RUNTIME_ENVS:
+        return None
+    return (
+        "Flower installed this app's dependencies into a new environment before the run "
+        f"started ({folder}: its SuperLink was started without "
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1, so every run pays a uv sync, without "
+        "constraints.txt, possibly a CUDA build of torch). Stop that SuperLink (pkill -u "
+        '"$(id -un)" -f -- "--control-api-address 127.0.0.1:<its control port, 39093 by '
+        'default>") and start the next run with FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 '
+        "flwr run ...; see Getting started"
+    )
+
+
 def check_adult_files(config: RunConfig) -> None:
     """``dataset = "adult"`` with the simulation harness on (``ground-truth``, which reads the
     data on the server): find the UCI files in ``data-dir``, or fetch them once here with
@@ -106,6 +134,9 @@ def run_job(grid: Grid, run_config: Mapping[str, Any], run_id: int | None = None
     says where that file is and how to stop the run (``flwr stop``: Ctrl-C on ``flwr run
     --stream`` only detaches the console, and the run goes on releasing)."""
     config = RunConfig.from_mapping(run_config)
+    notice = runtime_install_notice()
+    if notice is not None:
+        log(logging.WARNING, "%s", notice)
     check_adult_files(config)
     record = open_run_record(config)
     stop = f"flwr stop {run_id}" if run_id is not None else "flwr stop <run id>"

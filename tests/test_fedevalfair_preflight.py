@@ -127,3 +127,18 @@ def test_a_simulation_whose_holders_have_no_identity_fails_before_training(
     assert "FedEvalFair needs at least 2 holders with their keys, and 0 of 3" in status["error"]
     assert "fedparity identity --nodes 3" in status["error"]
     assert status["releases"] == [] and status["results_file"] is None
+
+
+def test_a_run_whose_superlink_installed_the_dependencies_says_how_to_stop_that() -> None:
+    """Flower's runtime dependency installation (a SuperLink started without
+    FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1) ran uv sync for 47 s and installed a CUDA
+    torch, silently. The job now says so in one line, with the command; the environment is
+    given as Flower leaves it (a fault injected, the real uv sync needs a download)."""
+    from fedparity.server.app import runtime_install_notice
+
+    flower_env = {"VIRTUAL_ENV": "/home/u/.flwr/runtime-envs/1234567"}
+    notice = runtime_install_notice(flower_env)
+    assert notice is not None and "/home/u/.flwr/runtime-envs/1234567" in notice
+    assert "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in notice and "pkill -u" in notice
+    assert runtime_install_notice({"VIRTUAL_ENV": "/work/project/.venv"}) is None
+    assert runtime_install_notice({}) is None
