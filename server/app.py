@@ -139,6 +139,8 @@ def run_job(grid: Grid, run_config: Mapping[str, Any], run_id: int | None = None
         log(logging.WARNING, "%s", notice)
     check_adult_files(config)
     record = open_run_record(config)
+    if run_id is not None:
+        record.update(run_id=run_id)  # the report says which run it is
     stop = f"flwr stop {run_id}" if run_id is not None else "flwr stop <run id>"
     log(
         logging.INFO,

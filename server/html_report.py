@@ -17,11 +17,12 @@ import base64
 import html
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..mechanisms.formatting import format_number
+from .run_record import read_status
 
 __all__ = [
     "REPORT_FILE",
@@ -127,6 +128,10 @@ class Report:
     privacy: Section
     warnings: Sequence[str] = ()
     notes: Sequence[str] = field(default=())
+    #: What run this is (run id, task, start, host, folder), shown under the title.
+    about: Sequence[tuple[str, str]] = field(default=())
+    #: The run config the job ran with, shown folded after the privacy section.
+    run_config: Mapping[str, object] | None = None
 
 
 _CSS = """
@@ -143,6 +148,7 @@ h2 { font-size: 1.25em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; ma
 .warning { background: #fff4d6; border-left: 5px solid #e0a100; padding: 0.5em 0.8em;
            margin: 0.6em 0; }
 .note { color: #444; font-size: 0.95em; }
+.about { color: #555; font-size: 0.9em; margin: 0 0 0.4em; }
 .value { font-weight: 600; font-variant-numeric: tabular-nums; }
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
 caption { text-align: left; font-weight: 600; padding-bottom: 0.3em; }
@@ -220,6 +226,15 @@ def _section(section: Section) -> str:
     return f"<section><h2>{html.escape(section.title)}</h2>\n{body}\n</section>"
 
 
+def _results_run_config(folder: Path) -> Mapping[str, object] | None:
+    try:
+        results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = results.get("run_config") if isinstance(results, dict) else None
+    return config if isinstance(config, dict) else None
+
+
 def render_report(report: Report) -> str:
     """The page as text: headline first, then the warnings, the detail and the privacy."""
     headline = "\n".join(
@@ -231,21 +246,58 @@ def render_report(report: Report) -> str:
     notes = "\n".join(f'<p class="note">{html.escape(text)}</p>' for text in report.notes)
     sections = "\n".join(_section(section) for section in (*report.sections, report.privacy))
     title = html.escape(report.title)
+    about = " · ".join(
+        f"{html.escape(label)} <b>{html.escape(value)}</b>" for label, value in report.about
+    )
+    about = f'<p class="about">{about}</p>\n' if about else ""
+    config = ""
+    if report.run_config:
+        rows = "".join(
+            f"<tr><td>{html.escape(str(key))}</td><td>{_cell(value)}</td></tr>"
+            for key, value in report.run_config.items()
+        )
+        config = (
+            "<section><h2>Run config</h2>\n<details><summary>the keys this run used "
+            f"({len(report.run_config)})</summary><table><thead><tr><th>key</th><th>value</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table></details>\n</section>\n"
+        )
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
         f"<h1>{title}</h1>\n"
+        f"{about}"
         f'<p class="question">{html.escape(report.question)}</p>\n'
         f'<div class="headline">\n{headline}\n</div>\n'
-        f"{warnings}\n{notes}\n{sections}\n"
+        f"{warnings}\n{notes}\n{sections}\n{config}"
         "</body>\n</html>\n"
     )
 
 
+def run_description(folder: Path) -> tuple[tuple[str, str], ...]:
+    """What run wrote ``folder``: run id, task, start (UTC), host and the folder, from the
+    run's ``status.json`` (those it has)."""
+    status = read_status(folder) or {}
+    started = str(status.get("started") or "").replace("T", " ").replace("+00:00", " UTC")
+    about = (
+        ("run", str(status.get("run_id") or "")),
+        ("task", str(status.get("task") or "")),
+        ("started", started),
+        ("host", str(status.get("host") or "")),
+        ("folder", str(folder)),
+    )
+    return tuple((label, value) for label, value in about if value)
+
+
 def write_report(folder: Path, report: Report) -> Path:
-    """Write ``folder/report.html`` (UTF-8) and return its path."""
+    """Write ``folder/report.html`` (UTF-8) and return its path. A report that does not say
+    which run it is gets the run's description (:func:`run_description`) and, from
+    ``folder/results.json``, its run config."""
+    if not report.about:
+        report = replace(report, about=run_description(folder))
+    if report.run_config is None:
+        report = replace(report, run_config=_results_run_config(folder))
     path = folder / REPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(report), encoding="utf-8")

@@ -307,6 +307,8 @@ def test_hostile_strings_are_escaped_everywhere(tmp_path: Path) -> None:
             )
         ],
         privacy=Section(HOSTILE, [HOSTILE]),
+        about=[(HOSTILE, HOSTILE)],
+        run_config={HOSTILE: HOSTILE},
     )
     path = write_report(tmp_path, report)
     assert path == tmp_path / REPORT_FILE
@@ -314,16 +316,42 @@ def test_hostile_strings_are_escaped_everywhere(tmp_path: Path) -> None:
     assert_self_contained(parsed)
     assert {tag for tag, _ in parsed.tags} <= {
         "html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "div", "span",
-        "section", "table", "caption", "thead", "tbody", "tr", "th", "td",
+        "section", "table", "caption", "thead", "tbody", "tr", "th", "td", "b", "details",
+        "summary",
     }  # fmt: skip
     text = "".join(parsed.text)
     # Every hostile string comes back as text: the title, question, headline, warning, note,
-    # section title, paragraph, table header, cell and caption, figure note, privacy.
-    assert text.count(HOSTILE) >= 13
+    # section title, paragraph, table header, cell and caption, figure note, privacy, the run's
+    # description and its run config.
+    assert text.count(HOSTILE) >= 17
     assert parsed.values[HOSTILE] == (0.5, "0.5000")
     assert parsed.values["flag"] == (True, HOSTILE)
     assert parsed.headline_lines[0] == HOSTILE + "0.5000"
     assert report.headline[0].plain() == parsed.headline_lines[0]
+
+
+def test_the_report_says_which_run_it_is_and_with_what_config(tmp_path: Path) -> None:
+    """Report pages had no run id, date or config: two runs' pages could not be told apart."""
+    from fedparity.clients.project.config import RunConfig
+    from fedparity.server.run_record import open_run_record
+
+    config = RunConfig.from_mapping({"output-dir": str(tmp_path), "epsilons": "0.5,2"})
+    record = open_run_record(config)
+    record.update(run_id=987654321)
+    (tmp_path / "results.json").write_text(
+        json.dumps({"run_config": {"task": "ldp-audit", "epsilons": [0.5, 2.0]}})
+    )
+    report = Report("LDP audit", "question?", [Finding(("answer",))], [], Section("Privacy", []))
+    page = write_report(tmp_path, report).read_text(encoding="utf-8")
+    parsed = parse_report(page)
+    about = next(line for line in page.splitlines() if 'class="about"' in line)
+    started = record.payload["started"][:10]
+    for shown in ("run <b>987654321</b>", "task <b>ldp-audit</b>", started, str(tmp_path)):
+        assert shown in about, (shown, about)
+    text = "".join(parsed.text)
+    assert "Run config" in text and "epsilons" in text and "[0.5, 2.0]" in text
+    # the question and the answer still come first
+    assert page.index('class="headline"') < page.index("Run config")
 
 
 def test_values_print_plainly_and_mark_their_exact_value() -> None:
