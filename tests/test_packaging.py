@@ -108,7 +108,7 @@ def test_the_app_bundle_leaves_out_tests_and_benchmarks() -> None:
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(REPO_ROOT))).namelist()
     assert "clients/app.py" in names and "server/app.py" in names
     assert any(n.startswith("configs/") for n in names)
-    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "examples/")) for n in names)
     # no fedparity/__init__.py in the bundle: with the bundle's folder first on sys.path it
     # would shadow the installed package and hide its subpackages
     assert not any(n.startswith("fedparity/") for n in names)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PYTHON_DIRS = ["clients", "server", "strategies", "mechanisms", "benchmarks", "tests"]
+PYTHON_DIRS = ["clients", "server", "strategies", "mechanisms", "benchmarks", "tests", "examples"]
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
