@@ -79,7 +79,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._validation import (
+from ..ldp.estimators import ConfidenceInterval, normal_quantile
+from ..validation import (
     check_binary_array,
     check_choice,
     check_finite,
@@ -89,7 +90,6 @@ from .._validation import (
     check_open_unit,
     check_positive_finite,
 )
-from ..ldp.estimators import ConfidenceInterval, normal_quantile
 
 Mode = Literal["calibrated", "paper"]
 Metric = Literal["dp", "eo"]

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._validation import check_open_unit
+from ..validation import check_open_unit
 from .randomized_response import grr_frequency_estimate
 from .reports import ReportMoments, ReportSummary
 
