@@ -53,7 +53,6 @@ from fedparity.clients.fpfl_task import (
 )
 from fedparity.clients.project.data import ADULT_DIR_ENV, adult_features, load_adult
 from fedparity.clients.project.fpfl_data import digits_leaf, unfair_shard
-from fedparity.mechanisms._validation import check_choice, check_int_at_least
 from fedparity.mechanisms.fpfl.mmdm import (
     FairnessGaps,
     MMDMConfig,
@@ -62,6 +61,7 @@ from fedparity.mechanisms.fpfl.mmdm import (
     mmdm_update,
     sgd_update,
 )
+from fedparity.mechanisms.validation import check_choice, check_int_at_least
 
 __all__ = [
     "ALGORITHMS",

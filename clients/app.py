@@ -40,6 +40,7 @@ from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
 )
+from ..mechanisms.validation import parse_int
 from .fedevalfair import ClientStatistics
 from .fedevalfair_handlers import (
     CannotTakePart,
@@ -82,7 +83,12 @@ if TYPE_CHECKING:
 def _partition(context: Context) -> tuple[int, int]:
     node_config = context.node_config
     try:
-        return int(node_config["partition-id"]), int(node_config["num-partitions"])
+        # node config text or TOML numbers: parse_int refuses 1.5, which int() truncated
+        num_partitions = parse_int("num-partitions", node_config["num-partitions"], minimum=1)
+        partition_id = parse_int(
+            "partition-id", node_config["partition-id"], minimum=0, maximum=num_partitions - 1
+        )
+        return partition_id, num_partitions
     except KeyError as error:
         raise ValueError(
             f"node config lacks {error}: start the SuperNode with "

@@ -113,6 +113,7 @@ from ..mechanisms.protocol.fedevalfair import (
     Round3Request,
     SignedUpload,
 )
+from ..mechanisms.validation import check_int
 from .fedevalfair import (
     MAX_MAGNITUDE,
     ROUND2_PRECISION_BITS,
@@ -456,16 +457,8 @@ class FedEvalFairHolder:
         dp: HolderDP | None = None,
         ledger_path: Callable[[Context], Path | None] | None = None,
     ) -> None:
-        if (
-            isinstance(num_resamples, bool)
-            or not isinstance(num_resamples, int)
-            or num_resamples < 2
-        ):
-            raise ValueError(f"num_resamples must be an integer >= 2, got {num_resamples!r}")
-        if isinstance(min_cell_count, bool) or not isinstance(min_cell_count, int):
-            raise ValueError(f"min_cell_count must be an integer >= 0, got {min_cell_count!r}")
-        if min_cell_count < 0:
-            raise ValueError(f"min_cell_count must be an integer >= 0, got {min_cell_count!r}")
+        num_resamples = check_int("num_resamples", num_resamples, minimum=2)
+        min_cell_count = check_int("min_cell_count", min_cell_count, minimum=0)
         if not np.isfinite(mu0):
             raise ValueError(f"mu0 must be a finite number, got {mu0!r}")
         if tolerance is not None and not (np.isfinite(tolerance) and tolerance > 0):

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..mechanisms._deprecated import moved_names
+from ..mechanisms.validation import check_int
 from .shards import UserShard
 
 __all__ = ["FPFLShard", "check_groups_present", "users_as_fpfl_shard"]
@@ -75,12 +76,8 @@ class FPFLShard:
             raise ValueError("user_ids must be an int64 array")
         if self.user_ids.ndim != 1 or np.unique(self.user_ids).size != self.user_ids.size:
             raise ValueError("user_ids must be a 1-D array of unique ids")
-        for name, minimum in (("num_groups", 2), ("num_classes", 2)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-            if value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        for name in ("num_groups", "num_classes"):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=2))
         for name, high in (
             ("labels", self.num_classes),
             ("groups", self.num_groups),
@@ -131,18 +128,10 @@ class FPFLShard:
     def partition(self, partition_id: int, num_partitions: int) -> FPFLShard:
         """Node ``partition_id``'s users: ``numpy.array_split`` of the users into
         ``num_partitions`` contiguous blocks (sizes differ by at most one)."""
-        if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
-            raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
-        if num_partitions < 1:
-            raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
-        if (
-            isinstance(partition_id, bool)
-            or not isinstance(partition_id, (int, np.integer))
-            or not 0 <= partition_id < num_partitions
-        ):
-            raise ValueError(
-                f"partition_id must be an integer in [0, {num_partitions}), got {partition_id!r}"
-            )
+        num_partitions = check_int("num_partitions", num_partitions, minimum=1)
+        partition_id = check_int(
+            "partition_id", partition_id, minimum=0, maximum=num_partitions - 1
+        )
         blocks = np.array_split(np.arange(self.num_users), num_partitions)
         return self.select_users(blocks[partition_id])
 

@@ -50,6 +50,7 @@ from ..mechanisms.crypto.secure_sum import minimum_survivors, noise_share_std
 from ..mechanisms.fpfl.mmdm import CONSTRAINTS
 from ..mechanisms.privacy.opacus_accounting import calibrate_noise
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
+from ..mechanisms.validation import check_int
 from .fpfl_data import FPFLShard
 
 if TYPE_CHECKING:
@@ -126,9 +127,7 @@ class FPFLNodeSettings:
         if self.constraint not in CONSTRAINTS:
             raise ValueError(f"constraint must be one of {', '.join(CONSTRAINTS)}")
         for name in ("cohort_size", "rounds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
         if self.clipping_bound is not None and not (
             math.isfinite(self.clipping_bound) and self.clipping_bound > 0
         ):

@@ -53,6 +53,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
 from ..mechanisms.fpfl.mmdm import CONSTRAINTS, StatisticsLayout
+from ..mechanisms.validation import check_int_at_least
 from .fpfl_data import FPFLShard
 
 __all__ = [
@@ -92,12 +93,6 @@ Activation = Literal["sigmoid", "softmax"]
 # --------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _init_uniform(layers: Sequence[nn.Module], seed: int) -> None:
     """PyTorch's default ``Linear``/``Conv2d`` init, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
     from a seeded ``torch.Generator`` (the global RNG is neither used nor touched)."""
@@ -123,10 +118,10 @@ def build_mlp(
 ) -> nn.Sequential:
     """A fully connected ReLU network ending in ``Sigmoid`` (one output, ``num_classes = 2``)
     or ``Softmax(dim=-1)`` (``num_classes > 2`` outputs)."""
-    num_features = _check_int("num_features", num_features, 1)
-    num_classes = _check_int("num_classes", num_classes, 2)
-    seed = _check_int("seed", seed, 0)
-    widths = [_check_int("hidden", width, 1) for width in hidden]
+    num_features = check_int_at_least("num_features", num_features, 1)
+    num_classes = check_int_at_least("num_classes", num_classes, 2)
+    seed = check_int_at_least("seed", seed, 0)
+    widths = [check_int_at_least("hidden", width, 1) for width in hidden]
     layers: list[nn.Module] = []
     previous = num_features
     for width in widths:
@@ -158,10 +153,10 @@ def build_cnn(
     Padding 2 keeps small images usable: a 28-px image becomes 14 then 7 px, an 8-px one 4
     then 2 px.
     """
-    in_channels = _check_int("in_channels", in_channels, 1)
-    image_size = _check_int("image_size", image_size, 4)
-    num_classes = _check_int("num_classes", num_classes, 2)
-    seed = _check_int("seed", seed, 0)
+    in_channels = check_int_at_least("in_channels", in_channels, 1)
+    image_size = check_int_at_least("image_size", image_size, 4)
+    num_classes = check_int_at_least("num_classes", num_classes, 2)
+    seed = check_int_at_least("seed", seed, 0)
     side = (image_size + 4 - 5) // 2 + 1
     side = (side + 4 - 5) // 2 + 1
     layers: list[nn.Module] = [
@@ -238,7 +233,7 @@ def predict(
 ) -> NDArray[np.int64]:
     """Hard predictions: class 1 when ``sigmoid >= 0.5`` (binary), else the argmax."""
     activation = output_activation(model)
-    batch_size = _check_int("batch_size", batch_size, 1)
+    batch_size = check_int_at_least("batch_size", batch_size, 1)
     body = _body(model)
     outputs: list[NDArray[np.int64]] = []
     with torch.no_grad():
@@ -438,7 +433,7 @@ def user_statistics(
     p, num_groups, num_users = layout.num_params, layout.num_groups, cohort.num_users
     if chunk_samples is None:
         chunk_samples = max(1, GRADIENT_BUDGET // (2 * p))
-    chunk_samples = _check_int("chunk_samples", chunk_samples, 1)
+    chunk_samples = check_int_at_least("chunk_samples", chunk_samples, 1)
     params = {name: value.detach() for name, value in model.named_parameters()}
     dtype = next(iter(params.values())).dtype
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..mechanisms.crypto.identity import IdentityError, IdentityKey, Roster
+from ..mechanisms.validation import parse_int
 
 __all__ = [
     "IDENTITY_DIR_ENV",
@@ -124,7 +125,12 @@ def node_identity(
         folder = str(fallback) if (fallback / ROSTER_FILE).is_file() else None
     if key_path is None and roster_path is None and folder:
         if "partition-id" in node_config:
-            key_path = str(Path(folder) / identity_key_file(int(node_config["partition-id"])))
+            key_path = str(
+                Path(folder)
+                / identity_key_file(
+                    parse_int("partition-id", node_config["partition-id"], minimum=0)
+                )
+            )
         roster_path = str(Path(folder) / ROSTER_FILE)
     key = roster = None
     if key_path is not None:

@@ -70,6 +70,7 @@ from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE, LedgerFileError
 from ..mechanisms.privacy.user_ledger import GapReportRelease, UserLedger
 from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
+from ..mechanisms.validation import check_int
 from .ledger import (
     DEFAULT_LEDGER_DIR,
     LEDGER_STATE_KEY,
@@ -222,8 +223,7 @@ def ldp_audit_handler(
         :func:`~fedparity.clients.ledger.node_ledger_dir`); pass the same to the node's
         FPFL handlers so that both charge one ledger.
     """
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 2:
-        raise ValueError(f"num_groups must be an integer >= 2, got {num_groups!r}")
+    num_groups = check_int("num_groups", num_groups, minimum=2)
     if policy is not None and not isinstance(policy, NodePrivacyPolicy):
         raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
 

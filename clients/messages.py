@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 from flwr.app import Message
 from flwr.common import log
 
-from ..mechanisms.protocol import SESSION_KEY, MessageError
+from ..mechanisms.protocol import SESSION_KEY, MessageError, message_int
+from ..mechanisms.validation import check_int
 
 __all__ = [
     "INTERNAL_ERROR_TEXT",
@@ -76,20 +77,9 @@ def _get(record: Mapping[str, Any], key: str) -> Any:
         raise MessageError(f"message field {key!r} is missing") from None
 
 
-def _as_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise MessageError(f"message field {key!r} must hold integers")
-    return value
-
-
 def int_field(record: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int:
     """An integer field (an integral float is accepted), at least ``minimum`` if given."""
-    value = _as_int(key, _get(record, key))
-    if minimum is not None and value < minimum:
-        raise MessageError(f"message field {key!r} must be an integer >= {minimum}")
-    return value
+    return message_int(key, _get(record, key), minimum=minimum)
 
 
 def int_list_field(record: Mapping[str, Any], key: str) -> list[int]:
@@ -97,7 +87,10 @@ def int_list_field(record: Mapping[str, Any], key: str) -> list[int]:
     values = _get(record, key)
     if not isinstance(values, list):
         raise MessageError(f"message field {key!r} must be a list of integers")
-    return [_as_int(key, value) for value in values]
+    try:
+        return [check_int(key, value) for value in values]
+    except ValueError:
+        raise MessageError(f"message field {key!r} must be a list of integers") from None
 
 
 def float_field(record: Mapping[str, Any], key: str) -> float:

@@ -87,6 +87,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..mechanisms.validation import parse_int
+
 __all__ = [
     "DEPRECATED_KEYS",
     "POLICY_ENV",
@@ -413,19 +415,15 @@ def _check(key: str, value: Any, rule: Mapping[str, Any]) -> Any:
     low, high = rule["minimum"], rule["maximum"]
     closed_low, open_high = rule["closed_low"], rule["open_high"]
     if rule["kind"] == "integer":
-        span = f"an integer >= {low}"
-    else:
-        span = f"a number in {'[' if closed_low else '('}{low:g}, " + (
-            "inf)" if math.isinf(high) else f"{high:g}{')' if open_high else ']'}"
-        )
+        # TOML's 3 or 3.0, or the text "3" of an environment variable (one rule: parse_int)
+        return parse_int(f"privacy-policy key {key}", value, minimum=low)
+    span = f"a number in {'[' if closed_low else '('}{low:g}, " + (
+        "inf)" if math.isinf(high) else f"{high:g}{')' if open_high else ']'}"
+    )
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         number = math.nan
-    if rule["kind"] == "integer":
-        if not (number.is_integer() and number >= low):
-            raise ValueError(f"privacy-policy key {key} must be {span}, got {value!r}")
-        return int(number)
     above_low = number >= low if closed_low else number > low
     below_high = number < high if open_high else number <= high
     if not (math.isfinite(number) and above_low and below_high):

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from ..mechanisms.validation import check_int
+
 SPLITS: tuple[str, ...] = ("train", "test")
 
 # --------------------------------------------------------------------------------------------
@@ -118,26 +120,10 @@ def concat_shards(shards: Sequence[UserShard]) -> UserShard:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_partition(partition_id: object, num_partitions: object) -> tuple[int, int]:
-    num_partitions = _check_int("num_partitions", num_partitions, 1)
-    if (
-        isinstance(partition_id, bool)
-        or not isinstance(partition_id, (int, np.integer))
-        or not 0 <= partition_id < num_partitions
-    ):
-        raise ValueError(
-            f"partition_id must be an integer in [0, num_partitions={num_partitions}), "
-            f"got {partition_id!r}"
-        )
-    return int(partition_id), num_partitions
+    num_partitions = check_int("num_partitions", num_partitions, minimum=1)
+    partition_id = check_int("partition_id", partition_id, minimum=0, maximum=num_partitions - 1)
+    return partition_id, num_partitions
 
 
 def _check_choice(name: str, value: object, allowed: Sequence[str]) -> str:

@@ -43,6 +43,14 @@ Machine Learning, arXiv:2109.08604, 2021):
   (FPFL Eq. 9-11), :func:`sgd_update`; :func:`privatize_sum` (Gaussian noise on a clipped sum);
 * :func:`cohort_metrics` / :class:`ModelSelector`: model selection on cohort statistics;
 * :func:`fairness_gaps`: accuracy and FNR / EO / DemP / PP gaps of hard predictions.
+
+Argument checks (:mod:`fedparity.mechanisms.validation`, the package's one validation module):
+
+* :func:`check_int`: the one integer rule (an ``int``, a numpy integer or an integral float
+  such as ``3.0``; never a ``bool``, ``3.5``, NaN or a string), with an error naming the
+  parameter and the allowed range;
+* :func:`parse_int`: the same rule for text (a TOML value, an environment variable, a command
+  line option: ``"3"``, ``" 3 "``, ``"1e6"``).
 """
 
 import lazy_loader as _lazy

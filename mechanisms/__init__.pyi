@@ -77,3 +77,5 @@ from .privacy.user_ledger import RandomizedResponseRelease as RandomizedResponse
 from .privacy.user_ledger import SubsampledGaussianRelease as SubsampledGaussianRelease
 from .privacy.user_ledger import UserLedger as UserLedger
 from .privacy.user_ledger import compose as compose
+from .validation import check_int as check_int
+from .validation import parse_int as parse_int

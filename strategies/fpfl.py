@@ -59,7 +59,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from ..mechanisms._validation import check_int_at_least
 from ..mechanisms.crypto.secure_random import secure_generator
 from ..mechanisms.crypto.secure_sum import (
     FixedPointCodec,
@@ -105,6 +104,7 @@ from ..mechanisms.protocol.fpfl import (
     FPFLSetupReply,
     FPFLSetupRequest,
 )
+from ..mechanisms.validation import check_int_at_least
 from .fpfl_observers import DurableTraining, FPFLObserver
 from .replies import LedgerTotals, send_and_receive, session_records
 

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from flwr.common import log
 
 from ..mechanisms._files import DEFAULT_RUNS_DIR, new_run_folder
-from ..mechanisms._validation import check_int_at_least
 from ..mechanisms.fpfl.training_state import (
     ADVICE,
     CHECKPOINT_ARRAYS,
@@ -48,6 +47,7 @@ from ..mechanisms.fpfl.training_state import (
     save_release_ledger,
 )
 from ..mechanisms.privacy.opacus_accounting import PrivacySpent, privacy_spent_history
+from ..mechanisms.validation import check_int_at_least
 
 if TYPE_CHECKING:
     from .fpfl import FPFLProtocol, FPFLTraining, FPFLTrainingResult, RoundOutcome

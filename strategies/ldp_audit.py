@@ -40,6 +40,7 @@ from ..mechanisms.ldp.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
+from ..mechanisms.validation import check_int
 from .replies import LedgerTotals, RejectedReply, send_and_receive, short_reason
 
 
@@ -267,12 +268,9 @@ class LdpGapAudit:
         if users_by_node is not None:
             self.users_by_node = {}
             for node, users in users_by_node.items():
-                if isinstance(users, bool) or not isinstance(users, (int, np.integer)) or users < 0:
-                    raise ValueError(
-                        f"users_by_node must map node ids to integers >= 0, got {users!r} "
-                        f"for node {node!r}"
-                    )
-                self.users_by_node[int(node)] = int(users)
+                self.users_by_node[int(node)] = check_int(
+                    f"users_by_node[{node!r}]", users, minimum=0
+                )
 
     @classmethod
     def for_budget(

@@ -46,7 +46,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms._files import DEFAULT_RUNS_DIR, new_run_folder, write_text_durably
-from ..mechanisms._validation import check_int_at_least
+from ..mechanisms.validation import check_int_at_least
 
 if TYPE_CHECKING:
     from .fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol

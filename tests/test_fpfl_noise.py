@@ -69,8 +69,10 @@ def test_noise_share_std_formula() -> None:
         noise_share_std(1.0, -0.1, 2)
     with pytest.raises(ValueError, match="min_contributors"):
         noise_share_std(1.0, 1.0, 0)
-    with pytest.raises(ValueError, match="min_contributors"):
-        noise_share_std(1.0, 1.0, 2.0)  # type: ignore[arg-type]
+    for bad in (2.5, "2", True):  # the one integer rule (check_int); 2.0 is the integer 2
+        with pytest.raises(ValueError, match=r"min_contributors must be an integer >= 1"):
+            noise_share_std(1.0, 1.0, bad)  # type: ignore[arg-type]
+    assert noise_share_std(1.0, 1.0, 2.0) == noise_share_std(1.0, 1.0, 2)  # type: ignore[arg-type]
 
 
 def test_node_rule_uses_the_nodes_own_sigma_and_n_min() -> None:

@@ -171,7 +171,7 @@ def test_implausible_laplace_values_and_user_counts_are_rejected_and_counted() -
     for node, (key, value) in zip(range(105, 109), bad_counts, strict=True):
         reply = _reply(node, groups, ok_values)
         reply.content.metric_records[METRICS_KEY][key] = value
-        faults.append((reply, f"{key} must be a whole number >= 0"))
+        faults.append((reply, f"{key} must be an integer >= 0"))
     good = [_reply(node, *_honest_reports(mechanism, 2000, rng)) for node in (1, 2)]
     at_bound = _reply(50, groups, np.array([0.25, bound, -bound]))  # possible; not described
     bad_nodes = list(range(100, 109))

@@ -22,6 +22,7 @@ from ...mechanisms.ldp.calibration import MechanismChoice
 from ...mechanisms.ldp.metrics import METRIC_NAMES
 from ...mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ...mechanisms.privacy.opacus_accounting import AccountantName
+from ...mechanisms.validation import parse_int
 from .data import DATASETS
 
 if TYPE_CHECKING:
@@ -106,16 +107,12 @@ def _as_bool(key: str, value: Any) -> bool:
     raise ConfigError(f"{key} must be true or false, got {value!r}")
 
 
-def _as_int(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+def _whole_number(key: str, value: Any, minimum: int) -> int:
+    """An integer key: TOML's ``3`` or ``3.0``, or the text ``"3"`` (``parse_int``'s rule)."""
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}") from None
-    if not number.is_integer() or number < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
-    return int(number)
+        return parse_int(key, value, minimum=minimum)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _as_float(key: str, value: Any, *, low: float, high: float, open_low: bool = True) -> float:
@@ -184,7 +181,7 @@ class Parser:
 
 
 def _integer(minimum: int) -> Parser:
-    return Parser(lambda key, value: _as_int(key, value, minimum), "integer", f">= {minimum}")
+    return Parser(lambda key, value: _whole_number(key, value, minimum), "integer", f">= {minimum}")
 
 
 def _number(low: float, high: float, *, open_low: bool = True) -> Parser:

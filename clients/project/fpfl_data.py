@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from ...mechanisms.validation import check_int
 from ..fpfl_data import FPFLShard
 from .data import AdultData, adult_features, load_adult
 
@@ -87,15 +88,11 @@ def synthetic_fpfl_users(
       separation ``s_a`` falling linearly from 3.0 (group 0) to 1.5 (last group), so the task
       is harder for higher groups and an unconstrained model has a performance gap.
     """
-    for name, value, minimum in (
-        ("num_users", num_users, 1),
-        ("seed", seed, 0),
-        ("num_features", num_features, 1),
-        ("num_groups", num_groups, 2),
-        ("num_classes", num_classes, 2),
-    ):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    num_users = check_int("num_users", num_users, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    num_features = check_int("num_features", num_features, minimum=1)
+    num_groups = check_int("num_groups", num_groups, minimum=2)
+    num_classes = check_int("num_classes", num_classes, minimum=2)
     mean = float(mean_samples_per_user)
     if not math.isfinite(mean) or mean <= 0:
         raise ValueError(f"mean_samples_per_user must be a finite number > 0, got {mean!r}")
@@ -182,8 +179,7 @@ def adult_fpfl_users(
     """
     if split not in _SPLIT_CODE:
         raise ValueError(f"split must be one of 'train', 'test'; got {split!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    seed = check_int("seed", seed, minimum=0)
     mean = float(mean_samples_per_user)
     if not math.isfinite(mean) or mean <= 0:
         raise ValueError(f"mean_samples_per_user must be a finite number > 0, got {mean!r}")
@@ -398,8 +394,7 @@ def unfair_shard(leaf: LeafData, *, seed: int = 0, num_classes: int = 10) -> FPF
     """An :class:`FPFLShard` of unfair FEMNIST (or digits): groups by
     :func:`unfair_writer_groups`, images by :func:`unfair_images` with noise from
     ``SeedSequence(seed)``; features ``(n, 3, side, side)``; one user per LEAF writer."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    seed = check_int("seed", seed, minimum=0)
     if leaf.labels.size and (leaf.labels.min() < 0 or leaf.labels.max() >= num_classes):
         raise ValueError(f"num_classes must exceed every label (max {leaf.labels.max()})")
     side = leaf.image_side
@@ -429,12 +424,8 @@ def digits_leaf(
     user. Pixels are mapped to FEMNIST's convention ``x = 1 - v / 16`` (white background,
     dark ink). Needs ``scikit-learn`` (``pip install scikit-learn``).
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if isinstance(num_writers, bool) or not isinstance(num_writers, (int, np.integer)):
-        raise ValueError(f"num_writers must be an integer in [3, 1797], got {num_writers!r}")
-    if not 3 <= num_writers <= 1797:
-        raise ValueError(f"num_writers must be an integer in [3, 1797], got {num_writers!r}")
+    seed = check_int("seed", seed, minimum=0)
+    num_writers = check_int("num_writers", num_writers, minimum=3, maximum=1797)
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     try:
@@ -501,19 +492,13 @@ def fpfl_population(
     A node takes ``train.partition(partition_id, num_partitions)``; only the simulation
     harness on the server looks at ``test``.
     """
-    if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
-        raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+    num_partitions = check_int("num_partitions", num_partitions, minimum=1)
     if dataset == "adult":
         adult = load_adult(data_dir, download=download)
         train = adult_fpfl_users(adult, split="train", seed=seed)
         test = adult_fpfl_users(adult, split="test", seed=seed)
     elif dataset == "synthetic":
-        if isinstance(users_per_node, bool) or not isinstance(users_per_node, (int, np.integer)):
-            raise ValueError(f"users_per_node must be an integer >= 1, got {users_per_node!r}")
-        if users_per_node < 1:
-            raise ValueError(f"users_per_node must be an integer >= 1, got {users_per_node!r}")
+        users_per_node = check_int("users_per_node", users_per_node, minimum=1)
         num_train = int(users_per_node) * int(num_partitions)
         num_test = max(num_train // 4, 1000)
         everyone = synthetic_fpfl_users(num_train + num_test, seed=seed, num_groups=num_groups)

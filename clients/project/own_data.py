@@ -49,7 +49,7 @@ import numpy as np
 from flwr.common import log
 from numpy.typing import NDArray
 
-from ...mechanisms._validation import MAX_GROUPS
+from ...mechanisms.validation import MAX_GROUPS, parse_int
 from ..fpfl_data import FPFLShard
 from ..messages import NodeRefusal
 from ..shards import UserShard
@@ -99,14 +99,9 @@ def node_num_groups(node_config: Mapping[str, object]) -> int:
     groups of the node's own data file. Missing or invalid: :class:`NodeRefusal` with
     :data:`NUM_GROUPS_MISSING_REFUSAL` (the node's log names the value)."""
     value = node_config.get(NUM_GROUPS_NODE_KEY)
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip())
-    if number is None or not 2 <= number <= MAX_GROUPS:
+    try:
+        return parse_int(NUM_GROUPS_NODE_KEY, value, minimum=2, maximum=MAX_GROUPS)
+    except ValueError:
         log(
             logging.ERROR,
             "node config %s must be an integer in [2, %d] (the number of protected groups of "
@@ -117,8 +112,7 @@ def node_num_groups(node_config: Mapping[str, object]) -> int:
             DATA_FILE_NODE_KEY,
             value,
         )
-        raise NodeRefusal(NUM_GROUPS_MISSING_REFUSAL)
-    return number
+        raise NodeRefusal(NUM_GROUPS_MISSING_REFUSAL) from None
 
 
 def check_run_num_groups(node_config: Mapping[str, object], run_num_groups: int) -> int:

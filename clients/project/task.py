@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from ...mechanisms.ldp.metrics import METRIC_NAMES, UserRates, user_rates
+from ...mechanisms.validation import check_int
 from ..shards import UserShard
 
 __all__ = [
@@ -43,10 +44,8 @@ def build_model(num_features: int, hidden: int = 0, *, seed: int = 0) -> nn.Modu
     (PyTorch's ``Linear`` default) drawn from a ``torch.Generator`` seeded with ``seed``: no
     global RNG is used or touched.
     """
-    if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-        raise ValueError(f"num_features must be an integer >= 1, got {num_features!r}")
-    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
-        raise ValueError(f"hidden must be an integer >= 0, got {hidden!r}")
+    num_features = check_int("num_features", num_features, minimum=1)
+    hidden = check_int("hidden", hidden, minimum=0)
     if hidden == 0:
         layers: list[nn.Module] = [nn.utils.skip_init(nn.Linear, num_features, 1)]
     else:
@@ -103,14 +102,12 @@ def train(
     deterministic. Returns the sample-weighted mean loss over all epochs (0.0 for an empty
     shard, which leaves the model unchanged).
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+    epochs = check_int("epochs", epochs, minimum=1)
     if not (isinstance(learning_rate, numbers.Real) and math.isfinite(learning_rate)) or (
         learning_rate <= 0
     ):
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
     if shard.num_samples == 0:
         return 0.0
     features = torch.from_numpy(shard.features)
@@ -198,8 +195,7 @@ def group_gap_truth(
       i.e. the largest pairwise gap (NaN if fewer than two groups have one);
     * ``max_group`` / ``min_group``: the group with the largest / smallest mean (-1 if none).
     """
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 2:
-        raise ValueError(f"num_groups must be an integer >= 2, got {num_groups!r}")
+    num_groups = check_int("num_groups", num_groups, minimum=2)
     groups = np.asarray(user_groups)
     metric = np.asarray(values, dtype=np.float64)
     if groups.ndim != 1 or not np.issubdtype(groups.dtype, np.integer):

@@ -104,7 +104,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .._validation import check_int_at_least, check_positive_finite
+from ..validation import check_int_at_least, check_positive_finite
 from .identity import Roster, transcript, verify_signature
 
 __all__ = [
@@ -997,8 +997,5 @@ def noise_share_std(clipping_bound: float, noise_multiplier: float, min_contribu
         raise ValueError(f"clipping_bound must be a finite number > 0, got {clipping_bound!r}")
     if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
         raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
-    if isinstance(min_contributors, bool) or not isinstance(min_contributors, int):
-        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
-    if min_contributors < 1:
-        raise ValueError(f"min_contributors must be an integer >= 1, got {min_contributors!r}")
+    min_contributors = check_int_at_least("min_contributors", min_contributors, 1)
     return clipping_bound * noise_multiplier / math.sqrt(min_contributors)

@@ -79,7 +79,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._validation import (
+from ..formatting import format_number
+from ..ldp.estimators import ConfidenceInterval, normal_quantile
+from ..validation import (
     check_binary_array,
     check_choice,
     check_finite,
@@ -89,8 +91,6 @@ from .._validation import (
     check_open_unit,
     check_positive_finite,
 )
-from ..formatting import format_number
-from ..ldp.estimators import ConfidenceInterval, normal_quantile
 
 Mode = Literal["calibrated", "paper"]
 Metric = Literal["dp", "eo"]

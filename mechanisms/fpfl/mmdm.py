@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from .._validation import (
+from ..validation import (
     check_generator,
     check_int_at_least,
     check_nonnegative_finite,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._files import write_text_durably
+from ..validation import check_int
 from .mmdm import CohortMetrics
 
 __all__ = [
@@ -67,9 +68,7 @@ class ReleaseSegment:
     rounds: int
 
     def __post_init__(self) -> None:
-        value = self.rounds
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"rounds must be an integer >= 0, got {value!r}")
+        object.__setattr__(self, "rounds", check_int("rounds", self.rounds, minimum=0))
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
             raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
         if not 0 < self.sample_rate <= 1:

@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from .._validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
+from ..validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
 from .estimators import estimator_covariance, worst_case_square_sums
 from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE, LaplaceMechanism, laplace_epsilon
 from .randomized_response import RandomizedResponseMechanism, randomized_response_epsilon

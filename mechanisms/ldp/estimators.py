@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._validation import check_open_unit
 from ..formatting import format_number
+from ..validation import check_open_unit
 from .randomized_response import grr_frequency_estimate
 from .reports import ReportMoments, ReportSummary
 

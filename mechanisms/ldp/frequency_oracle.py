@@ -40,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 
-from .._validation import (
+from ..validation import (
     MAX_GROUPS,
     check_choice,
     check_epsilon,

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .._validation import (
+from ..validation import (
     check_binary_array,
     check_choice,
     check_finite,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from .._validation import check_clients, check_epsilon, check_generator, check_num_groups
+from ..validation import check_clients, check_epsilon, check_generator, check_num_groups
 from .discrete_laplace import DiscreteLaplaceNoise, discrete_laplace_noise, uniform_index
 from .randomized_response import grr_keep_probability
 from .reports import PerturbedReports, ReportMoments, ReportSummary

@@ -15,6 +15,8 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ..validation import check_int
+
 __all__ = ["METRIC_NAMES", "UNDEFINABLE_METRICS", "MetricName", "UserRates", "user_rates"]
 
 MetricName = Literal["accuracy", "tpr", "fpr", "fnr"]
@@ -71,10 +73,7 @@ def user_rates(
     >>> rates.accuracy.tolist(), rates.tpr.tolist(), rates.fpr.tolist()
     ([0.5, 0.0], [1.0, 0.0], [1.0, nan])
     """
-    if isinstance(num_users, bool) or not isinstance(num_users, (int, np.integer)):
-        raise ValueError(f"num_users must be an integer >= 0, got {num_users!r}")
-    if num_users < 0:
-        raise ValueError(f"num_users must be an integer >= 0, got {num_users!r}")
+    num_users = check_int("num_users", num_users, minimum=0)
     index = np.asarray(user_index)
     if index.ndim != 1 or (index.size and not np.issubdtype(index.dtype, np.integer)):
         raise ValueError("user_index must be a 1-d integer array")

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from .._validation import (
+from ..validation import (
     check_choice,
     check_epsilon,
     check_int_at_least,

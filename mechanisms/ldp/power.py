@@ -74,14 +74,14 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from .._validation import (
+from ..fairness_tests.fedevalfair import disparity_variances
+from ..validation import (
     check_choice,
     check_finite,
     check_group_fractions,
     check_int_at_least,
     check_open_unit,
 )
-from ..fairness_tests.fedevalfair import disparity_variances
 from .calibration import BudgetSplit, MechanismChoice, best_split
 from .estimators import (
     SIZE_DETECTION_SIGMAS,

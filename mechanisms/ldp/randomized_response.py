@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import (
+from ..validation import (
     check_clients,
     check_epsilon,
     check_generator,

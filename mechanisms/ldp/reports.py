@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import check_num_groups
+from ..validation import check_num_groups
 
 
 @dataclass(frozen=True)

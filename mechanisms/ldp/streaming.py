@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .._validation import check_clients, check_generator, check_int_at_least
+from ..validation import check_clients, check_generator, check_int_at_least
 from .calibration import GapMechanismType
 from .reports import ReportSummary
 

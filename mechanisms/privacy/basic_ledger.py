@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import check_epsilon, check_int_at_least
+from ..validation import check_epsilon, check_int_at_least
 
 #: Slack for floating-point sums of epsilons (e.g. 0.1 + 0.2 against a budget of 0.3).
 BUDGET_TOLERANCE = 1e-9

@@ -70,9 +70,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .._files import write_file_atomic
-from .._validation import (
+from ..validation import (
     check_choice,
     check_epsilon,
+    check_int,
     check_int_at_least,
     check_num_groups,
     check_open_unit,
@@ -993,11 +994,7 @@ class UserLedger:
     # -- internals --------------------------------------------------------------------------
 
     def _check_user(self, user: int) -> int:
-        if isinstance(user, bool) or not isinstance(user, (int, np.integer)):
-            raise ValueError(f"user must be an integer index, got {user!r}")
-        if not 0 <= user < self.num_users:
-            raise ValueError(f"user must be in [0, {self.num_users - 1}], got {user}")
-        return int(user)
+        return check_int("user", user, minimum=0, maximum=self.num_users - 1)
 
     def _wanted(self, users: np.ndarray | None, user_ids: ArrayLike | None) -> np.ndarray:
         """The mask of the users named by a mask (``users``) or by ids (``user_ids``)."""

@@ -10,6 +10,7 @@ a server strategy and a strategy never imports a client module.
 from __future__ import annotations
 
 from ..fairness_tests.fedevalfair import ROUND1_FIELDS, STAGE1_FIELDS
+from ..validation import check_int, integer_range
 
 __all__ = [
     "AUDIT_MESSAGE_TYPE",
@@ -45,6 +46,7 @@ __all__ = [
     "UNABLE_REPLY",
     "USER_COUNT_KEYS",
     "VALUES_KEY",
+    "message_int",
 ]
 
 
@@ -54,6 +56,16 @@ class MessageError(ValueError):
     never a value, so it is safe to send back (``fixed_text``)."""
 
     fixed_text = True
+
+
+def message_int(key: str, value: object, *, minimum: int | None = None) -> int:
+    """The integer a message field ``key`` holds, by the package's one integer rule
+    (:func:`fedparity.mechanisms.validation.check_int`: an int, a numpy integer or an integral
+    float); else a :class:`MessageError` naming the field and the range, never the value."""
+    try:
+        return check_int(key, value, minimum=minimum)
+    except ValueError:
+        raise MessageError(f"message field {key!r} must be {integer_range(minimum)}") from None
 
 
 # -- sessions --------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import MessageError
+from ..validation import check_int, integer_range
+from . import MessageError, message_int
 
 __all__ = [
     "FPFLConfirmReply",
@@ -85,12 +86,14 @@ def _get(record: Mapping[str, Any], key: str) -> Any:
 
 
 def _int(record: Mapping[str, Any], key: str, minimum: int | None = None) -> int:
+    """An integer field by the one rule (:func:`message_int`), except that a float is refused:
+    both ends write these fields as ints from the same types, and the run parameters are
+    pinned by a digest that encodes an int by its decimal text (:meth:`FPFLRunParameters.digest`),
+    so a float here is a malformed message, never a count to round."""
     value = _get(record, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MessageError(f"message field {key!r} must be an integer")
-    if minimum is not None and value < minimum:
-        raise MessageError(f"message field {key!r} must be an integer >= {minimum}")
-    return value
+    if isinstance(value, float | np.floating):
+        raise MessageError(f"message field {key!r} must be {integer_range(minimum)}")
+    return message_int(key, value, minimum=minimum)
 
 
 def _float(record: Mapping[str, Any], key: str) -> float:
@@ -133,10 +136,14 @@ def _optional_bytes(record: Mapping[str, Any], key: str) -> bytes | None:
 
 def _ints(record: Mapping[str, Any], key: str, *, distinct: bool = False) -> tuple[int, ...]:
     values = _get(record, key)
-    if not isinstance(values, list) or any(
-        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values
-    ):
+    # Node ids are 64-bit: a float cannot carry them exactly (above 2^53), so floats are
+    # refused outright; the rest is the one integer rule (check_int).
+    if not isinstance(values, list) or any(isinstance(v, float | np.floating) for v in values):
         raise MessageError(f"message field {key!r} must be a list of integers >= 0")
+    try:
+        values = [check_int(key, v, minimum=0) for v in values]
+    except ValueError:
+        raise MessageError(f"message field {key!r} must be a list of integers >= 0") from None
     if distinct and len(set(values)) != len(values):
         raise MessageError(f"message field {key!r} must list distinct integers")
     return tuple(values)
@@ -230,9 +237,8 @@ class FPFLRunParameters:
             ("num_groups", 2),
             ("vector_size", 1),
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            # stored as a Python int: the digest encodes an int by its decimal text
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=minimum))
         if self.clipping_bound is not None and not (
             math.isfinite(self.clipping_bound) and self.clipping_bound > 0
         ):

@@ -27,7 +27,16 @@ from typing import Any, Literal
 import numpy as np
 
 from ..ldp.metrics import METRIC_NAMES
-from . import GROUPS_KEY, METRICS_KEY, REPORTS_KEY, USER_COUNT_KEYS, VALUES_KEY, MessageError
+from ..validation import check_int
+from . import (
+    GROUPS_KEY,
+    METRICS_KEY,
+    REPORTS_KEY,
+    USER_COUNT_KEYS,
+    VALUES_KEY,
+    MessageError,
+    message_int,
+)
 
 __all__ = [
     "CONFIG_KEY",
@@ -52,13 +61,8 @@ def _get(record: Mapping[str, Any], key: str) -> Any:
 
 
 def _int(record: Mapping[str, Any], key: str) -> int:
-    """An integer (an integral float is accepted, as the node always has)."""
-    value = _get(record, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise MessageError(f"message field {key!r} must hold integers")
-    return value
+    """An integer by the one rule (an integral float is accepted, as the node always has)."""
+    return message_int(key, _get(record, key))
 
 
 def _float(record: Mapping[str, Any], key: str) -> float:
@@ -158,14 +162,12 @@ class LdpAuditRequest:
 
 
 def _user_count(counts: Mapping[str, object], key: str, default: int) -> int:
-    """A per-user count: a whole number >= 0."""
-    value = counts.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise MessageError(f"{key} must be a whole number >= 0, got {value!r}")
-    number = float(value)
-    if not number.is_integer() or number < 0:  # NaN and infinity are not integers
-        raise MessageError(f"{key} must be a whole number >= 0, got {number:g}")
-    return int(value)
+    """A per-user count: an integer >= 0 (the one integer rule, ``check_int``). The server
+    reads it from a node's reply, so the text may show the value (it never travels back)."""
+    try:
+        return check_int(key, counts.get(key, default), minimum=0)
+    except ValueError as error:
+        raise MessageError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ class LdpAuditReply:
         ``.numpy()``; None: absent) and its ``metrics`` record (None: absent).
 
         Checks what needs no mechanism: the arrays (1-D, equal length, integer groups,
-        numeric values) and the per-user counts (whole numbers >= 0, ``num-reports`` equal
+        numeric values) and the per-user counts (integers >= 0, ``num-reports`` equal
         to the reports). The server checks the rest against its mechanism."""
         if reports is None:
             raise MessageError(f"no '{REPORTS_KEY}' ArrayRecord")

@@ -51,20 +51,15 @@ def _unit_open(name: str, value: float) -> float:
     return value
 
 
-def _int_at_least(name: str, text: str, minimum: int) -> int:
+def _integer(name: str, text: str, minimum: int, maximum: int | None = None) -> int:
+    """An integer option in ``[minimum, maximum]`` (``parse_int``'s rule: ``3``, ``3.0`` and
+    integral scientific notation such as ``1e7``); else a usage error naming the option."""
+    from ...mechanisms.validation import parse_int
+
     try:
-        value = int(text)
-    except ValueError:
-        try:  # accept integral scientific notation such as 1e7
-            number = float(text)
-        except ValueError:
-            number = math.nan
-        if not (math.isfinite(number) and number.is_integer()):
-            raise UsageError(f"{name} must be an integer >= {minimum}, got {text!r}") from None
-        value = int(number)
-    if value < minimum:
-        raise UsageError(f"{name} must be an integer >= {minimum}, got {value}")
-    return value
+        return parse_int(name, text, minimum=minimum, maximum=maximum)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _epsilon(name: str, text: str) -> float:
@@ -78,12 +73,9 @@ def _epsilon(name: str, text: str) -> float:
 def _groups(text: str) -> int:
     """``--groups``: an integer d in [2, MAX_GROUPS], checked by the mechanisms' own
     validator under the option's name (not its parameter name ``num_groups``)."""
-    from ...mechanisms._validation import check_num_groups
+    from ...mechanisms.validation import MAX_GROUPS
 
-    try:
-        return check_num_groups(_int_at_least("--groups", text, 2), "--groups")
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    return _integer("--groups", text, 2, MAX_GROUPS)
 
 
 def _input_file(option: str, text: str) -> Path:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from ._common import UsageError, _emit, _int_at_least
+from ._common import UsageError, _emit, _integer
 
 if TYPE_CHECKING:
     from ...mechanisms.crypto.identity import IdentityKey, Roster
@@ -64,7 +64,7 @@ def run_identity(args: argparse.Namespace, out: TextIO) -> int:
     if args.nodes is not None and args.name is not None:
         raise UsageError("--nodes and --name: give one of them")
     if args.nodes is not None:
-        count = _int_at_least("--nodes", args.nodes, 1)
+        count = _integer("--nodes", args.nodes, 1)
         names = [f"node-{index}" for index in range(count)]
         files = {name: folder / identity_key_file(index) for index, name in enumerate(names)}
     else:

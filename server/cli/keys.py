@@ -15,7 +15,7 @@ from typing import TextIO
 from ._common import (
     UsageError,
     _emit,
-    _int_at_least,
+    _integer,
 )
 
 
@@ -31,7 +31,7 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     clients; give each node its path out of band) and the public one for the server."""
     from ...mechanisms.crypto.ckks import DEFAULT_KEY_DIR, CkksParameters, generate_keys
 
-    degree = _int_at_least("--poly-modulus-degree", args.poly_modulus_degree, 1024)
+    degree = _integer("--poly-modulus-degree", args.poly_modulus_degree, 1024)
     try:
         moduli = tuple(int(part) for part in args.coeff_mod_bit_sizes.split(","))
     except ValueError:
@@ -39,7 +39,7 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
             f"--coeff-mod-bit-sizes must be comma-separated integers, got "
             f"{args.coeff_mod_bit_sizes!r}"
         ) from None
-    scale = _int_at_least("--scale-bits", args.scale_bits, 1)
+    scale = _integer("--scale-bits", args.scale_bits, 1)
     parameters = CkksParameters(degree, moduli, scale)
     if args.holders is not None:
         return _run_holders(args, parameters, out)
@@ -80,7 +80,7 @@ def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> i
     from ...mechanisms.crypto.ckks import SECRET_CONTEXT_FILE, generate_keys
     from .identity import write_identities
 
-    count = _int_at_least("--holders", args.holders, 2)
+    count = _integer("--holders", args.holders, 2)
     if not args.out or not args.public_out:
         raise UsageError(
             "--holders needs --out (the holders' private folders) and --public-out (the "

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._common import UsageError, _emit, _int_at_least
+from ._common import UsageError, _emit, _integer
 
 if TYPE_CHECKING:
     from ...mechanisms.privacy.user_ledger import Composition, Release
@@ -113,7 +113,7 @@ def run_ledger(args: argparse.Namespace, out: TextIO) -> int:
     if args.user is None:
         user = ledger.most_spent_user()
     else:
-        user = _int_at_least("--user", args.user, 0)
+        user = _integer("--user", args.user, 0)
         if user >= ledger.num_users:
             raise UsageError(
                 f"--user must be a user index in [0, {ledger.num_users - 1}], got {user}"

@@ -29,7 +29,7 @@ from ._common import (
     _finite,
     _groups,
     _input_file,
-    _int_at_least,
+    _integer,
     _not_utf8,
     _number,
     _unit_open,
@@ -197,8 +197,8 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
     budget = _epsilon("--epsilon", args.epsilon)
     groups = _groups(args.groups)
     confidence = _unit_open("--confidence", _finite("--confidence", args.confidence))
-    chunk_rows = _int_at_least("--chunk-rows", args.chunk_rows, 1)
-    seed = None if args.seed is None else _int_at_least("--seed", args.seed, 0)
+    chunk_rows = _integer("--chunk-rows", args.chunk_rows, 1)
+    seed = None if args.seed is None else _integer("--seed", args.seed, 0)
     path = _input_file("--input", args.input)
     group_index, metric_index = _csv_columns(path, args.group_column, args.metric_column)
     mechanism = best_split(args.mechanism, budget, groups).build()

@@ -41,7 +41,7 @@ from ._common import (
     _finite,
     _groups,
     _in_range,
-    _int_at_least,
+    _integer,
     _positive,
     _unit_open,
 )
@@ -93,7 +93,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     if args.clients is None:
         raise UsageError("--clients is required (or use --table)")
-    clients = _int_at_least("--clients", args.clients, groups)
+    clients = _integer("--clients", args.clients, groups)
     if clients > MAX_PLANNED_CLIENTS:
         raise UsageError(
             f"--clients must be an integer in [{groups}, {MAX_PLANNED_CLIENTS:.0e}], got "
@@ -205,7 +205,7 @@ def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
 def _rows(text: str) -> int | list[int]:
     """--rows: one count (rows per holder) or a comma-separated count per holder."""
     parts = text.split(",")
-    counts = [_int_at_least("--rows", part.strip(), 1) for part in parts]
+    counts = [_integer("--rows", part.strip(), 1) for part in parts]
     for count in counts:
         if count > MAX_PLANNED_ROWS:
             raise UsageError(
@@ -260,7 +260,7 @@ def _run_power(args: argparse.Namespace, out: TextIO) -> int:
     groups = _groups(_or(args.groups, "2"))
     clients = None
     if args.clients is not None:
-        clients = _int_at_least("--clients", args.clients, groups)
+        clients = _integer("--clients", args.clients, groups)
         if clients > MAX_PLANNED_CLIENTS:
             raise UsageError(
                 f"--clients must be an integer in [{groups}, {MAX_PLANNED_CLIENTS:.0e}], got "
@@ -378,7 +378,7 @@ def _run_fedevalfair_power(
     rows = None if args.rows is None else _rows(args.rows)
     holders = None
     if args.holders is not None:
-        holders = _int_at_least("--holders", args.holders, 2)
+        holders = _integer("--holders", args.holders, 2)
         if holders > MAX_PLANNED_HOLDERS:
             raise UsageError(
                 f"--holders must be an integer in [2, {MAX_PLANNED_HOLDERS:.0e}], got {holders}"

@@ -16,7 +16,8 @@ from types import MappingProxyType
 import numpy as np
 from numpy.typing import NDArray
 
-from .shards import SPLITS, UserShard, _check_choice, _check_int, _check_partition
+from ....mechanisms.validation import check_int_at_least
+from .shards import SPLITS, UserShard, _check_choice, _check_partition
 from .synthetic import _TAG_GLOBAL
 
 # --------------------------------------------------------------------------------------------
@@ -372,9 +373,9 @@ def adult_users(
     With ``samples_per_user = 4`` and ``'sex'`` there are 4,070 users (2,715 male, 1,355 female),
     each with 4 test rows and 7-9 train rows.
     """
-    seed = _check_int("seed", seed, 0)
+    seed = check_int_at_least("seed", seed, 0)
     group_attribute = _check_choice("group_attribute", group_attribute, ADULT_GROUP_ATTRIBUTES)
-    samples_per_user = _check_int("samples_per_user", samples_per_user, 1)
+    samples_per_user = check_int_at_least("samples_per_user", samples_per_user, 1)
     protected = {"train": _adult_protected(adult.train), "test": _adult_protected(adult.test)}
     row_groups = {name: _adult_groups(protected[name], group_attribute) for name in SPLITS}
 
@@ -434,11 +435,11 @@ def adult_partition(
     :func:`adult_features` (training statistics).
     """
     partition_id, num_partitions = _check_partition(partition_id, num_partitions)
-    users_per_node = _check_int("users_per_node", users_per_node, 1)
+    users_per_node = check_int_at_least("users_per_node", users_per_node, 1)
     split = _check_choice("split", split, SPLITS)
-    seed = _check_int("seed", seed, 0)
+    seed = check_int_at_least("seed", seed, 0)
     group_attribute = _check_choice("group_attribute", group_attribute, ADULT_GROUP_ATTRIBUTES)
-    samples_per_user = _check_int("samples_per_user", samples_per_user, 1)
+    samples_per_user = check_int_at_least("samples_per_user", samples_per_user, 1)
 
     adult = load_adult(data_dir, download=download)
     x_train, y_train, x_test, y_test, _, _ = _adult_features_cached(adult)

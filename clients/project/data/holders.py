@@ -9,8 +9,9 @@ import os
 import numpy as np
 from numpy.typing import NDArray
 
+from ....mechanisms.validation import check_int_at_least
 from .adult import _adult_features_cached, load_adult
-from .shards import SPLITS, UserShard, _check_choice, _check_int, _check_partition
+from .shards import SPLITS, UserShard, _check_choice, _check_partition
 from .synthetic import synthetic_partition
 
 # --------------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def synthetic_holder(
     """A synthetic data holder: the samples of :func:`synthetic_partition`'s users, each row
     its own user with its user's group (2 groups; the task is harder for group 1, so a
     trained model has an equal-opportunity gap)."""
-    rows_per_holder = _check_int("rows_per_holder", rows_per_holder, 16)
+    rows_per_holder = check_int_at_least("rows_per_holder", rows_per_holder, 16)
     samples_per_user = 16
     shard = synthetic_partition(
         partition_id,

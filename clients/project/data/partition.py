@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
+from ....mechanisms.validation import check_int_at_least
 from .adult import ADULT_FILES, adult_partition
-from .shards import DATASETS, SPLITS, UserShard, _check_choice, _check_int, _check_partition
+from .shards import DATASETS, SPLITS, UserShard, _check_choice, _check_partition
 from .synthetic import synthetic_partition
 
 __all__ = ["ADULT_DIR_ENV", "load_partition"]
@@ -35,10 +36,10 @@ def load_partition(
     """
     dataset = _check_choice("dataset", dataset, DATASETS)
     partition_id, num_partitions = _check_partition(partition_id, num_partitions)
-    users_per_node = _check_int("users_per_node", users_per_node, 1)
-    num_groups = _check_int("num_groups", num_groups, 2)
+    users_per_node = check_int_at_least("users_per_node", users_per_node, 1)
+    num_groups = check_int_at_least("num_groups", num_groups, 2)
     split = _check_choice("split", split, SPLITS)
-    seed = _check_int("seed", seed, 0)
+    seed = check_int_at_least("seed", seed, 0)
     if dataset == "synthetic":
         return synthetic_partition(
             partition_id,

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from .shards import SPLITS, UserShard, _check_choice, _check_int, _check_partition
+from ....mechanisms.validation import check_int_at_least
+from .shards import SPLITS, UserShard, _check_choice, _check_partition
 
 # --------------------------------------------------------------------------------------------
 # Synthetic population
@@ -31,7 +32,7 @@ _SPLIT_CODE = {"train": 0, "test": 1}
 
 def synthetic_class_separation(num_groups: int) -> NDArray[np.float64]:
     """Default per-group class separation: 3.0 for group 0 down to 1.5 for the last group."""
-    num_groups = _check_int("num_groups", num_groups, 2)
+    num_groups = check_int_at_least("num_groups", num_groups, 2)
     return np.linspace(_SEPARATION_EASIEST, _SEPARATION_HARDEST, num_groups)
 
 
@@ -80,12 +81,12 @@ def synthetic_partition(
     whichever other partitions are generated. Samples are grouped by user.
     """
     partition_id, num_partitions = _check_partition(partition_id, num_partitions)
-    users_per_node = _check_int("users_per_node", users_per_node, 1)
-    num_groups = _check_int("num_groups", num_groups, 2)
-    seed = _check_int("seed", seed, 0)
+    users_per_node = check_int_at_least("users_per_node", users_per_node, 1)
+    num_groups = check_int_at_least("num_groups", num_groups, 2)
+    seed = check_int_at_least("seed", seed, 0)
     split = _check_choice("split", split, SPLITS)
-    samples_per_user = _check_int("samples_per_user", samples_per_user, 2)
-    num_features = _check_int("num_features", num_features, 1)
+    samples_per_user = check_int_at_least("samples_per_user", samples_per_user, 2)
+    num_features = check_int_at_least("num_features", num_features, 1)
     fractions = _check_fractions(group_fractions, num_groups)
     separation = _check_separation(class_separation, num_groups)
 
