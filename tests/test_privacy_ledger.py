@@ -6,7 +6,6 @@ hand from the mechanisms' definitions (not with the module's conversions).
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import subprocess
@@ -35,6 +34,7 @@ from fedparity.mechanisms.privacy.user_ledger import (
     compose,
 )
 from fedparity.server.cli import main
+from tests.support.fixtures import run_cli
 
 TIME = "2026-11-25T12:00:00+00:00"
 DELTA = 1e-5
@@ -308,12 +308,6 @@ def test_dp_accounting_is_imported_only_when_used_and_adds_no_log_handler() -> N
 # --- fedparity ledger show ------------------------------------------------------------------------
 
 
-def run(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(argv, out=out)
-    return code, out.getvalue()
-
-
 @pytest.fixture
 def written_ledger(tmp_path: Path) -> Path:
     path = tmp_path / "privacy-ledger.json"
@@ -325,7 +319,7 @@ def written_ledger(tmp_path: Path) -> Path:
 
 
 def test_ledger_show_text(written_ledger: Path) -> None:
-    code, text = run(["ledger", "show", str(written_ledger)])
+    code, text, _ = run_cli(["ledger", "show", str(written_ledger)])
     assert code == 0
     total = UserLedger.load(written_ledger).total(1)
     assert "5 user(s), budget epsilon=8" in text and "replace-one-user" in text
@@ -339,7 +333,7 @@ def test_ledger_show_text(written_ledger: Path) -> None:
 
 
 def test_ledger_show_json(written_ledger: Path) -> None:
-    code, text = run(["ledger", "show", str(written_ledger), "--user", "0", "--json"])
+    code, text, _ = run_cli(["ledger", "show", str(written_ledger), "--user", "0", "--json"])
     assert code == 0 and len(text.strip().splitlines()) == 1
     shown = json.loads(text)
     ledger = UserLedger.load(written_ledger)
@@ -362,9 +356,7 @@ def test_ledger_show_json(written_ledger: Path) -> None:
     assert shown["summary"] == ledger.summary()
 
 
-def test_ledger_show_bad_input_exits_2_with_one_line(
-    tmp_path: Path, written_ledger: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_ledger_show_bad_input_exits_2_with_one_line(tmp_path: Path, written_ledger: Path) -> None:
     foreign = tmp_path / "foreign.json"
     foreign.write_text('{"format": "something else"}')
     for argv, needle in [
@@ -372,9 +364,7 @@ def test_ledger_show_bad_input_exits_2_with_one_line(
         (["ledger", "show", str(foreign)], "PATH: ledger"),
         (["ledger", "show", str(written_ledger), "--user", "5"], "--user must be"),
     ]:
-        capsys.readouterr()
-        code, text = run(argv)
-        err = capsys.readouterr().err
+        code, text, err = run_cli(argv)
         assert code == 2 and text == "", argv
         assert err.count("\n") == 1 and needle in err, err
 
