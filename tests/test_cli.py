@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support.fixtures import assert_usage_error, cli_json, run_cli, run_cli_script
+from tests.support.fixtures import CliResult, assert_usage_error, cli_json, run_cli
 
 
 def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
@@ -78,8 +79,10 @@ def test_privacy_k_other_than_two_is_refused_with_a_plain_number(
     assert "np." not in err
 
 
-def test_installed_script_exit_code_and_one_line_stderr() -> None:
-    code, out, err = run_cli_script(
+def test_installed_script_exit_code_and_one_line_stderr(
+    cli_script: Callable[..., CliResult],
+) -> None:
+    code, out, err = cli_script(
         ["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "3"], timeout=60
     )
     assert code == 2

@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from fedparity.mechanisms.privacy.user_ledger import (
     compose,
 )
 from fedparity.server.cli import main
-from tests.support.fixtures import run_cli
+from tests.support.fixtures import CliResult
 
 TIME = "2026-11-25T12:00:00+00:00"
 DELTA = 1e-5
@@ -318,8 +319,8 @@ def written_ledger(tmp_path: Path) -> Path:
     return path
 
 
-def test_ledger_show_text(written_ledger: Path) -> None:
-    code, text, _ = run_cli(["ledger", "show", str(written_ledger)])
+def test_ledger_show_text(written_ledger: Path, cli: Callable[[list[str]], CliResult]) -> None:
+    code, text, _ = cli(["ledger", "show", str(written_ledger)])
     assert code == 0
     total = UserLedger.load(written_ledger).total(1)
     assert "5 user(s), budget epsilon=8" in text and "replace-one-user" in text
@@ -332,8 +333,8 @@ def test_ledger_show_text(written_ledger: Path) -> None:
     assert f"(basic composition: epsilon={total.basic_epsilon:.4g}" in text
 
 
-def test_ledger_show_json(written_ledger: Path) -> None:
-    code, text, _ = run_cli(["ledger", "show", str(written_ledger), "--user", "0", "--json"])
+def test_ledger_show_json(written_ledger: Path, cli: Callable[[list[str]], CliResult]) -> None:
+    code, text, _ = cli(["ledger", "show", str(written_ledger), "--user", "0", "--json"])
     assert code == 0 and len(text.strip().splitlines()) == 1
     shown = json.loads(text)
     ledger = UserLedger.load(written_ledger)
@@ -356,7 +357,9 @@ def test_ledger_show_json(written_ledger: Path) -> None:
     assert shown["summary"] == ledger.summary()
 
 
-def test_ledger_show_bad_input_exits_2_with_one_line(tmp_path: Path, written_ledger: Path) -> None:
+def test_ledger_show_bad_input_exits_2_with_one_line(
+    tmp_path: Path, written_ledger: Path, cli: Callable[[list[str]], CliResult]
+) -> None:
     foreign = tmp_path / "foreign.json"
     foreign.write_text('{"format": "something else"}')
     for argv, needle in [
@@ -364,7 +367,7 @@ def test_ledger_show_bad_input_exits_2_with_one_line(tmp_path: Path, written_led
         (["ledger", "show", str(foreign)], "PATH: ledger"),
         (["ledger", "show", str(written_ledger), "--user", "5"], "--user must be"),
     ]:
-        code, text, err = run_cli(argv)
+        code, text, err = cli(argv)
         assert code == 2 and text == "", argv
         assert err.count("\n") == 1 and needle in err, err
 
