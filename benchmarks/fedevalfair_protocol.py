@@ -1,12 +1,16 @@
 """Cost of the FedEvalFair three-round protocol, CKKS-encrypted vs plaintext, in one process.
 
-    python benchmarks/fedevalfair_protocol.py                 # k = 10, 100, 1000; writes tables
-    python benchmarks/fedevalfair_protocol.py --clients 100 --json
+    python -m benchmarks.fedevalfair_protocol                 # k = 10, 100, 1000; writes tables
+    python -m benchmarks.fedevalfair_protocol --clients 100 --json
+
+(from the repository's folder: the in-process protocol simulator is the tests',
+:mod:`tests.support.ckks_simulator`, not part of the library).
 
 No Flower: every simulated client runs in this process one after the other with real
-TenSEAL ciphertexts (:func:`ckks_simulator.run_protocol_locally`); the plaintext rows run the
-same protocol with float64 vectors (:func:`ckks_simulator.run_protocol_plaintext`). Flower's
-own overhead is measured elsewhere.
+TenSEAL ciphertexts (:func:`tests.support.ckks_simulator.run_protocol_locally`); the plaintext
+rows run the same protocol with float64 vectors
+(:func:`tests.support.ckks_simulator.run_protocol_plaintext`). Flower's own overhead is measured
+elsewhere.
 
 Payload (the calibrated mode's inverse-variance form,
 :mod:`fedparity.mechanisms.fairness_tests.fedevalfair`): client i contributes [w_i, w_i y_i, w_i
@@ -37,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,10 +55,7 @@ from fedparity.mechanisms.crypto.ckks import (
     load_public_context,
     load_secret_context,
 )
-
-# The in-process protocol simulator lives with the tests (it is not part of the library).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ckks_simulator import (  # noqa: E402
+from tests.support.ckks_simulator import (
     ProtocolTrace,
     run_protocol_locally,
     run_protocol_plaintext,

@@ -1,7 +1,7 @@
 """Throughput of the joint (group, confusion cell) report beside M_R, in the same run.
 
-    python benchmarks/joint_report_throughput.py [--clients 1e7] [--groups 2] [--epsilon 1]
-    python benchmarks/joint_report_throughput.py --oracle grr           # one oracle, JSON
+    python -m benchmarks.joint_report_throughput [--clients 1e7] [--groups 2] [--epsilon 1]
+    python -m benchmarks.joint_report_throughput --oracle grr           # one oracle, JSON
 
 Each user holds (group, y_true, y_pred); the timed work is the client side and the server
 side of one joint report: encoding the confusion cell (``encode_cells``), the frequency
@@ -27,12 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ldp_throughput import GENERATION_CHUNK, run_in_subprocess  # noqa: E402
+from benchmarks.ldp_throughput import GENERATION_CHUNK, run_in_subprocess
+from fedparity.mechanisms import encode_cells, frequency_oracle, group_rates
+from fedparity.mechanisms.crypto.secure_random import secure_generator
 
-from fedparity.mechanisms import encode_cells, frequency_oracle, group_rates  # noqa: E402
-from fedparity.mechanisms.crypto.secure_random import secure_generator  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[1]
 ORACLES = ("best", "grr", "oue", "ss")
 
 
@@ -92,10 +91,11 @@ def measure(
 def joint_in_subprocess(
     oracle: str, num_clients: int, epsilon: float, num_groups: int, seed: int, generator: str
 ) -> dict:
-    command = [sys.executable, __file__, "--oracle", oracle, "--clients", str(num_clients)]
+    command = [sys.executable, "-m", "benchmarks.joint_report_throughput"]
+    command += ["--oracle", oracle, "--clients", str(num_clients)]
     command += ["--epsilon", str(epsilon), "--groups", str(num_groups), "--seed", str(seed)]
     command += ["--generator", generator, "--json"]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 

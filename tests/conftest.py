@@ -1,5 +1,6 @@
 """Shared fixtures: where the real UCI Adult data lives (never copied into the repo), and a
-Flower task identity for tests that build reply Messages outside a running app."""
+Flower task identity for tests that build reply Messages outside a running app; the plugin
+``tests.support.fixtures`` adds run configs, CKKS keys and the ``fedparity`` command line."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedparity.clients.project.data import ADULT_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: Fixtures shared by the test files: run configs, CKKS keys, the fedparity command line.
+pytest_plugins = ["tests.support.fixtures"]
 
 
 def adult_dir() -> Path:

@@ -31,7 +31,7 @@ from fedparity.mechanisms.crypto.secure_sum import (
 from fedparity.mechanisms.privacy.user_ledger import SubsampledGaussianRelease, UserLedger, compose
 from fedparity.mechanisms.protocol import MessageError
 from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRunParameters
-from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
+from tests.support.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -17,11 +17,7 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fedparity.clients.messages import INTERNAL_ERROR_TEXT
 from fedparity.clients.project.config import RunConfig
-
-try:
-    from tests.flower_processes import local_simulation
-except ImportError:  # pragma: no cover
-    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+from tests.support.flower_processes import local_simulation
 
 REPO = Path(__file__).resolve().parents[1]
 

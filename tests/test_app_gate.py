@@ -42,7 +42,7 @@ from fedparity.clients.app_gate import (
 )
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import POLICY_ENV, NodePrivacyPolicy
-from tests.flower_processes import flower_executable, local_deployment, run_flwr
+from tests.support.flower_processes import flower_executable, local_deployment, run_flwr
 
 GATE_APP = Path(__file__).resolve().parent / "gate_app"
 MARKER = "hostile-clientapp-ran"

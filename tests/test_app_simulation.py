@@ -1,7 +1,7 @@
 """The default job through ``flwr run`` on the local simulation engine (real Flower, real Ray).
 
 A simulation SuperLink is started on a free port with runtime dependency installation
-disabled (``tests/flower_processes.py``), the project folder is submitted with ``flwr run``,
+disabled (``tests/support/flower_processes.py``), the project folder is submitted with ``flwr run``,
 and the results the ServerApp wrote are checked.
 """
 
@@ -12,14 +12,8 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.flower_processes import local_simulation
-    from tests.test_html_report import assert_report_matches_results
-except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
-    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
-    from test_html_report import (  # type: ignore[no-redef, import-not-found]
-        assert_report_matches_results,
-    )
+from tests.support.flower_processes import local_simulation
+from tests.test_html_report import assert_report_matches_results
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -12,38 +12,18 @@ thresholds below leave margins of several standard deviations.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from benchmarks.fpfl_central import CentralConfig, adult_rows, main, torch_threads, train_central
 from fedparity.clients.fpfl_data import FPFLShard
 from fedparity.clients.project.data import adult_features, load_adult
 from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
-
-
-def _load_central():
-    """benchmarks/fpfl_central.py, by path (benchmarks/ is scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fpfl_central.py"
-    spec = importlib.util.spec_from_file_location("fpfl_central_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-_central = _load_central()
-CentralConfig = _central.CentralConfig
-adult_rows = _central.adult_rows
-main = _central.main
-torch_threads = _central.torch_threads
-train_central = _central.train_central
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ from fedparity.mechanisms.crypto.ckks import (
     secret_context_path,
     to_array,
 )
-from tests.ckks_simulator import DecryptedSums, run_protocol_locally, run_protocol_plaintext
+from tests.support.ckks_simulator import DecryptedSums, run_protocol_locally, run_protocol_plaintext
 
 # --------------------------------------------------------------------------------------------
 # Fixtures and the statistics used as payloads
@@ -57,18 +57,13 @@ from tests.ckks_simulator import DecryptedSums, run_protocol_locally, run_protoc
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
-    return generate_keys(tmp_path_factory.mktemp("keys") / "fef")
+def secret_ctx(ckks_keys: KeyPaths) -> ts.Context:
+    return load_secret_context(ckks_keys.secret)
 
 
 @pytest.fixture(scope="module")
-def secret_ctx(keys: KeyPaths) -> ts.Context:
-    return load_secret_context(keys.secret)
-
-
-@pytest.fixture(scope="module")
-def public_ctx(keys: KeyPaths) -> ts.Context:
-    return load_public_context(keys.public)
+def public_ctx(ckks_keys: KeyPaths) -> ts.Context:
+    return load_public_context(ckks_keys.public)
 
 
 @pytest.fixture(scope="module")
@@ -209,11 +204,11 @@ def test_limit_agrees_with_seal(degree: int, at_limit: tuple, over_limit: tuple)
 
 
 def test_key_files_secret_is_private_and_public_has_no_secret_key(
-    keys: KeyPaths, secret_ctx: ts.Context
+    ckks_keys: KeyPaths, secret_ctx: ts.Context
 ) -> None:
-    assert stat.S_IMODE(keys.secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE(ckks_keys.secret.stat().st_mode) == 0o600
     # Read the public file with TenSEAL itself, not through the loader under test.
-    public = ts.context_from(keys.public.read_bytes())
+    public = ts.context_from(ckks_keys.public.read_bytes())
     assert not public.has_secret_key() and not public.is_private()
     assert not context_has_secret_key(public)
     assert context_has_secret_key(secret_ctx)
@@ -226,11 +221,11 @@ def test_key_files_secret_is_private_and_public_has_no_secret_key(
     assert np.allclose(decrypt_vector(secret_ctx, payload), [1.0, 2.0], atol=1e-6)
 
 
-def test_loaders_refuse_the_wrong_file(keys: KeyPaths, tmp_path: Path) -> None:
+def test_loaders_refuse_the_wrong_file(ckks_keys: KeyPaths, tmp_path: Path) -> None:
     with pytest.raises(KeyMaterialError, match="contains a secret key"):
-        load_public_context(keys.secret)
+        load_public_context(ckks_keys.secret)
     with pytest.raises(KeyMaterialError, match="no secret key"):
-        load_secret_context(keys.public)
+        load_secret_context(ckks_keys.public)
     garbage = tmp_path / "garbage"
     garbage.write_bytes(b"not a context")
     with pytest.raises(KeyMaterialError, match="not a serialized TenSEAL context"):
@@ -252,11 +247,11 @@ def test_generate_keys_does_not_overwrite(tmp_path: Path) -> None:
         generate_keys(tmp_path / "x", parameters=(8192, (60, 40, 40, 60), 40))  # type: ignore[arg-type]
 
 
-def test_a_secret_context_others_can_read_is_refused(keys: KeyPaths, tmp_path: Path) -> None:
+def test_a_secret_context_others_can_read_is_refused(ckks_keys: KeyPaths, tmp_path: Path) -> None:
     """Key hygiene (review L3): the loader took a secret context whatever its mode. A copy
     its group or others may read is now refused, naming the file, the mode and the fix."""
     exposed = tmp_path / "secret_context.tenseal"
-    exposed.write_bytes(keys.secret.read_bytes())
+    exposed.write_bytes(ckks_keys.secret.read_bytes())
     for mode in (0o644, 0o640, 0o604, 0o620):
         exposed.chmod(mode)
         with pytest.raises(KeyMaterialError, match=f"mode {mode:04o}.*chmod 600"):
@@ -283,17 +278,17 @@ def test_generate_keys_makes_the_secret_folder_private_and_can_part_the_contexts
     assert not context_has_secret_key(load_public_context(paths.public))
 
 
-def test_secret_context_path_default_folder(keys: KeyPaths, tmp_path: Path) -> None:
+def test_secret_context_path_default_folder(ckks_keys: KeyPaths, tmp_path: Path) -> None:
     """Last resort: the node's own default key folder (never a path from the server)."""
-    assert secret_context_path({}, {}, default_dir=keys.secret.parent) == keys.secret
+    assert secret_context_path({}, {}, default_dir=ckks_keys.secret.parent) == ckks_keys.secret
 
 
-def test_secret_context_path_lookup(keys: KeyPaths, tmp_path: Path) -> None:
+def test_secret_context_path_lookup(ckks_keys: KeyPaths, tmp_path: Path) -> None:
     other = tmp_path / "other.tenseal"
     other.write_bytes(b"x")
-    node = {NODE_CONFIG_KEY: str(keys.secret)}
+    node = {NODE_CONFIG_KEY: str(ckks_keys.secret)}
     env = {SECRET_CONTEXT_ENV: str(other)}
-    assert secret_context_path(node, env) == keys.secret  # node config first
+    assert secret_context_path(node, env) == ckks_keys.secret  # node config first
     assert secret_context_path({}, env) == other  # then the environment
     assert secret_context_path({NODE_CONFIG_KEY: ""}, env) == other  # empty = unset
     with pytest.raises(KeyMaterialError) as error:
@@ -715,12 +710,12 @@ def test_flooding_noise_is_keyed_gaussian_and_rounded() -> None:
     assert 0 < np.abs(flooded - values).max() < 6e-3
 
 
-def test_flood_keys_come_from_the_secret_key(keys: KeyPaths, tmp_path: Path) -> None:
+def test_flood_keys_come_from_the_secret_key(ckks_keys: KeyPaths, tmp_path: Path) -> None:
     """Every holder of one secret context derives the same flooding key; another key pair
     derives another (and the public context has nothing to derive it from)."""
     from fedparity.mechanisms.crypto.ckks import flood_key
 
-    first = flood_key(load_secret_context(keys.secret))
-    assert first == flood_key(load_secret_context(keys.secret))
+    first = flood_key(load_secret_context(ckks_keys.secret))
+    assert first == flood_key(load_secret_context(ckks_keys.secret))
     other = generate_keys(tmp_path / "other")
     assert flood_key(load_secret_context(other.secret)) != first

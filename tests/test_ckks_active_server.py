@@ -45,7 +45,6 @@ from fedparity.mechanisms.crypto.ckks import (
     encrypt_vector,
     endorsement_transcript,
     flood_key,
-    generate_keys,
     journal_file_name,
     key_fingerprint,
     load_public_context,
@@ -105,10 +104,10 @@ def rows_of(arrays: ArrayRecord, context: Context) -> HolderRows:
 
 
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory: pytest.TempPathFactory) -> Federation:
+def federation(ckks_keys: KeyPaths) -> Federation:
     identities = {name: IdentityKey.generate() for name in NAMES}
     return Federation(
-        generate_keys(tmp_path_factory.mktemp("keys")),
+        ckks_keys,
         identities,
         Roster.from_keys(identities),
     )

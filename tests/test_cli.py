@@ -2,47 +2,15 @@
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import re
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedparity.server.cli import main
-
-FEDPARITY = Path(sys.executable).with_name("fedparity")
-
-
-def run(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(argv, out=out)
-    return code, out.getvalue()
-
-
-def run_json(argv: list[str]) -> dict:
-    code, text = run([*argv, "--json"])
-    assert code == 0
-    lines = text.strip().splitlines()
-    assert len(lines) == 1  # one JSON object
-    return json.loads(lines[0])
-
-
-def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
-    """Exit status 2, nothing on stdout, a one-line stderr message containing ``needles``."""
-    capsys.readouterr()
-    code, text = run(argv)
-    err = capsys.readouterr().err
-    assert code == 2
-    assert text == ""
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
+from tests.support.fixtures import CliResult, assert_usage_error, cli_json, run_cli
 
 
 def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
@@ -59,29 +27,28 @@ def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
 
 
 def test_privacy_spec_example_text_and_json() -> None:
-    code, text = run(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
+    code, text, _ = run_cli(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
     assert code == 0
     match = re.search(r"true epsilon = ([0-9.]+)", text)
     assert match is not None
     assert round(float(match.group(1)), 4) == 1.3799  # not 1: the paper's Theorem 5 is false
-    payload = run_json(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
+    payload = cli_json(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
     assert round(payload["epsilon"], 4) == 1.3799
     assert payload["paper_claimed_epsilon"] == 1.0  # Theorem 5's (wrong) claim
 
 
 def test_privacy_laplace_k2() -> None:
-    payload = run_json(["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "2"])
+    payload = cli_json(["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "2"])
     assert payload["epsilon"] == pytest.approx(2.0)  # max(eps2, eps1 + eps2/2)
-    payload = run_json(
+    payload = cli_json(
         ["privacy", "--mechanism", "L", "--eps1", "1.5", "--eps2", "1", "--groups", "5"]
     )
     assert payload["epsilon"] == pytest.approx(2.0)
 
 
-def test_privacy_laplace_k_not_two_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_privacy_laplace_k_not_two_is_refused() -> None:
     err = assert_usage_error(
         ["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "0.6667"],
-        capsys,
         "--k",
     )
     assert "unbounded" in err or "without bound" in err
@@ -90,7 +57,7 @@ def test_privacy_laplace_k_not_two_is_refused(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize("k", ["2", "2.0", "2e0", "2.000"])
 @pytest.mark.parametrize("mechanism", ["R", "L"])
 def test_privacy_k_is_compared_as_a_number(mechanism: str, k: str) -> None:
-    payload = run_json(
+    payload = cli_json(
         ["privacy", "--mechanism", mechanism, "--eps1", "1", "--eps2", "1", "--k", k]
     )
     assert payload["epsilon"] == pytest.approx(spec_true_epsilon(mechanism, 1.0, 1.0))
@@ -102,29 +69,27 @@ def test_privacy_k_is_compared_as_a_number(mechanism: str, k: str) -> None:
     [("R", "2.5", "got 2.5"), ("R", "0.5", "got 0.5"), ("L", "2.0000001", "got 2.0000001")],
 )
 def test_privacy_k_other_than_two_is_refused_with_a_plain_number(
-    capsys: pytest.CaptureFixture[str], mechanism: str, k: str, shown: str
+    mechanism: str, k: str, shown: str
 ) -> None:
     err = assert_usage_error(
         ["privacy", "--mechanism", mechanism, "--eps1", "1", "--eps2", "1", "--k", k],
-        capsys,
         "--k",
         shown,
     )
     assert "np." not in err
 
 
-def test_installed_script_exit_code_and_one_line_stderr() -> None:
-    result = subprocess.run(
-        [str(FEDPARITY), "privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+def test_installed_script_exit_code_and_one_line_stderr(
+    cli_script: Callable[..., CliResult],
+) -> None:
+    code, out, err = cli_script(
+        ["privacy", "--mechanism", "L", "--eps1", "1", "--eps2", "1", "--k", "3"], timeout=60
     )
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr.count("\n") == 1 and result.stderr.endswith("\n")
-    assert "--k" in result.stderr
-    assert "unbounded" in result.stderr or "without bound" in result.stderr
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.endswith("\n")
+    assert "--k" in err
+    assert "unbounded" in err or "without bound" in err
 
 
 # --- plan -----------------------------------------------------------------------------------------
@@ -143,7 +108,7 @@ PLAN_KEYS = {
 
 
 def test_plan_alpha_path() -> None:
-    payload = run_json(["plan", "--clients", "1000000", "--alpha", "0.01"])
+    payload = cli_json(["plan", "--clients", "1000000", "--alpha", "0.01"])
     assert PLAN_KEYS <= set(payload)
     assert payload["query"] == "min_epsilon"
     assert payload["alpha"] == 0.01
@@ -158,12 +123,12 @@ def test_plan_alpha_path() -> None:
     # the ideal one and within 1e-3 of it
     assert true * (1 - 1e-3) <= payload["true_epsilon"] <= true + 1e-12
     assert true <= payload["epsilon"] + 1e-12
-    code, text = run(["plan", "--clients", "1000000", "--alpha", "0.01"])
+    code, text, _ = run_cli(["plan", "--clients", "1000000", "--alpha", "0.01"])
     assert code == 0 and "best: M_" in text
 
 
 def test_plan_epsilon_path() -> None:
-    payload = run_json(["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "best"])
+    payload = cli_json(["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "best"])
     assert PLAN_KEYS <= set(payload)
     assert payload["query"] == "error_bound"
     assert payload["epsilon"] == 1.0
@@ -171,10 +136,10 @@ def test_plan_epsilon_path() -> None:
     assert payload["alpha"] == min(alphas)
     assert payload["true_epsilon"] <= 1.0
     # Normal bound at 0.99 is z_0.995 / 10 of the Chebyshev one (same variance).
-    normal = run_json(
+    normal = cli_json(
         ["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "L", "--bound", "normal"]
     )
-    chebyshev = run_json(["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "L"])
+    chebyshev = cli_json(["plan", "--clients", "1e6", "--epsilon", "1", "--mechanism", "L"])
     assert normal["alpha"] == pytest.approx(2.5758293035489 / 10 * chebyshev["alpha"], rel=1e-9)
 
 
@@ -189,28 +154,26 @@ def test_plan_table_has_paper_and_valid_tables(monkeypatch: pytest.MonkeyPatch) 
     real = plan.table1
     cached = functools.cache(lambda **kwargs: real(**kwargs))
     monkeypatch.setattr(plan, "table1", lambda **kwargs: copy.deepcopy(cached(**kwargs)))
-    code, text = run(["plan", "--table"])
+    code, text, _ = run_cli(["plan", "--table"])
     assert code == 0
     assert "1.86" in text and "178.89" in text  # paper's Table 1 cells
     assert "Valid mechanisms" in text
-    payload = run_json(["plan", "--table"])
+    payload = cli_json(["plan", "--table"])
     assert payload["paper_table1"]["R"][0][0] == pytest.approx(1.86, abs=0.005)
     assert payload["paper_table1"]["L"][0][2] == pytest.approx(178.89, abs=0.005)
     assert payload["paper_table1"]["R"][0][1] is None
     assert set(payload["valid_table1"]) == {"R", "L", "best"}
 
 
-def test_plan_bad_inputs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert_usage_error(["plan", "--clients", "1000"], capsys, "--alpha", "--epsilon")
+def test_plan_bad_inputs() -> None:
+    assert_usage_error(["plan", "--clients", "1000"], "--alpha", "--epsilon")
+    assert_usage_error(["plan", "--clients", "1000", "--alpha", "0.1", "--epsilon", "1"], "--alpha")
+    assert_usage_error(["plan", "--alpha", "0.1"], "--clients")
+    assert_usage_error(["plan", "--clients", "1", "--alpha", "0.1"], "--clients")
+    assert_usage_error(["plan", "--clients", "1000", "--alpha", "0"], "--alpha")
+    assert_usage_error(["plan", "--clients", "1000", "--epsilon", "nan"], "--epsilon")
     assert_usage_error(
-        ["plan", "--clients", "1000", "--alpha", "0.1", "--epsilon", "1"], capsys, "--alpha"
-    )
-    assert_usage_error(["plan", "--alpha", "0.1"], capsys, "--clients")
-    assert_usage_error(["plan", "--clients", "1", "--alpha", "0.1"], capsys, "--clients")
-    assert_usage_error(["plan", "--clients", "1000", "--alpha", "0"], capsys, "--alpha")
-    assert_usage_error(["plan", "--clients", "1000", "--epsilon", "nan"], capsys, "--epsilon")
-    assert_usage_error(
-        ["plan", "--clients", "1000", "--alpha", "0.1", "--confidence", "1"], capsys, "--confidence"
+        ["plan", "--clients", "1000", "--alpha", "0.1", "--confidence", "1"], "--confidence"
     )
 
 
@@ -233,27 +196,26 @@ def test_plan_bad_inputs(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_plan_refuses_values_outside_what_the_math_supports(
-    capsys: pytest.CaptureFixture[str], argv: list[str], needles: tuple[str, ...]
+    argv: list[str], needles: tuple[str, ...]
 ) -> None:
-    assert_usage_error(["plan", *argv], capsys, *needles)
+    assert_usage_error(["plan", *argv], *needles)
 
 
 def test_plan_says_when_an_error_bound_is_vacuous() -> None:
     # epsilon = 1e-5 with 1000 clients: an error bound of ~1e5 for a metric in [0, 1]
-    payload = run_json(["plan", "--clients", "1000", "--epsilon", "1e-5"])
+    payload = cli_json(["plan", "--clients", "1000", "--epsilon", "1e-5"])
     assert payload["alpha"] > 1 and payload["vacuous"] is True
-    code, text = run(["plan", "--clients", "1000", "--epsilon", "1e-5"])
+    code, text, _ = run_cli(["plan", "--clients", "1000", "--epsilon", "1e-5"])
     assert code == 0 and text.count("vacuous") == 2  # one line per mechanism
-    useful = run_json(["plan", "--clients", "1000000", "--epsilon", "1"])
+    useful = cli_json(["plan", "--clients", "1000000", "--epsilon", "1"])
     assert useful["alpha"] < 1 and useful["vacuous"] is False
-    code, text = run(["plan", "--clients", "1000000", "--epsilon", "1"])
+    code, text, _ = run_cli(["plan", "--clients", "1000000", "--epsilon", "1"])
     assert "vacuous" not in text
 
 
-def test_plan_help_is_plain_text_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        run(["plan", "--help"])
-    text = capsys.readouterr().out
+def test_plan_help_is_plain_text_with_examples() -> None:
+    code, text, _ = run_cli(["plan", "--help"])
+    assert code == 0
     assert "fedparity plan --clients 100000 --alpha 0.05" in text  # an example
     assert "randomized response" in text and "discrete Laplace" in text  # R and L explained
     assert ":func:" not in text and "``" not in text  # no RST markup
@@ -273,15 +235,13 @@ COMMAND_NAMES = (
 
 def help_examples(command: str) -> list[list[str]]:
     """The ``fedparity ...`` example command lines of a subcommand's help, as argv lists."""
-    import contextlib
     import shlex
 
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
-        main([command, "--help"])
-    assert ":func:" not in text.getvalue() and "``" not in text.getvalue(), command
+    code, text, _ = run_cli([command, "--help"])
+    assert code == 0, command
+    assert ":func:" not in text and "``" not in text, command
     examples = []
-    for line in text.getvalue().splitlines():
+    for line in text.splitlines():
         if line.startswith("  fedparity "):  # the examples' layout: two spaces, the command
             examples.append(shlex.split(line)[1:])
     return examples
@@ -315,7 +275,7 @@ def test_the_help_examples_of_privacy_measure_and_fairtest_run(
                 write_csv(
                     tmp_path / "clients.csv", "id,group,metric", groups, rng.random(groups.size)
                 )
-            code, text = run(argv)
+            code, text, _ = run_cli(argv)
             assert code == 0 and text.strip(), argv
 
 
@@ -354,7 +314,7 @@ def big_csv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, list
 def test_measure_json(big_csv: tuple[Path, float, list[float]], extra: list[str]) -> None:
     path, gap, _ = big_csv
     # One run per case: a 99.9% interval, so a miss would be a 1-in-1000 event, not luck.
-    payload = run_json(
+    payload = cli_json(
         [
             "measure",
             "--input",
@@ -387,12 +347,12 @@ def test_measure_json(big_csv: tuple[Path, float, list[float]], extra: list[str]
 
 def test_measure_text_and_compare_raw(big_csv: tuple[Path, float, list[float]]) -> None:
     path, gap, means = big_csv
-    payload = run_json(
+    payload = cli_json(
         ["measure", "--input", str(path), "--epsilon", "1", "--seed", "4", "--compare-raw"]
     )
     assert payload["raw_max_gap"] == pytest.approx(gap, abs=1e-9)
     assert payload["raw_group_means"] == pytest.approx(means, abs=1e-9)
-    code, text = run(["measure", "--input", str(path), "--epsilon", "1", "--seed", "4"])
+    code, text, _ = run_cli(["measure", "--input", str(path), "--epsilon", "1", "--seed", "4"])
     assert code == 0 and "interval" in text and "raw input" not in text
 
 
@@ -400,7 +360,7 @@ def test_measure_custom_columns(tmp_path: Path) -> None:
     groups, metrics, gap = population(50_000, 2)
     path = tmp_path / "custom.csv"
     write_csv(path, "id,sex,tpr", groups, metrics)
-    payload = run_json(
+    payload = cli_json(
         [
             "measure",
             "--input",
@@ -430,7 +390,7 @@ def test_measure_accepts_a_byte_order_mark(tmp_path: Path) -> None:
     rows = "\n".join(f"{i % 2},{0.9 if i % 2 == 0 else 0.4},{i}" for i in range(2000))
     # The BOM sticks to the first column's name, so the group column comes first here.
     path.write_bytes("\ufeffgroup,metric,client\n".encode() + rows.encode() + b"\n")
-    payload = run_json(["measure", "--input", str(path), "--epsilon", "8", "--seed", "1"])
+    payload = cli_json(["measure", "--input", str(path), "--epsilon", "8", "--seed", "1"])
     assert payload["num_reports"] == 2000
 
 
@@ -445,39 +405,35 @@ GOOD_ROWS = [(i % 2, 0.5) for i in range(20)]
 
 
 @pytest.mark.parametrize("epsilon", ["0", "nan", "inf", "-1", "abc"])
-def test_measure_bad_epsilon(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], epsilon: str
-) -> None:
+def test_measure_bad_epsilon(tmp_path: Path, epsilon: str) -> None:
     path = small_file(tmp_path, GOOD_ROWS)
-    assert_usage_error(["measure", "--input", path, "--epsilon", epsilon], capsys, "--epsilon")
+    assert_usage_error(["measure", "--input", path, "--epsilon", epsilon], "--epsilon")
 
 
-def test_measure_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_measure_bad_inputs(tmp_path: Path) -> None:
     good = small_file(tmp_path, GOOD_ROWS)
     base = ["measure", "--epsilon", "1", "--input"]
-    assert_usage_error([*base, good, "--groups", "1"], capsys, "--groups")
+    assert_usage_error([*base, good, "--groups", "1"], "--groups")
     # Group label outside [0, d): data row 6 is file line 7 (the header is line 1).
     rows = list(GOOD_ROWS)
     rows[5] = (2, 0.5)
-    err = assert_usage_error([*base, small_file(tmp_path, rows, "g.csv")], capsys, "--group-column")
+    err = assert_usage_error([*base, small_file(tmp_path, rows, "g.csv")], "--group-column")
     assert "row 7" in err
     rows = list(GOOD_ROWS)
     rows[9] = (0.5, 0.5)
-    err = assert_usage_error([*base, small_file(tmp_path, rows, "h.csv")], capsys, "--group-column")
+    err = assert_usage_error([*base, small_file(tmp_path, rows, "h.csv")], "--group-column")
     assert "row 11" in err
     rows = list(GOOD_ROWS)
     rows[3] = (1, 1.5)
-    err = assert_usage_error(
-        [*base, small_file(tmp_path, rows, "m.csv")], capsys, "--metric-column"
-    )
+    err = assert_usage_error([*base, small_file(tmp_path, rows, "m.csv")], "--metric-column")
     assert "row 5" in err and "1.5" in err
-    assert_usage_error([*base, good, "--metric-column", "accuracy"], capsys, "--metric-column")
-    assert_usage_error([*base, good, "--group-column", "sex"], capsys, "--group-column")
-    err = assert_usage_error([*base, good, "--groups", "3"], capsys, "empty")
+    assert_usage_error([*base, good, "--metric-column", "accuracy"], "--metric-column")
+    assert_usage_error([*base, good, "--group-column", "sex"], "--group-column")
+    err = assert_usage_error([*base, good, "--groups", "3"], "empty")
     assert "--groups" in err
-    assert_usage_error([*base, good, "--confidence", "1.5"], capsys, "--confidence")
-    assert_usage_error([*base, small_file(tmp_path, [(0, 0.5)], "one.csv")], capsys, "--input")
-    assert_usage_error([*base, str(tmp_path / "missing.csv")], capsys, "--input")
+    assert_usage_error([*base, good, "--confidence", "1.5"], "--confidence")
+    assert_usage_error([*base, small_file(tmp_path, [(0, 0.5)], "one.csv")], "--input")
+    assert_usage_error([*base, str(tmp_path / "missing.csv")], "--input")
 
 
 @pytest.mark.parametrize(
@@ -492,7 +448,6 @@ def test_measure_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 )
 def test_measure_bad_rows_are_shown_as_plain_numbers(
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     row: tuple[float, float],
     option: str,
     shown: str,
@@ -502,7 +457,6 @@ def test_measure_bad_rows_are_shown_as_plain_numbers(
     rows[2] = row
     err = assert_usage_error(
         ["measure", "--epsilon", "1", "--input", small_file(tmp_path, rows)],
-        capsys,
         option,
         "row 4",
         shown,
@@ -510,15 +464,12 @@ def test_measure_bad_rows_are_shown_as_plain_numbers(
     assert "np." not in err and "float64" not in err
 
 
-def test_measure_row_numbers_across_chunks(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_measure_row_numbers_across_chunks(tmp_path: Path) -> None:
     rows = [(i % 2, 0.25) for i in range(5_000)]
     rows[4_321] = (1, -0.5)
     path = small_file(tmp_path, rows, "chunked.csv")
     err = assert_usage_error(
         ["measure", "--epsilon", "1", "--input", path, "--chunk-rows", "100"],
-        capsys,
         "--metric-column",
     )
     assert "row 4323" in err
@@ -536,7 +487,7 @@ def test_measure_streams_a_large_file(tmp_path: Path) -> None:
     path = tmp_path / "large.csv"
     path.write_text("group,metric\n" + text + "\n", encoding="utf-8")
     gap = abs(metrics[groups == 0].mean() - metrics[groups == 1].mean()) / 1000
-    payload = run_json(
+    payload = cli_json(
         [
             "measure",
             "--input",
@@ -559,54 +510,46 @@ def test_measure_streams_a_large_file(tmp_path: Path) -> None:
 # --- messages that name the true cause (issue 32, item 4) ------------------------------------
 
 
-def test_a_non_utf8_input_names_the_option_the_file_and_the_encoding(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_non_utf8_input_names_the_option_the_file_and_the_encoding(tmp_path: Path) -> None:
     """Before: ``'utf-8' codec can't decode byte 0xe9 in position 26``, naming neither the
     option nor the file."""
     path = tmp_path / "latin.csv"
     path.write_bytes("group,metric\n0,0.5\n1,caf\u00e9\n".encode("latin-1"))
     err = assert_usage_error(
-        ["measure", "--input", str(path), "--epsilon", "1"], capsys, "--input", str(path)
+        ["measure", "--input", str(path), "--epsilon", "1"], "--input", str(path)
     )
     assert "not UTF-8" in err and "line 3" in err and "codec" not in err
     header = tmp_path / "latin-header.csv"
     header.write_bytes("groupe,m\u00e9trique\n0,0.5\n".encode("latin-1"))
     err = assert_usage_error(
-        ["measure", "--input", str(header), "--epsilon", "1"], capsys, "--input", str(header)
+        ["measure", "--input", str(header), "--epsilon", "1"], "--input", str(header)
     )
     assert "not UTF-8" in err and "line 1" in err
 
 
-def test_a_folder_given_as_input_is_called_a_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_folder_given_as_input_is_called_a_folder(tmp_path: Path) -> None:
     """Before: ``--input: no such file: <dir>``, though the folder exists."""
     err = assert_usage_error(
-        ["measure", "--input", str(tmp_path), "--epsilon", "1"], capsys, "--input", str(tmp_path)
+        ["measure", "--input", str(tmp_path), "--epsilon", "1"], "--input", str(tmp_path)
     )
     assert "is a folder" in err and "no such file" not in err
 
 
-def test_a_parse_error_names_the_line_and_the_column_at_fault(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_parse_error_names_the_line_and_the_column_at_fault(tmp_path: Path) -> None:
     """Before: ``cannot parse rows 2-4: ... at row 1, column 2``: two row numbers that
     disagree (numpy counts from 0 within the chunk) and a column number. The value is on
     file line 3, in the metric column."""
     path = tmp_path / "bad.csv"
     path.write_text("id,group,metric\n7,0,0.5\n8,1,abc\n9,0,0.2\n")
     argv = ["measure", "--input", str(path), "--epsilon", "1"]
-    err = assert_usage_error(argv, capsys, "--metric-column 'metric'", "bad.csv line 3", "'abc'")
+    err = assert_usage_error(argv, "--metric-column 'metric'", "bad.csv line 3", "'abc'")
     assert "row 1" not in err and "rows 2-4" not in err
     path.write_text("id,group,metric\n7,0,0.5\n8,1,0.5\n9,x,0.2\n")
-    assert_usage_error(argv, capsys, "--group-column 'group'", "bad.csv line 4", "'x'")
+    assert_usage_error(argv, "--group-column 'group'", "bad.csv line 4", "'x'")
 
 
 @pytest.mark.parametrize("command", ["measure", "plan", "privacy"])
-def test_groups_errors_name_the_option(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
-) -> None:
+def test_groups_errors_name_the_option(tmp_path: Path, command: str) -> None:
     """Before: ``num_groups must be an integer in [2, 1024]`` (the library's parameter)."""
     path = tmp_path / "in.csv"
     path.write_text("group,metric\n0,0.5\n1,0.5\n")
@@ -615,7 +558,7 @@ def test_groups_errors_name_the_option(
         "plan": ["plan", "--clients", "1000", "--epsilon", "1"],
         "privacy": ["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"],
     }[command]
-    err = assert_usage_error([*argv, "--groups", "1000000000"], capsys, "--groups", "[2, 1024]")
+    err = assert_usage_error([*argv, "--groups", "1000000000"], "--groups", "[2, 1024]")
     assert "num_groups" not in err
 
 
@@ -629,23 +572,19 @@ def test_groups_errors_name_the_option(
     ],
     ids=["measure", "plan", "plan-power", "privacy"],
 )
-def test_one_epsilon_bound_in_every_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
-) -> None:
+def test_one_epsilon_bound_in_every_command(tmp_path: Path, argv: list[str]) -> None:
     """Before: ``measure --epsilon 1e300`` spent "1e+300" per client while ``plan`` capped
     epsilon at 1e4. Now every command refuses it with the same range, before any work."""
     path = tmp_path / "in.csv"
     path.write_text("group,metric\n0,0.5\n1,0.5\n")
     argv = [str(path) if arg == "IN" else arg for arg in argv]
     option = "--eps1" if "--eps1" in argv else "--epsilon"
-    assert_usage_error(argv, capsys, f"{option} must be a number in [1e-06, 10000]")
+    assert_usage_error(argv, f"{option} must be a number in [1e-06, 10000]")
 
 
-def test_a_second_keys_run_names_the_overwrite_option(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_second_keys_run_names_the_overwrite_option(tmp_path: Path) -> None:
     """Before: ``pass overwrite=True to replace the keys`` (the Python API's wording)."""
     out = tmp_path / "keys"
-    assert run(["keys", "--out", str(out)])[0] == 0
-    err = assert_usage_error(["keys", "--out", str(out)], capsys, "--out", str(out), "--overwrite")
+    assert run_cli(["keys", "--out", str(out)]).code == 0
+    err = assert_usage_error(["keys", "--out", str(out)], "--out", str(out), "--overwrite")
     assert "overwrite=True" not in err

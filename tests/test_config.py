@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fedparity.clients.project.config import DEFAULT_ADULT_DOWNLOAD_DIR, ConfigError, RunConfig
+from tests.support.fixtures import ProjectRunConfig, project_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def pyproject_defaults() -> dict[str, object]:
-    with (REPO / "pyproject.toml").open("rb") as handle:
-        return tomllib.load(handle)["tool"]["flwr"]["app"]["config"]
-
-
-def test_pyproject_defaults_equal_the_dataclass_defaults() -> None:
+def test_pyproject_defaults_equal_the_dataclass_defaults(
+    run_config: Callable[..., ProjectRunConfig],
+) -> None:
     """`run_simulation` passes no run config, so RunConfig's own defaults must match."""
-    defaults = pyproject_defaults()
-    assert set(defaults) == set(RunConfig.keys())
-    assert RunConfig.from_mapping(defaults) == RunConfig()
+    defaults = run_config()
+    assert set(defaults.values) == set(RunConfig.keys())
+    assert defaults.parsed == RunConfig.from_mapping(project_defaults()) == RunConfig()
+
+
+def test_the_run_config_fixture_overrides_known_keys_only(
+    run_config: Callable[..., ProjectRunConfig],
+) -> None:
+    """The shared fixture (tests/support/fixtures.py) keeps every default, parses the overrides
+    and refuses a key Flower would refuse (one not in [tool.flwr.app.config])."""
+    config = run_config({"task": "fpfl", "users-per-node": 200})
+    assert config.values == {**project_defaults(), "task": "fpfl", "users-per-node": 200}
+    assert (config.parsed.task, config.parsed.users_per_node) == ("fpfl", 200)
+    with pytest.raises(ValueError, match="not-a-key"):
+        run_config({"not-a-key": 1})
+    with pytest.raises(ConfigError, match="users-per-node"):
+        run_config({"users-per-node": 0})
 
 
 def test_no_federations_table_in_pyproject() -> None:
@@ -36,8 +49,8 @@ def test_named_configs_are_valid(path: Path) -> None:
     with path.open("rb") as handle:
         overrides = tomllib.load(handle)
     # Flower rejects keys that are not in [tool.flwr.app.config].
-    assert set(overrides) <= set(pyproject_defaults())
-    base = pyproject_defaults()
+    assert set(overrides) <= set(project_defaults())
+    base = project_defaults()
     config = RunConfig.from_toml(path, base)
     if overrides.get("dataset") == "adult":
         # As written, the Adult configs fetch UCI Adult once into a folder outside the project
@@ -185,11 +198,11 @@ def test_federations_command_writes_connections_flower_reads(
     )
 
 
-def test_the_key_table_lists_every_key_with_help_and_the_pyproject_defaults() -> None:
+def test_the_key_table_lists_every_key_with_help_and_the_project_defaults() -> None:
     from fedparity.clients.project.config import config_keys
 
     keys = config_keys()
-    defaults = pyproject_defaults()
+    defaults = project_defaults()
     assert [key.name for key in keys] == list(RunConfig.keys())
     assert {key.name for key in keys} == set(defaults)
     for key in keys:

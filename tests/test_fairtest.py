@@ -921,30 +921,15 @@ def test_stage_statistics_bad_input() -> None:
         stage_statistics(np.zeros(3), 1.0, 10, tolerance=-1.0)
 
 
-def _load_mc_harness():
-    """benchmarks/fedevalfair_mc.py, by path (an installed package is also named benchmarks)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedevalfair_mc.py"
-    spec = importlib.util.spec_from_file_location("fedevalfair_mc_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_mc_harness_applies_the_apps_min_cell_rule() -> None:
     """The Monte Carlo harness leaves a client's metric out exactly when the data holders'
     ``clients.fedevalfair.client_statistics`` does (``fef-min-cell``); an iteration with fewer
     than 2 reporting clients is unavailable; the draws do not depend on the rule."""
+    from benchmarks import fedevalfair_mc as mc
     from fedparity.clients.fedevalfair import client_statistics
     from fedparity.clients.project.data import UserShard
     from fedparity.mechanisms.protocol import BLOCKS
 
-    mc = _load_mc_harness()
     rng = np.random.default_rng(7)
     outcomes = {True: 0, False: 0}
     for _ in range(40):

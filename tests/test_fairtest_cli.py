@@ -8,8 +8,6 @@ Cochran's Q with scipy's chi2, W* with scipy's normal).
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import re
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 from scipy import stats
 
 from fedparity.mechanisms import ClientSummary, fedevalfair
-from fedparity.server.cli import main
+from tests.support.fixtures import assert_usage_error, cli_json, run_cli
 
 ROWS = [  # client, mean, variance, n (an extra column that the command ignores)
     ("north", 0.012, 4.0e-4, 100),
@@ -58,27 +56,13 @@ def summaries() -> list[ClientSummary]:
     return [ClientSummary(mean, variance, n) for _, mean, variance, n in ROWS]
 
 
-def run(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(argv, out=out)
-    return code, out.getvalue()
-
-
-def run_json(argv: list[str]) -> dict:
-    code, text = run([*argv, "--json"])
-    assert code == 0
-    lines = text.strip().splitlines()
-    assert len(lines) == 1  # one JSON object
-    return json.loads(lines[0])
-
-
 @pytest.fixture
 def csv_path(tmp_path: Path) -> Path:
     return write_csv(tmp_path / "clients.csv")
 
 
 def test_json_output_matches_the_library_and_the_formulas(csv_path: Path) -> None:
-    payload = run_json(["fairtest", "--input", str(csv_path), "--tolerance", "0.05"])
+    payload = cli_json(["fairtest", "--input", str(csv_path), "--tolerance", "0.05"])
     assert set(payload) == JSON_KEYS
     assert set(payload["homogeneity"]) == TEST_KEYS
     assert set(payload["common_disparity"]) == TEST_KEYS
@@ -107,7 +91,7 @@ def test_json_output_matches_the_library_and_the_formulas(csv_path: Path) -> Non
 
 
 def test_json_paper_mode_and_options(csv_path: Path) -> None:
-    payload = run_json(
+    payload = cli_json(
         ["fairtest", "--input", str(csv_path), "--mode", "paper", "--alpha", "0.1", "--mu0", "0.01"]
     )
     report = fedevalfair(summaries(), mode="paper", alpha=0.1, mu0=0.01)
@@ -118,7 +102,7 @@ def test_json_paper_mode_and_options(csv_path: Path) -> None:
 
 
 def test_text_output(csv_path: Path) -> None:
-    code, text = run(["fairtest", "--input", str(csv_path), "--tolerance", "0.05"])
+    code, text, _ = run_cli(["fairtest", "--input", str(csv_path), "--tolerance", "0.05"])
     assert code == 0
     report = fedevalfair(summaries(), tolerance=0.05)
     assert "mode calibrated" in text and "k = 4 clients" in text
@@ -150,7 +134,7 @@ def test_text_output(csv_path: Path) -> None:
 
 
 def test_paper_mode_text_warns(csv_path: Path) -> None:
-    code, text = run(["fairtest", "--input", str(csv_path), "--mode", "paper"])
+    code, text, _ = run_cli(["fairtest", "--input", str(csv_path), "--mode", "paper"])
     assert code == 0
     assert "T1 (FedEvalFair Eq. 10)" in text
     assert "see fedparity.mechanisms.fairness_tests.fedevalfair" in text
@@ -161,26 +145,11 @@ def test_extra_columns_any_order_and_blank_lines_are_fine(tmp_path: Path) -> Non
     path = tmp_path / "shuffled.csv"
     lines = ["n,note,variance,mean"] + [f"{n},x{i},{v},{m}" for i, (_, m, v, n) in enumerate(ROWS)]
     path.write_text("\ufeff" + "\n".join(lines) + "\n\n", encoding="utf-8")  # BOM, blank line
-    payload = run_json(["fairtest", "--input", str(path)])
+    payload = cli_json(["fairtest", "--input", str(path)])
     assert payload["estimate"] == pytest.approx(fedevalfair(summaries()).estimate, rel=1e-12)
 
 
 # --- bad input: exit 2, nothing on stdout, one line on stderr naming the parameter ---------------
-
-
-def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> None:
-    capsys.readouterr()
-    try:
-        code, text = run(argv)
-    except SystemExit as exit_:  # argparse errors (unknown --mode, missing --input)
-        code, text = exit_.code, ""
-    err = capsys.readouterr().err
-    assert code == 2
-    assert text == ""
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    assert err.startswith("fedparity fairtest: error:"), err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 @pytest.mark.parametrize(
@@ -196,10 +165,8 @@ def assert_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], *nee
         (["--mode", "exact"], ("--mode",)),
     ],
 )
-def test_bad_options(
-    csv_path: Path, options: list[str], needles: tuple[str, ...], capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert_usage_error(["fairtest", "--input", str(csv_path), *options], capsys, *needles)
+def test_bad_options(csv_path: Path, options: list[str], needles: tuple[str, ...]) -> None:
+    assert_usage_error(["fairtest", "--input", str(csv_path), *options], *needles)
 
 
 @pytest.mark.parametrize(
@@ -233,10 +200,9 @@ def test_bad_csv(
     rows: list[tuple],
     header: str | None,
     needles: tuple[str, ...],
-    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = write_csv(tmp_path / "bad.csv", rows, header or "client,mean,variance,n")
-    assert_usage_error(["fairtest", "--input", str(path)], capsys, *needles)
+    assert_usage_error(["fairtest", "--input", str(path)], *needles)
 
 
 def test_margin_columns_give_the_calibrated_weights(tmp_path: Path) -> None:
@@ -247,7 +213,7 @@ def test_margin_columns_give_the_calibrated_weights(tmp_path: Path) -> None:
     rows = [(*row, *m) for row, m in zip(ROWS, margins, strict=True)]
     header = "client,mean,variance,n,group0_rows,group1_rows,predicted_positive_rows"
     path = write_csv(tmp_path / "margins.csv", rows, header)
-    payload = run_json(["fairtest", "--input", str(path), "--json"])
+    payload = cli_json(["fairtest", "--input", str(path), "--json"])
     expected = fedevalfair(
         [ClientSummary(m, v, n, mg) for (_, m, v, n), mg in zip(ROWS, margins, strict=True)]
     )
@@ -260,17 +226,17 @@ def test_margin_columns_give_the_calibrated_weights(tmp_path: Path) -> None:
     assert payload["estimate"] != pytest.approx(fedevalfair(summaries()).estimate, rel=1e-3)
 
 
-def test_missing_and_empty_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_and_empty_files(tmp_path: Path) -> None:
     assert_usage_error(
-        ["fairtest", "--input", str(tmp_path / "absent.csv")], capsys, "--input", "no such file"
+        ["fairtest", "--input", str(tmp_path / "absent.csv")], "--input", "no such file"
     )
     empty = tmp_path / "empty.csv"
     empty.write_text("", encoding="utf-8")
-    assert_usage_error(["fairtest", "--input", str(empty)], capsys, "--input", "empty")
+    assert_usage_error(["fairtest", "--input", str(empty)], "--input", "empty")
 
 
-def test_input_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    assert_usage_error(["fairtest"], capsys, "--input")
+def test_input_is_required() -> None:
+    assert_usage_error(["fairtest"], "--input")
 
 
 @pytest.mark.parametrize(
@@ -283,14 +249,12 @@ def test_input_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_keys_refuses_parameters_below_128_bit_security(
-    tmp_path: Path, options: list[str], needles: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, options: list[str], needles: tuple[str, ...]
 ) -> None:
     """`fedparity keys` with CKKS parameters outside the HomomorphicEncryption.org 128-bit
     table exits 2 with a one-line message, and writes no key file."""
     out = tmp_path / "keys"
-    capsys.readouterr()
-    code, text = run(["keys", "--out", str(out), *options])
-    err = capsys.readouterr().err
+    code, text, err = run_cli(["keys", "--out", str(out), *options])
     assert code == 2 and text == ""
     assert err.startswith("fedparity keys: error:") and err.count("\n") == 1, err
     for needle in needles:
@@ -311,7 +275,7 @@ def test_keys_for_holders_writes_private_folders_a_roster_and_the_public_context
     from fedparity.mechanisms.crypto.identity import Roster
 
     out, public = tmp_path / "holders", tmp_path / "server"
-    payload = run_json(["keys", "--holders", "3", "--out", str(out), "--public-out", str(public)])
+    payload = cli_json(["keys", "--holders", "3", "--out", str(out), "--public-out", str(public)])
     roster = Roster.from_file(payload["roster"])
     assert len(roster) == 3
     keys = set()
@@ -340,13 +304,11 @@ def test_keys_for_holders_writes_private_folders_a_roster_and_the_public_context
         ["keys", "--holders", "3", "--out", str(out), "--public-out", str(out / "pub")],
         ["keys", "--holders", "3", "--out", str(out), "--public-out", str(public)],
     ):
-        code, _ = run(argv)
+        code, _, _ = run_cli(argv)
         assert code == 2
 
 
-def test_a_non_utf8_or_folder_input_names_the_option_and_the_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_non_utf8_or_folder_input_names_the_option_and_the_file(tmp_path: Path) -> None:
     """Before: Python's codec error (no option, no file), and "no such file" for a folder
     (issue 32, item 4)."""
     path = tmp_path / "latin.csv"
@@ -355,8 +317,6 @@ def test_a_non_utf8_or_folder_input_names_the_option_and_the_file(
         (path, "is not UTF-8 text (byte 0xe9 on line 3)"),
         (tmp_path, "is a folder"),
     ):
-        capsys.readouterr()
-        code, text = run(["fairtest", "--input", str(target)])
-        err = capsys.readouterr().err
+        code, text, err = run_cli(["fairtest", "--input", str(target)])
         assert code == 2 and text == "" and err.count("\n") == 1
         assert f"--input: {target} " in err and needle in err and "codec" not in err

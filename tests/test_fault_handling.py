@@ -46,7 +46,7 @@ from fedparity.server.run_record import (
     resolve_output_dir,
 )
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import SMALL_FPFL
+from tests.support.fpfl_nodes import SMALL_FPFL
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -33,16 +33,7 @@ from fedparity.clients.ldp import LEDGER_UNUSABLE_REPLY
 from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent, privacy_spent_history
 from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.server.run_record import read_status
-
-try:
-    from tests.flower_processes import BackgroundRun, Deployment, local_deployment, wait_for
-except ImportError:  # pragma: no cover
-    from flower_processes import (  # type: ignore[no-redef, import-not-found]
-        BackgroundRun,
-        Deployment,
-        local_deployment,
-        wait_for,
-    )
+from tests.support.flower_processes import BackgroundRun, Deployment, local_deployment, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 USERS = 300

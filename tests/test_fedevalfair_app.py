@@ -41,15 +41,8 @@ from fedparity.mechanisms.protocol import BLOCKS, ROUND1_SIZE, UNABLE_REPLY
 from fedparity.server.api import _environment, run_simulation_job
 from fedparity.server.app import build_server_app
 from fedparity.server.cli.identity import write_node_identities
-
-try:
-    from tests.flower_processes import local_simulation
-    from tests.test_html_report import assert_report_matches_results
-except ImportError:  # pragma: no cover
-    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
-    from test_html_report import (  # type: ignore[no-redef, import-not-found]
-        assert_report_matches_results,
-    )
+from tests.support.flower_processes import local_simulation
+from tests.test_html_report import assert_report_matches_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,16 +52,11 @@ MAX_HOLDERS = 10
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
-    return generate_keys(tmp_path_factory.mktemp("fef-keys"))
-
-
-@pytest.fixture(scope="module")
-def environment(keys: KeyPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def environment(ckks_keys: KeyPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The holders' environment: the secret context and the identity folder (a key per
     partition and the roster), as a simulation's operator provides them."""
     identities = write_node_identities(tmp_path_factory.mktemp("fef-identity"), MAX_HOLDERS)
-    return {SECRET_CONTEXT_ENV: str(keys.secret), IDENTITY_DIR_ENV: str(identities)}
+    return {SECRET_CONTEXT_ENV: str(ckks_keys.secret), IDENTITY_DIR_ENV: str(identities)}
 
 
 #: How far the encrypted protocol's p-values may be from the plaintext harness's: the key
@@ -89,12 +77,12 @@ def assert_matches_plaintext(results: dict) -> None:
 
 @pytest.mark.slow
 def test_python_api_runs_the_encrypted_test(
-    keys: KeyPaths, environment: dict[str, str], tmp_path: Path
+    ckks_keys: KeyPaths, environment: dict[str, str], tmp_path: Path
 ) -> None:
     results = run_simulation_job(
         {
             "task": "fedevalfair",
-            "fef-public-context": str(keys.public),
+            "fef-public-context": str(ckks_keys.public),
             "users-per-node": 1500,
             "num-server-rounds": 2,
             "output-dir": str(tmp_path / "run"),
@@ -121,7 +109,7 @@ def test_python_api_runs_the_encrypted_test(
 
 @pytest.mark.slow
 def test_nodes_apply_fef_min_cell(
-    keys: KeyPaths, environment: dict[str, str], tmp_path: Path
+    ckks_keys: KeyPaths, environment: dict[str, str], tmp_path: Path
 ) -> None:
     """Holders whose smallest margin (group size, predicted positives or negatives, among the
     metric's rows) is below ``fef-min-cell`` leave that metric out on the node itself, so the
@@ -132,7 +120,7 @@ def test_nodes_apply_fef_min_cell(
     0), so ``fef-min-cell = 45`` leaves eo to holders 2 and 3 and dp to all four."""
     overrides = {
         "task": "fedevalfair",
-        "fef-public-context": str(keys.public),
+        "fef-public-context": str(ckks_keys.public),
         "users-per-node": 300,
         "num-server-rounds": 0,
         "fef-min-cell": 45,
@@ -176,13 +164,13 @@ def crash_or_stall_in_round2(msg: Message, context: Context, config: RunConfig) 
 
 @pytest.mark.slow
 def test_holders_lost_between_rounds(
-    keys: KeyPaths, environment: dict[str, str], tmp_path: Path
+    ckks_keys: KeyPaths, environment: dict[str, str], tmp_path: Path
 ) -> None:
     """5 holders, 2 lost in round 2: the test completes with the 3 others; the calibrated
     results equal the plaintext test over those 3; the paper's T1 is reported unavailable."""
     overrides = {
         "task": "fedevalfair",
-        "fef-public-context": str(keys.public),
+        "fef-public-context": str(ckks_keys.public),
         "users-per-node": 1500,
         "num-server-rounds": 0,  # the initial model: the test can rebuild it
         "reply-timeout": 40.0,  # the first exchange starts the actors (imports torch, tenseal)
@@ -248,7 +236,7 @@ def test_holders_lost_between_rounds(
 
 @pytest.mark.slow
 def test_flwr_run_on_adult_doctorate_split(
-    keys: KeyPaths, environment: dict[str, str], adult_path: Path, tmp_path: Path
+    ckks_keys: KeyPaths, environment: dict[str, str], adult_path: Path, tmp_path: Path
 ) -> None:
     """`flwr run` with the paper's Adult split (doctorate vs not, race as the protected
     attribute), the named config, keys provisioned to the nodes through the environment."""
@@ -256,7 +244,7 @@ def test_flwr_run_on_adult_doctorate_split(
     run_config = {
         **_toml(REPO / "configs" / "fef-adult-doctorate.toml"),
         "data-dir": str(adult_path),
-        "fef-public-context": str(keys.public),
+        "fef-public-context": str(ckks_keys.public),
         "output-dir": str(output),
     }
     with local_simulation(REPO, 2, tmp_path / "flwr-home", env=environment) as simulation:
@@ -292,14 +280,14 @@ def _toml(path: Path) -> dict:
 
 @pytest.mark.slow
 def test_adult_k10_config_tests_all_ten_holders(
-    keys: KeyPaths, environment: dict[str, str], adult_path: Path, tmp_path: Path
+    ckks_keys: KeyPaths, environment: dict[str, str], adult_path: Path, tmp_path: Path
 ) -> None:
     """configs/fef-adult-k10.toml: ten Adult holders (Dirichlet(5) label skew), all of them
     able to report dDP and dEO, so stage 1 has k - 1 = 9 degrees of freedom in every block."""
     overrides = {
         **_toml(REPO / "configs" / "fef-adult-k10.toml"),
         "data-dir": str(adult_path),
-        "fef-public-context": str(keys.public),
+        "fef-public-context": str(ckks_keys.public),
         "output-dir": str(tmp_path / "run"),
     }
     results = run_simulation_job(overrides, num_supernodes=10, environment=environment)
@@ -346,14 +334,14 @@ def bad_ciphertext_in_round1(msg: Message, context: Context, config: RunConfig) 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["foreign-key", "out-of-range"])
 def test_bad_round1_ciphertext_withholds_the_result_without_blaming_honest_nodes(
-    keys: KeyPaths, environment: dict[str, str], tmp_path: Path, fault: str
+    ckks_keys: KeyPaths, environment: dict[str, str], tmp_path: Path, fault: str
 ) -> None:
     """A ciphertext the server cannot check (another key, or values far out of range) is
     found by the nodes when they decrypt the round-1 sum: the run completes, the result is
     withheld with a clear error, and no honest node is listed as rejected."""
     overrides = {
         "task": "fedevalfair",
-        "fef-public-context": str(keys.public),
+        "fef-public-context": str(ckks_keys.public),
         "users-per-node": 600,
         "num-server-rounds": 0,
         "output-dir": str(tmp_path / "run"),
@@ -385,13 +373,13 @@ def test_bad_round1_ciphertext_withholds_the_result_without_blaming_honest_nodes
 
 @pytest.mark.slow
 def test_nodes_that_cannot_take_part_send_no_counts(
-    keys: KeyPaths, environment: dict[str, str], tmp_path: Path
+    ckks_keys: KeyPaths, environment: dict[str, str], tmp_path: Path
 ) -> None:
     """Every holder is below fef-min-cell: each says it cannot take part in a fixed
     sentence (no cell counts), and the run ends with a clear error instead of a test."""
     overrides = {
         "task": "fedevalfair",
-        "fef-public-context": str(keys.public),
+        "fef-public-context": str(ckks_keys.public),
         "users-per-node": 300,
         "num-server-rounds": 0,
         "fef-min-cell": 100_000,

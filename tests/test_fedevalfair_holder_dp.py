@@ -57,7 +57,6 @@ from fedparity.mechanisms.crypto.ckks import (
     ReleaseJournal,
     contributors_digest,
     dp_release,
-    generate_keys,
     load_public_context,
 )
 from fedparity.mechanisms.crypto.ckks.holder_dp import (
@@ -119,9 +118,9 @@ class Holders:
 
 
 @pytest.fixture(scope="module")
-def holders(tmp_path_factory: pytest.TempPathFactory) -> Holders:
+def holders(ckks_keys: KeyPaths, tmp_path_factory: pytest.TempPathFactory) -> Holders:
     return Holders(
-        generate_keys(tmp_path_factory.mktemp("keys")),
+        ckks_keys,
         write_node_identities(tmp_path_factory.mktemp("identities"), NUM_HOLDERS),
     )
 

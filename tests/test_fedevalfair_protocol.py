@@ -75,18 +75,13 @@ RUN_ID = 1
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
-    return generate_keys(tmp_path_factory.mktemp("keys"))
-
-
-@pytest.fixture(scope="module")
 def identities(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """node-<i>.key and roster.toml for the holders (what fedparity identity writes)."""
     return write_node_identities(tmp_path_factory.mktemp("identity"), NUM_HOLDERS)
 
 
 def holder_context(
-    partition_id: int, keys: KeyPaths, identities: Path, ledgers: Path | None = None
+    partition_id: int, ckks_keys: KeyPaths, identities: Path, ledgers: Path | None = None
 ) -> Context:
     ledger = {} if ledgers is None else {"ledger-dir": str(ledgers / f"node-{partition_id}")}
     return Context(
@@ -95,7 +90,7 @@ def holder_context(
         node_config={
             "partition-id": partition_id,
             "num-partitions": NUM_HOLDERS,
-            NODE_CONFIG_KEY: str(keys.secret),
+            NODE_CONFIG_KEY: str(ckks_keys.secret),
             "identity-key": str(identities / f"node-{partition_id}.key"),
             "roster": str(identities / "roster.toml"),
             **ledger,
@@ -164,21 +159,21 @@ def plaintext_reports(config: RunConfig, arrays: ArrayRecord) -> dict[tuple[str,
     }
 
 
-def test_server_context_holds_no_secret_key(keys: KeyPaths) -> None:
-    public = load_public_context(keys.public)
+def test_server_context_holds_no_secret_key(ckks_keys: KeyPaths) -> None:
+    public = load_public_context(ckks_keys.public)
     assert not context_has_secret_key(public)
     FedEvalFairProtocol(public)  # accepted
     with pytest.raises(ValueError, match="secret key"):
-        FedEvalFairProtocol(load_secret_context(keys.secret))
+        FedEvalFairProtocol(load_secret_context(ckks_keys.secret))
 
 
 def test_three_rounds_match_the_plaintext_test(
-    keys: KeyPaths, identities: Path, tmp_path: Path
+    ckks_keys: KeyPaths, identities: Path, tmp_path: Path
 ) -> None:
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
-    protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    contexts = [holder_context(p, keys, identities, tmp_path) for p in range(NUM_HOLDERS)]
+    protocol = FedEvalFairProtocol(load_public_context(ckks_keys.public))
+    contexts = [holder_context(p, ckks_keys, identities, tmp_path) for p in range(NUM_HOLDERS)]
     nodes = [c.node_id for c in contexts]
 
     # Round 1: one signed ciphertext per node and nothing else.
@@ -196,7 +191,7 @@ def test_three_rounds_match_the_plaintext_test(
     assert list(first.accepted) == nodes and not first.rejected and not first.unable
     # The server cannot read what it added: decrypting needs the secret key.
     with pytest.raises(Exception):  # noqa: B017 - tenseal raises its own error types
-        decrypt_vector(load_public_context(keys.public), first.total)
+        decrypt_vector(load_public_context(ckks_keys.public), first.total)
 
     # Endorsement (verifier: holder 0), then round 2
     content = endorsed_round2_content(protocol, first, contexts[0], config)
@@ -245,12 +240,12 @@ def test_three_rounds_match_the_plaintext_test(
 
 
 def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(
-    keys: KeyPaths, identities: Path, tmp_path: Path
+    ckks_keys: KeyPaths, identities: Path, tmp_path: Path
 ) -> None:
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
-    protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    contexts = [holder_context(p, keys, identities) for p in range(NUM_HOLDERS)]
+    protocol = FedEvalFairProtocol(load_public_context(ckks_keys.public))
+    contexts = [holder_context(p, ckks_keys, identities) for p in range(NUM_HOLDERS)]
     good = [
         fef_round1(request(c.node_id, 0, protocol.round1_content(arrays)), c, config)
         for c in contexts
@@ -276,7 +271,9 @@ def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(
     assert accepted == [c.node_id for c in contexts]
     assert sorted(item.node_id for item in rejected) == [200, 201, 202, 203]
     assert "not signed" in next(item.reason for item in rejected if item.node_id == 203)
-    decrypted = decrypt_vector(load_secret_context(keys.secret), total, expected_size=ROUND1_SIZE)
+    decrypted = decrypt_vector(
+        load_secret_context(ckks_keys.secret), total, expected_size=ROUND1_SIZE
+    )
     assert decrypted[-1] == pytest.approx(3.0, abs=1e-4)  # count slot: the three good ones
 
 
@@ -308,14 +305,17 @@ def test_arrays_roundtrip_is_lossless() -> None:
 
 
 def test_a_verifier_never_endorses_a_sum_of_fewer_than_min_holders(
-    keys: KeyPaths, identities: Path
+    ckks_keys: KeyPaths, identities: Path
 ) -> None:
     """The server asks a verifier to endorse one holder's own ciphertext as a "sum" (it would
     then be decrypted by every holder): refused before anything is computed."""
     config = RunConfig.from_mapping(RUN_CONFIG)
     arrays = model_arrays(config)
-    protocol = FedEvalFairProtocol(load_public_context(keys.public))
-    victim, verifier = holder_context(0, keys, identities), holder_context(1, keys, identities)
+    protocol = FedEvalFairProtocol(load_public_context(ckks_keys.public))
+    victim, verifier = (
+        holder_context(0, ckks_keys, identities),
+        holder_context(1, ckks_keys, identities),
+    )
     reply = fef_round1(request(victim.node_id, 0, protocol.round1_content(arrays)), victim, config)
     first = protocol.collect_round(1, [victim.node_id], [reply], ROUND1_SIZE, run_id=RUN_ID)
     assert list(first.accepted) == [victim.node_id]

@@ -1,4 +1,4 @@
-"""End-to-end checks of ``tests/flower_processes.py`` with real Flower processes.
+"""End-to-end checks of ``tests/support/flower_processes.py`` with real Flower processes.
 
 The throwaway app in ``tests/flower_lab_app`` is copied into ``tmp_path`` and run
 (1) on a SuperLink + 3 SuperNodes, (2) on a simulation SuperLink with 3 virtual
@@ -14,22 +14,13 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.flower_processes import (
-        FlwrRunError,
-        format_run_config,
-        free_port,
-        local_deployment,
-        local_simulation,
-    )
-except ImportError:  # pytest "prepend" import mode without the repo root on sys.path
-    from flower_processes import (  # type: ignore[no-redef, import-not-found]
-        FlwrRunError,
-        format_run_config,
-        free_port,
-        local_deployment,
-        local_simulation,
-    )
+from tests.support.flower_processes import (
+    FlwrRunError,
+    format_run_config,
+    free_port,
+    local_deployment,
+    local_simulation,
+)
 
 LAB_APP = Path(__file__).parent / "flower_lab_app"
 

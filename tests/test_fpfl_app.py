@@ -34,13 +34,7 @@ from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.server.api import run_simulation_job
 from fedparity.server.app import build_server_app
 from fedparity.server.fpfl_checkpoint import load_checkpoint
-
-try:
-    from tests.test_html_report import assert_report_matches_results
-except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
-    from test_html_report import (  # type: ignore[no-redef, import-not-found]
-        assert_report_matches_results,
-    )
+from tests.test_html_report import assert_report_matches_results
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {
@@ -281,7 +275,7 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     per round, the result table and results.json with the documented keys."""
     import tomllib
 
-    from tests.flower_processes import local_simulation
+    from tests.support.flower_processes import local_simulation
 
     with (REPO / "configs" / "fpfl-synthetic.toml").open("rb") as handle:
         run_config = tomllib.load(handle)

@@ -21,7 +21,7 @@ from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
 from fedparity.clients.project.fpfl_node import node_contribution, node_noise_multiplier
 from fedparity.mechanisms.crypto.secure_sum import minimum_survivors
 from fedparity.mechanisms.privacy.opacus_accounting import calibrate_noise
-from tests.import_probe import last_line_printed
+from tests.support.import_probe import last_line_printed
 
 CONFIG = RunConfig.from_mapping({"task": "fpfl", "fpfl-algorithm": "fl"})
 
@@ -151,7 +151,7 @@ def test_a_node_checks_sigma_once_per_run_and_a_round_loads_no_opacus(tmp_path: 
 
     from fedparity.clients.fpfl_handlers import FPFL_STATE_KEY, FPFLRunState
     from fedparity.clients.policy import NodePrivacyPolicy
-    from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes
+    from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes
 
     nodes = MaskingNodes([3, 4, 5], PRIVATE_TRAINING, policy=NodePrivacyPolicy())
     nodes.setup()
@@ -171,7 +171,7 @@ def test_a_node_checks_sigma_once_per_run_and_a_round_loads_no_opacus(tmp_path: 
             "TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0",
             "from fedparity.clients import fpfl_handlers",
             "from fedparity.clients.policy import NodePrivacyPolicy",
-            "from tests.fpfl_nodes import PRIVATE_TRAINING, make_model, node_users",
+            "from tests.support.fpfl_nodes import PRIVATE_TRAINING, make_model, node_users",
             f"context, content = pickle.loads(open({str(payload)!r}, 'rb').read())",
             "message = Message(content, dst_node_id=4, message_type='query.fpfl_round')",
             "handlers = fpfl_handlers(make_model, node_users, PRIVATE_TRAINING,"

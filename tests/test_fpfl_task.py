@@ -32,7 +32,7 @@ from fedparity.clients.fpfl_task import (
     user_statistics_loop,
 )
 from fedparity.clients.project.fpfl_data import synthetic_fpfl_users
-from tests.import_probe import last_line_printed
+from tests.support.import_probe import last_line_printed
 
 # Vectorised vs loop: the same float32 per-sample terms summed in a different order over a
 # user's few samples; entries are <= ~10 in size, so differences are ~1e-6 at most.

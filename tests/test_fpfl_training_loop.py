@@ -30,7 +30,7 @@ from fedparity.strategies import (
     StopAfterLostRounds,
     StopWhenTooFewNodes,
 )
-from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes, make_model
+from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes, make_model
 from tests.test_secure_sum_attacks import NodesGrid, server_protocol
 
 pytestmark = pytest.mark.usefixtures("task_identity")

@@ -9,10 +9,9 @@ the message's own (valid) parameters allow.
 
 from __future__ import annotations
 
-import io
 import tempfile
-from contextlib import redirect_stderr
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -27,9 +26,12 @@ from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, build_mechanism
 from fedparity.mechanisms.ldp.laplace import LaplaceMechanism
 from fedparity.mechanisms.protocol import FPFL_KEY, METRICS_KEY, REPORTS_KEY
-from fedparity.server.cli import main as cli_main
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import MaskingNodes
+from tests.support.fixtures import run_cli
+from tests.support.fpfl_nodes import MaskingNodes
+
+if TYPE_CHECKING:
+    from fedparity.mechanisms.crypto.ckks import KeyPaths
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -338,28 +340,21 @@ def test_the_cli_exits_0_or_2_with_a_message_never_with_a_traceback(
     data: st.DataObject, tmp_path: Path
 ) -> None:
     argv = data.draw(cli_arguments(tmp_path))
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stderr(err):
-        try:
-            status = cli_main(argv, out=out)
-        except SystemExit as exit_:  # argparse: a missing or malformed option
-            status = exit_.code  # type: ignore[assignment]
+    status, out, err = run_cli(argv)  # argparse's exits (a missing or malformed option) too
     event(f"{argv[0]} exit {status}")
     assert status in (0, 2), (argv, status)
     if status == 2:
-        assert err.getvalue().strip(), argv
+        assert err.strip(), argv
     else:
-        assert out.getvalue().strip() and "Traceback" not in out.getvalue()
+        assert out.strip() and "Traceback" not in out
 
 
 # --- FedEvalFair: a key holder -----------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def holder_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fedparity.mechanisms.crypto.ckks import generate_keys
-
-    return generate_keys(tmp_path_factory.mktemp("fuzz-keys")).secret
+def holder_key(ckks_keys: KeyPaths) -> Path:
+    return ckks_keys.secret
 
 
 @pytest.mark.parametrize("action", ["fef_round2", "fef_round3"])
@@ -426,10 +421,10 @@ def test_an_fpfl_node_refuses_any_setup_without_a_salt(salt: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def public_context(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    from fedparity.mechanisms.crypto.ckks import generate_keys, load_public_context
+def public_context(ckks_keys: KeyPaths):  # noqa: ANN201
+    from fedparity.mechanisms.crypto.ckks import load_public_context
 
-    return load_public_context(generate_keys(tmp_path_factory.mktemp("fuzz-public")).public)
+    return load_public_context(ckks_keys.public)
 
 
 @FUZZ

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.import_probe import last_line_printed, modules_loaded_by
+from tests.support.import_probe import last_line_printed, modules_loaded_by
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("mechanisms", "clients", "strategies", "server")
@@ -707,7 +707,7 @@ def test_the_cycle_check_sees_an_eager_package_init() -> None:
 _CONCURRENT_IMPORTS = """
 import importlib, sys, threading
 import fedparity.server.app, fedparity.clients.app  # third-party imports done once
-from tests.import_probe import last_line_printed, modules_loaded_by
+from tests.support.import_probe import last_line_printed, modules_loaded_by
 sys.setswitchinterval(1e-6)  # switch threads often: the race window is microseconds
 failures = []
 for _ in range({repeats}):
@@ -769,7 +769,7 @@ def test_a_nodes_messages_without_a_model_load_no_torch(tmp_path: Path) -> None:
     from fedparity.mechanisms.crypto.secure_sum import contribution_codec
     from fedparity.mechanisms.protocol import FPFL_KEY
     from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLSetupRequest
-    from tests.fpfl_nodes import run_parameters
+    from tests.support.fpfl_nodes import run_parameters
 
     run_config = {"task": "fpfl", "dataset": "synthetic", "users-per-node": 50}
     preamble = [

@@ -1,6 +1,6 @@
 """Each log line of ``flwr run --stream`` once, no DEBUG lines, none of the known noise.
 
-Real runs: a simulation SuperLink on a free port (``tests/flower_processes.py``, its own
+Real runs: a simulation SuperLink on a free port (``tests/support/flower_processes.py``, its own
 ``FLWR_HOME``), the project submitted with ``flwr run . --stream``, and the streamed output
 read line by line. Opacus calls ``logging.basicConfig`` when imported; without the guard in
 ``fedparity.mechanisms.privacy.opacus_accounting`` the root logger gains a stderr handler and every
@@ -23,14 +23,7 @@ import pytest
 from flwr.common import log
 
 from fedparity.clients.logging_setup import quiet_known_noise, quiet_strategy_banner
-
-try:
-    from tests.flower_processes import local_simulation, strip_ansi
-except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
-    from flower_processes import (  # type: ignore[no-redef, import-not-found]
-        local_simulation,
-        strip_ansi,
-    )
+from tests.support.flower_processes import local_simulation, strip_ansi
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"

@@ -35,7 +35,7 @@ from fedparity.mechanisms.protocol import (
 )
 from fedparity.server.api import run_simulation_job
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, SMALL_FPFL, USERS, MaskingNodes
+from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, SMALL_FPFL, USERS, MaskingNodes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -46,7 +46,7 @@ from fedparity.mechanisms.protocol.fpfl import (
     FPFLSetupRequest,
 )
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
+from tests.support.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

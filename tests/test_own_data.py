@@ -22,11 +22,7 @@ from fedparity.clients.project.own_data import (
 from fedparity.clients.project.task import build_model, get_arrays
 from fedparity.mechanisms import RandomizedResponseMechanism
 from fedparity.strategies.ldp_audit import LdpGapAudit
-
-try:
-    from tests.flower_processes import local_deployment
-except ImportError:  # pragma: no cover
-    from flower_processes import local_deployment  # type: ignore[no-redef, import-not-found]
+from tests.support.flower_processes import local_deployment
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "user,group,label,split,age,score"

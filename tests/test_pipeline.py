@@ -30,7 +30,7 @@ from fedparity.mechanisms.privacy.user_ledger import (
 )
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.server.api import fedevalfair_simulation_keys, run_simulation_job
-from tests.fpfl_nodes import POPULATION, PRIVATE_TRAINING, USERS, MaskingNodes
+from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, USERS, MaskingNodes
 from tests.test_html_report import assert_report_matches_results
 
 pytestmark = pytest.mark.usefixtures("task_identity")

@@ -6,11 +6,11 @@ hand from the mechanisms' definitions (not with the module's conversions).
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from fedparity.mechanisms.privacy.user_ledger import (
     compose,
 )
 from fedparity.server.cli import main
+from tests.support.fixtures import CliResult
 
 TIME = "2026-11-25T12:00:00+00:00"
 DELTA = 1e-5
@@ -308,12 +309,6 @@ def test_dp_accounting_is_imported_only_when_used_and_adds_no_log_handler() -> N
 # --- fedparity ledger show ------------------------------------------------------------------------
 
 
-def run(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(argv, out=out)
-    return code, out.getvalue()
-
-
 @pytest.fixture
 def written_ledger(tmp_path: Path) -> Path:
     path = tmp_path / "privacy-ledger.json"
@@ -324,8 +319,8 @@ def written_ledger(tmp_path: Path) -> Path:
     return path
 
 
-def test_ledger_show_text(written_ledger: Path) -> None:
-    code, text = run(["ledger", "show", str(written_ledger)])
+def test_ledger_show_text(written_ledger: Path, cli: Callable[[list[str]], CliResult]) -> None:
+    code, text, _ = cli(["ledger", "show", str(written_ledger)])
     assert code == 0
     total = UserLedger.load(written_ledger).total(1)
     assert "5 user(s), budget epsilon=8" in text and "replace-one-user" in text
@@ -338,8 +333,8 @@ def test_ledger_show_text(written_ledger: Path) -> None:
     assert f"(basic composition: epsilon={total.basic_epsilon:.4g}" in text
 
 
-def test_ledger_show_json(written_ledger: Path) -> None:
-    code, text = run(["ledger", "show", str(written_ledger), "--user", "0", "--json"])
+def test_ledger_show_json(written_ledger: Path, cli: Callable[[list[str]], CliResult]) -> None:
+    code, text, _ = cli(["ledger", "show", str(written_ledger), "--user", "0", "--json"])
     assert code == 0 and len(text.strip().splitlines()) == 1
     shown = json.loads(text)
     ledger = UserLedger.load(written_ledger)
@@ -363,7 +358,7 @@ def test_ledger_show_json(written_ledger: Path) -> None:
 
 
 def test_ledger_show_bad_input_exits_2_with_one_line(
-    tmp_path: Path, written_ledger: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, written_ledger: Path, cli: Callable[[list[str]], CliResult]
 ) -> None:
     foreign = tmp_path / "foreign.json"
     foreign.write_text('{"format": "something else"}')
@@ -372,9 +367,7 @@ def test_ledger_show_bad_input_exits_2_with_one_line(
         (["ledger", "show", str(foreign)], "PATH: ledger"),
         (["ledger", "show", str(written_ledger), "--user", "5"], "--user must be"),
     ]:
-        capsys.readouterr()
-        code, text = run(argv)
-        err = capsys.readouterr().err
+        code, text, err = cli(argv)
         assert code == 2 and text == "", argv
         assert err.count("\n") == 1 and needle in err, err
 

@@ -1,7 +1,7 @@
 """fedparity jobs over Flower's own TLS and SuperNode authentication (real processes).
 
-One SuperLink and three SuperNodes on 127.0.0.1, started by ``tests/flower_processes.py``
-with certificates and node keys made here (``tests/flower_tls.py``)::
+One SuperLink and three SuperNodes on 127.0.0.1, started by ``tests/support/flower_processes.py``
+with certificates and node keys made here (``tests/support/flower_tls.py``)::
 
     flower-superlink --ssl-ca-certfile ca.crt --ssl-certfile server.crt \\
         --ssl-keyfile server.key --enable-supernode-auth ...
@@ -33,32 +33,16 @@ from cryptography.hazmat.primitives import serialization
 from fedparity.clients.identity import ROSTER_FILE, identity_key_file
 from fedparity.mechanisms.crypto.ckks import KeyPaths, generate_keys
 from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
-
-try:
-    from tests.flower_processes import (
-        Deployment,
-        FlwrRunError,
-        local_deployment,
-        run_flwr,
-        supernode_statuses,
-        wait_for,
-        write_connection,
-    )
-    from tests.flower_tls import TlsMaterial, make_tls_material
-except ImportError:  # pragma: no cover
-    from flower_processes import (  # type: ignore[no-redef, import-not-found]
-        Deployment,
-        FlwrRunError,
-        local_deployment,
-        run_flwr,
-        supernode_statuses,
-        wait_for,
-        write_connection,
-    )
-    from flower_tls import (  # type: ignore[no-redef, import-not-found]
-        TlsMaterial,
-        make_tls_material,
-    )
+from tests.support.flower_processes import (
+    Deployment,
+    FlwrRunError,
+    local_deployment,
+    run_flwr,
+    supernode_statuses,
+    wait_for,
+    write_connection,
+)
+from tests.support.flower_tls import TlsMaterial, make_tls_material
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,7 @@ from fedparity.mechanisms.crypto.secure_sum import (
     share_self_seed,
     unmask_sum,
 )
-from tests.import_probe import modules_loaded_by
+from tests.support.import_probe import modules_loaded_by
 
 SALT = b"run-1234"
 CLIP = 2.5

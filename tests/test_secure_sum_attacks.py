@@ -25,7 +25,7 @@ from fedparity.mechanisms.crypto.secure_sum import (
     round_seed,
     unmask_sum,
 )
-from tests.fpfl_nodes import EXACT, EXACT_POLICY, SALT, MaskingNodes
+from tests.support.fpfl_nodes import EXACT, EXACT_POLICY, SALT, MaskingNodes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 

@@ -321,12 +321,8 @@ def test_the_default_ldp_audit_stops_when_the_nodes_refuse_training(tmp_path: Pa
     with plain FedAvg (every node sent its weights in clear) and audited the result. Now both
     refuse train, the job stops after that one exchange with the way to proceed in its status
     and log, and no audit is sent; with model-file the same nodes are audited, untrained."""
-    try:
-        from tests.flower_processes import local_deployment
-    except ImportError:  # pragma: no cover
-        from flower_processes import local_deployment  # type: ignore[no-redef, import-not-found]
-
     from fedparity.server.run_record import read_status
+    from tests.support.flower_processes import local_deployment
 
     model_file = tmp_path / "model.npz"
     np.savez(model_file, *get_arrays(build_model(8, seed=7)))  # the synthetic data: 8 features

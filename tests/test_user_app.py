@@ -25,11 +25,7 @@ from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
 from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.mechanisms.protocol import BLOCKS
 from fedparity.server.cli.identity import write_node_identities
-
-try:
-    from tests.flower_processes import local_simulation
-except ImportError:  # pragma: no cover - pytest without the repo root on sys.path
-    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+from tests.support.flower_processes import local_simulation
 
 APP = Path(__file__).resolve().parent / "user_app"
 NUM_NODES = 4

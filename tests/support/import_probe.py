@@ -9,7 +9,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def modules_loaded_by(module: str, roots: Collection[str]) -> list[str]:

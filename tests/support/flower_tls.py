@@ -2,7 +2,7 @@
 
 Made with the ``cryptography`` package, for tests only (nothing is password-protected)::
 
-    from tests.flower_tls import make_tls_material
+    from tests.support.flower_tls import make_tls_material
 
     tls = make_tls_material(tmp_path / "tls", num_node_keys=3)
     with local_deployment(app_dir, 3, None, flwr_home, tls=tls, node_auth=True) as dep:

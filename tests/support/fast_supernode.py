@@ -10,7 +10,7 @@ script, which shortens those two sleeps (to 0.1 s and 0.05 s) in that module onl
 the SuperLink's minimum heartbeat interval (10 s: a killed node is noticed after 16-20 s) and
 then runs Flower's own ``flower-supernode`` entry point with the same arguments; everything
 else is Flower's. The SuperExec's own task poll has a setting, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
-(:func:`tests.flower_processes.child_env` sets it). Nothing here is part of fedparity: a real
+(:func:`tests.support.flower_env.child_env` sets it). Nothing here is part of fedparity: a real
 node runs ``flower-supernode``.
 """
 
