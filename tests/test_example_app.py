@@ -18,11 +18,7 @@ from pathlib import Path
 import pytest
 
 from fedparity.mechanisms.ldp.estimators import GAP_VERDICTS
-
-try:
-    from tests.flower_processes import local_simulation
-except ImportError:  # pragma: no cover
-    from flower_processes import local_simulation  # type: ignore[no-redef, import-not-found]
+from tests.support.flower_processes import local_simulation
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own-app"
 README = EXAMPLE / "README.md"

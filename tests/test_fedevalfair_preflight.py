@@ -22,7 +22,7 @@ from fedparity.clients.app import (
 )
 from fedparity.clients.identity import IDENTITY_DIR_ENV, ROSTER_FILE, identity_key_file
 from fedparity.clients.project.config import RunConfig
-from fedparity.mechanisms.crypto.ckks import SECRET_CONTEXT_ENV, KeyPaths, generate_keys
+from fedparity.mechanisms.crypto.ckks import SECRET_CONTEXT_ENV, KeyPaths
 from fedparity.server.api import run_simulation_job
 from fedparity.server.cli.identity import write_node_identities
 from fedparity.server.orchestration import (
@@ -35,9 +35,10 @@ from fedparity.server.run_record import read_status
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPaths:
-    return generate_keys(tmp_path_factory.mktemp("fef-keys"))
+@pytest.fixture
+def keys(ckks_keys: KeyPaths) -> KeyPaths:
+    """The session's CKKS key pair (tests.support.fixtures)."""
+    return ckks_keys
 
 
 def fef_missing(node_config: dict[str, object], task: str = "fedevalfair", **run: object) -> int:

@@ -11,7 +11,7 @@ define them::
         run = dep.run({"num-server-rounds": 1, "output-dir": str(out)})
     print(run.output)
 
-What this module guarantees (measured facts are in ``/work/notes/flower-runtime.md``):
+What this module guarantees (measured on Flower 1.41):
 
 * Nothing is installed at run time: the SuperLink gets
   ``--disable-runtime-dependency-installation`` (SuperNodes never install by
