@@ -59,7 +59,8 @@ class RunConfigErrorWithoutTraceback(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, ConfigError):
             record.msg = "%s refused the run config before any work: %s"
-            record.args = (*(record.args or ("ServerApp",))[:1], str(error))
+            args = record.args if isinstance(record.args, tuple) and record.args else ("ServerApp",)
+            record.args = (args[0], str(error))
             record.exc_info = None
             record.exc_text = None
         return True
