@@ -203,9 +203,10 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
     if config.task in ("fpfl", "pipeline"):
         users = fpfl_users(context, config)
         sample_shape = [int(size) for size in users.features.shape[1:]]
-        values = {
+        num_users = users.num_users
+        values: dict[str, int | list[int]] = {
             "num-features": int(np.prod(sample_shape)),
-            "num-users": users.num_users,
+            "num-users": num_users,
             "num-train-samples": users.num_samples,
             "sample-shape": sample_shape,
             "num-classes": users.num_classes,
@@ -213,12 +214,13 @@ def describe(msg: Message, context: Context, config: RunConfig) -> Message:
         }
     else:
         shard = load_shard(context, config, "train")
+        num_users = shard.num_users
         values = {
             "num-features": shard.num_features,
-            "num-users": shard.num_users,
+            "num-users": num_users,
             "num-train-samples": shard.num_samples,
         }
-    if values["num-users"] < node_policy(context.node_config).min_users_for_counts:
+    if num_users < node_policy(context.node_config).min_users_for_counts:
         # a small node (a device) says how many users it hosts (K needs it), never how many
         # samples they have
         values.pop("num-train-samples")
@@ -268,9 +270,9 @@ def train_handler(msg: Message, context: Context, config: RunConfig) -> Message:
 
     check_fedavg_training(context, config)
     shard = load_shard(context, config, "train")
-    arrays = msg.content["arrays"]
+    arrays = msg.content.array_records["arrays"]
     model = received_model(shard, arrays, config)
-    train_config = msg.content.config_records.get("config", {})
+    train_config: Mapping[str, object] = msg.content.config_records.get("config", {})
     server_round = int_field(train_config, "server-round") if "server-round" in train_config else 0
     partition_id, _ = _partition(context)
     loss = float("nan")
@@ -394,7 +396,7 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
-    model = received_model(shard, msg.content["arrays"], config)
+    model = received_model(shard, msg.content.array_records["arrays"], config)
     try:
         statistics = holder_statistics_for(config, shard, model, partition_id)
     except InsufficientGroupData as error:

@@ -132,7 +132,7 @@ class ClientStatistics:
         parts = [
             np.zeros(BLOCK_WIDTH)
             if summary is None
-            else client_contribution(summary, mode, mu0=mu0, tolerance=tolerance)  # type: ignore[arg-type]
+            else client_contribution(summary, mode, mu0=mu0, tolerance=tolerance)
             for summary, (_, mode) in zip(self.summaries, BLOCKS, strict=True)
         ]
         return np.concatenate(parts)
@@ -150,7 +150,7 @@ class ClientStatistics:
 
     @classmethod
     def from_array(cls, array: np.ndarray) -> ClientStatistics:
-        summaries = []
+        summaries: list[ClientSummary | None] = []
         for row in np.asarray(array, dtype=np.float64):
             if not np.isfinite(row[:3]).all():
                 summaries.append(None)
@@ -243,7 +243,7 @@ def rows_statistics(
                     f"smallest margin (group size or prediction count) has "
                     f"{boot.smallest_margin} row(s), fewer than fef-min-cell = {min_cell_count}"
                 )
-            pair = [boot.summary("calibrated"), boot.summary("paper")]
+            pair: list[ClientSummary | None] = [boot.summary("calibrated"), boot.summary("paper")]
         except InsufficientGroupData as error:
             pair = [None, None]
             reasons.append(f"{metric}: {error}")
@@ -343,8 +343,8 @@ def round2_vector(
         usable = summary is not None and totals[-1] >= 1.5 and totals[0] > 0 and totals[3] > 0
         usable = usable and dp is None  # DP: stage 1 comes from the released sums
         parts.append(
-            stage1_term(summary, totals, mode)  # type: ignore[arg-type]
-            if usable
+            stage1_term(summary, totals, mode)
+            if usable and summary is not None
             else np.zeros(STAGE1_WIDTH)
         )
     fresh = statistics.contribution(mu0=mu0, tolerance=tolerance, dp=dp)
@@ -473,7 +473,7 @@ def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray
         if mode == "paper" and changed:
             total = math.nan  # T1's 1/(1 - omega_i) factors refer to the round-1 clients
         elif now[0] > 0:
-            total = stage1_statistic(parts[index], mode)  # type: ignore[arg-type]
+            total = stage1_statistic(parts[index], mode)
         else:
             total = 0.0  # nobody reported this block
         released.append(np.concatenate([[total], now]))

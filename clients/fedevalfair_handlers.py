@@ -606,7 +606,7 @@ class FedEvalFairHolder:
         key = self.secret(context)
         if self.holder_rows is None:
             raise NodeRefusal("this holder computes its round-1 statistics itself")
-        rows = self.holder_rows(msg.content["arrays"], context)
+        rows = self.holder_rows(msg.content.array_records["arrays"], context)
         if not isinstance(rows, HolderRows):
             raise TypeError(f"holder_rows must return HolderRows, got {type(rows).__name__}")
         rng = np.random.default_rng() if self.bootstrap_rng is None else self.bootstrap_rng(context)

@@ -226,7 +226,7 @@ class FPFLRunState:
             secrets=dict(
                 zip(
                     (int(peer) for peer in record["peer-ids"]),  # type: ignore[union-attr]
-                    (bytes(secret) for secret in record["pair-secrets"]),  # type: ignore[union-attr]
+                    (bytes(secret) for secret in record["pair-secrets"]),  # type: ignore[arg-type, union-attr]
                     strict=True,
                 )
             ),
@@ -640,7 +640,7 @@ class FPFLNode:
         self.save_round(context, session, state)  # one write, before anything is computed
         set_flat_parameters(model, request.weights)
         total = self._contribution(model, shard, parameters, share_std, context, request.round)
-        extra = {METRICS_KEY: MetricRecord(state.totals)} if state.totals else {}
+        extra = {METRICS_KEY: MetricRecord({**state.totals})} if state.totals else {}
         if not parameters.masking:
             reply = FPFLRoundReply(total)
             return Message(
@@ -687,7 +687,8 @@ class FPFLNode:
             return cohort_contribution(
                 model,
                 shard,
-                constraint=parameters.constraint,
+                # a str on the wire, equal to this node's checked setting (mismatch at setup)
+                constraint=parameters.constraint,  # type: ignore[arg-type]
                 clipping_bound=parameters.clipping_bound,
                 sample_rate=parameters.sample_rate,
                 noise_share_std=share_std,

@@ -47,8 +47,8 @@ from numpy.typing import NDArray
 from ..mechanisms._deprecated import moved_names
 from ..mechanisms.crypto.secure_random import secure_generator
 from ..mechanisms.crypto.secure_sum import minimum_survivors, noise_share_std
-from ..mechanisms.fpfl.mmdm import CONSTRAINTS
-from ..mechanisms.privacy.opacus_accounting import calibrate_noise
+from ..mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint
+from ..mechanisms.privacy.opacus_accounting import AccountantName, calibrate_noise
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
 from ..mechanisms.validation import check_int
 from .fpfl_data import FPFLShard
@@ -111,13 +111,13 @@ class FPFLNodeSettings:
         None: OS entropy for the cohort and the noise; an integer is reproducible, NOT private.
     """
 
-    constraint: str
+    constraint: Constraint
     cohort_size: int
     rounds: int
     clipping_bound: float | None
     epsilon: float | None
     delta: float | None = None
-    accountant: str = "rdp"
+    accountant: AccountantName = "rdp"
     distributed_noise: bool = True
     masking: bool = True
     dropout_tolerance: float = 0.2
@@ -175,7 +175,7 @@ class FPFLNodeSettings:
             cohort_size=self.cohort_size,
             population_size=population_size,
             steps=self.rounds,
-            accountant=self.accountant,  # type: ignore[arg-type]
+            accountant=self.accountant,
         ).noise_multiplier
 
     def noise_share_std(
@@ -212,7 +212,7 @@ def cohort_contribution(
     model: torch.nn.Module,
     shard: FPFLShard,
     *,
-    constraint: str,
+    constraint: Constraint,
     clipping_bound: float | None,
     sample_rate: float,
     noise_share_std: float,
@@ -243,7 +243,7 @@ def cohort_contribution(
         total = shard_contribution(
             model,
             shard,
-            constraint=constraint,  # type: ignore[arg-type]
+            constraint=constraint,
             clipping_bound=clipping_bound,
             users=cohort,
         ).total
@@ -253,7 +253,7 @@ def cohort_contribution(
                 user_statistics(
                     model,
                     shard,
-                    constraint=constraint,  # type: ignore[arg-type]
+                    constraint=constraint,
                     users=cohort,
                 )
             )

@@ -52,7 +52,7 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from ..mechanisms.fpfl.mmdm import CONSTRAINTS, StatisticsLayout
+from ..mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint, StatisticsLayout
 from ..mechanisms.validation import check_int_at_least
 from .fpfl_data import FPFLShard
 
@@ -81,7 +81,6 @@ __all__ = [
     "user_statistics_loop",
 ]
 
-Constraint = Literal["fnr", "accuracy"]
 Architecture = Literal["shallow", "deep"]
 #: Hidden layer widths of the paper's fully connected networks (Section 4.1).
 ARCHITECTURES: dict[str, tuple[int, ...]] = {"shallow": (10,), "deep": (16, 8, 8)}
@@ -222,7 +221,7 @@ def output_activation(model: nn.Module) -> Activation:
     )
 
 
-def _body(model: nn.Sequential) -> nn.Sequential:
+def _body(model: nn.Module) -> nn.Sequential:
     """The model without its output activation (returns logits); shares the parameters and
     their names with ``model``."""
     return nn.Sequential(*list(model.children())[:-1])
@@ -250,7 +249,7 @@ def logit_model(model: nn.Module) -> nn.Module:
     :func:`predict`). A copy: ``model`` is left as it is."""
     if output_activation(model) != "sigmoid":
         raise ValueError("model must be binary (end in nn.Sigmoid) to give one logit")
-    return copy.deepcopy(_body(model)).to(torch.float32).eval()  # type: ignore[arg-type]
+    return copy.deepcopy(_body(model)).to(torch.float32).eval()
 
 
 def _dtype(model: nn.Module) -> torch.dtype:

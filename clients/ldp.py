@@ -237,7 +237,7 @@ def ldp_audit_handler(
                 "ldp_audit: the requested mechanism's true epsilon exceeds the audit budget; "
                 "refusing"
             )
-        users = local_users(msg.content["arrays"], request.metric, context)
+        users = local_users(msg.content.array_records["arrays"], request.metric, context)
         if not isinstance(users, LocalUsers):
             raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
         if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):

@@ -168,12 +168,12 @@ def check_int_at_least(name: str, value: int, minimum: int) -> int:
     return check_int(name, value, minimum=minimum)
 
 
-def check_choice(name: str, value: T, allowed: Iterable[T]) -> T:
+def check_choice(name: str, value: object, allowed: Iterable[T]) -> T:
     """A string option; the error lists the allowed values."""
     options = tuple(allowed)
     if value not in options:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}; got {value!r}")
-    return value
+    return value  # narrowed to T by the membership check
 
 
 def check_group_fractions(fractions: Iterable[float] | None, num_groups: int) -> np.ndarray:

@@ -60,14 +60,14 @@ class RunConfigErrorWithoutTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, ConfigError):
-            record.msg = "%s refused the run config before any work: %s"
-            record.args = (*(record.args or ("ServerApp",))[:1], str(error))
-            record.exc_info = None
-            record.exc_text = None
-        elif isinstance(error, JobCannotStart):
-            record.msg = "%s could not start (nothing trained or released): %s"
-            record.args = (*(record.args or ("ServerApp",))[:1], str(error))
+        if isinstance(error, (ConfigError, JobCannotStart)):
+            record.msg = (
+                "%s refused the run config before any work: %s"
+                if isinstance(error, ConfigError)
+                else "%s could not start (nothing trained or released): %s"
+            )
+            args = record.args if isinstance(record.args, tuple) and record.args else ("ServerApp",)
+            record.args = (args[0], str(error))
             record.exc_info = None
             record.exc_text = None
         return True

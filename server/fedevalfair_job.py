@@ -134,8 +134,8 @@ def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth)
         if block.report is None or plain is None:
             continue
         for mine, theirs in (
-            (block.report.homogeneity, plain.homogeneity),  # type: ignore[attr-defined]
-            (block.report.common_disparity, plain.common_disparity),  # type: ignore[attr-defined]
+            (block.report.homogeneity, plain.homogeneity),
+            (block.report.common_disparity, plain.common_disparity),
         ):
             differences.append(abs(mine.pvalue - theirs.pvalue))
     return max(differences) if differences else None

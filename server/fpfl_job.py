@@ -269,7 +269,7 @@ def _build(grid: Grid, config: RunConfig, session: str) -> _Built:
             cohort_size=config.fpfl_cohort_size,
             population_size=population_size,
             steps=config.fpfl_rounds,
-            accountant=config.fpfl_accountant,  # type: ignore[arg-type]
+            accountant=config.fpfl_accountant,
         )
         sigma = calibration.noise_multiplier
     model = build_model_for(

@@ -372,6 +372,7 @@ def fpfl_report(
     detail.append(
         Figure(folder / "training.png", "training curves (cohort statistics)", missing=plot_note)
     )
+    privacy_rows: list[list[object]]
     if results.private:
         privacy_rows = [
             ["epsilon spent", results.epsilon],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -16,6 +17,9 @@ from flwr.app import ArrayRecord
 from ..clients.project.config import RunConfig
 from ..clients.project.evaluation import holder_statistics_for, load_shard_for, received_model
 from ..clients.project.task import evaluate_users, group_gap_truth, metric_values
+
+if TYPE_CHECKING:
+    from ..mechanisms.fairness_tests.fedevalfair import ClientSummary, FairnessReport, Metric, Mode
 
 HARNESS_LABEL = "simulation harness only: computed from raw data, not private"
 
@@ -85,7 +89,7 @@ class FedEvalFairTruth:
     each holder's bootstrap disparities (for the distribution plot, paper Figures 4/5).
     """
 
-    reports: dict[tuple[str, str], object]
+    reports: dict[tuple[str, str], FairnessReport | None]
     resamples: dict[str, list[tuple[int, np.ndarray]]]
 
     def to_dict(self) -> dict[str, object]:
@@ -95,7 +99,7 @@ class FedEvalFairTruth:
                 {
                     "metric": metric,
                     "mode": mode,
-                    "report": None if report is None else report.to_dict(),  # type: ignore[attr-defined]
+                    "report": None if report is None else report.to_dict(),
                 }
                 for (metric, mode), report in self.reports.items()
             ],
@@ -111,7 +115,7 @@ def fedevalfair_truth(
     from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData, fedevalfair
     from ..mechanisms.protocol import BLOCKS
 
-    per_block: dict[tuple[str, str], list] = {block: [] for block in BLOCKS}
+    per_block: dict[tuple[Metric, Mode], list[ClientSummary]] = {block: [] for block in BLOCKS}
     resamples: dict[str, list[tuple[int, np.ndarray]]] = {"dp": [], "eo": []}
     for partition_id, num_partitions in sorted(partitions):
         shard = load_shard_for(config, partition_id, num_partitions, "test")
@@ -126,13 +130,13 @@ def fedevalfair_truth(
         for metric, boot in zip(("dp", "eo"), statistics.bootstraps, strict=True):
             if boot is not None:
                 resamples[metric].append((partition_id, np.asarray(boot.resamples)))
-    reports: dict[tuple[str, str], object] = {}
+    reports: dict[tuple[str, str], FairnessReport | None] = {}
     for (metric, mode), summaries in per_block.items():
         reports[(metric, mode)] = (
             fedevalfair(
                 summaries,
                 alpha=config.fef_alpha,
-                mode=mode,  # type: ignore[arg-type]
+                mode=mode,
                 mu0=config.fef_mu0,
                 tolerance=config.fef_tolerance,
             )

@@ -59,7 +59,7 @@ def ldp_audit_for(
     """One audit at ``budget`` with the run config's mechanism, groups, metric and
     confidence."""
     return LdpGapAudit.for_budget(
-        config.mechanism,  # type: ignore[arg-type]
+        config.mechanism,
         budget,
         num_groups=config.num_groups,
         metric=config.metric,

@@ -41,7 +41,7 @@ class NodeDescriptions:
         self.num_features: int | None = None
         self.num_users = 0
         self.partitions: list[tuple[int, int]] = []
-        self.failed: list[tuple[int, str]] = []
+        self.failed: list[tuple[int, str | None]] = []  # reason None: Flower gave none
         self.users_by_node: dict[int, int] = {}
         #: Nodes that read their own data file (the simulation harness cannot know their truth).
         self.own_data: list[int] = []
@@ -68,6 +68,22 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float) -> list[int]:
         time.sleep(0.5)
 
 
+def _loss(metrics: MetricRecord) -> float:
+    """The round's ``train-loss`` (nan when absent)."""
+    loss = metrics.get("train-loss", float("nan"))
+    if isinstance(loss, list):
+        raise TypeError(f"train-loss must be a number, got {loss!r}")
+    return float(loss)
+
+
+def _metric_int(metrics: MetricRecord, key: str) -> int:
+    """``metrics[key]`` as an int (KeyError when absent, TypeError when a list)."""
+    value = metrics[key]
+    if isinstance(value, list):
+        raise TypeError(f"{key} must be a number, got {value!r}")
+    return int(value)
+
+
 def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescriptions:
     """Ask every node for its feature count, user count and partition (no private data)."""
     messages = [
@@ -80,32 +96,38 @@ def describe_nodes(grid: Grid, node_ids: list[int], timeout: float) -> NodeDescr
         if reply.has_error():
             found.failed.append((node, reply.error.reason))
             continue
-        metrics = reply.content.metric_records.get(METRICS_KEY)
+        metrics = reply.content.metric_records.get(METRICS_KEY, MetricRecord())
         try:
-            num_features = int(metrics["num-features"])  # type: ignore[index]
-            num_users = int(metrics["num-users"])  # type: ignore[index]
-            partition = (int(metrics["partition-id"]), int(metrics["num-partitions"]))  # type: ignore[index]
-            shape = metrics.get("sample-shape")  # type: ignore[union-attr]
-            shape = tuple(int(size) for size in shape) if shape is not None else None  # type: ignore[union-attr]
-            classes = metrics.get("num-classes")  # type: ignore[union-attr]
-            groups = metrics.get("num-groups")  # type: ignore[union-attr]
+            num_features = _metric_int(metrics, "num-features")
+            num_users = _metric_int(metrics, "num-users")
+            partition = (
+                _metric_int(metrics, "partition-id"),
+                _metric_int(metrics, "num-partitions"),
+            )
+            sizes = metrics.get("sample-shape")
+            if sizes is not None and not isinstance(sizes, list):
+                raise TypeError(f"sample-shape must be a list, got {sizes!r}")
+            shape = tuple(int(size) for size in sizes) if sizes is not None else None
+            classes = _metric_int(metrics, "num-classes") if "num-classes" in metrics else None
+            groups = _metric_int(metrics, "num-groups") if "num-groups" in metrics else None
+            own_data = _metric_int(metrics, "own-data") if "own-data" in metrics else 0
         except (KeyError, TypeError, ValueError) as error:
             found.failed.append((node, f"malformed describe reply: {error!r}"))
             continue
         if found.num_features is None:
             found.num_features = num_features
             found.sample_shape = shape
-            found.num_classes = int(classes) if classes is not None else None
-            found.num_groups = int(groups) if groups is not None else None
+            found.num_classes = classes
+            found.num_groups = groups
         elif found.num_features != num_features or found.sample_shape != shape:
             reason = f"{num_features} features, the others have {found.num_features}"
             found.failed.append((node, reason))
             continue
         found.num_users += num_users
         found.users_by_node[node] = num_users
-        if int(metrics.get("own-data", 0)):  # type: ignore[union-attr]
+        if own_data:
             found.own_data.append(node)
-        missing = metrics.get("fef-missing")  # type: ignore[union-attr]
+        missing = metrics.get("fef-missing")
         if isinstance(missing, int) and missing:
             found.fedevalfair_missing[node] = missing
         found.partitions.append(partition)
@@ -350,13 +372,14 @@ def train_global_model(
     """
     strategy = _FedAvgWithProgress(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1)
     if config.model_file:
-        arrays = supplied if supplied is not None else supplied_model(config)
+        given = supplied if supplied is not None else supplied_model(config)
+        assert given is not None  # supplied_model returns None only without a model-file
         log(
             logging.INFO,
             "model-file: evaluating the supplied model %s (no FedAvg round)",
             config.model_file,
         )
-        return _checked_model(config, arrays, num_features), {}, strategy  # type: ignore[arg-type]
+        return _checked_model(config, given, num_features), {}, strategy
     arrays = ArrayRecord(get_arrays(build_model(num_features, seed=config.seed)))
     losses: dict[int, float] = {}
     if config.num_server_rounds:
@@ -379,8 +402,7 @@ def train_global_model(
         if len(result.arrays):
             arrays = result.arrays
         losses = {
-            int(rnd): float(metrics.get("train-loss", float("nan")))
-            for rnd, metrics in result.train_metrics_clientapp.items()
+            int(rnd): _loss(metrics) for rnd, metrics in result.train_metrics_clientapp.items()
         }
     return arrays, losses, strategy
 

@@ -48,6 +48,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.project.config import PIPELINE_SESSIONS, RunConfig
+from ..mechanisms.ldp.calibration import MechanismChoice
 from ..mechanisms.ldp.estimators import compare_gaps
 from ..mechanisms.ldp.power import (
     audit_detectable_gap,
@@ -99,7 +100,9 @@ def _model_arrays(weights: np.ndarray) -> ArrayRecord:
     return ArrayRecord({"weights": Array(np.asarray(weights, dtype=np.float64))})
 
 
-def _audit_plan(outcome: AuditOutcome, confidence: float, mechanism: str) -> dict[str, Any] | None:
+def _audit_plan(
+    outcome: AuditOutcome, confidence: float, mechanism: MechanismChoice
+) -> dict[str, Any] | None:
     """What this audit could detect (:func:`~fedparity.mechanisms.ldp.power.audit_detectable_gap`
     at its reports, budget and estimated group fractions)."""
     estimate = outcome.estimate
@@ -115,7 +118,7 @@ def _audit_plan(outcome: AuditOutcome, confidence: float, mechanism: str) -> dic
         PLANNED_POWER,
         reports,
         estimate.epsilon,
-        mechanism=mechanism,  # type: ignore[arg-type]
+        mechanism=mechanism,
         group_fractions=None if fractions is None else [float(f) for f in fractions],
         alpha=1.0 - confidence,
     )
@@ -127,13 +130,13 @@ def _comparison(
     epsilons: list[float],
     confidence: float,
     planned_for: float,
-    mechanism: str,
+    mechanism: MechanismChoice,
 ) -> list[dict[str, Any]]:
     """Per budget: FPFL's gap against PFL's, from the two private estimates alone, what the
     two audits could detect, and what they would need to detect a difference of
     ``planned_for`` (``pipeline-plan-difference``): planned on the run's public parameters,
     never on the noisy estimates."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for index, budget in enumerate(epsilons):
         reference, other = audits["pfl"][index].estimate, audits["fpfl"][index].estimate
         if reference is None or other is None:
@@ -168,7 +171,7 @@ def _comparison(
             PLANNED_POWER,
             int(reference.num_reports),
             gap,
-            mechanism=mechanism,  # type: ignore[arg-type]
+            mechanism=mechanism,
             group_fractions=fractions,
             alpha=1.0 - confidence,
         ).epsilon
@@ -176,7 +179,7 @@ def _comparison(
             PLANNED_POWER,
             budget,
             gap,
-            mechanism=mechanism,  # type: ignore[arg-type]
+            mechanism=mechanism,
             group_fractions=fractions,
             alpha=1.0 - confidence,
         ).num_users
@@ -380,7 +383,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     assert written.privacy is not None
     log(logging.INFO, "%s", ledger_totals_text(written.privacy.ledger_totals_reported_by_nodes))
     log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
-    errors = [f"FedEvalFair ({s}): {tests[s].error}" for s in PIPELINE_SESSIONS if tests[s].error]
+    errors = [f"FedEvalFair ({s}): {error}" for s in PIPELINE_SESSIONS if (error := tests[s].error)]
     if errors:
         record.finish("completed-with-errors", error="; ".join(errors))
         log(logging.ERROR, "fedparity: the pipeline ran, but %s", "; ".join(errors))

@@ -217,8 +217,8 @@ def _side_by_side(results: PipelineResults) -> Table:
         row("  common disparity", [_fef_cell(m, fef_metric, "estimate") for m in models])
         row("  stage 1 p (holders differ)", [_fef_cell(m, fef_metric, "stage1") for m in models])
         row("  stage 2 p (unfair)", [_fef_cell(m, fef_metric, "stage2") for m in models])
-    harness = [m.harness for m in models]
-    if all(h is not None for h in harness):
+    harness = [m.harness for m in models if m.harness is not None]
+    if len(harness) == len(models):
         row("test accuracy (harness)", [h["accuracy"] for h in harness])
         row(
             f"true {metric} gap of the audited users (harness)",
@@ -226,7 +226,7 @@ def _side_by_side(results: PipelineResults) -> Table:
         )
         row("true FNR gap, test rows (harness)", [h["fnr_gap"] for h in harness])
     return Table(
-        ["", *(m.name for m in models)],
+        ["", *(m.name or "" for m in models)],
         rows,
         caption="Both models side by side (harness rows: simulation only, not private)",
     )

@@ -645,7 +645,7 @@ def _fedevalfair_privacy_blocks(results: FedEvalFairResults) -> list[Any]:
     its parameters."""
     outcome = results.fedevalfair or {}
     holder_dp = results.holder_dp
-    rows = [
+    rows: list[list[object]] = [
         ["holders asked", results.num_nodes],
         ["key holders (decrypt the sums)", len(outcome["key_holders"])],
         ["server's context holds the secret key", results.server_context_has_secret_key],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from ..strategies.ldp_audit import AuditOutcome
 
@@ -119,10 +119,10 @@ class AuditRecord(Results):
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls: type[R], budget: float, outcome: AuditOutcome, **more: Any) -> R:
+    def of(cls, budget: float, outcome: AuditOutcome, **more: Any) -> Self:
         """The record of ``outcome``, an audit at ``budget`` (``more``: the fields a
         subclass adds)."""
-        return cls(budget=budget, **outcome.to_dict(), **more)  # type: ignore[arg-type]
+        return cls(budget=budget, **outcome.to_dict(), **more)
 
 
 @dataclass

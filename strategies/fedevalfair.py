@@ -163,7 +163,7 @@ class FedEvalFairOutcome:
     #: Round-2 participants whose commitment to the run's two sets went to round 3.
     committers: tuple[int, ...] = field(default=())
     #: The holder-level DP mode's parameters and noise (``HolderDP.to_dict``), or None (off).
-    holder_dp: dict[str, object] | None = None
+    holder_dp: dict[str, float | str] | None = None
 
     def block(self, metric: str, mode: str) -> BlockResult:
         return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
@@ -394,13 +394,13 @@ class FedEvalFairProtocol:
                 rejected.append(RejectedReply(senders[item.index], f"{item.kind}: {item.reason}"))
             senders = [node for index, node in enumerate(senders) if index not in bad]
             entries = [entry for index, entry in enumerate(entries) if index not in bad]
-        for item in rejected:
+        for rejected_reply in rejected:
             log(
                 logging.WARNING,
                 "FedEvalFair round %d: rejected node %d: %s",
                 round_number,
-                item.node_id,
-                item.reason,
+                rejected_reply.node_id,
+                rejected_reply.reason,
             )
         return RoundCollection(
             total, tuple(senders), tuple(entries), tuple(rejected), tuple(unable), uploaded
@@ -608,7 +608,7 @@ class FedEvalFairProtocol:
             report = report_from_sums(
                 totals,
                 float(stage1),
-                mode=mode,  # type: ignore[arg-type]
+                mode=mode,
                 alpha=self.alpha,
                 mu0=self.mu0,
                 tolerance=self.tolerance,
@@ -670,7 +670,7 @@ class FedEvalFairProtocol:
         grid: Grid,
         arrays: ArrayRecord,
         node_ids: Sequence[int],
-        run_id: str,
+        run_id: int,
         progress: _Progress,
     ) -> RoundCollection:
         """Round 1 on ``node_ids``: their signed ciphertexts, summed by the server."""
@@ -688,7 +688,7 @@ class FedEvalFairProtocol:
         return first
 
     def _endorse(
-        self, grid: Grid, first: RoundCollection, run_id: str, progress: _Progress
+        self, grid: Grid, first: RoundCollection, run_id: int, progress: _Progress
     ) -> tuple[bytes, list[tuple[int, bytes, bytes]]]:
         """The verifiers (the first ``key_holders`` round-1 nodes) recompute and endorse the
         round-1 sum: (the endorsed sum, the endorsements)."""
@@ -713,7 +713,7 @@ class FedEvalFairProtocol:
         first: RoundCollection,
         sum1: bytes,
         endorsements: Sequence[tuple[int, bytes, bytes]],
-        run_id: str,
+        run_id: int,
         progress: _Progress,
     ) -> RoundCollection:
         """Round 2 on the round-1 nodes: the endorsed sum in, their stage-2 ciphertexts out."""
@@ -747,7 +747,7 @@ class FedEvalFairProtocol:
         grid: Grid,
         first: RoundCollection,
         second: RoundCollection,
-        run_id: str,
+        run_id: int,
         progress: _Progress,
     ) -> list[tuple[int, bytes, bytes]]:
         """Every round-2 participant commits to the round-1 and round-2 sets."""

@@ -128,7 +128,8 @@ class RoundOutcome:
     total: NDArray[np.float64] | None
     replied: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
-    rejected: list[tuple[int, str]] = field(default_factory=list)
+    # (node, reason); the reason is None for a Flower error without one
+    rejected: list[tuple[int, str | None]] = field(default_factory=list)
     reason: str = ""
 
 
@@ -180,7 +181,7 @@ class FPFLProtocol:
         self.public_keys: dict[int, bytes] = {}
         self.run_salt = secrets.token_bytes(16)
         self.table: FPFLKeyTable | None = None
-        self.setup_failed: list[tuple[int, str]] = []
+        self.setup_failed: list[tuple[int, str | None]] = []  # reason None: Flower gave none
         #: The largest privacy-ledger totals the nodes reported in their round replies (None
         #: if none did: nodes with fewer users than their ``min-users-for-counts`` send none).
         self.ledger_totals: LedgerTotals | None = None
@@ -304,11 +305,13 @@ class FPFLProtocol:
                 self.setup_failed.append((node, reply.error.reason))
                 continue
             try:
-                answer = FPFLKeysReply.from_fields(reply.content.config_records.get(FPFL_KEY, {}))
+                keys_answer = FPFLKeysReply.from_fields(
+                    reply.content.config_records.get(FPFL_KEY, {})
+                )
             except MessageError as error:
                 self.setup_failed.append((node, f"malformed reply to the key table: {error}"))
                 continue
-            if answer.run_digest != run_digest:
+            if keys_answer.run_digest != run_digest:
                 self.setup_failed.append((node, "the node pinned another member table"))
                 continue
             pinned.add(node)

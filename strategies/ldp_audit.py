@@ -176,7 +176,7 @@ class AuditOutcome:
             f"missing={len(self.missing_nodes)})"
         )
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "estimate": None if self.estimate is None else self.estimate.to_dict(),
             "num_reports": self.reports.num_reports,
@@ -316,7 +316,7 @@ class LdpGapAudit:
         true epsilon itself)."""
         mech = self.mechanism
         return LdpAuditRequest(
-            mechanism=mech.name,  # type: ignore[arg-type]
+            mechanism=mech.name,
             epsilon_group=float(mech.epsilon_group),
             epsilon_value=float(mech.epsilon_value),
             num_groups=int(mech.num_groups),
@@ -328,7 +328,7 @@ class LdpGapAudit:
 
     def audit_config(self) -> ConfigRecord:
         """The request as the wire's ``ConfigRecord``."""
-        return ConfigRecord(self.request().to_fields())  # type: ignore[arg-type]
+        return ConfigRecord({**self.request().to_fields()})
 
     def configure_audit(self, arrays: ArrayRecord, node_ids: Iterable[int]) -> list[Message]:
         """One audit message per node, carrying the model and the audit config."""
@@ -366,9 +366,9 @@ class LdpGapAudit:
             raise ValueError(f"group out of range [0, {num_groups - 1}]")
         if not np.all(self.mechanism.is_valid_report_value(values)):
             domain = (
-                "{-1, +1}"
-                if self.mechanism.name == "R"
-                else f"(multiples of {GRID_STEP:g} with |v'| <= {self.mechanism.report_bound:g})"
+                f"(multiples of {GRID_STEP:g} with |v'| <= {self.mechanism.report_bound:g})"
+                if isinstance(self.mechanism, LaplaceMechanism)
+                else "{-1, +1}"
             )
             raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")
         declared, refused, undefined = typed.num_reports, typed.num_refused, typed.num_undefined

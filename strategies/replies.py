@@ -45,7 +45,7 @@ _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 MAX_REASON_LENGTH = 240
 
 
-def short_reason(text: str) -> str:
+def short_reason(text: str | None) -> str:
     """A client's error text for logs and results: no colour codes, one line, the end kept
     (where Python puts the exception message of a long remote traceback)."""
     flat = " ".join(_ANSI_ESCAPE.sub("", str(text)).split())

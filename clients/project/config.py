@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from ...mechanisms.fairness_tests.fedevalfair import Mode
 from ...mechanisms.fpfl.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
-from ...mechanisms.fpfl.mmdm import CONSTRAINTS
+from ...mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint
 from ...mechanisms.ldp.calibration import MechanismChoice
 from ...mechanisms.ldp.metrics import METRIC_NAMES
 from ...mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
@@ -376,7 +376,9 @@ class RunConfig:
     )
     # --- LDP audit ------------------------------------------------------------------------
     metric: str = _key("accuracy", _choice(METRIC_NAMES), "the audited per-user metric")
-    mechanism: str = _key("best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L) or best")
+    mechanism: MechanismChoice = _key(
+        "best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L) or best"
+    )
     epsilons: tuple[float, ...] = _key(
         (0.5, 1.0, 2.0, 4.0), _epsilon_list, 'one audit per value, e.g. "0.5,1,2,4"'
     )
@@ -398,7 +400,7 @@ class RunConfig:
     # --- FedEvalFair ----------------------------------------------------------------------
     fef_split: str = _key("dirichlet", _choice(FEF_SPLITS), "Adult holders: split scheme")
     fef_variant: str = _key("trained", _choice(FEF_VARIANTS), "FedAvg model, or fair predictions")
-    fef_mode: str = _key("calibrated", _choice(FEF_MODES), "primary mode of the test")
+    fef_mode: Mode = _key("calibrated", _choice(FEF_MODES), "primary mode of the test")
     fef_alpha: float = _key(0.05, _number(0.0, 1.0), "level of the tests")
     fef_mu0: float = _key(0.0, _number(-1.0, 1.0, open_low=False), "stage 2: H0 mu = mu0")
     fef_tolerance: float | None = _key(
@@ -423,7 +425,7 @@ class RunConfig:
     # --- FPFL -----------------------------------------------------------------------------
     fpfl_algorithm: str = _key("fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm")
     fpfl_architecture: str = _key("shallow", _choice(FPFL_ARCHITECTURES), "the model")
-    fpfl_constraint: str = _key("fnr", _choice(FPFL_CONSTRAINTS), "FNR or accuracy parity")
+    fpfl_constraint: Constraint = _key("fnr", _choice(FPFL_CONSTRAINTS), "FNR or accuracy parity")
     fpfl_alpha: float = _key(0.02, _number(0.0, math.inf, open_low=False), "tolerance alpha")
     fpfl_learning_rate: float = _key(0.1, _number(0.0, math.inf), "eta")
     fpfl_multiplier_learning_rate: float = _key(0.01, _number(0.0, math.inf), "gamma")
@@ -440,7 +442,7 @@ class RunConfig:
     fpfl_clipping_bound: float = _key(2.0, _number(0.0, math.inf), "C, per-user L2 bound")
     fpfl_epsilon: float = _key(2.0, _number(0.0, math.inf), "user-level epsilon after T rounds")
     fpfl_delta: float | None = _key(None, _optional(_number(0.0, 1.0)), '"" = 1 / K')
-    fpfl_accountant: str = _key("rdp", _choice(FPFL_ACCOUNTANTS), "Opacus accountant")
+    fpfl_accountant: AccountantName = _key("rdp", _choice(FPFL_ACCOUNTANTS), "Opacus accountant")
     fpfl_noise: str = _key("distributed", _choice(FPFL_NOISE), "noise shares or central noise")
     fpfl_dropout_tolerance: float = _key(
         0.2, _number(0.0, 1.0, open_low=False), "fraction of nodes that may drop"

@@ -75,7 +75,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -96,6 +96,9 @@ Mode = Literal["calibrated", "paper"]
 Metric = Literal["dp", "eo"]
 MODES: tuple[Mode, ...] = ("paper", "calibrated")
 METRICS: tuple[Metric, ...] = ("dp", "eo")
+# The kernels' inputs and StageStatistics' fields: arrays over any leading axes (resamples,
+# clients), or one client's scalar.
+Floats = np.ndarray | np.float64
 
 #: Names of the round-1 vector's entries (what :func:`client_contribution` returns).
 ROUND1_FIELDS: tuple[str, ...] = (
@@ -462,12 +465,12 @@ def bootstrap_disparity(
 
 
 def _variances_at(
-    variances: np.ndarray,
-    sizes: np.ndarray,
+    variances: Floats,
+    sizes: Floats,
     margins: np.ndarray | None,
     mode: Mode,
     disparity: np.ndarray | float,
-) -> np.ndarray:
+) -> Floats:
     """Var_i if the common disparity were ``disparity``: V_i(disparity) from the margins
     (calibrated; rows of ``margins`` with NaN fall back), else S^2 (S^2 / n in mode paper)."""
     variance_of_mean = variances / sizes if mode == "paper" else variances
@@ -479,8 +482,8 @@ def _variances_at(
 
 
 def _weights(
-    variances: np.ndarray, sizes: np.ndarray, margins: np.ndarray | None, mode: Mode
-) -> tuple[np.ndarray, np.ndarray]:
+    variances: Floats, sizes: Floats, margins: np.ndarray | None, mode: Mode
+) -> tuple[Floats, Floats]:
     """Round-1 weights w_i and Var_i (the variance the standard error uses).
 
     Paper: w = n / S^2, Var = S^2 / n (Eq. 6). Calibrated: w = 1 / V_i(0) from the margins
@@ -497,9 +500,9 @@ def _weights(
 
 
 def _round1_vectors(
-    means: np.ndarray,
-    variances: np.ndarray,
-    sizes: np.ndarray,
+    means: Floats,
+    variances: Floats,
+    sizes: Floats,
     margins: np.ndarray | None,
     mode: Mode,
     mu0: float,
@@ -526,9 +529,9 @@ def _round1_vectors(
 
 
 def _stage1_vectors(
-    means: np.ndarray,
-    variances: np.ndarray,
-    sizes: np.ndarray,
+    means: Floats,
+    variances: Floats,
+    sizes: Floats,
     margins: np.ndarray | None,
     totals: np.ndarray,
     mode: Mode,
@@ -570,19 +573,19 @@ class StageStatistics:
     mode: Mode
     k: int
     dof: int
-    estimate: np.ndarray
-    stderr: np.ndarray
-    homogeneity_statistic: np.ndarray
-    homogeneity_pvalue: np.ndarray
-    common_statistic: np.ndarray
-    common_pvalue: np.ndarray
-    equivalence_statistic: np.ndarray | None
-    equivalence_pvalue: np.ndarray | None
+    estimate: Floats
+    stderr: Floats
+    homogeneity_statistic: Floats
+    homogeneity_pvalue: Floats
+    common_statistic: Floats
+    common_pvalue: Floats
+    equivalence_statistic: Floats | None
+    equivalence_pvalue: Floats | None
 
 
 def _from_sums(
     totals: np.ndarray,
-    stage1_total: np.ndarray,
+    stage1_total: Floats,
     *,
     mode: Mode,
     k: int,
@@ -628,13 +631,13 @@ def _from_sums(
 # --------------------------------------------------------------------------------------------
 
 
-def _summary_arrays(summary: ClientSummary) -> tuple[np.ndarray, ...]:
+def _summary_arrays(summary: ClientSummary) -> tuple[Floats, Floats, Floats, np.ndarray | None]:
     margins = None if summary.margins is None else np.asarray(summary.margins, dtype=np.float64)
     return (
         np.float64(summary.mean),
         np.float64(summary.variance),
         np.float64(summary.n),
-        margins,  # type: ignore[return-value]
+        margins,
     )
 
 
@@ -717,7 +720,7 @@ def stage1_statistic(stage1_totals: np.ndarray, mode: Mode = "calibrated") -> fl
 def _check_options(
     mode: str, mu0: float, tolerance: float | None
 ) -> tuple[Mode, float, float | None]:
-    checked_mode: Mode = check_choice("mode", mode, MODES)  # type: ignore[assignment]
+    checked_mode = check_choice("mode", mode, MODES)
     mu0 = check_finite("mu0", mu0)
     if tolerance is not None:
         tolerance = check_nonnegative_finite("tolerance", tolerance)
@@ -1013,12 +1016,21 @@ class FairnessReport:
         }
 
 
+class _CommonFields(TypedDict):
+    """The fields the three tests of one report share."""
+
+    estimate: float
+    stderr: float
+    mode: Mode
+    k: int
+
+
 def _report(
     computed: StageStatistics, *, alpha: float, mu0: float, tolerance: float | None
 ) -> FairnessReport:
     mode, k = computed.mode, computed.k
     estimate, stderr = float(computed.estimate), float(computed.stderr)
-    common = dict(estimate=estimate, stderr=stderr, mode=mode, k=k)
+    common = _CommonFields(estimate=estimate, stderr=stderr, mode=mode, k=k)
     equivalence = None
     if tolerance is not None:
         assert computed.equivalence_statistic is not None

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -79,7 +80,8 @@ __all__ = [
 FloatArray = NDArray[np.float64]
 #: The fairness constraints (Rodriguez-Galvez et al. 2021, Section 3.1 and Eq. 13-14): FNR
 #: parity (equal opportunity, binary) and accuracy parity.
-CONSTRAINTS: tuple[str, ...] = ("fnr", "accuracy")
+Constraint = Literal["fnr", "accuracy"]
+CONSTRAINTS: tuple[Constraint, ...] = ("fnr", "accuracy")
 #: What decides the active constraints and their size: see :func:`evaluate_constraints`.
 CONSTRAINT_ACTIVATIONS = ("surrogate", "counts")
 

@@ -242,9 +242,11 @@ def save_checkpoint(folder: Path, state: Mapping[str, Any], fingerprint: Mapping
     """Write ``state`` (numpy arrays under ``arrays``, the rest JSON) atomically, with the
     training's ``fingerprint`` under ``config``."""
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.asarray(value) for name, value in state["arrays"].items()}
+    arrays: dict[str, np.ndarray] = {
+        name: np.asarray(value) for name, value in state["arrays"].items()
+    }
     scratch = folder / (CHECKPOINT_ARRAYS + ".tmp.npz")
-    np.savez(scratch, **arrays)
+    np.savez(scratch, **arrays)  # type: ignore[arg-type]  # stub: **arrays might fill allow_pickle
     scratch.replace(folder / CHECKPOINT_ARRAYS)
     meta = {k: v for k, v in state.items() if k != "arrays"}
     meta["config"] = dict(fingerprint)

@@ -142,7 +142,7 @@ def optimal_split(
     mechanism: MechanismName,
     budget: float,
     num_groups: int = 2,
-    group_fractions: Sequence[float] | None = None,
+    group_fractions: Sequence[float] | np.ndarray | None = None,
 ) -> BudgetSplit:
     """The (eps1, eps2) with true epsilon <= ``budget`` minimising the worst-case gap variance.
 
@@ -167,7 +167,7 @@ def optimal_variance_factor(
     mechanism: MechanismName,
     budget: float,
     num_groups: int = 2,
-    group_fractions: Sequence[float] | None = None,
+    group_fractions: Sequence[float] | np.ndarray | None = None,
 ) -> float:
     """``variance_factor`` of :func:`optimal_split` without building the released mechanism's
     noise table (for M_L, the realised epsilon of :attr:`BudgetSplit.epsilon` builds its sampler,
@@ -243,7 +243,7 @@ def best_split(
     mechanism: MechanismChoice,
     budget: float,
     num_groups: int = 2,
-    group_fractions: Sequence[float] | None = None,
+    group_fractions: Sequence[float] | np.ndarray | None = None,
 ) -> BudgetSplit:
     """:func:`optimal_split` for "R" or "L"; for "best", the one with the smaller variance
     among those that can release (M_L only for eps2 in its grid sampler's range)."""

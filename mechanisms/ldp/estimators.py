@@ -45,10 +45,18 @@ from .reports import ReportMoments, ReportSummary
 class GapMechanism(Protocol):
     """What the estimators need from a mechanism (M_R or M_L)."""
 
-    name: str
-    epsilon_group: float
-    epsilon_value: float
-    num_groups: int
+    # read-only (properties): the mechanisms are frozen dataclasses
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def epsilon_group(self) -> float: ...
+
+    @property
+    def epsilon_value(self) -> float: ...
+
+    @property
+    def num_groups(self) -> int: ...
 
     @property
     def epsilon(self) -> float: ...
@@ -82,7 +90,7 @@ class ConfidenceInterval:
 
 def report_sum_variance(
     moments: ReportMoments,
-    num_clients: int,
+    num_clients: float,
     group_sizes: np.ndarray,
     group_square_sums: np.ndarray,
 ) -> np.ndarray:
@@ -100,7 +108,7 @@ def report_sum_variance(
 
 
 def size_estimate_covariance(
-    moments: ReportMoments, num_clients: int, group_sizes: np.ndarray
+    moments: ReportMoments, num_clients: float, group_sizes: np.ndarray
 ) -> np.ndarray:
     """Covariance matrix (d x d) of the GRR frequency estimates n_hat_G = (n'_G - K q)/(a - q).
 
@@ -125,7 +133,7 @@ def size_estimate_covariance(
 
 def estimator_covariance(
     moments: ReportMoments,
-    num_clients: int,
+    num_clients: float,
     group_sizes: np.ndarray,
     group_sums: np.ndarray,
     group_square_sums: np.ndarray,
@@ -388,7 +396,7 @@ def estimate_gap(
     summary: ReportSummary,
     mechanism: GapMechanism,
     *,
-    group_sizes: Sequence[int] | None = None,
+    group_sizes: Sequence[int] | np.ndarray | None = None,
     confidence: float = 0.95,
     undefined_category: bool = False,
 ) -> GapEstimate:

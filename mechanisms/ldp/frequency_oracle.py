@@ -335,7 +335,7 @@ class FrequencyOracle:
         vectorised: omega integer draws per user); a user whose own category is included drops
         one of them uniformly, which leaves a uniform (omega - 1)-subset.
         """
-        k, w, m = self.domain_size, self.subset_size, values.shape[0]
+        k, w, m = self.domain_size, self.subset_size, len(values)
         others = k - 1
         chosen = np.empty((m, w), dtype=np.int64)
         for column, top in enumerate(range(others - w, others)):
@@ -349,7 +349,7 @@ class FrequencyOracle:
         return labels
 
     def _perturb_bits(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        k, m = self.domain_size, values.shape[0]
+        k, m = self.domain_size, len(values)
         rows = np.arange(m)
         if self.name == "oue":
             out = rng.random((m, k)) < self.other_support_probability
@@ -396,7 +396,7 @@ class FrequencyOracle:
             if self.name == "oue":
                 counts += self._perturb_bits(chunk, rng).sum(axis=0, dtype=np.int64)
                 continue
-            include = rng.random(chunk.shape[0]) < self.support_probability
+            include = rng.random(len(chunk)) < self.support_probability
             labels = self._subset_others(chunk, include, rng)
             counts += np.bincount(chunk[include], minlength=k)
             counts += np.bincount(labels[labels >= 0], minlength=k)

@@ -688,7 +688,8 @@ def group_rates(
     if isinstance(counts, FrequencyEstimate):
         if covariance is not None:
             raise ValueError("covariance must be None when counts is a FrequencyEstimate")
-        counts, covariance, num_users = counts.counts, counts.covariance, counts.num_users
+        covariance, num_users = counts.covariance, counts.num_users
+        counts = counts.counts
     else:
         num_users = None
     num_groups = check_num_groups(num_groups)
@@ -718,8 +719,7 @@ def group_rates(
     labels = tuple(range(num_groups)) if group_labels is None else tuple(group_labels)
     if len(labels) != num_groups:
         raise ValueError(f"group_labels must have {num_groups} entries, got {len(labels)}")
-    if num_users is None:
-        num_users = float(values.sum())
+    total_users = float(values.sum()) if num_users is None else float(num_users)
 
     by_group = values.reshape(num_groups, cells)
     group_counts = by_group.sum(axis=1)
@@ -753,7 +753,7 @@ def group_rates(
 
     notes: list[list[str]] = []
     for m, metric in enumerate(chosen):
-        bottom = "+".join(RATE_METRICS[metric][1])
+        bottom_cells = "+".join(RATE_METRICS[metric][1])
         row_notes = []
         for unit in range(units):
             row = m * units + unit
@@ -764,11 +764,11 @@ def group_rates(
                 )
             elif not den_hat[row] > 0:
                 rate[row], stderr[row] = np.nan, np.nan
-                row_notes.append(f"undefined: estimated {bottom} count is <= 0")
+                row_notes.append(f"undefined: estimated {bottom_cells} count is <= 0")
             elif den_hat[row] < z * den_se[row]:
                 stderr[row] = np.nan
                 row_notes.append(
-                    f"{bottom} count {den_hat[row]:.4g} is within {z:.3g} standard errors "
+                    f"{bottom_cells} count {den_hat[row]:.4g} is within {z:.3g} standard errors "
                     f"({den_se[row]:.3g}) of 0: interval [0, 1]"
                 )
             else:
@@ -779,7 +779,7 @@ def group_rates(
         metrics=chosen,
         groups=labels,
         confidence=confidence,
-        num_users=float(num_users),
+        num_users=total_users,
         group_counts=group_counts,
         suppressed=tuple(label for label, s in zip(labels, suppressed_mask, strict=True) if s),
         min_group_count=min_group_count,

@@ -34,6 +34,7 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -198,7 +199,7 @@ class LaplaceMechanism:
     num_groups: int = 2
     noise_ratio: float = LDP_NOISE_RATIO
 
-    name = "L"
+    name: ClassVar[Literal["L"]] = "L"
 
     def __post_init__(self) -> None:
         check_epsilon("epsilon_group", self.epsilon_group)

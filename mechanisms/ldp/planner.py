@@ -257,10 +257,10 @@ def minimum_epsilon(
                 split=split,
             )
         )
-    reachable = [r for r in results if r.epsilon is not None]
+    reachable = [(r.epsilon, r) for r in results if r.epsilon is not None]
     if not reachable:
         return results[0]
-    return min(reachable, key=lambda r: r.epsilon)  # type: ignore[arg-type, return-value]
+    return min(reachable, key=lambda pair: pair[0])[1]
 
 
 # --- The paper's Table 1 (formula check; its allocations are NOT eps-LDP) -----------------
@@ -309,17 +309,17 @@ def table1(
     otherwise the valid mechanisms' minimum budgets, plus the better of the two ("best").
     """
     table: dict[str, list[list[float | None]]] = {}
-    names: tuple[str, ...] = MECHANISMS if paper_allocation else (*MECHANISMS, "best")
+    names: tuple[MechanismChoice, ...] = MECHANISMS if paper_allocation else (*MECHANISMS, "best")
     for name in names:
         rows = []
         for num_clients in TABLE1_CLIENTS:
             row: list[float | None] = []
             for alpha in TABLE1_ALPHAS:
-                if paper_allocation:
-                    row.append(paper_table1_cell(name, num_clients, alpha, confidence))  # type: ignore[arg-type]
+                if paper_allocation and name != "best":  # names has no "best" then
+                    row.append(paper_table1_cell(name, num_clients, alpha, confidence))
                 else:
                     plan = minimum_epsilon(
-                        name,  # type: ignore[arg-type]
+                        name,
                         num_clients,
                         alpha,
                         confidence=confidence,

@@ -296,7 +296,7 @@ def _check_audit(
     metric_variance: float | None,
     sizes_known: bool,
 ) -> _AuditSetting:
-    choice: MechanismChoice = check_choice("mechanism", mechanism, ("R", "L", "best"))  # type: ignore[assignment]
+    choice: MechanismChoice = check_choice("mechanism", mechanism, ("R", "L", "best"))
     if group_fractions is None:
         fractions = np.full(2, 0.5)
     else:
@@ -811,7 +811,7 @@ class FedEvalFairPlan:
 
 
 def fedevalfair_disparity_range(
-    positive_rate: float = 0.5, group_fractions: Sequence[float] | None = None
+    positive_rate: float = 0.5, group_fractions: Sequence[float] | np.ndarray | None = None
 ) -> tuple[float, float]:
     """The disparities d whose group rates p + f_1 d and p - f_0 d are both in [0, 1]."""
     rate = _check_in_range("positive_rate", positive_rate, 0.0, 1.0)
@@ -1123,11 +1123,12 @@ def fedevalfair_detectable_disparity(
             else _smallest_float(meets, GAP_TOLERANCE, room, log=False, tolerance=GAP_TOLERANCE)
         )
         answers.append((None if distance is None else question.mu0 + sign * distance, edge))
-    unreachable = [edge for value, edge in answers if value is None]
-    if unreachable:
-        value, at = None, unreachable[0]
+    reached = [value for value, _ in answers if value is not None]
+    value: float | None
+    if len(reached) < len(answers):
+        value, at = None, next(edge for found, edge in answers if found is None)
     else:
-        value = max((v for v, _ in answers), key=lambda v: abs(v - question.mu0))  # type: ignore[arg-type, operator]
+        value = max(reached, key=lambda v: abs(v - question.mu0))
         at = value
     return _holder_plan(
         "detectable_disparity",
@@ -1136,7 +1137,7 @@ def fedevalfair_detectable_disparity(
         rows=reported,
         disparity=value,
         target=target,
-        at=(counts, copies, at),  # type: ignore[arg-type]
+        at=(counts, copies, at),
     )
 
 

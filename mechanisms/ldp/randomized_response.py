@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def grr_perturb(
     keep = grr_keep_probability(epsilon, num_categories)
     categories = check_groups_array(categories, num_categories, "categories")
     rng = check_generator("rng", rng)
-    draws = rng.random(categories.shape[0])
+    draws = rng.random(len(categories))
     kept = draws < keep
     position = (draws - keep) / (1.0 - keep)
     other = (
@@ -152,7 +153,7 @@ class RandomizedResponseMechanism:
     epsilon_value: float
     num_groups: int = 2
 
-    name = "R"
+    name: ClassVar[Literal["R"]] = "R"
 
     def __post_init__(self) -> None:
         check_epsilon("epsilon_group", self.epsilon_group)
@@ -209,7 +210,7 @@ class RandomizedResponseMechanism:
             rng = check_generator("rng", rng)
         a = self.group_keep_probability
         value_gain = 2.0 * self.value_keep_probability - 1.0
-        draws = rng.random(groups.shape[0])
+        draws = rng.random(len(groups))
         kept = draws < a
         # Kept cell [0, a): v' = +1 on [0, a (1 + (2b - 1) v) / 2).
         kept_positive = draws < (0.5 * a) * (1.0 + value_gain * values)

@@ -131,6 +131,8 @@ class ReportSummary:
         groups = np.asarray(groups)
         values = np.asarray(values)
         counts = np.bincount(groups, minlength=num_groups).astype(np.int64)
+        sums: np.ndarray
+        squares: np.ndarray
         if values.dtype == np.int8:
             # M_R reports: v' in {-1, +1}, so v'^2 = 1 and one bincount of the +1s suffices.
             positives = np.bincount(groups[values > 0], minlength=num_groups)

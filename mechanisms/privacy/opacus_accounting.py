@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 AccountantName = Literal["rdp", "prv"]
-ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+ACCOUNTANTS: tuple[AccountantName, ...] = ("rdp", "prv")
 #: Opacus' default bisection tolerance on epsilon (``get_noise_multiplier``).
 EPSILON_TOLERANCE = 0.01
 #: Opacus PRV accountant's default ``eps_error``.
@@ -168,7 +168,9 @@ class NoiseCalibration:
         return check_positive_finite("clipping_bound", clipping_bound) * self.noise_multiplier
 
 
-def _check_common(delta: float, rate: float, accountant: str) -> tuple[float, float, str]:
+def _check_common(
+    delta: float, rate: float, accountant: str
+) -> tuple[float, float, AccountantName]:
     delta = check_open_unit("delta", delta)
     rate = check_open_unit("sample_rate", rate) if rate != 1.0 else 1.0
     accountant = check_choice("accountant", accountant, ACCOUNTANTS)
@@ -289,7 +291,12 @@ def _one_step_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
 
 @functools.lru_cache(maxsize=128)
 def _calibration(
-    epsilon: float, delta: float, rate: float, steps: int, accountant: str, tolerance: float
+    epsilon: float,
+    delta: float,
+    rate: float,
+    steps: int,
+    accountant: AccountantName,
+    tolerance: float,
 ) -> NoiseCalibration:
     """Opacus' bisection for ``sigma`` and the epsilon it achieves (about a second; cached: a
     node asks again every round, and a run, its resume and the planner ask for the same)."""
@@ -317,7 +324,7 @@ def _calibration(
         delta=delta,
         sample_rate=rate,
         steps=steps,
-        accountant=accountant,  # type: ignore[arg-type]
+        accountant=accountant,
         epsilon_tolerance=tolerance,
         achieved=achieved,
     )

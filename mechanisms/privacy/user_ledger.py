@@ -812,7 +812,9 @@ class UserLedger:
         releases = []
         for release, mask in zip(self._releases, self._participants, strict=True):
             everyone = bool(mask.all())
-            packed = "all" if everyone else base64.b64encode(np.packbits(mask)).decode("ascii")
+            packed = (
+                "all" if everyone else base64.b64encode(np.packbits(mask).tobytes()).decode("ascii")
+            )
             releases.append({**release.to_dict(), "participants": packed})
         named = {} if self._user_ids is None else {"user_ids": self._user_ids.tolist()}
         return json.dumps(

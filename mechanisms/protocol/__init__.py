@@ -9,7 +9,7 @@ a server strategy and a strategy never imports a client module.
 
 from __future__ import annotations
 
-from ..fairness_tests.fedevalfair import ROUND1_FIELDS, STAGE1_FIELDS
+from ..fairness_tests.fedevalfair import ROUND1_FIELDS, STAGE1_FIELDS, Metric, Mode
 from ..validation import check_int, integer_range
 
 __all__ = [
@@ -110,7 +110,7 @@ FEF_IDENTITY_REFUSAL = (
     "or FEDPARITY_IDENTITY_DIR in a simulation's environment"
 )
 #: (metric, mode) of each block, in message order.
-BLOCKS: tuple[tuple[str, str], ...] = (
+BLOCKS: tuple[tuple[Metric, Mode], ...] = (
     ("dp", "calibrated"),
     ("dp", "paper"),
     ("eo", "calibrated"),

@@ -47,7 +47,7 @@ __all__ = [
 #: Config record of the request (beside the model's ``ArrayRecord`` under ``"arrays"``).
 CONFIG_KEY = "config"
 #: The mechanisms a request may name.
-MECHANISM_NAMES = ("R", "L")
+MECHANISM_NAMES: tuple[Literal["R", "L"], ...] = ("R", "L")
 
 
 # -- reading fields -------------------------------------------------------------------------
@@ -147,7 +147,7 @@ class LdpAuditRequest:
         if not isinstance(audit_id, str):
             raise MessageError("message field 'audit-id' must be a string")
         return cls(
-            mechanism=mechanism,  # type: ignore[arg-type]
+            mechanism=mechanism,
             epsilon_group=epsilon_group,
             epsilon_value=epsilon_value,
             num_groups=num_groups,

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ._common import (
     UsageError,
     _emit,
     _integer,
 )
+
+if TYPE_CHECKING:
+    from ...mechanisms.crypto.ckks import CkksParameters
 
 
 def _exists(error: FileExistsError) -> str:
@@ -74,7 +77,7 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> int:
+def _run_holders(args: argparse.Namespace, parameters: CkksParameters, out: TextIO) -> int:
     """``--holders N``: per-holder private folders, the roster, the public context apart."""
     from ...mechanisms._files import write_file_atomic
     from ...mechanisms.crypto.ckks import SECRET_CONTEXT_FILE, generate_keys
@@ -127,7 +130,7 @@ def _run_holders(args: argparse.Namespace, parameters: object, out: TextIO) -> i
         "holders": entries,
         "roster": str(roster_path),
         "public_context": str(paths.public),
-        "security_bits": parameters.security_bits,  # type: ignore[attr-defined]
+        "security_bits": parameters.security_bits,
     }
     lines = [
         f"{count} holder folders (each private: hand holder i only OUT/holder-<i>): {folder}",

@@ -5,8 +5,9 @@ power and sample size, for the LDP audit or FedEvalFair's stage 2
 from __future__ import annotations
 
 import argparse
-from typing import TextIO
+from typing import TextIO, TypedDict, cast
 
+from ...mechanisms.ldp.calibration import MechanismChoice
 from ...mechanisms.ldp.planner import (
     MAX_GAP,
     MAX_GROUP_RATIO,
@@ -14,6 +15,8 @@ from ...mechanisms.ldp.planner import (
     MAX_PLANNED_EPSILON,
     MIN_GROUP_RATIO,
     MIN_PLANNED_EPSILON,
+    BoundName,
+    Scale,
     error_bound,
     format_table1,
     group_fractions_from_ratio,
@@ -60,6 +63,36 @@ _POWER_OPTIONS = (
 )
 
 
+class _PlanOptions(TypedDict):
+    """The keyword arguments of :func:`minimum_epsilon` and :func:`error_bound` a plan shares."""
+
+    confidence: float
+    group_ratio: float
+    num_groups: int
+    bound: BoundName
+    scale: Scale
+
+
+class _AuditOptions(TypedDict):
+    """The keyword arguments every audit power query shares."""
+
+    mechanism: MechanismChoice
+    group_fractions: list[float]
+    alpha: float
+    metric_mean: float | None
+    metric_variance: float | None
+    sizes_known: bool
+
+
+class _HolderOptions(TypedDict):
+    """The keyword arguments every FedEvalFair power query shares."""
+
+    positive_rate: float
+    group_fractions: list[float]
+    alpha: float
+    mu0: float
+
+
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     if (
         args.fedevalfair
@@ -69,9 +102,10 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         return _run_power(args, out)
     confidence = _unit_open("--confidence", _finite("--confidence", _or(args.confidence, "0.99")))
     groups = _groups(_or(args.groups, "2"))
-    bound = _or(args.bound, "chebyshev")
-    scale = _or(args.scale, "metric")
-    mechanism = _or(args.mechanism, "best")
+    # argparse's choices restrict these three options to their Literal values
+    bound = cast(BoundName, _or(args.bound, "chebyshev"))
+    scale = cast(Scale, _or(args.scale, "metric"))
+    mechanism = cast(MechanismChoice, _or(args.mechanism, "best"))
     ratio = _in_range(
         "--group-ratio",
         _finite("--group-ratio", args.group_ratio),
@@ -81,7 +115,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     if args.table:
         paper = table1(paper_allocation=True, confidence=confidence)
         valid = table1(bound=bound, confidence=confidence)
-        payload = {"paper_table1": paper, "valid_table1": valid, "bound": bound}
+        payload: dict[str, object] = {"paper_table1": paper, "valid_table1": valid, "bound": bound}
         text = (
             "Juarez and Korolova 2022, Table 1 (value scale, Chebyshev; its allocations are NOT "
             "eps-LDP):\n"
@@ -101,8 +135,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         )
     if (args.alpha is None) == (args.epsilon is None):
         raise UsageError("give exactly one of --alpha (find the budget) or --epsilon (the error)")
-    candidates = ("R", "L") if mechanism == "best" else (mechanism,)
-    common = dict(
+    candidates: tuple[MechanismChoice, ...] = ("R", "L") if mechanism == "best" else (mechanism,)
+    common = _PlanOptions(
         confidence=confidence,
         group_ratio=ratio,
         num_groups=groups,
@@ -118,15 +152,19 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
                 f"{scale} scale (any estimate meets a larger target), got {alpha:g}"
             )
         plans = [minimum_epsilon(name, clients, alpha, **common) for name in candidates]
-        reachable = [p for p in plans if p.epsilon is not None]
-        chosen = min(reachable, key=lambda p: p.epsilon) if reachable else plans[0]
+        reachable = [(p.epsilon, p) for p in plans if p.epsilon is not None]
+        chosen = min(reachable, key=lambda pair: pair[0])[1] if reachable else plans[0]
         query = "min_epsilon"
     else:
         epsilon = _epsilon("--epsilon", args.epsilon)
         plans = [error_bound(name, clients, epsilon, **common) for name in candidates]
         chosen = min(plans, key=lambda p: p.alpha)
         query = "error_bound"
-    payload = {"query": query, **chosen.to_dict(), "candidates": [p.to_dict() for p in plans]}
+    payload = {
+        "query": query,
+        **chosen.to_dict(),
+        "candidates": [p.to_dict() for p in plans],
+    }
     lines = [
         f"K={clients:,} clients, d={groups}, group ratio {ratio:g}, confidence {confidence:g}, "
         f"{bound} bound, errors on the {scale} scale"
@@ -278,8 +316,8 @@ def _run_power(args: argparse.Namespace, out: TextIO) -> int:
         {"--clients": clients, "--epsilon": epsilon, "--gap": gap, "--power": target},
         "--clients, --epsilon, --gap and --power",
     )
-    options = dict(
-        mechanism=_or(args.mechanism, "best"),
+    options = _AuditOptions(
+        mechanism=cast(MechanismChoice, _or(args.mechanism, "best")),  # argparse's choices
         group_fractions=group_fractions_from_ratio(ratio, groups).tolist(),
         alpha=significance,
         metric_mean=None
@@ -293,14 +331,19 @@ def _run_power(args: argparse.Namespace, out: TextIO) -> int:
         sizes_known=bool(args.known_sizes),
     )
     try:
+        # _missing: only the queried option is None
         if query == "--power":
-            plan = audit_power(clients, epsilon, gap, **options)  # type: ignore[arg-type]
+            assert clients is not None and epsilon is not None and gap is not None
+            plan = audit_power(clients, epsilon, gap, **options)
         elif query == "--clients":
-            plan = audit_minimum_users(target, epsilon, gap, **options)  # type: ignore[arg-type]
+            assert target is not None and epsilon is not None and gap is not None
+            plan = audit_minimum_users(target, epsilon, gap, **options)
         elif query == "--epsilon":
-            plan = audit_minimum_epsilon(target, clients, gap, **options)  # type: ignore[arg-type]
+            assert target is not None and clients is not None and gap is not None
+            plan = audit_minimum_epsilon(target, clients, gap, **options)
         else:
-            plan = audit_detectable_gap(target, clients, epsilon, **options)  # type: ignore[arg-type]
+            assert target is not None and clients is not None and epsilon is not None
+            plan = audit_detectable_gap(target, clients, epsilon, **options)
     except ValueError as error:
         raise _usage_from(error) from None
     payload = {"plan": "ldp_audit", **plan.to_dict()}
@@ -394,21 +437,26 @@ def _run_fedevalfair_power(
         {"--holders": holders, "--rows": rows, "--gap": gap, "--power": target},
         "--holders, --rows, --gap and --power (a list in --rows gives the holders)",
     )
-    options = dict(
+    options = _HolderOptions(
         positive_rate=_finite("--positive-rate", _or(args.positive_rate, "0.5")),
         group_fractions=group_fractions_from_ratio(ratio, 2).tolist(),
         alpha=significance,
         mu0=_finite("--mu0", _or(args.mu0, "0")),
     )
     try:
+        # _missing: only the queried option is None; a list in --rows gives the holders
         if query == "--power":
-            plan = fedevalfair_power(gap, holders=holders, rows=rows, **options)  # type: ignore[arg-type]
+            assert gap is not None and rows is not None
+            plan = fedevalfair_power(gap, holders=holders, rows=rows, **options)
         elif query == "--holders":
-            plan = fedevalfair_minimum_holders(target, gap, rows=rows, **options)  # type: ignore[arg-type]
+            assert target is not None and gap is not None and isinstance(rows, int)
+            plan = fedevalfair_minimum_holders(target, gap, rows=rows, **options)
         elif query == "--rows":
-            plan = fedevalfair_minimum_rows(target, gap, holders=holders, **options)  # type: ignore[arg-type]
+            assert target is not None and gap is not None and holders is not None
+            plan = fedevalfair_minimum_rows(target, gap, holders=holders, **options)
         else:
-            plan = fedevalfair_detectable_disparity(target, holders=holders, rows=rows, **options)  # type: ignore[arg-type]
+            assert target is not None and rows is not None
+            plan = fedevalfair_detectable_disparity(target, holders=holders, rows=rows, **options)
     except ValueError as error:
         raise _usage_from(error) from None
     payload = {"plan": "fedevalfair", **plan.to_dict()}

@@ -267,11 +267,13 @@ def adult_features(
     train_blocks: list[NDArray[np.float64]] = []
     test_blocks: list[NDArray[np.float64]] = []
     for name in ADULT_NUMERIC:
-        mean = float(train[name].mean())
-        std = float(train[name].std())
+        train_column = np.asarray(train[name], dtype=np.float64)  # numeric columns are float64
+        test_column = np.asarray(test[name], dtype=np.float64)
+        mean = float(train_column.mean())
+        std = float(train_column.std())
         scale = std if std > 0 else 1.0
-        train_blocks.append(((train[name] - mean) / scale)[:, None])
-        test_blocks.append(((test[name] - mean) / scale)[:, None])
+        train_blocks.append(((train_column - mean) / scale)[:, None])
+        test_blocks.append(((test_column - mean) / scale)[:, None])
     for name in ADULT_CATEGORICAL:
         categories = np.unique(train[name])
         feature_names.extend(f"{name}={category}" for category in categories)

@@ -111,7 +111,7 @@ def synthetic_partition(
     position_in_user = np.tile(np.arange(samples_per_user), users_per_node)
     labels = (position_in_user < num_positives[user_index]).astype(np.int64)
     # Shuffle samples within each user (users stay contiguous).
-    order = np.lexsort((sample_rng.random(labels.shape[0]), user_index))
+    order = np.lexsort((sample_rng.random(len(labels)), user_index))
     labels = labels[order]
     noise = sample_rng.standard_normal((labels.shape[0], num_features))
     signed_separation = (labels - 0.5) * separation[user_groups[user_index]]
