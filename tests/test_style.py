@@ -42,3 +42,22 @@ def test_papers_are_cited_so_a_reader_outside_this_machine_can_find_them() -> No
         if pattern.search(line) and path.name != "test_style.py"
     ]
     assert found == []
+
+
+#: The longest a function of the orchestration layers may be (issue 29: Flower's only long
+#: function is ``start()``; the math of ``mechanisms/`` may be longer, as dp-accounting's is).
+MAX_ORCHESTRATION_LINES = 120
+
+
+def test_no_orchestration_function_is_over_120_lines() -> None:
+    import ast
+
+    long = []
+    for folder in ("clients", "server", "strategies"):
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > MAX_ORCHESTRATION_LINES:
+                        long.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.name}")
+    assert long == [], long
