@@ -10,11 +10,12 @@ like any ClientApp process, from the SuperExec's environment and working folder)
 once what a ClientApp needs (:data:`DEFAULT_PRELOAD`) and then waits. For each ClientApp task
 the SuperExec sends it the command line the subprocess executor would have run (runtime API
 address, task token, TLS options, parent pid: :func:`clientapp_args`); the zygote forks, and
-the child runs ``fedparity-clientapp``'s entry point (:func:`~fedparity.clients.app_gate.
-clientapp_main`: Flower's ``flwr-clientapp`` behind the app gate, the same bundle check) with
-that command line, then exits. The zygote reaps its children; the SuperExec restarts a zygote
-that died, and starts the ClientApp as a fresh process (Flower's subprocess executor, logged)
-whenever the zygote cannot fork one. Every other task type goes to the subprocess executor.
+the child runs ``fedparity-clientapp``'s entry point
+(:func:`~fedparity.clients.app_gate.clientapp_main`: Flower's ``flwr-clientapp`` behind the app
+gate, the same bundle check) with that command line, then exits. The zygote reaps its
+children; the SuperExec restarts a zygote that died, and starts the ClientApp as a fresh
+process (Flower's subprocess executor, logged) whenever the zygote cannot fork one. Every other
+task type goes to the subprocess executor.
 
 Security property -- **clean fork**: every ClientApp still runs in its own process, forked from
 the zygote's state right after its imports, never from a process that ran a ClientApp; nothing
@@ -130,14 +131,22 @@ def _preload(modules: Sequence[str]) -> list[str]:
 
 
 def _reap() -> None:
-    """Collect every child of the zygote that has exited (no zombies)."""
+    """Collect every child of the zygote that has exited (no zombies); logs (DEBUG) each
+    one's exit code and CPU time."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        log(
+            DEBUG,
+            "warm ClientApp zygote: process %d exited with code %d after %.2f s of CPU",
+            pid,
+            os.waitstatus_to_exitcode(status),
+            usage.ru_utime + usage.ru_stime,
+        )
 
 
 def _run_child(argv: list[str], quiet: bool, closing: Sequence[int]) -> None:
