@@ -153,14 +153,13 @@ def _run_child(argv: list[str], quiet: bool, closing: Sequence[int]) -> None:
     """In the forked child: become ``fedparity-clientapp`` with ``argv``; never returns."""
     code: int = 1
     try:
-        for fd in closing:
-            os.close(fd)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)  # the zygote's stdin is the SuperExec's request pipe
         if quiet:  # the subprocess executor's suppress_output
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
-        os.close(devnull)
+        for fd in {devnull, *closing} - {0, 1, 2}:
+            os.close(fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a fresh interpreter's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

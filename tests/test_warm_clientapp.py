@@ -158,6 +158,10 @@ def test_children_of_one_zygote_never_share_a_random_stream(probe_env: Path) -> 
     assert first["pid"] != second["pid"] and executor.zygote_pid is None
     assert first["argv"] == clientapp_args(spec(tokens[0]), sys.executable)
     assert first["preloaded_app"] and first["threads"] == 1
+    # the zygote's pipes to the SuperExec are not in the child (only stdin, stdout, stderr and
+    # the descriptor that listed them)
+    assert first["stdin"] == "/dev/null" and first["fds"][:3] == [0, 1, 2]
+    assert len(first["fds"]) == 4
     assert first["zygote_rng"] == second["zygote_rng"]  # the hazard: state from before fork
     for source in (
         "secure_generator",
