@@ -468,5 +468,5 @@ def install_warm_executor(
             return WarmClientAppExecutor(command, SubprocessExecutor(), preload)
         return flower_factory(executor_type, *args, **kwargs)
 
-    run_superexec.get_executor = get_executor  # type: ignore[attr-defined]
+    run_superexec.get_executor = get_executor
     return get_executor
