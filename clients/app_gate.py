@@ -14,7 +14,9 @@ Three console scripts (``docs/deployment-security.md`` has the operator's comman
 
 * ``fedparity-superexec`` -- Flower's ``flower-superexec`` (same options, plus
   ``--privacy-policy FILE``) whose ClientApp processes are ``fedparity-clientapp``; the operator
-  runs it next to ``flower-supernode --isolation process``;
+  runs it next to ``flower-supernode --isolation process``. With ``--executor warm`` each of
+  those processes is forked from a zygote that imported the ClientApp's modules once
+  (:mod:`fedparity.clients.warm_clientapp`), and runs the same entry point and gate;
 * ``fedparity-clientapp`` -- Flower's ``flwr-clientapp`` with the gate: it pulls the task
   (message, context, run, bundle) as Flower does, then refuses the bundle unless the SHA-256 of
   its bytes equals the hash the run names and is in the node policy's ``allowed-apps``, and
@@ -57,6 +59,7 @@ from flwr.common import log
 
 from .messages import NodeRefusal
 from .policy import POLICY_ENV, NodePrivacyPolicy, PolicyRefusal, node_policy
+from .warm_clientapp import WARM_EXECUTOR, check_fork_platform, install_warm_executor
 
 __all__ = [
     "APP_REFUSED_TEXT",
@@ -291,14 +294,22 @@ def _superexec_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--executor", default="subprocess", help="subprocess (the only executor of the gate)"
+        "--executor",
+        default="subprocess",
+        help=(
+            "subprocess (Flower's: a fresh ClientApp process per message) or warm (Linux, "
+            "macOS: each ClientApp process forked from a zygote that imported Flower, "
+            "fedparity, torch and TenSEAL once; fedparity.clients.warm_clientapp)"
+        ),
     )
     return parser
 
 
 def superexec_main(argv: Sequence[str] | None = None) -> None:
     """``fedparity-superexec``: Flower's ``flower-superexec`` whose ClientApp command is
-    ``fedparity-clientapp`` (:func:`clientapp_main`). Only the subprocess executor."""
+    ``fedparity-clientapp`` (:func:`clientapp_main`). Executors: ``subprocess`` (Flower's) or
+    ``warm`` (:mod:`fedparity.clients.warm_clientapp`: the same command and gate, each process
+    forked from a zygote)."""
     from flwr.supercore.cli import flower_superexec
     from flwr.supercore.constant import TASK_TYPE_TO_COMMAND, TaskType
 
@@ -311,10 +322,16 @@ def superexec_main(argv: Sequence[str] | None = None) -> None:
         sys.argv = ["flower-superexec", "--help"]
         flower_superexec()  # prints Flower's options and exits
         return
-    if ours.executor != "subprocess":
+    if ours.executor not in ("subprocess", WARM_EXECUTOR):
         parser.error(
-            f"--executor must be subprocess (the gate runs local processes), got {ours.executor!r}"
+            f"--executor must be subprocess or {WARM_EXECUTOR} (the gate runs local processes), "
+            f"got {ours.executor!r}"
         )
+    if ours.executor == WARM_EXECUTOR:
+        try:
+            check_fork_platform()
+        except RuntimeError as error:
+            parser.error(str(error))
     policy_file = ours.privacy_policy or os.environ.get(POLICY_ENV)
     if policy_file:
         try:
@@ -334,7 +351,14 @@ def superexec_main(argv: Sequence[str] | None = None) -> None:
     except RuntimeError as error:
         sys.exit(f"fedparity-superexec: {error}")
     TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] = command
-    log(INFO, "fedparity-superexec: ClientApps run as %s (app gate)", command)
+    if ours.executor == WARM_EXECUTOR:
+        try:
+            install_warm_executor(command)
+        except RuntimeError as error:
+            sys.exit(f"fedparity-superexec: {error}")
+        log(INFO, "fedparity-superexec: ClientApps run as %s forked from a zygote", command)
+    else:
+        log(INFO, "fedparity-superexec: ClientApps run as %s (app gate)", command)
     sys.argv = ["flower-superexec", *rest, "--executor", "subprocess"]
     flower_superexec()
 

@@ -413,6 +413,7 @@ def local_deployment(
     tls: TlsMaterial | None = None,
     node_auth: bool = False,
     superexecs: Sequence[Sequence[str] | None] | None = None,
+    warm: bool = False,
 ) -> Iterator[Deployment]:
     """Start one SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1.
 
@@ -487,6 +488,10 @@ def local_deployment(
         SuperNode with ``--isolation process`` and that SuperExec beside it, logging to
         ``W/superexec-<i>.log`` (:attr:`Deployment.superexecs`; not restarted by
         :meth:`Deployment.start_supernode`). None (default): Flower's default for all.
+    warm : bool, default False
+        Every SuperNode beside ``fedparity-superexec --executor warm`` (ClientApps forked from
+        a zygote, behind the app gate), ``allowed-apps="<hash of app_dir>"`` added to each
+        node config. Replaces ``superexecs``.
 
     Yields
     ------
@@ -509,6 +514,12 @@ def local_deployment(
         raise ValueError(f"{len(node_configs)} node_configs for {num_supernodes} supernodes")
     if node_auth and tls is None:
         raise ValueError("node_auth=True needs tls (Flower refuses node keys over --insecure)")
+    if warm:  # fedparity.clients.warm_clientapp; the gate approves app_dir's bundle
+        from fedparity.clients.app_gate import app_bundle_hash
+
+        allowed = f'allowed-apps="{app_bundle_hash(app_dir)}"'
+        node_configs = [f"{config} {allowed}" for config in node_configs]
+        superexecs = [["fedparity-superexec", "--executor", "warm"]] * num_supernodes
     superexec_cmds = list(superexecs) if superexecs is not None else [None] * num_supernodes
     if len(superexec_cmds) != num_supernodes:
         raise ValueError(f"{len(superexec_cmds)} superexecs for {num_supernodes} supernodes")

@@ -1,0 +1,335 @@
+"""The warm ClientApp launcher (fedparity.clients.warm_clientapp): ``fedparity-superexec
+--executor warm`` forks each ClientApp process from a zygote that imported Flower, fedparity,
+torch and TenSEAL once, instead of starting a fresh interpreter per message.
+
+What must hold: the forked child runs exactly the command line Flower's subprocess executor
+would run, behind the same app gate; children of one zygote never share a random stream (the
+attack on a pre-forked server: state drawn before the fork repeats in every child); a dead
+zygote is replaced and a failed fork falls back to a fresh process; and a real deployment runs
+the LDP audit and FPFL to the same results as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec.executor import subprocess_executor
+from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResultStatus
+
+from fedparity.clients import app_gate, warm_clientapp
+from fedparity.clients.app_gate import APP_REFUSED_TEXT, app_bundle_hash
+from fedparity.clients.warm_clientapp import (
+    DEFAULT_PRELOAD,
+    WarmClientAppExecutor,
+    check_fork_platform,
+    clientapp_args,
+)
+from tests.support.flower_processes import flower_executable, local_deployment, run_flwr, wait_for
+from tests.test_app_gate import GATE_APP, MARKER, hostile_app, installed_apps
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = "tests.support.warm_probe"
+
+
+def spec(token: str, **changes: object) -> ExecutionSpec:
+    fields: dict = {
+        "task_type": TaskType.CLIENT_APP,
+        "runtime_api_address": "127.0.0.1:9094",
+        "token": token,
+        "insecure": True,
+        "root_certificates_path": None,
+        "runtime_dependency_install": False,
+        "parent_pid": None,
+        "suppress_output": False,
+        "task_id": 7,
+    }
+    fields.update(changes)
+    return ExecutionSpec(**fields)
+
+
+class RecordingFallback:
+    """A stand-in for the subprocess executor: records what it was asked to launch."""
+
+    def __init__(self) -> None:
+        self.launched: list[ExecutionSpec] = []
+
+    def launch(self, spec: ExecutionSpec):
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        self.launched.append(spec)
+        return LaunchResult.accepted()
+
+
+@pytest.fixture
+def probe_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Zygotes started now import tests.support.warm_probe (children record instead of running)."""
+    out = tmp_path / "probe"
+    out.mkdir()
+    monkeypatch.setenv("WARM_PROBE_DIR", str(out))
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return out
+
+
+def probe_records(folder: Path, tokens: list[str], timeout: float = 60.0) -> list[dict]:
+    paths = [folder / f"{token}.json" for token in tokens]
+    wait_for(lambda: all(p.exists() for p in paths), timeout, what="the children's records")
+    return [json.loads(p.read_text()) for p in paths]
+
+
+# ------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"insecure": False, "root_certificates_path": "/etc/ca.pem", "parent_pid": 4242},
+        {"insecure": False, "runtime_dependency_install": True, "parent_pid": 1},
+    ],
+)
+def test_the_child_gets_the_command_line_of_flowers_subprocess_executor(
+    changes: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[list[str]] = []
+    monkeypatch.setattr(
+        subprocess_executor.subprocess, "Popen", lambda args, **kwargs: started.append(args)
+    )
+    monkeypatch.setitem(subprocess_executor.TASK_TYPE_TO_COMMAND, TaskType.CLIENT_APP, "/x/cmd")
+    task = spec("ab" * 16, **changes)
+    SubprocessExecutor().launch(task)
+    assert clientapp_args(task, "/x/cmd") == started[0]
+
+
+def test_other_platforms_are_refused_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "platform", "win32")
+    with pytest.raises(RuntimeError, match="needs Linux or macOS"):
+        check_fork_platform()
+    with pytest.raises(SystemExit) as exited:
+        app_gate.superexec_main(["--runtime-api-address", "127.0.0.1:1", "--executor", "warm"])
+    assert exited.value.code == 2
+
+
+def test_superexec_installs_the_warm_executor_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr.supercore import cli
+    from flwr.supercore.superexec import run_superexec
+    from flwr.supercore.superexec.executor import factory
+
+    installed: list[str] = []
+    monkeypatch.setattr(cli, "flower_superexec", lambda: installed.append(sys.argv[-1]))
+    monkeypatch.setattr(run_superexec, "get_executor", factory.get_executor)
+    monkeypatch.setitem(subprocess_executor.TASK_TYPE_TO_COMMAND, TaskType.CLIENT_APP, "x")
+    app_gate.superexec_main(["--runtime-api-address", "127.0.0.1:1"])
+    assert run_superexec.get_executor is factory.get_executor
+    app_gate.superexec_main(["--runtime-api-address", "127.0.0.1:1", "--executor", "warm"])
+    assert run_superexec.get_executor is not factory.get_executor
+    assert installed == ["subprocess", "subprocess"]  # Flower itself runs its subprocess type
+
+
+# ---------------------------------------------------------------------------- the zygote
+
+
+@pytest.mark.slow  # a zygote importing torch and TenSEAL: about 5 s
+def test_children_of_one_zygote_never_share_a_random_stream(probe_env: Path) -> None:
+    """The attack on a pre-forked server: whatever random state exists before the fork is
+    copied into every child, so two ClientApps would draw the same noise. The probe's own
+    generator made in the zygote shows that the copy is real (identical in both children);
+    every source the privacy code uses, and NumPy's global generator, differ."""
+    executor = WarmClientAppExecutor(
+        sys.executable, RecordingFallback(), preload=(*DEFAULT_PRELOAD, PROBE)
+    )
+    try:
+        tokens = ["a1" * 16, "b2" * 16]
+        for token in tokens:
+            assert executor.launch(spec(token)).status == LaunchResultStatus.ACCEPTED
+        first, second = probe_records(probe_env, tokens)
+        assert executor.fallback.launched == []  # both forked, none started afresh
+    finally:
+        executor.close()
+    assert first["pid"] != second["pid"] and executor.zygote_pid is None
+    assert first["argv"] == clientapp_args(spec(tokens[0]), sys.executable)
+    assert first["preloaded_app"] and first["threads"] == 1
+    # the zygote's pipes to the SuperExec are not in the child (only stdin, stdout, stderr and
+    # the descriptor that listed them)
+    assert first["stdin"] == "/dev/null" and first["fds"][:3] == [0, 1, 2]
+    assert len(first["fds"]) == 4
+    assert first["zygote_rng"] == second["zygote_rng"]  # the hazard: state from before fork
+    for source in (
+        "secure_generator",
+        "default_rng",
+        "numpy_global",
+        "python_random",
+        "secrets",
+        "x25519",
+    ):
+        assert first[source] != second[source], source
+
+
+def test_a_killed_zygote_is_replaced_and_a_failed_fork_starts_a_fresh_process(
+    probe_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fallback = RecordingFallback()
+    executor = WarmClientAppExecutor(sys.executable, fallback, preload=(PROBE,))
+    try:
+        first = executor.zygote_pid
+        assert first is not None
+        executor.launch(spec("c3" * 16))
+        probe_records(probe_env, ["c3" * 16])
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: executor._zygote.process.poll() is not None, 10, what="zygote death")
+        executor.reconcile()  # what the SuperExec's loop calls before each task poll
+        assert executor.restarts == 1 and executor.zygote_pid not in (None, first)
+        executor.launch(spec("d4" * 16))
+        probe_records(probe_env, ["d4" * 16])
+        assert fallback.launched == []
+
+        # a zygote that dies between the check and the fork: this task starts afresh
+        os.kill(executor.zygote_pid, signal.SIGKILL)
+        executor._zygote.process.wait()
+        monkeypatch.setattr(warm_clientapp._Zygote, "alive", lambda self: True)
+        task = spec("e5" * 16)
+        assert executor.launch(task).status == LaunchResultStatus.ACCEPTED
+        assert fallback.launched == [task] and executor.zygote_pid is None
+        monkeypatch.undo()
+        executor.reconcile()
+        assert executor.restarts == 2 and executor.zygote_pid is not None
+    finally:
+        executor.close()
+
+
+def test_other_task_types_go_to_the_subprocess_executor(probe_env: Path) -> None:
+    fallback = RecordingFallback()
+    executor = WarmClientAppExecutor(sys.executable, fallback, preload=(PROBE,))
+    try:
+        task = spec("f6" * 16, task_type=TaskType.SERVER_APP)
+        executor.launch(task)
+        assert fallback.launched == [task]
+    finally:
+        executor.close()
+
+
+def test_the_zygote_exits_when_the_superexec_goes(probe_env: Path) -> None:
+    executor = WarmClientAppExecutor(sys.executable, RecordingFallback(), preload=(PROBE,))
+    zygote = executor._zygote
+    executor._zygote.wait_ready(60)
+    executor.close()
+    assert zygote.process.returncode == 0  # ended by the closed pipe, not killed
+
+
+# ------------------------------------------------------------------------- deployment
+
+
+@pytest.mark.slow  # a real SuperLink and two SuperNodes, two runs: about 45 s
+def test_the_gate_refuses_an_unapproved_bundle_in_warm_mode(tmp_path: Path) -> None:
+    """As tests/test_app_gate.py's deployment test, with the gated node's ClientApps forked
+    from its zygote: the hostile bundle is refused before a byte of it is written, the approved
+    one runs."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'allowed-apps = ["{app_bundle_hash(GATE_APP)}"]\n', encoding="utf-8")
+    hostile = hostile_app(tmp_path / "server")
+    gated = ["fedparity-superexec", "--privacy-policy", str(policy), "--executor", "warm"]
+    work = tmp_path / "deployment"
+    with local_deployment(
+        GATE_APP, 2, None, tmp_path / "flwr-home", work_dir=work, superexecs=[gated, None]
+    ) as dep:
+        gated_id, open_id = (str(node) for node in dep.node_ids)
+
+        def replies(app: Path, name: str) -> dict[str, str]:
+            out = tmp_path / name
+            config = {"output-dir": str(out), "min-nodes": 2}
+            run_flwr(app, dep.federation, config, dep.flwr_home, timeout=180)
+            return json.loads((out / "replies.json").read_text(encoding="utf-8"))
+
+        answers = replies(hostile, "hostile")
+        assert answers[open_id] == "answered: hostile"
+        expected = (
+            f"refused: <class 'fedparity.clients.messages.NodeRefusal'>:<'{APP_REFUSED_TEXT}'>"
+        )
+        assert answers[gated_id] == expected
+        assert not (work / "supernode-0" / MARKER).exists()
+        assert installed_apps(work / "supernode-0") == []
+        answers = replies(GATE_APP, "approved")
+        assert answers == {gated_id: "answered: gateapp 1.0.0", open_id: "answered: gateapp 1.0.0"}
+        log = dep.superexecs[0].log_text()
+        assert "zygote" in log and "ready" in log and "fresh process" not in log
+        assert "app gate: refused the app bundle" in log and "is in allowed-apps" in log
+
+
+@pytest.mark.slow  # a real SuperLink and three SuperNodes, an LDP audit and 2 FPFL rounds
+def test_a_warm_deployment_runs_an_ldp_audit_and_fpfl(tmp_path: Path) -> None:
+    node_configs = [f"partition-id={i} num-partitions=3 fpfl-max-delta=0.002" for i in range(3)]
+    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home", warm=True) as dep:
+        audit = tmp_path / "ldp"
+        config = {
+            "users-per-node": 300,
+            "num-server-rounds": 0,
+            "epsilons": "1,2",
+            "user-budget": 6.0,
+            "min-nodes": 3,
+            "output-dir": str(audit),
+        }
+        run = dep.run(config, timeout=300)
+        assert run.status == "finished:completed", run.output[-3000:]
+        results = json.loads((audit / "results.json").read_text())
+        assert [a["accepted_nodes"] for a in results["audits"]] == [3, 3]
+
+        folder = tmp_path / "fpfl"
+        config = {
+            "task": "fpfl",
+            "users-per-node": 300,
+            "fpfl-cohort-size": 200,
+            "fpfl-rounds": 2,
+            "min-nodes": 3,
+            "output-dir": str(folder),
+        }
+        run = dep.run(config, timeout=600)
+        assert run.status == "finished:completed", run.output[-3000:]
+        results = json.loads((folder / "results.json").read_text())
+        assert results["status"] == "completed" and results["rounds_lost"] == 0
+        assert results["population"] == {"users": 900, "nodes": 3, "setup_failed": []}
+        assert [entry["replied"] for entry in results["history"]] == [3, 3]
+        assert results["privacy"]["secure_sum"] == "masking" and results["noise_multiplier"] > 0
+        for superexec in dep.superexecs:
+            log = superexec.log_text()
+            assert "ready in" in log and "fresh process" not in log
+            zygotes = [pid for pid in _children(superexec.pid) if "zygote_main" in _cmd(pid)]
+            assert len(zygotes) == 1  # one zygote per SuperExec, still there
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def test_fedparity_superexec_lists_the_warm_executor() -> None:
+    result = subprocess.run(
+        [flower_executable("fedparity-superexec"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "--executor" in result.stdout and "warm (Linux, macOS" in result.stdout
