@@ -17,6 +17,7 @@ from ..mechanisms.fairness_tests.fedevalfair import (
     PAPER_MODE_WARNING,
 )
 from ..mechanisms.ldp.estimators import GAP_VERDICTS
+from ..strategies.fedevalfair import block_label
 from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.replies import LedgerTotals
 from .harness import GroundTruth
@@ -459,8 +460,7 @@ def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> lis
     for test in _ordered_tests(results):
         metric, mode = test["metric"], test["mode"]
         key = f"{metric}-{mode}"
-        label = f"{FEDEVALFAIR_METRICS.get(metric, metric)} ({mode} mode"
-        label += ", not evidence)" if mode == "paper" else ")"
+        label = block_label(metric, mode)
         report = test["report"]
         if report is None:
             findings.append(Finding((f"{label}: unavailable: {test['unavailable']}",), "warn"))

@@ -108,6 +108,13 @@ from .replies import RejectedReply, send_and_receive, session_records, short_rea
 AGREEMENT_TOLERANCE = 1e-6
 
 
+def block_label(metric: str, mode: str) -> str:
+    """A test's label in summaries and reports: the metric's name and the mode; mode "paper"
+    says it is not evidence."""
+    name = METRIC_NAMES.get(metric, metric)
+    return f"{name} ({mode} mode" + (", not evidence)" if mode == "paper" else ")")
+
+
 @dataclass(frozen=True)
 class BlockResult:
     """The test of one (metric, mode) block, or why there is none."""
@@ -119,9 +126,8 @@ class BlockResult:
 
     @property
     def label(self) -> str:
-        """The metric's name and the mode; mode "paper" says it is not evidence."""
-        name = METRIC_NAMES.get(self.metric, self.metric)
-        return f"{name} ({self.mode} mode" + (", not evidence)" if self.mode == "paper" else ")")
+        """The metric's name and the mode (:func:`block_label`)."""
+        return block_label(self.metric, self.mode)
 
     def summary(self) -> str:
         """The verdict lines of this block (or why there is none)."""
