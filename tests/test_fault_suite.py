@@ -104,7 +104,7 @@ LDP = {
 
 @pytest.mark.slow
 def test_ldp_audit_faults(tmp_path: Path) -> None:
-    with local_deployment(REPO, 3, None, tmp_path / "flwr-home") as deployment:
+    with local_deployment(REPO, 3, None, tmp_path / "flwr-home", warm=True) as deployment:
         # 1. A SuperNode dies during the first of two audits.
         first = tmp_path / "run-1"
         background = deployment.run_in_background(
@@ -195,10 +195,10 @@ def test_ldp_audit_faults(tmp_path: Path) -> None:
         assert set(reasons) == set(deployment.node_ids[:2]) and audit["accepted_nodes"] == 1
         # The server reads a fixed sentence; each node's log names its file and the recovery.
         assert all(LEDGER_UNUSABLE_REPLY in reason for reason in reasons.values())
-        assert "start again at zero" in deployment.supernodes[0].log_text()
+        assert "start again at zero" in deployment.node_log_text(0)
         # the deleted ledger is still in the node's registry (kept apart from the folder):
         # refused, with the file and the operator's explicit reset named
-        lost = deployment.supernodes[1].log_text()
+        lost = deployment.node_log_text(1)
         assert "ledger-partition-1.json" in lost and "fedparity ledger reset" in lost
         assert _ledger_path(deployment, 0).read_bytes() == b"garbage"
         assert not _ledger_path(deployment, 1).exists()
@@ -224,7 +224,7 @@ def test_fpfl_faults(tmp_path: Path) -> None:
     # 900 users: delta = 1/K is above the built-in fpfl-max-delta (1e-3); each node's
     # operator allows it in the node's own config.
     node_configs = [f"partition-id={i} num-partitions=3 fpfl-max-delta=0.002" for i in range(3)]
-    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home") as deployment:
+    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home", warm=True) as deployment:
         # 1. The ServerApp dies mid-training; the training resumes, every release counted.
         folder = tmp_path / "killed-server"
         config = {
@@ -337,7 +337,7 @@ def test_fedevalfair_holder_killed_mid_exchange(tmp_path: Path) -> None:
         f"identity-key='{identities / f'node-{i}.key'}' roster='{identities / 'roster.toml'}'"
         for i in range(4)
     ]
-    with local_deployment(REPO, 4, node_configs, tmp_path / "flwr-home") as deployment:
+    with local_deployment(REPO, 4, node_configs, tmp_path / "flwr-home", warm=True) as deployment:
         folder = tmp_path / "run"
         background = deployment.run_in_background(
             {

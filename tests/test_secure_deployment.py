@@ -94,6 +94,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         tls=tls,
         node_auth=True,
         work_dir=folder / "work",
+        warm=True,  # ClientApps forked from a zygote (fedparity-superexec --executor warm)
+        also_allowed=[REPO / "tests" / "attack_app"],
     ) as deployment:
         yield Secure(deployment, tls, keys, folder)
         processes = deployment.processes  # the unauthorised SuperNodes included

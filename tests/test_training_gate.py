@@ -333,7 +333,7 @@ def test_the_default_ldp_audit_stops_when_the_nodes_refuse_training(tmp_path: Pa
         "min-nodes": 2,
         "reply-timeout": 60.0,
     }
-    with local_deployment(REPO, 2, None, tmp_path / "flwr-home") as deployment:
+    with local_deployment(REPO, 2, None, tmp_path / "flwr-home", warm=True) as deployment:
         refused = tmp_path / "refused"
         run = deployment.run({**common, "output-dir": str(refused)}, timeout=300, check=False)
         assert run.status == "finished:failed", run.output[-3000:]

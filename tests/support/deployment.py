@@ -96,7 +96,9 @@ class Deployment:
     superexecs : list[ManagedProcess]
         The SuperExecs started beside SuperNodes run with ``--isolation process``
         (``local_deployment(..., superexecs=...)``), named ``superexec-<i>`` after their
-        SuperNode; empty when every SuperNode starts its own (Flower's default).
+        SuperNode; empty when every SuperNode starts its own (Flower's default). A SuperNode's
+        SuperExec is killed and started with it (:meth:`kill_supernode`,
+        :meth:`start_supernode`): the two stand for one machine.
 
     Notes
     -----
@@ -139,6 +141,13 @@ class Deployment:
     def logs(self) -> dict[str, str]:
         """Current log text of every process, by name (ANSI codes removed)."""
         return {p.name: p.log_text() for p in self.processes}
+
+    def node_log_text(self, index: int) -> str:
+        """What node ``index`` logged: its SuperNode's log, then its SuperExec's if one was
+        started beside it (a ClientApp's output goes to whichever process launched it)."""
+        superexec = self._superexec_of(index)
+        text = self.supernodes[index].log_text()
+        return text if superexec is None else f"{text}\n{superexec.log_text()}"
 
     def run(
         self,
@@ -196,7 +205,8 @@ class Deployment:
     # ------------------------------------------------------------- fault injection
 
     def kill_supernode(self, index: int) -> None:
-        """SIGKILL SuperNode ``index`` and all its descendants; return once all are gone.
+        """SIGKILL SuperNode ``index`` and all its descendants (and the SuperExec started
+        beside it, if any); return once all are gone.
 
         Its ``flwr-clientapp`` (and SuperExec) processes die with it. The SuperLink is
         not told: it keeps the node ``online`` until the heartbeat is overdue, 20 s
@@ -212,19 +222,27 @@ class Deployment:
         if not node.alive():
             raise FlowerProcessError(f"{node.name} is not running")
         _kill_tree(node)
+        superexec = self._superexec_of(index)
+        if superexec is not None and superexec.alive():
+            _kill_tree(superexec)
+
+    def _superexec_of(self, index: int) -> ManagedProcess | None:
+        """The SuperExec started beside SuperNode ``index`` (None: the node starts its own)."""
+        name = f"superexec-{index}"
+        return next((proc for proc in self.superexecs if proc.name == name), None)
 
     def start_supernode(self, index: int, timeout: float = 60.0) -> None:
         """Start a killed SuperNode again and wait until it is registered.
 
         Same command line, port, ``HOME``/``FLWR_HOME`` and ``--node-config``; its log
-        is appended to. Returns once it answers ``/health`` and has logged a new
-        ``SuperNode ID``, which replaces ``node_ids[index]``. Without node
-        authentication a restarted SuperNode generates a new key pair and is a new node
-        to the SuperLink (``--auth-supernode-private-key`` is refused with
-        ``--insecure``, exit code 303); the old id stays ``online`` until its heartbeat
-        is overdue: :meth:`unregister_node` forgets it at once. With node authentication
-        it comes back with its registered key, hence its id; but Flower 1.41 activates a
-        node only while it is ``registered`` or ``offline`` (an ``online`` one gets
+        is appended to; a SuperExec started beside it is started again too. Returns once
+        it answers ``/health`` and has logged a new ``SuperNode ID``, which replaces
+        ``node_ids[index]``. Without node authentication a restarted SuperNode generates a
+        new key pair and is a new node to the SuperLink (``--auth-supernode-private-key``
+        is refused with ``--insecure``, exit code 303); the old id stays ``online`` until
+        its heartbeat is overdue: :meth:`unregister_node` forgets it at once. With node
+        authentication it comes back with its registered key, hence its id; but Flower 1.41
+        activates a node only while it is ``registered`` or ``offline`` (an ``online`` one gets
         ``[code: 2004] Failed to activate SuperNode.`` and the SuperNode exits with 305),
         so after a kill this first waits until the SuperLink has marked the old id
         ``offline`` (heartbeat overdue: up to 20 s after the kill).
@@ -247,6 +265,9 @@ class Deployment:
         node.relaunch()
         deadline = time.monotonic() + timeout
         _wait_http_ready([node], deadline, self.processes)
+        superexec = self._superexec_of(index)
+        if superexec is not None and not superexec.alive():
+            superexec.relaunch()
         self.node_ids[index] = _wait_registered([node], deadline, self.processes, offset)[0]
 
     def serverapp_pids(self) -> list[int]:
@@ -414,6 +435,7 @@ def local_deployment(
     node_auth: bool = False,
     superexecs: Sequence[Sequence[str] | None] | None = None,
     warm: bool = False,
+    also_allowed: Sequence[Path] = (),
 ) -> Iterator[Deployment]:
     """Start one SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1.
 
@@ -486,12 +508,15 @@ def local_deployment(
         SuperNode starts ``flower-superexec`` itself); a command (executable and options, the
         executable found with :func:`flower_executable` unless it is a path) runs the
         SuperNode with ``--isolation process`` and that SuperExec beside it, logging to
-        ``W/superexec-<i>.log`` (:attr:`Deployment.superexecs`; not restarted by
-        :meth:`Deployment.start_supernode`). None (default): Flower's default for all.
+        ``W/superexec-<i>.log`` (:attr:`Deployment.superexecs`; killed and started with its
+        SuperNode). None (default): Flower's default for all.
     warm : bool, default False
         Every SuperNode beside ``fedparity-superexec --executor warm`` (ClientApps forked from
         a zygote, behind the app gate), ``allowed-apps="<hash of app_dir>"`` added to each
         node config. Replaces ``superexecs``.
+    also_allowed : Sequence[Path], default ()
+        With ``warm``: more app folders whose bundles the nodes' gate approves (apps other
+        than ``app_dir`` submitted with :func:`run_flwr` to this deployment).
 
     Yields
     ------
@@ -514,10 +539,13 @@ def local_deployment(
         raise ValueError(f"{len(node_configs)} node_configs for {num_supernodes} supernodes")
     if node_auth and tls is None:
         raise ValueError("node_auth=True needs tls (Flower refuses node keys over --insecure)")
+    if also_allowed and not warm:
+        raise ValueError("also_allowed needs warm=True (the app gate runs in the warm SuperExec)")
     if warm:  # fedparity.clients.warm_clientapp; the gate approves app_dir's bundle
         from fedparity.clients.app_gate import app_bundle_hash
 
-        allowed = f'allowed-apps="{app_bundle_hash(app_dir)}"'
+        hashes = ",".join(app_bundle_hash(folder) for folder in (app_dir, *also_allowed))
+        allowed = f'allowed-apps="{hashes}"'
         node_configs = [f"{config} {allowed}" for config in node_configs]
         superexecs = [["fedparity-superexec", "--executor", "warm"]] * num_supernodes
     superexec_cmds = list(superexecs) if superexecs is not None else [None] * num_supernodes
