@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from fedparity.mechanisms import RandomizedResponseMechanism, ReportSummary, estimate_gap
-from fedparity.mechanisms.crypto.secure_random import secure_generator
 from fedparity.mechanisms.fairness_tests.fedevalfair import ClientSummary, fedevalfair
 from fedparity.mechanisms.formatting import format_number
 from fedparity.mechanisms.ldp.estimators import GAP_VERDICTS
@@ -30,12 +29,13 @@ USERS = 20_000
 
 def audit_outcome(gap: float, epsilon: float = 2.0) -> AuditOutcome:
     """A real audit's outcome: users of two groups with accuracies 0.7 and 0.7 + gap, perturbed
-    with M_R at ``epsilon``."""
+    with M_R at ``epsilon`` (a seeded generator: with the OS-keyed one, the interval of the
+    no-gap audit missed 0 in 5% of the runs, as a 95% interval does: this test failed so)."""
     mechanism = RandomizedResponseMechanism(epsilon / 2, epsilon / 2)
     rng = np.random.default_rng(11)
     groups = rng.integers(0, 2, USERS)
     values = np.where(rng.random(USERS) < 0.7 + gap * groups, 1.0, -1.0)
-    perturbed = mechanism.perturb(groups, values, secure_generator())
+    perturbed = mechanism.perturb(groups, values, np.random.default_rng(12))
     reports = ReportSummary.from_reports(perturbed.groups, perturbed.values, 2)
     return AuditOutcome(
         estimate=estimate_gap(reports, mechanism),
