@@ -168,18 +168,27 @@ class RunRecord:
         """The run raised ``error`` (or, given as text, could not do its work): say so in the
         folder and, loudly, on the console."""
         interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}".strip()
+        if isinstance(error, str):
+            text = error
+        else:  # "KeyboardInterrupt", not "KeyboardInterrupt:" for an exception without text
+            text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         self.finish("interrupted" if interrupted else "failed", error=text)
-        released = _released_summary(self.payload["releases"], self.payload)
-        log(
-            logging.ERROR,
-            "fedparity: the %s run %s: %s. Released before it ended: %s. Status: %s",
-            self.payload["task"],
-            "WAS INTERRUPTED" if interrupted else "FAILED",
-            text,
-            released,
-            self.path,
-        )
+        log(logging.ERROR, "fedparity: %s", ending_sentence(self.payload, self.path))
+
+
+def ending_sentence(payload: Mapping[str, Any], path: Path) -> str:
+    """How the run of the status record ``payload`` (read from ``path``) ended, with what it
+    released: the job's final ERROR line, and ``fedparity run``'s when the job could not say
+    it (a run stopped with ``flwr stop``)."""
+    status = str(payload.get("status", "unknown"))
+    how = {"failed": "FAILED", "interrupted": "WAS INTERRUPTED"}.get(status, f"is {status}")
+    error = payload.get("error")
+    released = _released_summary(list(payload.get("releases", [])), payload)
+    return (
+        f"the {payload.get('task', '?')} run {how}"
+        + (f": {error}" if error else "")
+        + f". Released before it ended: {released}. Status: {path}"
+    )
 
 
 def _released_summary(releases: list[Mapping[str, Any]], payload: Mapping[str, Any]) -> str:

@@ -8,6 +8,7 @@ and the results the ServerApp wrote are checked.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,22 +66,22 @@ def test_default_job_ten_thousand_users(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_invalid_run_config_fails_before_any_work(tmp_path: Path) -> None:
-    """A bad value stops the run at once, with a message naming the key."""
+    """A bad value stops the run at once, with a message naming the key; ``fedparity run``
+    exits 1 for it (``flwr run`` exits 0 for a failed run)."""
     output = tmp_path / "run"
     with local_simulation(REPO, 2, tmp_path / "flwr-home") as simulation:
-        run = simulation.run(
-            {"output-dir": str(output), "confidence": 1.5}, timeout=300, check=False
-        )
+        wrapped = simulation.run_fedparity({"output-dir": str(output), "confidence": 1.5})
         # A dataset that needs a folder nobody gave: refused by name before any work (the
         # nodes would otherwise each fail to find the files).
         adult = simulation.run(
             {"output-dir": str(output), "dataset": "adult"}, timeout=300, check=False
         )
-    assert run.status == "finished:failed"
-    assert "confidence must be in (0, 1)" in run.output
+    assert wrapped.returncode == 1, wrapped.stdout[-3000:] + wrapped.stderr
+    assert re.search(r"fedparity run: run \d+ finished:failed", wrapped.stderr), wrapped.stderr
+    assert "confidence must be in (0, 1)" in wrapped.stdout
     assert adult.status == "finished:failed"
     assert "refused the run config before any work: data-dir must be" in adult.output
-    for failed in (run, adult):
+    for failed in (wrapped.stdout, adult.output):
         # one line naming the key, never a stack trace for a user's mistake
-        assert "Traceback" not in failed.output, failed.output[-3000:]
+        assert "Traceback" not in failed, failed[-3000:]
     assert not output.exists()

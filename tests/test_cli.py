@@ -230,6 +230,7 @@ COMMAND_NAMES = (
     "identity",
     "federations",
     "ledger",
+    "run",
 )
 
 
@@ -588,3 +589,62 @@ def test_a_second_keys_run_names_the_overwrite_option(tmp_path: Path) -> None:
     assert run_cli(["keys", "--out", str(out)]).code == 0
     err = assert_usage_error(["keys", "--out", str(out)], "--out", str(out), "--overwrite")
     assert "overwrite=True" not in err
+
+
+@pytest.mark.parametrize(
+    ("flwr_args", "federation"),
+    [
+        ([".", "local-deployment", "--run-config", "a=1"], "local-deployment"),
+        (["--run-config", "x='. b'", ".", "mine"], "mine"),  # an option's value is skipped
+        (["-c", "a=1", "."], None),  # the default connection
+        ([".", "--federation-config", "num-supernodes=3", "--stream"], None),
+    ],
+)
+def test_fedparity_run_finds_the_federation_flwr_run_was_given(
+    flwr_args: list[str], federation: str | None
+) -> None:
+    from fedparity.server.cli.run import _federation
+
+    assert _federation(flwr_args) == federation
+
+
+def test_fedparity_run_hands_every_argument_to_flwr_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Options before the app folder are flwr run's too (argparse would refuse them)."""
+    from fedparity.server.cli import commands, run
+
+    seen: list[list[str]] = []
+
+    def record(flwr_args: list[str], out: object, err: object) -> int:
+        seen.append(list(flwr_args))
+        return 1
+
+    monkeypatch.setattr(run, "run_with_status", record)
+    assert commands.main(["run", "--run-config", "a=1", "."]) == 1
+    assert seen == [["--run-config", "a=1", "."]]
+    help_text = run_cli(["run", "--help"])
+    assert help_text.code == 0 and "finished:completed" in help_text.out
+
+
+def test_fedparity_run_repeats_how_a_stopped_run_ended_from_its_status_file(
+    tmp_path: Path,
+) -> None:
+    """A run stopped with flwr stop cannot print its final ERROR line itself (issue 32 item 7):
+    ``fedparity run`` reads the job's status file (named in the job's first line) and says it
+    in the job's own words, what was released included."""
+    import io
+
+    from fedparity.clients.project.config import RunConfig
+    from fedparity.server.cli.run import _report_ending
+    from fedparity.server.run_record import open_run_record
+
+    record = open_run_record(RunConfig.from_mapping({"output-dir": str(tmp_path / "run")}))
+    record.add_release(what="LDP audit at epsilon 1", epsilon=1.0)
+    record.fail(KeyboardInterrupt())
+    err = io.StringIO()
+    _report_ending(record.path, err)
+    assert err.getvalue() == (
+        "fedparity run: the ldp-audit run WAS INTERRUPTED: KeyboardInterrupt. Released before "
+        f"it ended: LDP audit at epsilon 1. Status: {record.path}\n"
+    )
+    _report_ending(tmp_path / "elsewhere" / "status.json", err)  # another machine's path
+    assert err.getvalue().count("\n") == 1

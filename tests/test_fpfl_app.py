@@ -8,6 +8,7 @@ The expected models are recomputed here from the same population, the same seede
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -271,8 +272,9 @@ def test_fpfl_reduces_the_fnr_gap_of_fl_on_adult(adult_path: Path, tmp_path: Pat
 
 @pytest.mark.slow
 def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
-    """`flwr run . --run-config configs/fpfl-synthetic.toml` through the real CLI: progress
-    per round, the result table and results.json with the documented keys."""
+    """`flwr run . --run-config configs/fpfl-synthetic.toml` through the real CLI (wrapped by
+    ``fedparity run``, which exits 0 for a completed run): progress per round, the result
+    table and results.json with the documented keys."""
     import tomllib
 
     from tests.support.flower_processes import local_simulation
@@ -282,8 +284,10 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     output = tmp_path / "run"
     run_config.update({"fpfl-rounds": 8, "output-dir": str(output)})
     with local_simulation(REPO, 3, tmp_path / "flwr-home") as simulation:
-        run = simulation.run(run_config, timeout=600)
-    assert run.status == "finished:completed", run.output[-3000:]
+        wrapped = simulation.run_fedparity(run_config, timeout=600)
+    assert wrapped.returncode == 0, wrapped.stdout[-3000:] + wrapped.stderr
+    assert re.search(r"fedparity run: run \d+ finished:completed", wrapped.stderr)
+    output_text = wrapped.stdout
     results = json.loads((output / "results.json").read_text())
     for key in (
         "accuracy",
@@ -299,13 +303,13 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     assert 0 < results["epsilon"] <= 2.0
     assert results["delta"] == pytest.approx(1 / 3000)
     assert results["population"]["nodes"] == 3 and results["population"]["users"] == 3000
-    assert "round    8: cohort loss" in run.output and "FPFL result (fpfl" in run.output
+    assert "round    8: cohort loss" in output_text and "FPFL result (fpfl" in output_text
     assert (output / "training.png").read_bytes()[:4] == b"\x89PNG"
     # report.html and the log: alpha, the test-set FNR gap and whether the constraint holds.
     constraint = results["fairness_constraint"]
     assert constraint["alpha"] == 0.02 and constraint["test_gap"] == results["fnr_gap"]
     assert constraint["holds_on_test_set"] == (results["fnr_gap"] <= 0.02)
-    assert_report_matches_results(output, run.output)
+    assert_report_matches_results(output, output_text)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from . import fairtest, federations, identity, keys, ledger, measure, plan, privacy
+from . import fairtest, federations, identity, keys, ledger, measure, plan, privacy, run
 from ._common import EXIT_USAGE, UsageError, _Parser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -24,6 +24,7 @@ _MODULES = {
     "identity": identity,
     "federations": federations,
     "ledger": ledger,
+    "run": run,
 }
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "privacy": privacy.run_privacy,
@@ -34,6 +35,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "keys": keys.run_keys,
     "identity": identity.run_identity,
     "ledger": ledger.run_ledger,
+    "run": run.run_run,
 }
 
 
@@ -48,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
     out = sys.stdout if out is None else out
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv[1:2]):
+        # everything after "run" is flwr run's (options first included): no parsing here
+        return run.run_with_status(argv[1:], out, sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

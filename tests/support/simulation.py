@@ -3,6 +3,7 @@ instead of the managed one of ``flwr run`` (fixed port 39091, left running)."""
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -10,8 +11,22 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.flower_env import HOST, SIMULATION_FEDERATION, _connection, child_env, free_port
-from tests.support.flwr_runs import FlwrRun, RunConfigValue, _check_app_dir, run_flwr
+from tests.support.flower_env import (
+    HOST,
+    SIMULATION_FEDERATION,
+    _connection,
+    child_env,
+    flower_executable,
+    free_port,
+    strip_ansi,
+)
+from tests.support.flwr_runs import (
+    FlwrRun,
+    RunConfigValue,
+    _check_app_dir,
+    _run_config_args,
+    run_flwr,
+)
 from tests.support.process_tree import (
     ManagedProcess,
     _start,
@@ -81,6 +96,36 @@ class Simulation:
             federation_config=federation_config,
             check=check,
         )
+
+    def run_fedparity(
+        self, run_config: Mapping[str, RunConfigValue] | None = None, timeout: float = 300.0
+    ) -> subprocess.CompletedProcess[str]:
+        """The same run through ``fedparity run`` (``flwr run --stream`` with an exit status
+        that says how the run ended); its exit status, output and error lines (ANSI codes
+        removed)."""
+        with tempfile.TemporaryDirectory() as scratch:
+            command = [
+                flower_executable("fedparity"),
+                "run",
+                str(self.app_dir),
+                self.federation,
+                *_run_config_args(run_config, Path(scratch), self.app_dir),
+                "--federation-config",
+                f"num-supernodes={self.num_supernodes} "
+                f"client-resources-num-cpus={self.client_cpus}",
+            ]
+            done = subprocess.run(  # noqa: S603 - the project's own command
+                command,
+                env=child_env(self.flwr_home),
+                cwd=self.cwd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        done.stdout, done.stderr = strip_ansi(done.stdout), strip_ansi(done.stderr)
+        return done
 
 
 @contextmanager
