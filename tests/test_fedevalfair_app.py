@@ -195,6 +195,9 @@ def test_holders_lost_between_rounds(
     crashed = [r for r in outcome["rejected_replies"] if r["round"] == 2]
     assert len(crashed) == 1, outcome["rejected_replies"]
     assert any(text in crashed[0]["reason"] for text in ("simulated crash", "could not handle"))
+    # the harness's plaintext test uses all 5 holders: not a yardstick for the encrypted one
+    # over 3 (before: "p-values match the plaintext computation to 2.2e-01")
+    assert results["max_abs_pvalue_difference_vs_plaintext"] is None
 
     config = RunConfig.from_mapping(overrides)
     holders = {block: {} for block in BLOCKS}
