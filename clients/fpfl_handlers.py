@@ -584,7 +584,7 @@ class FPFLNode:
         save_node_ledger(context, path, ledger)
         if shard.num_users < limits.min_users_for_counts:
             return {}  # a small node (a device) sends no totals in clear
-        return ledger_totals(ledger)
+        return ledger_totals(ledger, path)
 
     def round(self, msg: Message, context: Context) -> Message:
         """Sample this node's cohort with the pinned ``q``, sum the users' clipped vectors,

@@ -331,7 +331,7 @@ def _perturbed_reply(
         except LedgerFileError as error:  # e.g. the folder became unwritable: names the file
             log(logging.ERROR, "ldp_audit: %s", error)
             raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
-        totals = ledger_totals(ledger)
+        totals = ledger_totals(ledger, path)
         # an undefined metric is the undefined category with the value 0 (m = 1/2)
         user_groups = np.where(defined, users.groups, num_groups)
         user_values = np.where(defined, metric_to_value(np.nan_to_num(metrics)), 0.0)

@@ -65,6 +65,7 @@ from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_KEY,
     EPSILON_SPENT_DELTA_KEY,
     EPSILON_SPENT_KEY,
+    LEDGER_NEW_KEY,
 )
 from .policy import NodePrivacyPolicy, in_flower_simulation
 
@@ -262,17 +263,23 @@ def save_node_ledger(context: Context, path: Path | None, ledger: UserLedger) ->
         context.state.config_records[LEDGER_STATE_KEY] = ConfigRecord({"json": ledger.to_json()})
 
 
-def ledger_totals(ledger: UserLedger) -> dict[str, float]:
+def ledger_totals(ledger: UserLedger, path: Path | None = None) -> dict[str, float]:
     """What a node tells the server about its ledger (public-release arithmetic only): the
     largest user total (epsilon at the users' delta), basic composition's epsilon and delta
-    for the same user. Sent only by nodes with at least ``min-users-for-counts`` users."""
+    for the same user; and ``ledger-new`` = 1 when ``ledger`` is the persistent ledger at
+    ``path`` and the release just charged is its first (its users' totals start here: the
+    server reports it, since the maximum over the nodes would hide it). Sent only by nodes with
+    at least ``min-users-for-counts`` users."""
     summary = ledger.summary()
-    return {
+    totals = {
         EPSILON_SPENT_KEY: float(summary["max_epsilon"]),
         EPSILON_SPENT_DELTA_KEY: float(summary["delta"]),
         EPSILON_SPENT_BASIC_KEY: float(summary["max_epsilon_basic"]),
         EPSILON_SPENT_BASIC_DELTA_KEY: float(summary["max_delta_basic"]),
     }
+    if path is not None and len(ledger.releases) == 1:
+        totals[LEDGER_NEW_KEY] = 1.0
+    return totals
 
 
 def _register_new(registry: LedgerRegistry, path: Path, ledger: UserLedger) -> None:

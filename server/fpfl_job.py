@@ -493,6 +493,8 @@ def _privacy(
         "ledger_totals_reported_by_nodes": None
         if protocol.ledger_totals is None
         else protocol.ledger_totals.to_dict(),
+        "ledger_totals_by_node": protocol.ledgers.by_node_dict(),
+        "new_ledger_nodes": sorted(protocol.ledgers.new_ledger_nodes),
         "segments": [
             {
                 "noise_multiplier": seg.noise_multiplier,

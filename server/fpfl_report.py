@@ -21,9 +21,9 @@ from .html_report import Figure, Finding, Report, Section, Table, Value
 from .report import (
     NOISY_RATES_NOTE,
     PLOT_NEEDS_MATPLOTLIB,
-    ledger_totals_text,
     load_pyplot,
     plain_tick_labels,
+    privacy_ledger_text,
 )
 from .results import FPFLPrivacy, FPFLResults
 
@@ -391,7 +391,7 @@ def fpfl_report(
         lead = "This run adds no noise: it is not differentially private."
     privacy_blocks: list[Any] = [lead, Table(["quantity", "value"], privacy_rows)]
     if results.private:
-        privacy_blocks.append(ledger_totals_text(privacy.ledger_totals_reported_by_nodes))
+        privacy_blocks.append(privacy_ledger_text(privacy))
     privacy_blocks += [f"Note: {note}." for note in privacy.caveats or []]
     return Report(
         title=f"fedparity FPFL training ({results.algorithm})",
@@ -439,7 +439,7 @@ def summary_text(payload: FPFLResults | Mapping[str, Any]) -> str:
             f"noise multiplier = {payload.noise_multiplier:.4f} "
             f"({privacy.accountant}, {privacy.noise} noise)"
         )
-        lines.append(ledger_totals_text(privacy.ledger_totals_reported_by_nodes))
+        lines.append(privacy_ledger_text(privacy))
     for note in privacy.caveats or []:
         lines.append(f"note: {note}")
     if _noisy_cohort_rates(payload.history or []):

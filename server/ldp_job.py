@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 from ..clients.project.config import RunConfig
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release, SeriesObserver
-from ..strategies.replies import merge_ledger_totals
+from ..strategies.replies import NodeLedgerReports
 from .harness import GroundTruth, ground_truth
 from .html_report import write_report
 from .orchestration import (
@@ -40,8 +40,9 @@ from .report import (
     audit_table,
     ldp_findings,
     ldp_report,
-    ledger_totals_text,
+    no_totals_reason,
     plot_audits,
+    privacy_ledger_text,
     write_json,
 )
 from .results import AuditRecord, LdpAuditResults, LdpPrivacy
@@ -70,19 +71,42 @@ def ldp_audit_for(
     )
 
 
+def missing_contributions(outcome: AuditOutcome) -> str:
+    """Who did not contribute to an audit and why, in words ("" if everyone did): users that
+    refused (their privacy budget is spent), rejected replies, nodes that did not reply."""
+    parts = []
+    if outcome.refused_users:
+        parts.append(
+            f"{outcome.refused_users} user(s) refused: their privacy budget is spent "
+            "(each node's user-epsilon-budget)"
+        )
+    if outcome.rejected:
+        parts.append(f"{len(outcome.rejected)} node repl(ies) rejected")
+    if outcome.missing_nodes:
+        parts.append(f"{len(outcome.missing_nodes)} node(s) did not reply")
+    return "; ".join(parts)
+
+
 def log_audit_outcome(outcome: AuditOutcome, confidence: float) -> None:
-    """One console line per audit: the gap and its interval, or why there is none."""
+    """One console line per audit: the gap and its interval, or why there is none, with who
+    did not contribute (:func:`missing_contributions`)."""
+    missing = missing_contributions(outcome)
     if outcome.estimate is None:
-        log(logging.WARNING, "\t└──> no estimate: %s", outcome.error)
+        log(
+            logging.WARNING,
+            "\t└──> no estimate: %s",
+            "; ".join(filter(None, [outcome.error, missing])),
+        )
         return
     log(
         logging.INFO,
-        "\t└──> gap %.4f, %g%% interval [%.4f, %.4f] from %d reports",
+        "\t└──> gap %.4f, %g%% interval [%.4f, %.4f] from %d reports%s",
         outcome.estimate.max_gap,
         100 * confidence,
         outcome.estimate.max_gap_interval.low,
         outcome.estimate.max_gap_interval.high,
         outcome.estimate.num_reports,
+        f" ({missing})" if missing else "",
     )
 
 
@@ -111,7 +135,10 @@ def ldp_privacy(config: RunConfig, outcomes: Sequence[AuditOutcome], spent: floa
     """results.json's ``privacy``: the server's plan, this run's spending (``spent``: basic
     composition of every audit sent) and what the nodes' ledgers reported."""
     reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]
-    ledger_totals = merge_ledger_totals(o.ledger_totals for o in outcomes)
+    ledgers = NodeLedgerReports()
+    for outcome in outcomes:  # in order: a node's latest totals are kept
+        ledgers.update(outcome.ledger_reports)
+    ledger_totals = ledgers.merged()
     return LdpPrivacy(
         # The server's plan only: each node's own policy (user-epsilon-budget at user-delta,
         # kept in its ledger) decides what its users answer, and users past it refuse.
@@ -126,6 +153,8 @@ def ldp_privacy(config: RunConfig, outcomes: Sequence[AuditOutcome], spent: floa
         # relation: every release the nodes' per-user ledgers recorded (LDP audits and FPFL
         # trainings), composed with the PLD accountant.
         ledger_totals_reported_by_nodes=None if ledger_totals is None else ledger_totals.to_dict(),
+        ledger_totals_by_node=ledgers.by_node_dict(),
+        new_ledger_nodes=sorted(ledgers.new_ledger_nodes),
     )
 
 
@@ -165,7 +194,8 @@ def _report_audits(
         results.privacy.epsilon_spent_per_user,
         config.user_budget,
     )
-    log(logging.INFO, "%s", ledger_totals_text(results.privacy.ledger_totals_reported_by_nodes))
+    why = no_totals_reason(outcome.accepted_nodes for outcome in outcomes)
+    log(logging.INFO, "%s", privacy_ledger_text(results.privacy, why))
     log(logging.INFO, "results written to %s (report: %s)", output_dir, report_path)
 
 

@@ -63,7 +63,7 @@ from ..strategies.release_series import (
     FedEvalFairTest,
     LdpAuditSeries,
 )
-from ..strategies.replies import merge_ledger_totals
+from ..strategies.replies import NodeLedgerReports
 from .fedevalfair_job import ExchangeProgress, fedevalfair_protocol, server_public_context
 from .fpfl_job import FPFLRun, train_fpfl
 from .harness import HARNESS_LABEL, GroundTruth, ground_truth
@@ -76,7 +76,7 @@ from .orchestration import (
     require_fedevalfair_holders,
 )
 from .pipeline_report import pipeline_findings, pipeline_report
-from .report import ledger_totals_text, write_json
+from .report import privacy_ledger_text, write_json
 from .results import (
     FPFLPrivacy,
     PipelineAudit,
@@ -381,7 +381,7 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     for finding in pipeline_findings(written):
         log(logging.INFO, "%s", finding.plain())
     assert written.privacy is not None
-    log(logging.INFO, "%s", ledger_totals_text(written.privacy.ledger_totals_reported_by_nodes))
+    log(logging.INFO, "%s", privacy_ledger_text(written.privacy))
     log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
     errors = [f"FedEvalFair ({s}): {error}" for s in PIPELINE_SESSIONS if (error := tests[s].error)]
     if errors:
@@ -456,9 +456,18 @@ def _pipeline_privacy(
     config: RunConfig, trainings: dict[str, FPFLRun], audits: dict[str, list[AuditOutcome]]
 ) -> PipelinePrivacy:
     """Each step's (epsilon, delta) per user, and what the nodes' ledgers reported."""
-    ledger_totals = merge_ledger_totals(
-        [outcome.ledger_totals for outcomes in audits.values() for outcome in outcomes]
-    )
+    ledgers = NodeLedgerReports()
+    for session in PIPELINE_SESSIONS:  # the steps in order: a node's latest totals are kept
+        privacy = trainings[session].results.privacy
+        if privacy is not None:
+            ledgers.update(
+                NodeLedgerReports.from_results(
+                    privacy.ledger_totals_by_node, privacy.new_ledger_nodes
+                )
+            )
+        for outcome in audits.get(session, []):
+            ledgers.update(outcome.ledger_reports)
+    ledger_totals = ledgers.merged()
     return PipelinePrivacy(
         per_user_steps=[
             {
@@ -493,4 +502,6 @@ def _pipeline_privacy(
         # audit, and earlier runs with a persistent ledger-dir): PLD at the users' delta,
         # basic composition beside it, under replace-one-user.
         ledger_totals_reported_by_nodes=None if ledger_totals is None else ledger_totals.to_dict(),
+        ledger_totals_by_node=ledgers.by_node_dict(),
+        new_ledger_nodes=sorted(ledgers.new_ledger_nodes),
     )

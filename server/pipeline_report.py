@@ -8,7 +8,7 @@ from typing import Any
 
 from .harness import HARNESS_LABEL
 from .html_report import Finding, Report, Section, Table, Value
-from .report import FEDEVALFAIR_METRICS, PAPER_MODE_WARNING, ledger_totals_text
+from .report import FEDEVALFAIR_METRICS, PAPER_MODE_WARNING, privacy_ledger_text
 from .results import PipelineAudit, PipelineModel, PipelinePrivacy, PipelineResults
 
 #: The models in the order the report shows them.
@@ -288,7 +288,7 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
             "Privacy spent",
             (
                 steps,
-                ledger_totals_text(privacy.ledger_totals_reported_by_nodes),
+                privacy_ledger_text(privacy),
                 f"Harness values are labelled: {HARNESS_LABEL}.",
             ),
         ),

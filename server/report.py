@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from ..mechanisms.fairness_tests.fedevalfair import (
     METRIC_NAMES,
     PAPER_MODE_WARNING,
 )
+from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.estimators import GAP_VERDICTS
 from ..strategies.fedevalfair import block_label
 from ..strategies.ldp_audit import AuditOutcome
@@ -302,7 +303,13 @@ def ldp_report(
         "differential privacy?",
         headline=ldp_findings(results),
         sections=[Section("Audits", detail)],
-        privacy=Section("Privacy spent", _ldp_privacy_blocks(results.privacy or LdpPrivacy())),
+        privacy=Section(
+            "Privacy spent",
+            _ldp_privacy_blocks(
+                results.privacy or LdpPrivacy(),
+                no_totals_reason(audit.accepted_nodes for audit in results.audits or []),
+            ),
+        ),
         notes=[f"{config['confidence'] * 100:g}% intervals; results.json holds every number."],
     )
 
@@ -382,7 +389,7 @@ def _group_means_table(audits_done: Sequence[AuditRecord], metric: str) -> Table
     )
 
 
-def _ldp_privacy_blocks(privacy: LdpPrivacy) -> list[Any]:
+def _ldp_privacy_blocks(privacy: LdpPrivacy, why_no_totals: str | None = None) -> list[Any]:
     spent_total = privacy.epsilon_spent_total_max_reported_by_nodes
     return [
         Table(
@@ -399,25 +406,70 @@ def _ldp_privacy_blocks(privacy: LdpPrivacy) -> list[Any]:
         f"Composition: {privacy.composition}. Each node enforces its own budget from its "
         "users' ledgers; the true gap (if shown) is computed by the simulation harness from "
         "raw data and is not private.",
-        ledger_totals_text(privacy.ledger_totals_reported_by_nodes),
+        privacy_ledger_text(privacy, why_no_totals),
     ]
 
 
-def ledger_totals_text(totals: Mapping[str, Any] | None) -> str:
-    """The sentence of the nodes' privacy-ledger totals in a results.json (LDP audit and
-    FPFL jobs), for the console and the HTML report."""
+def ledger_totals_text(
+    totals: Mapping[str, Any] | None,
+    by_node: Mapping[str, Mapping[str, Any]] | None = None,
+    new_nodes: Sequence[int] | None = None,
+    *,
+    why_missing: str | None = None,
+) -> str:
+    """The sentence of the nodes' privacy-ledger totals in a results.json (LDP audit, FPFL and
+    pipeline jobs), for the console and the HTML report: the largest, the range over the nodes
+    (``by_node``) and the nodes whose ledger this run created (``new_nodes``); without totals,
+    ``why_missing`` (default: the nodes' ``min-users-for-counts``)."""
     if totals is None:
+        why = why_missing or (
+            "nodes with fewer users than their min-users-for-counts send no totals"
+        )
         return (
             "Privacy spent per user over every release the nodes' ledgers recorded: not "
-            "reported (nodes with fewer users than their min-users-for-counts send no totals)."
+            f"reported ({why})."
         )
-    return LedgerTotals(
+    text = LedgerTotals(
         totals["epsilon"],
         totals["delta"],
         totals["basic_epsilon"],
         totals["basic_delta"],
         totals["neighbouring"],
     ).sentence()
+    if by_node and len(by_node) > 1:
+        spent = {node: float(values["epsilon"]) for node, values in by_node.items()}
+        low, high = min(spent, key=spent.__getitem__), max(spent, key=spent.__getitem__)
+        text += (
+            f"; by node from {format_number(spent[low], '.4g')} (node {low}) to "
+            f"{format_number(spent[high], '.4g')} (node {high}) over {len(spent)} nodes"
+        )
+    if new_nodes:
+        listed = ", ".join(str(node) for node in new_nodes)
+        text += (
+            f". New privacy ledger on node(s) {listed}: their users' totals start with this "
+            "run (a first run there, or a ledger lost and reset by its operator)"
+        )
+    return text
+
+
+def no_totals_reason(accepted_nodes: Iterable[int | None]) -> str | None:
+    """Why an LDP run's nodes reported no ledger totals when no reply was accepted in any
+    audit (None otherwise: the default reason, ``min-users-for-counts``, holds)."""
+    if any(count for count in accepted_nodes):
+        return None
+    return "no node's reply was accepted: see the rejected replies"
+
+
+def privacy_ledger_text(privacy: Any, why_missing: str | None = None) -> str:
+    """:func:`ledger_totals_text` of a results' ``privacy`` (:class:`~.results.LdpPrivacy`,
+    the FPFL and the pipeline ones): its ``ledger_totals_reported_by_nodes``,
+    ``ledger_totals_by_node`` and ``new_ledger_nodes``."""
+    return ledger_totals_text(
+        privacy.ledger_totals_reported_by_nodes,
+        privacy.ledger_totals_by_node,
+        privacy.new_ledger_nodes,
+        why_missing=why_missing,
+    )
 
 
 # The HTML report: FedEvalFair

@@ -117,6 +117,10 @@ class AuditRecord(Results):
     error: str | None = None
     epsilon_spent_max_reported_by_nodes: float | None = None
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None
+    # each reporting node's totals (the latest it sent), and the nodes whose ledger a
+    # release of this run created (their users' totals start there)
+    ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
+    new_ledger_nodes: list[int] | None = None
 
     @classmethod
     def of(cls, budget: float, outcome: AuditOutcome, **more: Any) -> Self:
@@ -135,6 +139,10 @@ class LdpPrivacy(Results):
     composition: str | None = None
     epsilon_spent_total_max_reported_by_nodes: float | None = None
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None
+    # each reporting node's totals (the latest it sent), and the nodes whose ledger a
+    # release of this run created (their users' totals start there)
+    ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
+    new_ledger_nodes: list[int] | None = None
 
 
 @dataclass
@@ -214,6 +222,10 @@ class FPFLPrivacy(Results):
     secure_sum: str | None = None
     client_seed: int | None = None
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None
+    # each reporting node's totals (the latest it sent), and the nodes whose ledger a
+    # release of this run created (their users' totals start there)
+    ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
+    new_ledger_nodes: list[int] | None = None
     segments: list[dict[str, Any]] | None = None
     caveats: list[str] | None = None
 
@@ -278,6 +290,10 @@ class PipelinePrivacy(Results):
 
     per_user_steps: list[dict[str, Any]] | None = None
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None
+    # each reporting node's totals (the latest it sent), and the nodes whose ledger a
+    # release of this run created (their users' totals start there)
+    ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
+    new_ledger_nodes: list[int] | None = None
 
 
 @dataclass

@@ -106,7 +106,7 @@ from ..mechanisms.protocol.fpfl import (
 )
 from ..mechanisms.validation import check_int_at_least
 from .fpfl_observers import DurableTraining, FPFLObserver
-from .replies import LedgerTotals, send_and_receive, session_records
+from .replies import LedgerTotals, NodeLedgerReports, send_and_receive, session_records
 
 __all__ = [
     "FPFLProtocol",
@@ -182,9 +182,15 @@ class FPFLProtocol:
         self.run_salt = secrets.token_bytes(16)
         self.table: FPFLKeyTable | None = None
         self.setup_failed: list[tuple[int, str | None]] = []  # reason None: Flower gave none
-        #: The largest privacy-ledger totals the nodes reported in their round replies (None
-        #: if none did: nodes with fewer users than their ``min-users-for-counts`` send none).
-        self.ledger_totals: LedgerTotals | None = None
+        #: What each node reported of its privacy ledger in its round replies (nodes with
+        #: fewer users than their ``min-users-for-counts`` send nothing).
+        self.ledgers = NodeLedgerReports()
+
+    @property
+    def ledger_totals(self) -> LedgerTotals | None:
+        """The largest privacy-ledger totals the nodes reported in their round replies (None
+        if none did)."""
+        return self.ledgers.merged()
 
     # -- the run's values -------------------------------------------------------------------
 
@@ -405,15 +411,14 @@ class FPFLProtocol:
                 continue
             try:
                 answer = self._read_reply(reply, node)
-                totals = LedgerTotals.from_metrics(
+                totals, new = NodeLedgerReports.read(
                     reply.content.metric_records.get(METRICS_KEY, {})
                 )
             except ValueError as error:  # MessageError included
                 outcome.rejected.append((node, f"malformed reply: {error}"))
                 continue
             received[node] = answer
-            if totals is not None:
-                self.ledger_totals = totals.merge(self.ledger_totals)
+            self.ledgers.record(node, totals, new)
         outcome.replied = sorted(received)
         outcome.missing = sorted(set(self.members) - set(received))
         if not received:

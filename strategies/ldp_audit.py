@@ -41,7 +41,13 @@ from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
 from ..mechanisms.validation import check_int
-from .replies import LedgerTotals, RejectedReply, send_and_receive, short_reason
+from .replies import (
+    LedgerTotals,
+    NodeLedgerReports,
+    RejectedReply,
+    send_and_receive,
+    short_reason,
+)
 
 
 class _SummaryMethod:
@@ -99,6 +105,11 @@ class AuditOutcome:
         send none).
     ledger_totals : LedgerTotals or None
         The same with its delta, basic composition beside it and the neighbouring relation.
+    ledger_totals_by_node : mapping of int to LedgerTotals
+        Each accepted node's totals (the maximum above hides a node whose users start anew).
+    new_ledger_nodes : tuple of int
+        Accepted nodes whose ledger this audit created: their users' totals start with it
+        (a first audit, or a ledger its operator reset).
     metric : str
         The audited metric (accuracy, tpr, fpr, fnr; "" if not recorded).
 
@@ -119,6 +130,14 @@ class AuditOutcome:
     epsilon_spent_max: float | None = None
     ledger_totals: LedgerTotals | None = None
     metric: str = ""
+    ledger_totals_by_node: Mapping[int, LedgerTotals] = field(default_factory=dict)
+    new_ledger_nodes: tuple[int, ...] = ()
+
+    @property
+    def ledger_reports(self) -> NodeLedgerReports:
+        """The nodes' ledger reports of this audit (:attr:`ledger_totals_by_node`,
+        :attr:`new_ledger_nodes`), to combine with other exchanges'."""
+        return NodeLedgerReports(dict(self.ledger_totals_by_node), set(self.new_ledger_nodes))
 
     @property
     def contributing_nodes(self) -> int:
@@ -157,6 +176,9 @@ class AuditOutcome:
                 f"epsilon = {format_number(totals.epsilon, '.4g')} at delta = "
                 f"{format_number(totals.delta, '.3g')}"
             )
+        if self.new_ledger_nodes:
+            nodes = ", ".join(str(node) for node in self.new_ledger_nodes)
+            lines.append(f"new privacy ledger on node(s) {nodes}: their users' totals start here")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -192,6 +214,8 @@ class AuditOutcome:
             "ledger_totals_reported_by_nodes": (
                 None if self.ledger_totals is None else self.ledger_totals.to_dict()
             ),
+            "ledger_totals_by_node": self.ledger_reports.by_node_dict(),
+            "new_ledger_nodes": list(self.new_ledger_nodes),
         }
 
 
@@ -372,7 +396,7 @@ class LdpGapAudit:
             )
             raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")
         declared, refused, undefined = typed.num_reports, typed.num_refused, typed.num_undefined
-        LedgerTotals.from_metrics(typed.counts)  # a malformed value rejects the reply
+        NodeLedgerReports.read(typed.counts)  # a malformed value rejects the reply
         if max_users is not None and declared + refused + undefined > max_users:
             raise ValueError(
                 f"the reply accounts for {declared + refused + undefined} users "
@@ -393,7 +417,7 @@ class LdpGapAudit:
         rejected: list[RejectedReply] = []
         replied: set[int] = set()
         accepted = refused = undefined = 0
-        totals: LedgerTotals | None = None
+        ledgers = NodeLedgerReports()
         for reply in replies:
             node_id = int(reply.metadata.src_node_id)
             if node_id in replied:
@@ -410,15 +434,13 @@ class LdpGapAudit:
                 rejected.append(RejectedReply(node_id, str(error)))
                 continue
             total = total.merge(summary)
-            node_totals = LedgerTotals.from_metrics(
-                reply.content.metric_records.get(METRICS_KEY, {})
-            )
-            if node_totals is not None:
-                totals = node_totals.merge(totals)
+            metrics: Mapping[str, Any] = reply.content.metric_records.get(METRICS_KEY, {})
+            ledgers.record(node_id, *NodeLedgerReports.read(metrics))
             accepted += 1
             refused += node_refused
             undefined += node_undefined
         missing = tuple(node for node in sent_to if node not in replied)
+        totals = ledgers.merged()
         estimate, error_text = None, None
         try:
             estimate = estimate_gap(
@@ -453,6 +475,8 @@ class LdpGapAudit:
             epsilon_spent_max=None if totals is None else totals.epsilon,
             ledger_totals=totals,
             metric=self.metric,
+            ledger_totals_by_node=ledgers.by_node,
+            new_ledger_nodes=tuple(sorted(ledgers.new_ledger_nodes)),
         )
 
     def start(

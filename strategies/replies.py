@@ -10,7 +10,7 @@ import numbers
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ConfigRecord, Message
@@ -23,11 +23,13 @@ from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_KEY,
     EPSILON_SPENT_DELTA_KEY,
     EPSILON_SPENT_KEY,
+    LEDGER_NEW_KEY,
     SESSION_KEY,
 )
 
 __all__ = [
     "LedgerTotals",
+    "NodeLedgerReports",
     "merge_ledger_totals",
     "MAX_REASON_LENGTH",
     "POLL_FIRST_INTERVAL",
@@ -134,6 +136,59 @@ def _non_negative(metrics: Mapping[str, Any], key: str) -> float:
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{key} must be a number >= 0, got {number:g}")
     return number
+
+
+@dataclass
+class NodeLedgerReports:
+    """What each node reported of its per-user privacy ledger, node by node: its totals (the
+    latest it sent) and whether a release created its ledger (``ledger-new``: its users'
+    totals start there, which the maximum over the nodes would hide; a first run, or a
+    ledger its operator reset)."""
+
+    by_node: dict[int, LedgerTotals] = field(default_factory=dict)
+    new_ledger_nodes: set[int] = field(default_factory=set)
+
+    @staticmethod
+    def read(metrics: Mapping[str, Any]) -> tuple[LedgerTotals | None, bool]:
+        """A reply's totals (:meth:`LedgerTotals.from_metrics`) and its ``ledger-new`` flag;
+        ``ValueError`` if either is malformed (the flag is 0 or 1, and only beside totals)."""
+        totals = LedgerTotals.from_metrics(metrics)
+        flag = metrics.get(LEDGER_NEW_KEY, 0)
+        if isinstance(flag, bool) or flag not in (0, 1):
+            raise ValueError(f"{LEDGER_NEW_KEY} must be 0 or 1, got {flag!r}")
+        if flag and totals is None:
+            raise ValueError(f"{LEDGER_NEW_KEY} without the ledger's totals")
+        return totals, bool(flag)
+
+    def record(self, node_id: int, totals: LedgerTotals | None, new: bool) -> None:
+        """Keep one node's reply (read with :meth:`read`)."""
+        if totals is not None:
+            self.by_node[node_id] = totals
+        if new:
+            self.new_ledger_nodes.add(node_id)
+
+    def update(self, later: NodeLedgerReports) -> None:
+        """Add the reports of a later exchange: its totals replace a node's earlier ones."""
+        self.by_node.update(later.by_node)
+        self.new_ledger_nodes |= later.new_ledger_nodes
+
+    def merged(self) -> LedgerTotals | None:
+        """The totals that hold for every reporting node's users (None if none reported)."""
+        return merge_ledger_totals(self.by_node.values())
+
+    @classmethod
+    def from_results(
+        cls, by_node: Mapping[str, Mapping[str, Any]] | None, new_nodes: Iterable[int] | None
+    ) -> NodeLedgerReports:
+        """Read back :meth:`by_node_dict` and the new-ledger nodes of a results.json."""
+        return cls(
+            {int(node): LedgerTotals(**values) for node, values in (by_node or {}).items()},
+            set(new_nodes or ()),
+        )
+
+    def by_node_dict(self) -> dict[str, dict[str, Any]]:
+        """``{node id: totals}`` for results.json (node ids as strings, in order)."""
+        return {str(node): self.by_node[node].to_dict() for node in sorted(self.by_node)}
 
 
 def merge_ledger_totals(totals: Iterable[LedgerTotals | None]) -> LedgerTotals | None:

@@ -125,6 +125,9 @@ def test_ldp_audit_faults(tmp_path: Path) -> None:
         assert results["audits"][1]["missing_nodes"] == [dead]  # stays missing in audit 2
         assert results["audits"][1]["accepted_nodes"] == 2
         assert "reports from up to" in run.output
+        # every ledger starts with this run: reported node by node (issue 32 item 6)
+        assert set(deployment.node_ids[:2]) <= set(results["privacy"]["new_ledger_nodes"])
+        assert "New privacy ledger on node(s)" in run.output
         assert read_status(first)["status"] == "completed"  # type: ignore[index]
 
         # 2. A rerun into the used output folder is refused; nothing is written over.
@@ -178,6 +181,12 @@ def test_ldp_audit_faults(tmp_path: Path) -> None:
         ledgers = [_spent(deployment, i) for i in range(3)]
         total = privacy["epsilon_spent_total_max_reported_by_nodes"]
         assert total == pytest.approx(max(ledgers))  # what the ledgers hold
+        by_node = privacy["ledger_totals_by_node"]  # and node by node
+        assert {int(node) for node in by_node} == set(deployment.node_ids)
+        assert sorted(entry["epsilon"] for entry in by_node.values()) == pytest.approx(
+            sorted(ledgers)
+        )
+        assert privacy["new_ledger_nodes"] == []  # every ledger predates this run
         # run 1, the dead run and this one: more than this run's own spending
         # (the PLD total of pure releases is their sum within the accountant's grid)
         assert _spent(deployment, 0) >= spent_before[0] + charged_by_dead_run + 2.0 - 1e-3

@@ -243,3 +243,82 @@ def test_the_registry_is_refused_when_damaged(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(Exception, match=re.escape(f"ledger registry {path} cannot be read")):
         LedgerRegistry(path).check(tmp_path / "ledgers" / "user-ledger.json")
+
+
+def _reply_as(reply: Message, node_id: int) -> Message:
+    """``reply`` as the SuperLink delivers it: from ``node_id``, answering the audit sent there."""
+    reply.metadata.__dict__["_src_node_id"] = node_id
+    return reply
+
+
+def test_the_server_reports_each_nodes_totals_and_its_new_ledger(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 32 item 6: the server reported only the maximum over the nodes, which hides a
+    node whose users start at zero (a first run there, or a ledger lost and reset). Node 3 has
+    audited twice, node 4's ledger is reset by its operator: the first audit after the reset
+    is node 4's first release (``ledger-new``), reported by node beside the maximum."""
+    registry = tmp_path / "state" / "ledger-registry.json"
+    configs = {
+        node: {
+            "ledger-dir": str(tmp_path / f"ledgers-{node}"),
+            "ledger-registry": f"{registry}{node}",
+        }
+        for node in (3, 4)
+    }
+    handler = _handler()
+    audit = LdpGapAudit(MECHANISM, budget=MECHANISM.epsilon)
+    arrays = ArrayRecord({"w": Array(np.zeros(1))})
+
+    def one_audit():  # noqa: ANN202
+        messages = audit.configure_audit(arrays, [3, 4])
+        replies = [
+            _reply_as(handler(message, _context(configs[message.metadata.dst_node_id])), node)
+            for message, node in zip(messages, (3, 4), strict=True)
+        ]
+        return audit.aggregate_audit([3, 4], replies)
+
+    first = one_audit()
+    assert first.new_ledger_nodes == (3, 4)  # both ledgers start with this audit
+    second = one_audit()
+    assert second.new_ledger_nodes == ()
+    shutil.rmtree(tmp_path / "ledgers-4")
+    ledger = tmp_path / "ledgers-4" / "user-ledger.json"
+    assert (
+        main(["ledger", "reset", str(ledger), "--registry", f"{registry}4"], out=io.StringIO()) == 0
+    )
+    third = one_audit()
+    assert third.new_ledger_nodes == (4,)
+    spent = {node: totals.epsilon for node, totals in third.ledger_totals_by_node.items()}
+    assert spent[3] == pytest.approx(3 * MECHANISM.epsilon, abs=1e-3)  # PLD of 3 pure releases
+    assert spent[4] == pytest.approx(MECHANISM.epsilon, abs=1e-3)
+    assert third.ledger_totals is not None and third.ledger_totals.epsilon == spent[3]
+    record = third.to_dict()
+    assert record["new_ledger_nodes"] == [4]
+    assert set(record["ledger_totals_by_node"]) == {"3", "4"}
+    assert "new privacy ledger on node(s) 4" in third.summary()
+
+
+def test_a_malformed_new_ledger_flag_rejects_the_reply(tmp_path: Path) -> None:
+    audit = LdpGapAudit(MECHANISM, budget=MECHANISM.epsilon)
+    (message,) = audit.configure_audit(ArrayRecord({"w": Array(np.zeros(1))}), [3])
+    reply = _reply_as(_handler()(message, _context({"ledger-dir": str(tmp_path)})), 3)
+    reply.content.metric_records["metrics"]["ledger-new"] = 2
+    outcome = audit.aggregate_audit([3], [reply])
+    assert outcome.accepted_nodes == 0
+    assert "ledger-new must be 0 or 1" in outcome.rejected[0].reason
+
+
+def test_the_jobs_sentence_gives_the_range_over_the_nodes_and_the_new_ledgers() -> None:
+    from fedparity.server.report import ledger_totals_text
+    from fedparity.strategies.replies import LedgerTotals
+
+    totals = {
+        node: LedgerTotals(epsilon, 1e-6, epsilon, 0.0).to_dict()
+        for node, epsilon in (("3", 2.5), ("4", 0.5), ("7", 1.0))
+    }
+    text = ledger_totals_text(totals["3"], totals, [4])
+    assert "epsilon 2.5 at delta 1e-06" in text
+    assert "by node from 0.5 (node 4) to 2.5 (node 3) over 3 nodes" in text
+    assert "New privacy ledger on node(s) 4: their users' totals start with this run" in text
+    assert ledger_totals_text(totals["3"]) == LedgerTotals(2.5, 1e-6, 2.5, 0.0).sentence()

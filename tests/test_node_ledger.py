@@ -31,6 +31,7 @@ from fedparity.mechanisms.protocol import (
     EPSILON_SPENT_BASIC_KEY,
     EPSILON_SPENT_DELTA_KEY,
     EPSILON_SPENT_KEY,
+    LEDGER_NEW_KEY,
     METRICS_KEY,
 )
 from fedparity.server.api import run_simulation_job
@@ -124,6 +125,11 @@ def test_a_node_that_trained_and_audits_is_charged_both_and_pld_allows_what_basi
     assert sent[EPSILON_SPENT_DELTA_KEY] == USER_DELTA
     assert sent[EPSILON_SPENT_BASIC_KEY] == pytest.approx(training.basic_epsilon, rel=1e-9)
     assert sent[EPSILON_SPENT_BASIC_DELTA_KEY] == pytest.approx(1e-6)
+    # the training is the first release of the node's new ledger file: said once, not after
+    assert sent[LEDGER_NEW_KEY] == 1
+    assert all(
+        LEDGER_NEW_KEY not in reply.content.metric_records[METRICS_KEY] for reply in audit_replies
+    )
     # every user answered every audit, and the totals are the composition of all releases
     for reply in audit_replies:
         assert reply.content.metric_records[METRICS_KEY]["num-reports"] == USERS
@@ -250,6 +256,12 @@ def test_the_fpfl_job_reports_the_nodes_ledger_totals(tmp_path: Path) -> None:
     assert totals["basic_epsilon"] == pytest.approx(expected.basic_epsilon, rel=1e-6)
     assert totals["basic_delta"] == pytest.approx(expected.basic_delta, rel=1e-9)
     assert totals["neighbouring"] == NEIGHBOURING
+    # node by node, the same (equal shards); simulated nodes keep their ledgers in the run
+    # state, so no ledger file is new
+    by_node = privacy["ledger_totals_by_node"]
+    assert len(by_node) == 3
+    assert all(entry["epsilon"] == pytest.approx(expected.epsilon) for entry in by_node.values())
+    assert privacy["new_ledger_nodes"] == []
     report = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "privacy spent per user over every release the nodes" in report
 

@@ -22,6 +22,7 @@ __all__ = [
     "EPSILON_SPENT_BASIC_KEY",
     "EPSILON_SPENT_DELTA_KEY",
     "EPSILON_SPENT_KEY",
+    "LEDGER_NEW_KEY",
     "FEF_ENDORSE_MESSAGE_TYPE",
     "FEF_IDENTITY_REFUSAL",
     "FEF_KEY",
@@ -92,6 +93,10 @@ EPSILON_SPENT_KEY = "epsilon-spent-max"
 EPSILON_SPENT_DELTA_KEY = "epsilon-spent-delta"
 EPSILON_SPENT_BASIC_KEY = "epsilon-spent-max-basic"
 EPSILON_SPENT_BASIC_DELTA_KEY = "epsilon-spent-basic-delta"
+#: Sent beside those totals, as 1, by a node whose ledger file this release created: its
+#: users' totals start here (a first run, or a ledger its operator reset), which the maximum
+#: over the nodes would hide.
+LEDGER_NEW_KEY = "ledger-new"
 #: Per-user counts a reply carries: every user of the node is exactly one of these.
 USER_COUNT_KEYS = ("num-reports", "num-refused", "num-undefined")
 
