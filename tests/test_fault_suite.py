@@ -34,6 +34,7 @@ from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent, privac
 from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.server.run_record import read_status
 from tests.support.flower_processes import BackgroundRun, Deployment, local_deployment, wait_for
+from tests.test_warm_clientapp import warm_superexec_checks
 
 REPO = Path(__file__).resolve().parents[1]
 USERS = 300
@@ -332,6 +333,8 @@ def test_fpfl_faults(tmp_path: Path) -> None:
         assert resumed["status"] == "completed-with-lost-rounds"
         assert [entry["round"] for entry in resumed["history"]] == list(range(1, 5))
         assert any("different population" in note for note in resumed["privacy"]["caveats"])
+        # every ClientApp of these runs was forked from its node's zygote (the warm executor)
+        warm_superexec_checks(deployment.superexecs)
 
 
 @pytest.mark.slow

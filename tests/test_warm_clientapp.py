@@ -6,7 +6,8 @@ What must hold: the forked child runs exactly the command line Flower's subproce
 would run, behind the same app gate; children of one zygote never share a random stream (the
 attack on a pre-forked server: state drawn before the fork repeats in every child); a dead
 zygote is replaced and a failed fork falls back to a fresh process; and a real deployment runs
-the LDP audit and FPFL to the same results as before.
+the LDP audit and FPFL to the same results as before (``tests/test_fault_suite.py``, whose
+deployments run on this executor, ends with :func:`warm_superexec_checks`).
 """
 
 from __future__ import annotations
@@ -264,45 +265,18 @@ def test_the_gate_refuses_an_unapproved_bundle_in_warm_mode(tmp_path: Path) -> N
         assert "app gate: refused the app bundle" in log and "is in allowed-apps" in log
 
 
-@pytest.mark.slow  # a real SuperLink and three SuperNodes, an LDP audit and 2 FPFL rounds
-def test_a_warm_deployment_runs_an_ldp_audit_and_fpfl(tmp_path: Path) -> None:
-    node_configs = [f"partition-id={i} num-partitions=3 fpfl-max-delta=0.002" for i in range(3)]
-    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home", warm=True) as dep:
-        audit = tmp_path / "ldp"
-        config = {
-            "users-per-node": 300,
-            "num-server-rounds": 0,
-            "epsilons": "1,2",
-            "user-budget": 6.0,
-            "min-nodes": 3,
-            "output-dir": str(audit),
-        }
-        run = dep.run(config, timeout=300)
-        assert run.status == "finished:completed", run.output[-3000:]
-        results = json.loads((audit / "results.json").read_text())
-        assert [a["accepted_nodes"] for a in results["audits"]] == [3, 3]
-
-        folder = tmp_path / "fpfl"
-        config = {
-            "task": "fpfl",
-            "users-per-node": 300,
-            "fpfl-cohort-size": 200,
-            "fpfl-rounds": 2,
-            "min-nodes": 3,
-            "output-dir": str(folder),
-        }
-        run = dep.run(config, timeout=600)
-        assert run.status == "finished:completed", run.output[-3000:]
-        results = json.loads((folder / "results.json").read_text())
-        assert results["status"] == "completed" and results["rounds_lost"] == 0
-        assert results["population"] == {"users": 900, "nodes": 3, "setup_failed": []}
-        assert [entry["replied"] for entry in results["history"]] == [3, 3]
-        assert results["privacy"]["secure_sum"] == "masking" and results["noise_multiplier"] > 0
-        for superexec in dep.superexecs:
-            log = superexec.log_text()
-            assert "ready in" in log and "fresh process" not in log
-            zygotes = [pid for pid in _children(superexec.pid) if "zygote_main" in _cmd(pid)]
-            assert len(zygotes) == 1  # one zygote per SuperExec, still there
+def warm_superexec_checks(superexecs: list) -> None:
+    """What a real deployment on the warm executor must show after its runs (the fault suite
+    runs the LDP audit and FPFL there, through kills and restarts): every SuperExec's zygote
+    came up and served every ClientApp (no fallback to a fresh process), and each running
+    SuperExec has exactly one zygote (a killed node's SuperExec has none)."""
+    for superexec in superexecs:
+        log = superexec.log_text()
+        assert "ready in" in log and "fresh process" not in log, log[-3000:]
+        if not superexec.alive():
+            continue
+        zygotes = [pid for pid in _children(superexec.pid) if "zygote_main" in _cmd(pid)]
+        assert len(zygotes) == 1  # one zygote per SuperExec, still there
 
 
 def _children(pid: int) -> list[int]:
