@@ -583,12 +583,25 @@ def test_one_epsilon_bound_in_every_command(tmp_path: Path, argv: list[str]) -> 
     assert_usage_error(argv, f"{option} must be a number in [1e-06, 10000]")
 
 
-def test_a_second_keys_run_names_the_overwrite_option(tmp_path: Path) -> None:
-    """Before: ``pass overwrite=True to replace the keys`` (the Python API's wording)."""
+def test_a_second_keys_run_keeps_the_pair_and_other_keys_need_the_overwrite_option(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's second guide runs its "once" block, ``fedparity keys``, again: the pair is
+    kept, exit 0 (before: exit 2 in the middle of the guide). Keys with other parameters are
+    refused naming ``--overwrite`` (before: ``pass overwrite=True``, the Python API's words)."""
     out = tmp_path / "keys"
     assert run_cli(["keys", "--out", str(out)]).code == 0
-    err = assert_usage_error(["keys", "--out", str(out)], "--out", str(out), "--overwrite")
+    secret = (out / "secret_context.tenseal").read_bytes()
+    again = run_cli(["keys", "--out", str(out)])
+    assert again.code == 0 and f"CKKS key pair already in {out}: kept" in again.out
+    assert (out / "secret_context.tenseal").read_bytes() == secret  # nothing replaced
+    other = ["keys", "--out", str(out), "--poly-modulus-degree", "16384"]
+    err = assert_usage_error(
+        [*other, "--coeff-mod-bit-sizes", "60,40,40,60"], str(out), "--overwrite"
+    )
     assert "overwrite=True" not in err
+    (out / "public_context.tenseal").unlink()  # half a pair is not kept
+    assert_usage_error(["keys", "--out", str(out)], "--out", str(out), "--overwrite")
 
 
 @pytest.mark.parametrize(

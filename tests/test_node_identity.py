@@ -22,7 +22,7 @@ from fedparity.clients.identity import (
     identity_key_file,
     node_identity,
 )
-from fedparity.mechanisms.crypto.identity import IdentityError
+from fedparity.mechanisms.crypto.identity import IdentityError, IdentityKey
 from fedparity.server.cli import main
 from fedparity.server.cli.identity import write_node_identities
 
@@ -93,3 +93,23 @@ def test_fedparity_identity_writes_to_the_default_folder_and_says_so(
     out = io.StringIO()
     assert main(["identity", "--nodes", "2", "--out", str(tmp_path / "x")], out=out) == 0
     assert f"{IDENTITY_DIR_ENV}={tmp_path / 'x'}" in out.getvalue()
+
+
+def test_fedparity_identity_run_again_keeps_the_keys_and_refuses_a_changed_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The FedEvalFair and pipeline guides both start with ``fedparity identity --nodes 4``:
+    run again, the keys are kept (exit 0; before: exit 2 in the middle of the second guide).
+    A key that no longer matches the roster, or more nodes, still needs ``--overwrite``."""
+    folder = tmp_path / "identity"
+    argv = ["identity", "--nodes", "2", "--out", str(folder)]
+    assert main(argv, out=io.StringIO()) == 0
+    keys = {path.name: path.read_bytes() for path in folder.iterdir()}
+    out = io.StringIO()
+    assert main(argv, out=out) == 0
+    assert "already in" in out.getvalue() and "kept" in out.getvalue()
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == keys
+    assert main(["identity", "--nodes", "3", "--out", str(folder)], out=io.StringIO()) == 2
+    IdentityKey.generate().write(folder / identity_key_file(1), overwrite=True)  # not listed
+    assert main(argv, out=io.StringIO()) == 2
+    assert "--overwrite" in capsys.readouterr().err

@@ -55,6 +55,23 @@ def write_node_identities(folder: str | Path, num_nodes: int, *, overwrite: bool
     return path
 
 
+def _already_written(files: Mapping[str, Path], roster_path: Path) -> bool:
+    """Whether every key file exists and the roster lists each under its name with that key's
+    public key (what this command wrote before, unchanged)."""
+    from ...mechanisms.crypto.identity import IdentityError, IdentityKey, Roster
+
+    if not roster_path.is_file() or not all(file.is_file() for file in files.values()):
+        return False
+    try:
+        members = dict(Roster.from_file(roster_path).members)
+        return all(
+            members.get(name) == IdentityKey.from_file(file).public_bytes()
+            for name, file in files.items()
+        )
+    except (IdentityError, OSError, ValueError):
+        return False
+
+
 def run_identity(args: argparse.Namespace, out: TextIO) -> int:
     """Write one identity key per node (mode 0600, for the node only) and the roster of their
     public keys (public: give every node a copy, out of band)."""
@@ -71,6 +88,15 @@ def run_identity(args: argparse.Namespace, out: TextIO) -> int:
         name = args.name or "node"
         files = {name: folder / f"{name}.key"}
     roster_path = Path(args.roster).expanduser() if args.roster else folder / ROSTER_FILE
+    if not args.overwrite and _already_written(files, roster_path):
+        # the same command run again (a second guide's "once" block): nothing to replace
+        text = (
+            f"identity keys of {', '.join(files)} already in {folder}, listed in the roster "
+            f"{roster_path}: kept (--overwrite writes new ones)"
+        )
+        payload = {"kept": True, "keys": {n: str(f) for n, f in files.items()}}
+        _emit({**payload, "roster": str(roster_path)}, text, args.json, out)
+        return 0
     try:
         keys, roster = write_identities(files, roster_path, overwrite=args.overwrite)
     except FileExistsError as error:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ._common import (
     UsageError,
@@ -46,6 +46,15 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     parameters = CkksParameters(degree, moduli, scale)
     if args.holders is not None:
         return _run_holders(args, parameters, out)
+    kept = _kept_pair(Path(args.out or DEFAULT_KEY_DIR).expanduser(), args, parameters)
+    if kept is not None:
+        _emit(
+            kept,
+            f"CKKS key pair already in {kept['folder']}: kept (--overwrite writes a new pair)",
+            args.json,
+            out,
+        )
+        return 0
     try:
         paths = generate_keys(
             args.out or DEFAULT_KEY_DIR,
@@ -75,6 +84,27 @@ def run_keys(args: argparse.Namespace, out: TextIO) -> int:
     )
     _emit(payload, text, args.json, out)
     return 0
+
+
+def _kept_pair(
+    folder: Path, args: argparse.Namespace, parameters: CkksParameters
+) -> dict[str, Any] | None:
+    """The payload of an existing key pair that ``fedparity keys`` run again keeps (None: write
+    one, or refuse): both contexts in ``folder``, no --overwrite or --public-out, the default
+    parameters (other parameters asked for are not what the folder holds)."""
+    from ...mechanisms.crypto.ckks import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, CkksParameters
+
+    secret, public = folder / SECRET_CONTEXT_FILE, folder / PUBLIC_CONTEXT_FILE
+    if args.overwrite or args.public_out or parameters != CkksParameters():
+        return None
+    if not (secret.is_file() and public.is_file()):
+        return None
+    return {
+        "kept": True,
+        "folder": str(folder),
+        "secret_context": str(secret),
+        "public_context": str(public),
+    }
 
 
 def _run_holders(args: argparse.Namespace, parameters: CkksParameters, out: TextIO) -> int:
