@@ -288,6 +288,7 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     assert wrapped.returncode == 0, wrapped.stdout[-3000:] + wrapped.stderr
     assert re.search(r"fedparity run: run \d+ finished:completed", wrapped.stderr)
     output_text = wrapped.stdout
+    assert "\x1b[" not in output_text  # colour codes only on a terminal (issue 32)
     results = json.loads((output / "results.json").read_text())
     for key in (
         "accuracy",

@@ -2,7 +2,8 @@
 
 Flower 1.41's ``flwr run`` exits 0 even when the ServerApp raised, and Ctrl-C only detaches
 the client while the run goes on spending privacy. This command runs ``flwr run ... --stream``
-with the same arguments (output passed through as it comes), reads the run id it prints, then
+with the same arguments (output passed through as it comes, without colour codes unless it goes
+to a terminal), reads the run id it prints, then
 asks Flower for the run's final status (``flwr list [FEDERATION] --run-id ID --format
 json``) and exits 0 only for ``finished:completed``. Ctrl-C (or SIGTERM) stops the run with
 ``flwr stop`` before exiting.
@@ -119,15 +120,16 @@ def run_with_status(flwr_args: Sequence[str], out: TextIO, err: TextIO) -> int:
         errors="replace",
         start_new_session=True,  # Ctrl-C reaches this command only: it stops the run itself
     )
+    colour = bool(getattr(out, "isatty", lambda: False)())  # codes only for a terminal
     run_id: int | None = None
     status_file: Path | None = None
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         assert process.stdout is not None
         for line in process.stdout:
-            out.write(line)
-            out.flush()
             plain = _ANSI.sub("", line)
+            out.write(line if colour else plain)
+            out.flush()
             if run_id is None and (match := _RUN_ID.search(plain)):
                 run_id = int(match.group(1))
             if status_file is None and (match := _STATUS_FILE.search(plain)):

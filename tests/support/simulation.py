@@ -18,7 +18,6 @@ from tests.support.flower_env import (
     child_env,
     flower_executable,
     free_port,
-    strip_ansi,
 )
 from tests.support.flwr_runs import (
     FlwrRun,
@@ -101,8 +100,7 @@ class Simulation:
         self, run_config: Mapping[str, RunConfigValue] | None = None, timeout: float = 300.0
     ) -> subprocess.CompletedProcess[str]:
         """The same run through ``fedparity run`` (``flwr run --stream`` with an exit status
-        that says how the run ended); its exit status, output and error lines (ANSI codes
-        removed)."""
+        that says how the run ended); its exit status, output and error lines as printed."""
         with tempfile.TemporaryDirectory() as scratch:
             command = [
                 flower_executable("fedparity"),
@@ -124,7 +122,6 @@ class Simulation:
                 check=False,
                 stdin=subprocess.DEVNULL,
             )
-        done.stdout, done.stderr = strip_ansi(done.stdout), strip_ansi(done.stderr)
         return done
 
 
