@@ -30,6 +30,7 @@ __all__ = [
     "HARMLESS_WARNINGS",
     "quiet_known_noise",
     "quiet_strategy_banner",
+    "warnings_once",
 ]
 
 FLOWER_LOGGER = "flwr"
@@ -105,3 +106,34 @@ def quiet_strategy_banner() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(banner)
+
+
+class _WarningsOnce(logging.Filter):
+    """Drops a WARNING record whose text was already logged as a WARNING (the pipeline's two
+    trainings gave the same warning twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        text = record.getMessage()
+        if text in self._seen:
+            return False
+        self._seen.add(text)
+        return True
+
+
+@contextmanager
+def warnings_once() -> Iterator[None]:
+    """While active (a job's run), each WARNING text reaches the console once; other levels,
+    ERROR included, are never dropped."""
+    logger = logging.getLogger(FLOWER_LOGGER)
+    once = _WarningsOnce()
+    logger.addFilter(once)
+    try:
+        yield
+    finally:
+        logger.removeFilter(once)

@@ -34,7 +34,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients import _math_first  # noqa: F401 - before the math package
-from ..clients.logging_setup import quiet_known_noise
+from ..clients.logging_setup import quiet_known_noise, warnings_once
 from ..clients.project.config import ConfigError, RunConfig
 from ..clients.project.data import ADULT_URL, load_adult
 from .fedevalfair_job import run_fedevalfair
@@ -150,7 +150,8 @@ def run_job(grid: Grid, run_config: Mapping[str, Any], run_id: int | None = None
         stop,
     )
     try:
-        JOBS[config.task](grid, config, record)
+        with warnings_once():  # a warning repeated by the job's steps is said once
+            JOBS[config.task](grid, config, record)
     except BaseException as error:
         record.fail(error)
         raise

@@ -165,7 +165,7 @@ def train_fpfl(
             durable,
             StopAfterLostRounds(config.fpfl_max_consecutive_lost),
             StopWhenTooFewNodes(),
-            _JobProgress(record, durable),
+            _JobProgress(record, durable, verbose=config.verbose),
         ],
         stop_after=config.fpfl_stop_after or None,
     )
@@ -207,17 +207,33 @@ class _RunFolder(DurableTraining):
     refusal_advice = RESUME_ADVICE
 
 
-class _JobProgress(FPFLObserver):
-    """The job's progress display, the per-round line and the status file's count of rounds
-    released (after the ledger, before the round is sent)."""
+#: Trainings of at most this many rounds print every round's line (and so do all with verbose).
+ALL_ROUND_LINES_UP_TO = 20
 
-    def __init__(self, record: RunRecord, durable: DurableTraining) -> None:
+
+def shows_round_line(round_number: int, last: int, entry: dict[str, Any], verbose: bool) -> bool:
+    """Whether the console gets round ``round_number``'s line: every round with ``verbose`` or
+    up to :data:`ALL_ROUND_LINES_UP_TO` rounds; else the first, the last, about ten between,
+    and every lost round (results.json and the report keep every round either way)."""
+    if verbose or last <= ALL_ROUND_LINES_UP_TO or entry.get("lost"):
+        return True
+    return round_number in (1, last) or round_number % max(1, last // 10) == 0
+
+
+class _JobProgress(FPFLObserver):
+    """The job's progress display, the per-round line (condensed: :func:`shows_round_line`)
+    and the status file's count of rounds released (after the ledger, before the round is
+    sent)."""
+
+    def __init__(self, record: RunRecord, durable: DurableTraining, verbose: bool = False) -> None:
         self.record = record
         self.durable = durable
+        self.verbose = verbose
+        self.last = 0
         self.progress: Progress | None = None
 
     def begin(self, training: FPFLTraining, protocol: FPFLProtocol, rounds: range) -> None:
-        last = rounds.stop - 1
+        last = self.last = rounds.stop - 1
         if not rounds:
             log(logging.INFO, "nothing to do: the checkpoint is already at round %d", last)
         self.progress = Progress(
@@ -234,7 +250,8 @@ class _JobProgress(FPFLObserver):
         self.record.update(fpfl_rounds_released=ledger.rounds_released)
 
     def after_round(self, round_number: int, outcome: RoundOutcome, entry: dict[str, Any]) -> None:
-        log(logging.INFO, "%s", progress_line(entry))
+        if shows_round_line(round_number, self.last, entry, self.verbose):
+            log(logging.INFO, "%s", progress_line(entry))
         if self.progress is not None:
             self.progress.advance()
 

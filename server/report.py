@@ -439,10 +439,13 @@ def ledger_totals_text(
     if by_node and len(by_node) > 1:
         spent = {node: float(values["epsilon"]) for node, values in by_node.items()}
         low, high = min(spent, key=spent.__getitem__), max(spent, key=spent.__getitem__)
-        text += (
-            f"; by node from {format_number(spent[low], '.4g')} (node {low}) to "
-            f"{format_number(spent[high], '.4g')} (node {high}) over {len(spent)} nodes"
-        )
+        if math.isclose(spent[low], spent[high], rel_tol=1e-9, abs_tol=1e-12):
+            text += f"; the same on each of the {len(spent)} nodes"
+        else:
+            text += (
+                f"; by node from {format_number(spent[low], '.4g')} (node {low}) to "
+                f"{format_number(spent[high], '.4g')} (node {high}) over {len(spent)} nodes"
+            )
     if new_nodes:
         listed = ", ".join(str(node) for node in new_nodes)
         text += (

@@ -322,3 +322,5 @@ def test_the_jobs_sentence_gives_the_range_over_the_nodes_and_the_new_ledgers() 
     assert "by node from 0.5 (node 4) to 2.5 (node 3) over 3 nodes" in text
     assert "New privacy ledger on node(s) 4: their users' totals start with this run" in text
     assert ledger_totals_text(totals["3"]) == LedgerTotals(2.5, 1e-6, 2.5, 0.0).sentence()
+    same = {node: totals["3"] for node in ("3", "4")}
+    assert ledger_totals_text(totals["3"], same).endswith("; the same on each of the 2 nodes")

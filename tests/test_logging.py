@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from flwr.common import log
 
-from fedparity.clients.logging_setup import quiet_known_noise, quiet_strategy_banner
+from fedparity.clients.logging_setup import quiet_known_noise, quiet_strategy_banner, warnings_once
 from tests.support.flower_processes import local_simulation, strip_ansi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +141,50 @@ def test_the_strategy_banner_goes_and_rounds_and_warnings_stay(flower_records: l
         "",
         "after the strategy",
     ]
+
+
+def test_a_jobs_repeated_warning_is_said_once_and_nothing_else_is_dropped(
+    flower_records: list[str],
+) -> None:
+    """Issue 32: the pipeline's two trainings printed the same FPFL warning twice. During a
+    job (``warnings_once``, around every job in ``run_job``) a WARNING text is said once; INFO
+    and ERROR lines are never dropped, and the next job starts afresh."""
+    fragile = "FPFL: a single lost node would lose every round"
+    with warnings_once():
+        for _ in range(2):
+            log(logging.WARNING, "%s", fragile)
+            log(logging.INFO, "round %d", 1)
+            log(logging.ERROR, "fedparity: failed")
+        log(logging.WARNING, "another warning")
+    log(logging.WARNING, "%s", fragile)  # a later job
+    assert flower_records == [
+        fragile,
+        "round 1",
+        "fedparity: failed",
+        "round 1",
+        "fedparity: failed",
+        "another warning",
+        fragile,
+    ]
+
+
+def test_fpfl_round_lines_are_condensed_unless_verbose() -> None:
+    """Issue 32: 60-round trainings printed 60 lines each. Up to 20 rounds (or with verbose)
+    every line; beyond, the first, the last, every tenth of the way and every lost round."""
+    from fedparity.server.fpfl_job import shows_round_line
+
+    def shown(last: int, verbose: bool = False, lost: tuple[int, ...] = ()) -> list[int]:
+        return [
+            number
+            for number in range(1, last + 1)
+            if shows_round_line(number, last, {"lost": "x" if number in lost else ""}, verbose)
+        ]
+
+    assert shown(20) == list(range(1, 21))
+    assert shown(60) == [1, *range(6, 61, 6)]
+    assert shown(60, lost=(7,)) == [1, 6, 7, *range(12, 61, 6)]
+    assert shown(60, verbose=True) == list(range(1, 61))
+    assert len(shown(1000)) == 11
 
 
 def test_known_noise_is_silenced_and_nothing_else(flower_records: list[str]) -> None:

@@ -393,6 +393,12 @@ class RunConfig:
     )
     ground_truth: bool = _key(True, _boolean, "simulation harness prints the true values")
     output_dir: str = _key("", _text, "absolute path; default ~/.fedparity/runs/<task>-<time>")
+    verbose: bool = _key(
+        False,
+        _boolean,
+        "every FPFL round's line on the console; else all up to 20 rounds, then about ten "
+        "and every lost round",
+    )
     # --- orchestration --------------------------------------------------------------------
     reply_timeout: float = _key(600.0, _number(0.0, math.inf), "seconds to wait for replies")
     min_nodes: int = _key(1, _integer(1), "wait until this many nodes are connected")
