@@ -289,6 +289,8 @@ def test_flwr_run_with_the_named_synthetic_config(tmp_path: Path) -> None:
     assert re.search(r"fedparity run: run \d+ finished:completed", wrapped.stderr)
     output_text = wrapped.stdout
     assert "\x1b[" not in output_text  # colour codes only on a terminal (issue 32)
+    # num-supernodes is set: Flower's "default ... changed from 10 to 2" does not apply
+    assert "changed from 10 to 2" not in output_text and "federation size" not in output_text
     results = json.loads((output / "results.json").read_text())
     for key in (
         "accuracy",

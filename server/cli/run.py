@@ -2,11 +2,12 @@
 
 Flower 1.41's ``flwr run`` exits 0 even when the ServerApp raised, and Ctrl-C only detaches
 the client while the run goes on spending privacy. This command runs ``flwr run ... --stream``
-with the same arguments (output passed through as it comes, without colour codes unless it goes
-to a terminal), reads the run id it prints, then
-asks Flower for the run's final status (``flwr list [FEDERATION] --run-id ID --format
-json``) and exits 0 only for ``finished:completed``. Ctrl-C (or SIGTERM) stops the run with
-``flwr stop`` before exiting.
+with the same arguments (output passed through as it comes, without colour codes unless it
+goes to a terminal, and without Flower's notices about the default federation size when
+``--federation-config`` sets ``num-supernodes``), reads the run id it prints, then asks Flower
+for the run's final status (``flwr list [FEDERATION] --run-id ID --format json``) and exits 0
+only for ``finished:completed``. Ctrl-C (or SIGTERM) stops the run with ``flwr stop`` before
+exiting.
 
 Exit status: 0 the run completed; 1 it failed, was stopped or its status could not be read;
 ``flwr run``'s own status if it failed before starting a run; 130 after Ctrl-C.
@@ -37,6 +38,13 @@ _RUN_ID = re.compile(r"Successfully started run (\d+)")
 #: The job's first line: where its status file is.
 _STATUS_FILE = re.compile(r"fedparity [\w-]+: status in (.+?); to stop the run")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Flower's notices about the simulated federation's size: they do not apply to a run whose
+#: ``--federation-config`` sets ``num-supernodes``, and are left out of its output then.
+SIZE_NOTICES = (
+    "default simulated SuperNodes changed from 10 to 2",
+    "To change federation size, use the following command:",
+    "flwr federation simulation-config",
+)
 #: ``flwr run`` options followed by a value.
 _VALUE_OPTIONS = ("--run-config", "-c", "--federation-config", "--federation", "--format")
 #: Seconds allowed for the status to leave ``running`` after ``flwr run --stream`` returned.
@@ -121,6 +129,7 @@ def run_with_status(flwr_args: Sequence[str], out: TextIO, err: TextIO) -> int:
         start_new_session=True,  # Ctrl-C reaches this command only: it stops the run itself
     )
     colour = bool(getattr(out, "isatty", lambda: False)())  # codes only for a terminal
+    sized = any("num-supernodes" in arg for arg in args)
     run_id: int | None = None
     status_file: Path | None = None
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -128,8 +137,9 @@ def run_with_status(flwr_args: Sequence[str], out: TextIO, err: TextIO) -> int:
         assert process.stdout is not None
         for line in process.stdout:
             plain = _ANSI.sub("", line)
-            out.write(line if colour else plain)
-            out.flush()
+            if not (sized and any(notice in plain for notice in SIZE_NOTICES)):
+                out.write(line if colour else plain)
+                out.flush()
             if run_id is None and (match := _RUN_ID.search(plain)):
                 run_id = int(match.group(1))
             if status_file is None and (match := _STATUS_FILE.search(plain)):
