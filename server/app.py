@@ -42,7 +42,7 @@ from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
 from .orchestration import JobCannotStart
 from .pipeline_job import run_pipeline
-from .run_record import open_run_record
+from .run_record import RunRecord, open_run_record
 
 JOBS = {
     "ldp-audit": run_ldp_audit,
@@ -149,14 +149,45 @@ def run_job(grid: Grid, run_config: Mapping[str, Any], run_id: int | None = None
         record.path,
         stop,
     )
+    on_stop = StopRecorder(record).arm()
     try:
         with warnings_once():  # a warning repeated by the job's steps is said once
             JOBS[config.task](grid, config, record)
     except BaseException as error:
-        record.fail(error)
+        if not on_stop.stopped:  # (a stop has said it already)
+            record.fail(error)
         raise
+    finally:
+        on_stop.active = False  # the run is over: a later exit of this process is not its stop
     if not record.finished:
         record.finish("completed")
+
+
+class StopRecorder:
+    """Flower's exit (``flwr stop`` and signals: ``flwr.supercore.exit``) stops the run's
+    record (:meth:`RunRecord.stop`: interrupted, the final ERROR line, no later release). The
+    job runs in another thread than the one the signal stops: before this, the run's status
+    stayed ``running`` and the job went on releasing until the process was gone."""
+
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
+        self.active = True
+        self.stopped = False
+
+    def __call__(self) -> None:
+        if self.active and not self.stopped and not self.record.finished:
+            self.stopped = True
+            self.record.stop()
+
+    def arm(self) -> StopRecorder:
+        """Register with Flower's exit handlers, to run before its log uploader stops (a
+        Flower without them: the job's own except clause is all there is)."""
+        try:
+            from flwr.supercore.exit import add_exit_handler
+        except ImportError:
+            return self
+        add_exit_handler(self, run_before_force_exit=True)
+        return self
 
 
 def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:

@@ -40,7 +40,10 @@ __all__ = [
     "DEFAULT_RUNS_DIR",
     "PROTECTED_FILES",
     "STATUS_FILE",
+    "STOPPED_TEXT",
     "RunRecord",
+    "RunStopped",
+    "ending_sentence",
     "open_run_record",
     "read_status",
     "resolve_output_dir",
@@ -90,6 +93,8 @@ class RunRecord:
     def __init__(self, folder: Path, payload: dict[str, Any]) -> None:
         self.folder = folder
         self.payload = payload
+        #: Set by :meth:`stop`: no release may be recorded (hence made) any more.
+        self.stopped = False
 
     @property
     def path(self) -> Path:
@@ -140,14 +145,37 @@ class RunRecord:
         write_text_durably(self.path, json.dumps(self.payload, indent=2, allow_nan=False) + "\n")
 
     def add_release(self, **release: Any) -> None:
-        """Record durably, *before* it is sent, a release about to happen."""
+        """Record durably, *before* it is sent, a release about to happen.
+
+        Raises
+        ------
+        RunStopped
+            After :meth:`stop`: the release must not happen.
+        """
+        self._refuse_if_stopped()
         self.payload["releases"].append({"time": _now(), **release})
         self._write()
 
     def update(self, **fields: Any) -> None:
-        """Set running fields (e.g. the FPFL rounds released so far) durably."""
+        """Set running fields (e.g. the FPFL rounds released so far) durably; raises
+        :class:`RunStopped` after :meth:`stop` (the jobs update before each FPFL round)."""
+        self._refuse_if_stopped()
         self.payload.update(fields)
         self._write()
+
+    def _refuse_if_stopped(self) -> None:
+        if self.stopped:
+            raise RunStopped(STOPPED_TEXT)
+
+    def stop(self) -> None:
+        """The run was stopped from outside (``flwr stop``, a signal): record it as
+        interrupted, log the final ERROR line, and refuse every later release (the job's
+        thread may run on for a moment)."""
+        if self.stopped or self.finished:
+            return
+        self.stopped = True
+        self.finish("interrupted", error=STOPPED_TEXT)
+        log(logging.ERROR, "fedparity: %s", ending_sentence(self.payload, self.path))
 
     @property
     def finished(self) -> bool:
@@ -174,6 +202,14 @@ class RunRecord:
             text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         self.finish("interrupted" if interrupted else "failed", error=text)
         log(logging.ERROR, "fedparity: %s", ending_sentence(self.payload, self.path))
+
+
+#: Why a run stopped from outside ended (its status's ``error``).
+STOPPED_TEXT = "the run was stopped (flwr stop, or a signal to the ServerApp's process)"
+
+
+class RunStopped(KeyboardInterrupt):
+    """Raised in a stopped run's job (:meth:`RunRecord.stop`) at its next release."""
 
 
 def ending_sentence(payload: Mapping[str, Any], path: Path) -> str:

@@ -170,19 +170,27 @@ def run_with_status(flwr_args: Sequence[str], out: TextIO, err: TextIO) -> int:
     return 0 if status == COMPLETED else 1
 
 
-def _report_ending(status_file: Path | None, err: TextIO) -> None:
+def _report_ending(status_file: Path | None, err: TextIO, wait: float = 15.0) -> None:
     """The job's own account of how it ended, from its status file when this machine can
-    read it (a run stopped with ``flwr stop`` cannot print its final ERROR line itself)."""
+    read it (a run stopped with ``flwr stop`` cannot print its final ERROR line itself: its
+    ServerApp records the stop as it exits, so a file still reading ``running`` is read again
+    for up to ``wait`` seconds)."""
     from ..run_record import ending_sentence
 
     if status_file is None or not status_file.is_file():
         return
-    try:
-        payload = json.loads(status_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    if isinstance(payload, dict):
-        err.write(f"fedparity run: {ending_sentence(payload, status_file)}\n")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            payload = json.loads(status_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if not isinstance(payload, dict):
+            return
+        if payload.get("status") != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    err.write(f"fedparity run: {ending_sentence(payload, status_file)}\n")
 
 
 def run_run(args: argparse.Namespace, out: TextIO) -> int:
