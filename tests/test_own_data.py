@@ -306,7 +306,9 @@ def test_three_supernodes_each_read_their_own_file(tmp_path: Path) -> None:
         for i, path in enumerate(files)
     ]
     output = tmp_path / "run"
-    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home") as deployment:
+    # ClientApps forked from a warm zygote (fedparity-superexec --executor warm): the same app
+    # and node configs, started faster
+    with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home", warm=True) as deployment:
         run = deployment.run(
             {
                 "output-dir": str(output),
