@@ -105,8 +105,9 @@ class AuditOutcome:
         send none).
     ledger_totals : LedgerTotals or None
         The same with its delta, basic composition beside it and the neighbouring relation.
-    ledger_totals_by_node : mapping of int to LedgerTotals
-        Each accepted node's totals (the maximum above hides a node whose users start anew).
+    ledger_totals_by_node : mapping of int to LedgerTotals, or None
+        Each accepted node's totals (the maximum above hides a node whose users start anew);
+        None when not collected (an outcome made by hand).
     new_ledger_nodes : tuple of int
         Accepted nodes whose ledger this audit created: their users' totals start with it
         (a first audit, or a ledger its operator reset).
@@ -130,14 +131,15 @@ class AuditOutcome:
     epsilon_spent_max: float | None = None
     ledger_totals: LedgerTotals | None = None
     metric: str = ""
-    ledger_totals_by_node: Mapping[int, LedgerTotals] = field(default_factory=dict)
+    # (None rather than a default factory: autodoc cannot parse a signature with <factory>)
+    ledger_totals_by_node: Mapping[int, LedgerTotals] | None = None
     new_ledger_nodes: tuple[int, ...] = ()
 
     @property
     def ledger_reports(self) -> NodeLedgerReports:
         """The nodes' ledger reports of this audit (:attr:`ledger_totals_by_node`,
         :attr:`new_ledger_nodes`), to combine with other exchanges'."""
-        return NodeLedgerReports(dict(self.ledger_totals_by_node), set(self.new_ledger_nodes))
+        return NodeLedgerReports(dict(self.ledger_totals_by_node or {}), set(self.new_ledger_nodes))
 
     @property
     def contributing_nodes(self) -> int:
