@@ -23,7 +23,7 @@ import logging
 import re
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 __all__ = [
     "HARMLESS_FLOWER_RECORDS",
@@ -97,15 +97,19 @@ def quiet_known_noise() -> None:
 
 
 @contextmanager
-def quiet_strategy_banner() -> Iterator[None]:
-    """While active, Flower's strategy banner and final-results dump are not logged."""
+def _flower_filter(item: logging.Filter) -> Iterator[None]:
+    """``item`` on Flower's logger while the block runs."""
     logger = logging.getLogger(FLOWER_LOGGER)
-    banner = _DropStrategyBanner()
-    logger.addFilter(banner)
+    logger.addFilter(item)
     try:
         yield
     finally:
-        logger.removeFilter(banner)
+        logger.removeFilter(item)
+
+
+def quiet_strategy_banner() -> AbstractContextManager[None]:
+    """While active, Flower's strategy banner and final-results dump are not logged."""
+    return _flower_filter(_DropStrategyBanner())
 
 
 class _WarningsOnce(logging.Filter):
@@ -126,14 +130,7 @@ class _WarningsOnce(logging.Filter):
         return True
 
 
-@contextmanager
-def warnings_once() -> Iterator[None]:
+def warnings_once() -> AbstractContextManager[None]:
     """While active (a job's run), each WARNING text reaches the console once; other levels,
     ERROR included, are never dropped."""
-    logger = logging.getLogger(FLOWER_LOGGER)
-    once = _WarningsOnce()
-    logger.addFilter(once)
-    try:
-        yield
-    finally:
-        logger.removeFilter(once)
+    return _flower_filter(_WarningsOnce())
