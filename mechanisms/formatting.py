@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
+
+#: An ANSI escape sequence (Flower colours its log levels, also in redirected output).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def format_number(value: float | int | None, spec: str = ".4f") -> str:
@@ -13,3 +17,8 @@ def format_number(value: float | int | None, spec: str = ".4f") -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "n/a"
     return format(value, spec)
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI escape sequences (colour codes)."""
+    return ANSI_ESCAPE.sub("", text)

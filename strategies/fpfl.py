@@ -595,18 +595,8 @@ class FPFLProtocol:
         """The unmask answers of the ``asked`` survivors, and those of them that failed."""
         messages = []
         for node in asked:
-            senders = tuple(peer for peer in survivors if peer != node)
-            attesters = tuple(
-                peer for peer in sorted(attestations) if peer != node and node in attestations[peer]
-            )
-            request = FPFLRevealRequest(
-                round=round_number,
-                survivors=tuple(survivors),
-                dropped=tuple(dropped),
-                share_senders=senders,
-                shares=tuple(sealed[peer][node] for peer in senders),
-                attesters=attesters,
-                attestations=tuple(attestations[peer][node] for peer in attesters),
+            request = FPFLRevealRequest.for_node(
+                round_number, node, survivors, dropped, sealed, attestations
             )
             messages.append(
                 self._message(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from ..mechanisms.formatting import strip_ansi
 from ..mechanisms.privacy.user_ledger import NEIGHBOURING
 from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_DELTA_KEY,
@@ -43,14 +43,13 @@ __all__ = [
     "short_reason",
 ]
 
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 MAX_REASON_LENGTH = 240
 
 
 def short_reason(text: str | None) -> str:
     """A client's error text for logs and results: no colour codes, one line, the end kept
     (where Python puts the exception message of a long remote traceback)."""
-    flat = " ".join(_ANSI_ESCAPE.sub("", str(text)).split())
+    flat = " ".join(strip_ansi(str(text)).split())
     if len(flat) <= MAX_REASON_LENGTH:
         return flat
     return "..." + flat[-MAX_REASON_LENGTH:]

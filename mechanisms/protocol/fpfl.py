@@ -694,6 +694,33 @@ class FPFLRevealRequest:
     attesters: tuple[int, ...] = ()
     attestations: tuple[bytes, ...] = ()
 
+    @classmethod
+    def for_node(
+        cls,
+        round_number: int,
+        node: int,
+        survivors: Sequence[int],
+        dropped: Sequence[int],
+        sealed: Mapping[int, Mapping[int, bytes]],
+        attestations: Mapping[int, Mapping[int, bytes]],
+    ) -> FPFLRevealRequest:
+        """The request to ``node``: the shares the other survivors sealed for it
+        (``sealed[peer][node]``) and the attestations addressed to it
+        (``attestations[attester][node]``)."""
+        senders = tuple(peer for peer in survivors if peer != node)
+        attesters = tuple(
+            peer for peer in sorted(attestations) if peer != node and node in attestations[peer]
+        )
+        return cls(
+            round=round_number,
+            survivors=tuple(survivors),
+            dropped=tuple(dropped),
+            share_senders=senders,
+            shares=tuple(sealed[peer][node] for peer in senders),
+            attesters=attesters,
+            attestations=tuple(attestations[peer][node] for peer in attesters),
+        )
+
     def to_fields(self) -> dict[str, ConfigValue]:
         fields: dict[str, ConfigValue] = {
             "round": self.round,

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ...mechanisms.formatting import strip_ansi
 from ._common import UsageError
 
 __all__ = ["COMPLETED", "add_parser", "flwr_executable", "run_status", "run_with_status"]
@@ -37,7 +38,6 @@ COMPLETED = "finished:completed"
 _RUN_ID = re.compile(r"Successfully started run (\d+)")
 #: The job's first line: where its status file is.
 _STATUS_FILE = re.compile(r"fedparity [\w-]+: status in (.+?); to stop the run")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Flower's notices about the simulated federation's size: they do not apply to a run whose
 #: ``--federation-config`` sets ``num-supernodes``, and are left out of its output then.
 SIZE_NOTICES = (
@@ -136,7 +136,7 @@ def run_with_status(flwr_args: Sequence[str], out: TextIO, err: TextIO) -> int:
     try:
         assert process.stdout is not None
         for line in process.stdout:
-            plain = _ANSI.sub("", line)
+            plain = strip_ansi(line)
             if not (sized and any(notice in plain for notice in SIZE_NOTICES)):
                 out.write(line if colour else plain)
                 out.flush()

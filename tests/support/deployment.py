@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -27,7 +26,7 @@ from tests.support.flwr_runs import (
     BackgroundRun,
     FlwrRun,
     RunConfigValue,
-    _check_app_dir,
+    prepare_folders,
     register_supernode,
     run_flwr,
     start_flwr_run,
@@ -551,14 +550,9 @@ def local_deployment(
     superexec_cmds = list(superexecs) if superexecs is not None else [None] * num_supernodes
     if len(superexec_cmds) != num_supernodes:
         raise ValueError(f"{len(superexec_cmds)} superexecs for {num_supernodes} supernodes")
-    app_dir = Path(app_dir).resolve()
-    _check_app_dir(app_dir)
-    flwr_home = Path(flwr_home).resolve()
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    created = work_dir is None
-    work = Path(work_dir or tempfile.mkdtemp(prefix="flwr-deployment-")).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    run_cwd = Path(cwd or app_dir).resolve()
+    app_dir, flwr_home, work, created, run_cwd = prepare_folders(
+        app_dir, flwr_home, work_dir, cwd, "flwr-deployment-"
+    )
 
     link_port, *node_ports = _free_ports(1 + num_supernodes)
     started: list[ManagedProcess] = []

@@ -4,7 +4,6 @@ tests start (:mod:`tests.support.flower_processes` says what they guarantee)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import socket
 import sys
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import tomli_w
+
+from fedparity.mechanisms.formatting import strip_ansi as library_strip_ansi
 
 try:  # Python >= 3.11
     import tomllib
@@ -27,8 +28,6 @@ SIMULATION_FEDERATION = "local-simulation"
 HOST = "127.0.0.1"
 
 T = TypeVar("T")
-
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 # --------------------------------------------------------------------------- utilities
@@ -81,7 +80,7 @@ def strip_ansi(text: str) -> str:
     str
         The text without ANSI escape sequences.
     """
-    return _ANSI_RE.sub("", text)
+    return library_strip_ansi(text)
 
 
 def _tail_text(text: str, lines: int) -> str:

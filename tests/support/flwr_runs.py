@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import tomli_w
 
@@ -167,6 +168,31 @@ def _run_config_args(
     path = scratch / "run-config.toml"
     path.write_text(tomli_w.dumps(dict(run_config)), encoding="utf-8")
     return ["--run-config", str(path)]
+
+
+class RunFolders(NamedTuple):
+    """The folders of a test SuperLink (:func:`prepare_folders`)."""
+
+    app_dir: Path
+    flwr_home: Path
+    work: Path
+    created: bool  # the work folder is a new temporary one (deleted on a clean exit)
+    cwd: Path
+
+
+def prepare_folders(
+    app_dir: Path, flwr_home: Path, work_dir: Path | None, cwd: Path | None, prefix: str
+) -> RunFolders:
+    """Check the app folder, create the Flower home and the work folder (a new temporary one
+    named ``prefix...`` when ``work_dir`` is None); every path absolute, ``cwd`` defaulting to
+    the app folder (``flwr run .`` typed in the project folder)."""
+    app_dir = Path(app_dir).resolve()
+    _check_app_dir(app_dir)
+    flwr_home = Path(flwr_home).resolve()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    work = Path(work_dir or tempfile.mkdtemp(prefix=prefix)).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    return RunFolders(app_dir, flwr_home, work, work_dir is None, Path(cwd or app_dir).resolve())
 
 
 def _check_app_dir(app_dir: Path) -> None:

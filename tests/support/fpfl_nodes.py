@@ -339,20 +339,8 @@ class MaskingNodes:
         sealed: Mapping[int, Mapping[int, bytes]],
         attestations: Mapping[int, Mapping[int, bytes]] | None = None,
     ) -> RecordDict:
-        senders = tuple(peer for peer in survivors if peer != node)
-        attesters = tuple(
-            peer
-            for peer in sorted(attestations or {})
-            if peer != node and node in (attestations or {})[peer]
-        )
-        request = FPFLRevealRequest(
-            round=round_number,
-            survivors=tuple(survivors),
-            dropped=tuple(dropped),
-            share_senders=senders,
-            shares=tuple(sealed[peer][node] for peer in senders),
-            attesters=attesters,
-            attestations=tuple((attestations or {})[peer][node] for peer in attesters),
+        request = FPFLRevealRequest.for_node(
+            round_number, node, survivors, dropped, sealed, attestations or {}
         )
         return RecordDict({FPFL_KEY: ConfigRecord(request.to_fields())})
 

@@ -22,8 +22,8 @@ from tests.support.flower_env import (
 from tests.support.flwr_runs import (
     FlwrRun,
     RunConfigValue,
-    _check_app_dir,
     _run_config_args,
+    prepare_folders,
     run_flwr,
 )
 from tests.support.process_tree import (
@@ -193,14 +193,9 @@ def local_simulation(
     """
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be >= 1")
-    app_dir = Path(app_dir).resolve()
-    _check_app_dir(app_dir)
-    flwr_home = Path(flwr_home).resolve()
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    created = work_dir is None
-    work = Path(work_dir or tempfile.mkdtemp(prefix="flwr-simulation-")).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    run_cwd = Path(cwd or app_dir).resolve()
+    app_dir, flwr_home, work, created, run_cwd = prepare_folders(
+        app_dir, flwr_home, work_dir, cwd, "flwr-simulation-"
+    )
     port = free_port()
     started: list[ManagedProcess] = []
     with ExitStack() as stack:
