@@ -3,6 +3,10 @@
 Both apps call :func:`quiet_known_noise` when they are imported (the ServerApp's process, the
 simulation's driver before it starts Ray, every Ray worker and ``flwr-clientapp`` process):
 
+* Flower's console handler colours its level names unconditionally; these processes write to
+  a pipe (Flower uploads it to ``flwr run --stream`` and ``flwr log``, which print it as it
+  is), so the colour codes are switched off unless the process's stderr is a terminal:
+  redirected logs hold no escape codes;
 * warnings in :data:`HARMLESS_WARNINGS`, each matched by the start of its message *and* its
   category (any other warning of the same library still shows);
 * Flower log records in :data:`HARMLESS_FLOWER_RECORDS`, matched by their exact format string
@@ -21,9 +25,12 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+
+from flwr.common.logger import update_console_handler
 
 __all__ = [
     "HARMLESS_FLOWER_RECORDS",
@@ -88,7 +95,9 @@ class _DropStrategyBanner(logging.Filter):
 
 
 def quiet_known_noise() -> None:
-    """Install the warning filters and the Flower record filter (idempotent)."""
+    """Install the warning filters and the Flower record filter, and colour Flower's log levels
+    only on a terminal (idempotent)."""
+    update_console_handler(colored=sys.stderr.isatty())
     for message, category, _why in HARMLESS_WARNINGS:
         warnings.filterwarnings("ignore", message=re.escape(message), category=category)
     logger = logging.getLogger(FLOWER_LOGGER)
