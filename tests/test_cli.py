@@ -661,3 +661,9 @@ def test_fedparity_run_repeats_how_a_stopped_run_ended_from_its_status_file(
     )
     _report_ending(tmp_path / "elsewhere" / "status.json", err)  # another machine's path
     assert err.getvalue().count("\n") == 1
+    # the path comes from the streamed log: a file not named status.json is never read, even
+    # one that holds a status record
+    renamed = record.path.with_name("other.json")
+    renamed.write_bytes(record.path.read_bytes())
+    _report_ending(renamed, err)
+    assert err.getvalue().count("\n") == 1

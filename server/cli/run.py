@@ -175,9 +175,10 @@ def _report_ending(status_file: Path | None, err: TextIO, wait: float = 15.0) ->
     read it (a run stopped with ``flwr stop`` cannot print its final ERROR line itself: its
     ServerApp records the stop as it exits, so a file still reading ``running`` is read again
     for up to ``wait`` seconds)."""
-    from ..run_record import ending_sentence
+    from ..run_record import STATUS_FILE, ending_sentence
 
-    if status_file is None or not status_file.is_file():
+    # The path comes from the streamed log: only a job's status file is read, never another file.
+    if status_file is None or status_file.name != STATUS_FILE or not status_file.is_file():
         return
     deadline = time.monotonic() + wait
     while True:
