@@ -604,6 +604,23 @@ def test_a_second_keys_run_keeps_the_pair_and_other_keys_need_the_overwrite_opti
     assert_usage_error(["keys", "--out", str(out)], "--out", str(out), "--overwrite")
 
 
+def test_a_second_keys_run_refuses_two_files_that_are_not_one_pair(tmp_path: Path) -> None:
+    """``fedparity keys`` run again keeps a folder's pair only if it is one: a public context
+    copied from another run (a real TenSEAL key of the same parameters) would have every
+    holder's statistics decrypt to garbage; it is refused with the way out, not kept."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert run_cli(["keys", "--out", str(first)]).code == 0
+    assert run_cli(["keys", "--out", str(second)]).code == 0
+    foreign = (second / "public_context.tenseal").read_bytes()
+    (first / "public_context.tenseal").write_bytes(foreign)
+    assert_usage_error(
+        ["keys", "--out", str(first)], "--out", str(first), "not one key pair", "--overwrite"
+    )
+    (first / "public_context.tenseal").write_bytes(b"damaged")
+    assert_usage_error(["keys", "--out", str(first)], "not a serialized TenSEAL context")
+    assert run_cli(["keys", "--out", str(second)]).code == 0  # a true pair is still kept
+
+
 @pytest.mark.parametrize(
     ("flwr_args", "federation"),
     [

@@ -91,14 +91,28 @@ def _kept_pair(
 ) -> dict[str, Any] | None:
     """The payload of an existing key pair that ``fedparity keys`` run again keeps (None: write
     one, or refuse): both contexts in ``folder``, no --overwrite or --public-out, the default
-    parameters (other parameters asked for are not what the folder holds)."""
-    from ...mechanisms.crypto.ckks import PUBLIC_CONTEXT_FILE, SECRET_CONTEXT_FILE, CkksParameters
+    parameters (other parameters asked for are not what the folder holds). A folder whose two
+    files are not one key pair (damaged, or copied from two runs) is refused, not kept."""
+    from ...mechanisms.crypto.ckks import (
+        PUBLIC_CONTEXT_FILE,
+        SECRET_CONTEXT_FILE,
+        CkksParameters,
+        check_key_pair,
+    )
+    from ...mechanisms.crypto.ckks.errors import KeyMaterialError
 
     secret, public = folder / SECRET_CONTEXT_FILE, folder / PUBLIC_CONTEXT_FILE
     if args.overwrite or args.public_out or parameters != CkksParameters():
         return None
     if not (secret.is_file() and public.is_file()):
         return None
+    try:
+        check_key_pair(secret, public)
+    except KeyMaterialError as error:
+        raise UsageError(
+            f"--out: {folder} holds key files that cannot be kept: {error}; --overwrite writes "
+            "a new pair"
+        ) from None
     return {
         "kept": True,
         "folder": str(folder),

@@ -31,6 +31,7 @@ from .keys import SECRET_CONTEXT_FILE as SECRET_CONTEXT_FILE
 from .keys import SECURITY_BITS as SECURITY_BITS
 from .keys import CkksParameters as CkksParameters
 from .keys import KeyPaths as KeyPaths
+from .keys import check_key_pair as check_key_pair
 from .keys import context_has_secret_key as context_has_secret_key
 from .keys import generate_keys as generate_keys
 from .keys import load_public_context as load_public_context

@@ -376,6 +376,36 @@ def load_public_context(path: str | os.PathLike[str], *, n_threads: int = 1) -> 
     return context
 
 
+def check_key_pair(
+    secret_path: str | os.PathLike[str], public_path: str | os.PathLike[str]
+) -> None:
+    """Check that two files are one key pair: each loads as it should
+    (:func:`load_secret_context`, :func:`load_public_context`), both have the same parameters,
+    and a vector encrypted under the public context decrypts under the secret one.
+
+    Raises
+    ------
+    KeyMaterialError
+        Either file fails to load, or the two are not one pair (the public context was written
+        with another secret key, or with other parameters).
+    """
+    import tenseal as ts
+
+    secret = load_secret_context(secret_path)
+    public = load_public_context(public_path)
+    if CkksParameters.from_context(secret) != CkksParameters.from_context(public):
+        raise KeyMaterialError(
+            f"{public_path} and {secret_path} have different CKKS parameters: not one key pair"
+        )
+    probe = np.random.default_rng().uniform(-1.0, 1.0, 8)
+    vector = ts.ckks_vector(public, probe.tolist())
+    vector.link_context(secret)
+    if not np.allclose(vector.decrypt(), probe, atol=1e-3):
+        raise KeyMaterialError(
+            f"{public_path} was not written with the secret key of {secret_path}: not one key pair"
+        )
+
+
 def secret_context_path(
     node_config: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
