@@ -1,6 +1,8 @@
 """Client side of fedparity: Flower handlers for your own ``ClientApp``.
 
 * :func:`ldp_audit_handler` with :class:`LocalUsers` -- the LDP gap audit on a node;
+* :func:`rate_report_handler` with :class:`LocalPredictions` -- one private report per user
+  from which every rate metric per group is read;
 * :func:`fedevalfair_handlers` with :class:`HolderRows` -- a FedEvalFair data holder (the bound
   methods of a :class:`FedEvalFairHolder`);
 * :func:`fpfl_handlers` with :class:`FPFLNodeSettings` and :class:`FPFLShard` -- FPFL training

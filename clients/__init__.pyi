@@ -7,3 +7,5 @@ from .fpfl_handlers import fpfl_handlers as fpfl_handlers
 from .fpfl_node import FPFLNodeSettings as FPFLNodeSettings
 from .ldp import LocalUsers as LocalUsers
 from .ldp import ldp_audit_handler as ldp_audit_handler
+from .rates import LocalPredictions as LocalPredictions
+from .rates import rate_report_handler as rate_report_handler

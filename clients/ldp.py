@@ -67,7 +67,7 @@ from ..mechanisms.crypto.secure_random import secure_generator
 from ..mechanisms.ldp.calibration import GapMechanismType
 from ..mechanisms.ldp.metrics import UNDEFINABLE_METRICS, user_rates
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE, LedgerFileError
-from ..mechanisms.privacy.user_ledger import GapReportRelease, UserLedger
+from ..mechanisms.privacy.user_ledger import GapReportRelease, Release
 from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
 from ..mechanisms.validation import check_int
@@ -91,16 +91,24 @@ __all__ = [
     "LedgerPathFn",
     "LocalUsers",
     "LocalUsersFn",
+    "charge_users",
     "ldp_audit_handler",
+    "ledger_unusable_reply",
     "node_ledger_dir",
 ]
 
-#: What the server reads from a node whose ledger is lost or damaged (the node's log says
-#: which file and how to recover).
-LEDGER_UNUSABLE_REPLY = (
-    "ldp_audit: this node's privacy ledger is lost or damaged; it answers no audit until its "
-    "operator restores it (the node's log names the file and the recovery)"
-)
+
+def ledger_unusable_reply(job: str) -> str:
+    """What the server reads from a node whose ledger is lost or damaged (the node's log says
+    which file and how to recover)."""
+    return (
+        f"{job}: this node's privacy ledger is lost or damaged; it answers no audit until its "
+        "operator restores it (the node's log names the file and the recovery)"
+    )
+
+
+#: :func:`ledger_unusable_reply` of the LDP gap audit.
+LEDGER_UNUSABLE_REPLY = ledger_unusable_reply("ldp_audit")
 
 
 #: The refusal of an audit of a metric that can be undefined (TPR, FPR, FNR) without the
@@ -313,25 +321,13 @@ def _perturbed_reply(
     refused = 0
     totals: dict[str, float] = {}
     if users.num_users:
-        path = ledger_path(context)
-        ledger = _open_ledger(context, path, limits, users)
         release = GapReportRelease.from_mechanism(
             mechanism, job="ldp_audit", label=f"audit of {metric}"
         )
-        if users.user_ids is None:  # by position: the ledger holds exactly these users
-            answering = ledger.can_afford(release)  # every user reports, or refuses
-            ledger.charge(release, answering)
-        else:  # by id: the ledger's other users (e.g. of another split) are untouched
-            answering = ledger.can_afford(release, user_ids=users.user_ids)
-            ledger.charge(release, user_ids=users.user_ids[answering])
+        answering, totals = charge_users(
+            context, ledger_path(context), limits, release, users.num_users, users.user_ids
+        )
         refused = int((~answering).sum())
-        # charged (atomically) before anything is released
-        try:
-            save_node_ledger(context, path, ledger)
-        except LedgerFileError as error:  # e.g. the folder became unwritable: names the file
-            log(logging.ERROR, "ldp_audit: %s", error)
-            raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
-        totals = ledger_totals(ledger, path)
         # an undefined metric is the undefined category with the value 0 (m = 1/2)
         user_groups = np.where(defined, users.groups, num_groups)
         user_values = np.where(defined, metric_to_value(np.nan_to_num(metrics)), 0.0)
@@ -349,11 +345,22 @@ def _perturbed_reply(
     return LdpAuditReply(groups, values, counts)
 
 
-def _open_ledger(
-    context: Context, path: Path | None, limits: NodePrivacyPolicy, users: LocalUsers
-) -> UserLedger:
-    """The node's per-user ledger for ``users``; refused without a persistent one unless the
-    policy allows it, and with a fixed sentence when its file is lost or damaged."""
+def charge_users(
+    context: Context,
+    path: Path | None,
+    limits: NodePrivacyPolicy,
+    release: Release,
+    num_users: int,
+    user_ids: NDArray[np.int64] | None,
+) -> tuple[NDArray[np.bool_], dict[str, float]]:
+    """Charge ``release`` to the users who can afford it in the node's ledger at ``path`` and
+    save it (atomically) before anything is released; (who answers, the ledger's totals).
+
+    Users by id leave the ledger's other users (e.g. of another split) untouched; without ids
+    the ledger holds exactly these users, by position. Refused without a persistent ledger
+    unless the policy allows it, and with a fixed sentence when its file is lost, damaged or
+    cannot be written (the node's log names the file)."""
+    job = release.job
     if path is None:
         if not limits.allow_ephemeral_ledger:
             raise PolicyRefusal(
@@ -362,13 +369,23 @@ def _open_ledger(
         log(
             # simulated users in Flower's simulation engine: not worth a warning
             logging.DEBUG if in_flower_simulation() else logging.WARNING,
-            "ldp_audit: this node's ledger lives only as long as the run "
+            "%s: this node's ledger lives only as long as the run "
             "(allow-ephemeral-ledger, policy: %s): its users' spending is forgotten after it",
+            job,
             limits.source,
         )
     try:
-        return open_node_ledger(context, path, limits, users.num_users, user_ids=users.user_ids)
+        ledger = open_node_ledger(context, path, limits, num_users, user_ids=user_ids)
+        if user_ids is None:  # by position: every user reports, or refuses
+            answering = ledger.can_afford(release)
+            ledger.charge(release, answering)
+        else:
+            answering = ledger.can_afford(release, user_ids=user_ids)
+            ledger.charge(release, user_ids=user_ids[answering])
+        save_node_ledger(context, path, ledger)
     except LedgerFileError as error:
-        # The detail names the node's files: it stays in the node's log.
-        log(logging.ERROR, "ldp_audit: %s", error)
-        raise NodeRefusal(LEDGER_UNUSABLE_REPLY) from None
+        # The detail names the node's files (e.g. a folder that became unwritable): it stays
+        # in the node's log.
+        log(logging.ERROR, "%s: %s", job, error)
+        raise NodeRefusal(ledger_unusable_reply(job)) from None
+    return answering, ledger_totals(ledger, path)

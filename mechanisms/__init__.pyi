@@ -72,6 +72,7 @@ from .privacy.basic_ledger import PrivacyLedger as PrivacyLedger
 from .privacy.basic_ledger import ShardLedger as ShardLedger
 from .privacy.user_ledger import ApproximateDPRelease as ApproximateDPRelease
 from .privacy.user_ledger import Composition as Composition
+from .privacy.user_ledger import FrequencyReportRelease as FrequencyReportRelease
 from .privacy.user_ledger import GapReportRelease as GapReportRelease
 from .privacy.user_ledger import RandomizedResponseRelease as RandomizedResponseRelease
 from .privacy.user_ledger import SubsampledGaussianRelease as SubsampledGaussianRelease

@@ -11,6 +11,8 @@ from .fpfl_observers import StopAfterLostRounds as StopAfterLostRounds
 from .fpfl_observers import StopWhenTooFewNodes as StopWhenTooFewNodes
 from .ldp_audit import AuditOutcome as AuditOutcome
 from .ldp_audit import LdpGapAudit as LdpGapAudit
+from .rate_report import RateReportAudit as RateReportAudit
+from .rate_report import RateReportOutcome as RateReportOutcome
 from .release_series import DurableReleases as DurableReleases
 from .release_series import FedEvalFairSeries as FedEvalFairSeries
 from .release_series import FedEvalFairTest as FedEvalFairTest

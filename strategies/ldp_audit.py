@@ -47,6 +47,7 @@ from .replies import (
     RejectedReply,
     send_and_receive,
     short_reason,
+    sort_replies,
 )
 
 
@@ -398,7 +399,6 @@ class LdpGapAudit:
             )
             raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")
         declared, refused, undefined = typed.num_reports, typed.num_refused, typed.num_undefined
-        NodeLedgerReports.read(typed.counts)  # a malformed value rejects the reply
         if max_users is not None and declared + refused + undefined > max_users:
             raise ValueError(
                 f"the reply accounts for {declared + refused + undefined} users "
@@ -415,33 +415,20 @@ class LdpGapAudit:
 
     def aggregate_audit(self, sent_to: Sequence[int], replies: Iterable[Message]) -> AuditOutcome:
         """Validate replies, merge accepted reports and estimate; never raises on bad replies."""
+        limits = self.users_by_node or {}
+        replies_sorted = sort_replies(
+            sent_to,
+            replies,
+            lambda reply, node: self.check_reply(reply, max_users=limits.get(node)),
+            METRICS_KEY,
+        )
         total = ReportSummary.empty(self.mechanism.num_groups)
-        rejected: list[RejectedReply] = []
-        replied: set[int] = set()
-        accepted = refused = undefined = 0
-        ledgers = NodeLedgerReports()
-        for reply in replies:
-            node_id = int(reply.metadata.src_node_id)
-            if node_id in replied:
-                rejected.append(RejectedReply(node_id, "duplicate reply"))
-                continue
-            replied.add(node_id)
-            if node_id not in sent_to:
-                rejected.append(RejectedReply(node_id, "reply from a node that was not asked"))
-                continue
-            max_users = None if self.users_by_node is None else self.users_by_node.get(node_id)
-            try:
-                summary, node_refused, node_undefined = self.check_reply(reply, max_users=max_users)
-            except ValueError as error:
-                rejected.append(RejectedReply(node_id, str(error)))
-                continue
+        for _, (summary, _, _) in replies_sorted.accepted:
             total = total.merge(summary)
-            metrics: Mapping[str, Any] = reply.content.metric_records.get(METRICS_KEY, {})
-            ledgers.record(node_id, *NodeLedgerReports.read(metrics))
-            accepted += 1
-            refused += node_refused
-            undefined += node_undefined
-        missing = tuple(node for node in sent_to if node not in replied)
+        refused = sum(item[1] for _, item in replies_sorted.accepted)
+        undefined = sum(item[2] for _, item in replies_sorted.accepted)
+        rejected, ledgers = replies_sorted.rejected, replies_sorted.ledgers
+        missing = replies_sorted.missing(sent_to)
         totals = ledgers.merged()
         estimate, error_text = None, None
         try:
@@ -467,8 +454,8 @@ class LdpGapAudit:
             estimate=estimate,
             reports=total,
             nodes_sent=len(sent_to),
-            nodes_replied=len(replied),
-            accepted_nodes=accepted,
+            nodes_replied=len(replies_sorted.replied),
+            accepted_nodes=len(replies_sorted.accepted),
             rejected=tuple(rejected),
             missing_nodes=missing,
             refused_users=refused,

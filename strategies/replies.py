@@ -8,9 +8,9 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from flwr.app import ConfigRecord, Message
 from flwr.common import log
@@ -36,11 +36,13 @@ __all__ = [
     "POLL_LAG_FRACTION",
     "POLL_MAX_INTERVAL",
     "RejectedReply",
+    "SortedReplies",
     "attribute_replies",
     "poll_interval",
     "send_and_receive",
     "session_records",
     "short_reason",
+    "sort_replies",
 ]
 
 MAX_REASON_LENGTH = 240
@@ -197,6 +199,57 @@ def merge_ledger_totals(totals: Iterable[LedgerTotals | None]) -> LedgerTotals |
         if item is not None:
             merged = item.merge(merged)
     return merged
+
+
+Checked = TypeVar("Checked")
+
+
+@dataclass
+class SortedReplies(Generic[Checked]):
+    """The replies of one exchange, sorted: what each accepted node's reply gave (in order of
+    arrival), the rejected ones and why, the nodes that replied, and the ledger reports of the
+    accepted ones."""
+
+    accepted: list[tuple[int, Checked]] = field(default_factory=list)
+    rejected: list[RejectedReply] = field(default_factory=list)
+    replied: set[int] = field(default_factory=set)
+    ledgers: NodeLedgerReports = field(default_factory=NodeLedgerReports)
+
+    def missing(self, sent_to: Iterable[int]) -> tuple[int, ...]:
+        """The nodes that were asked and did not reply, in the order asked."""
+        return tuple(node for node in sent_to if node not in self.replied)
+
+
+def sort_replies(
+    sent_to: Iterable[int],
+    replies: Iterable[Message],
+    check: Callable[[Message, int], Checked],
+    metrics_key: str,
+) -> SortedReplies[Checked]:
+    """Sort an exchange's replies without ever raising on a bad one: a second reply of a node
+    and a reply from a node that was not asked are rejected; ``check(reply, node_id)`` reads
+    a reply or raises ``ValueError`` (the reason recorded); the ledger totals in an accepted
+    reply's ``metrics_key`` record are kept per node (a malformed value rejects the reply)."""
+    asked = set(sent_to)
+    result: SortedReplies[Checked] = SortedReplies()
+    for reply in replies:
+        node_id = int(reply.metadata.src_node_id)
+        if node_id in result.replied:
+            result.rejected.append(RejectedReply(node_id, "duplicate reply"))
+            continue
+        result.replied.add(node_id)
+        if node_id not in asked:
+            result.rejected.append(RejectedReply(node_id, "reply from a node that was not asked"))
+            continue
+        try:
+            checked = check(reply, node_id)
+            ledger = NodeLedgerReports.read(reply.content.metric_records.get(metrics_key, {}))
+        except ValueError as error:
+            result.rejected.append(RejectedReply(node_id, str(error)))
+            continue
+        result.ledgers.record(node_id, *ledger)
+        result.accepted.append((node_id, checked))
+    return result
 
 
 def attribute_replies(sent: Sequence[Message], replies: Iterable[Message]) -> list[Message]:

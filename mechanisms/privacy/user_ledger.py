@@ -38,6 +38,11 @@ under-counted):
   modelled as a Laplace mechanism either: its randomised rounding to the grid and its clamp
   make its privacy loss differ from the discrete Laplace's, while its pure epsilon is
   computed from the sampler's realised probabilities.
+* :class:`FrequencyReportRelease` -- one joint (group, confusion cell) report of a
+  frequency oracle (GRR, OUE or subset selection, :mod:`fedparity.mechanisms.ldp.frequency_oracle`),
+  charged once however many rate metrics are read from it: pure ``epsilon``-LDP at the
+  oracle's realised epsilon, accounted as binary randomized response at that epsilon (as
+  above).
 * :class:`RandomizedResponseRelease` -- generalised randomized response over ``k``
   categories (exactly ``RandomizedResponseDpEvent``), e.g. a group-only frequency release.
 * :class:`SubsampledGaussianRelease` -- ``steps`` rounds of FPFL (Poisson rate ``q``, noise
@@ -95,6 +100,7 @@ __all__ = [
     "NEIGHBOURING",
     "ApproximateDPRelease",
     "Composition",
+    "FrequencyReportRelease",
     "GapReportRelease",
     "LedgerRegistry",
     "RandomizedResponseRelease",
@@ -314,6 +320,67 @@ class GapReportRelease(Release):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FrequencyReportRelease(Release):
+    """One report of a frequency oracle over ``domain_size`` categories (a user's joint
+    (group, confusion cell) pair, Wang, Blocki, Li and Jha 2017, "Locally differentially
+    private protocols for frequency estimation", USENIX Security), accounted as binary
+    randomized response at the oracle's realised epsilon (see the module docstring).
+
+    Build it from the oracle a node uses with :meth:`from_oracle`.
+    """
+
+    kind: ClassVar[str] = "ldp-frequency-report"
+
+    oracle: Literal["grr", "oue", "ss"]
+    epsilon_target: float
+    domain_size: int
+    subset_size: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._oracle()  # checks the parameters
+
+    @classmethod
+    def from_oracle(
+        cls, oracle: Any, *, job: str, label: str = "", time: str | None = None
+    ) -> FrequencyReportRelease:
+        """The release of one report of ``oracle`` (a ``FrequencyOracle``)."""
+        return cls(
+            oracle=oracle.name,
+            epsilon_target=oracle.epsilon_target,
+            domain_size=oracle.domain_size,
+            subset_size=oracle.subset_size,
+            job=job,
+            label=label,
+            time=_now() if time is None else time,
+        )
+
+    def _oracle(self) -> Any:
+        from ..ldp.frequency_oracle import FrequencyOracle
+
+        return FrequencyOracle(self.oracle, self.epsilon_target, self.domain_size, self.subset_size)
+
+    @property
+    def epsilon(self) -> float:
+        """The oracle's true LDP epsilon, from the probabilities its sampler realises."""
+        return float(self._oracle().epsilon)
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        from dp_accounting import dp_event
+
+        return dp_event.RandomizedResponseDpEvent(
+            noise_parameter=_rr_noise_parameter(self.epsilon, 2), num_buckets=2
+        )
+
+    def privacy_loss_distribution(self, value_discretization_interval: float) -> Any:
+        return _pure_pld(self.epsilon, value_discretization_interval)
+
+    @property
+    def basic_epsilon(self) -> float:
+        return self.epsilon
+
+
+@dataclass(frozen=True, kw_only=True)
 class SubsampledGaussianRelease(Release):
     """``steps`` FPFL rounds: each user joins a round with probability ``sample_rate``
     (Poisson), the sum of clipped vectors gets Gaussian noise of std ``noise_multiplier``
@@ -432,6 +499,7 @@ class ApproximateDPRelease(Release):
 RELEASE_KINDS: dict[str, type[Release]] = {
     kind.kind: kind
     for kind in (
+        FrequencyReportRelease,
         GapReportRelease,
         RandomizedResponseRelease,
         SubsampledGaussianRelease,
