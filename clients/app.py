@@ -69,6 +69,7 @@ from .project.own_data import (
     own_shard,
     read_data_file,
 )
+from .rates import LocalPredictions, rate_report_handler
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -350,6 +351,34 @@ def ldp_audit(msg: Message, context: Context, config: RunConfig) -> Message:
     return handler(msg, context)
 
 
+def rate_report(msg: Message, context: Context, config: RunConfig) -> Message:
+    """The library's rate-report handler (:func:`~fedparity.clients.rates.rate_report_handler`)
+    on the node's shard: each user's rows (one is reported) with the received model's
+    predictions; the same ledger as the LDP audit (the same users)."""
+
+    def shard_predictions(arrays: ArrayRecord, node: Context) -> LocalPredictions:
+        from .project.task import predict_samples
+
+        shard = load_shard(node, config, "test")
+        if not shard.num_users:
+            empty = np.zeros(0, dtype=np.int64)
+            return LocalPredictions(empty, empty, empty)
+        predictions, _ = predict_samples(received_model(shard, arrays, config), shard)
+        return LocalPredictions(
+            groups=shard.user_groups[shard.user_index],
+            labels=shard.labels,
+            predictions=predictions.astype(np.int64),
+            user_ids=shard.user_ids[shard.user_index],
+        )
+
+    handler = rate_report_handler(
+        shard_predictions,
+        num_groups=config.num_groups,
+        ledger_path=lambda node: node_ledger_file(node, config),
+    )
+    return handler(msg, context)
+
+
 # --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
 
 
@@ -509,6 +538,7 @@ HANDLERS: dict[str, Callable[[Message, Context, RunConfig], Message]] = {
     "query.describe": describe,
     "train": train_handler,
     "query.ldp_audit": ldp_audit,
+    "query.rate_report": rate_report,
     "query.fef_round1": fef_round1,
     "query.fef_endorse": fef_endorse,
     "query.fef_round2": fef_round2,

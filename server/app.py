@@ -6,6 +6,11 @@
   Aleksandra Korolova, "'You Can't Fix What You Can't Measure': Privately Measuring
   Demographic Performance Disparities in Federated Learning", AFCP workshop, PMLR, 2022, with
   their true epsilon);
+* ``task = "rate-report"``: :func:`fedparity.server.rates_job.run_rate_report` -- FedAvg
+  training, then every rate metric per group (selection rate, TPR, FPR, ...; demographic
+  parity, equalized odds, the four-fifths rule) from one private report per user (frequency
+  oracles of Wang, Blocki, Li and Jha, "Locally differentially private protocols for
+  frequency estimation", USENIX Security 2017), each user charged once;
 * ``task = "fedevalfair"``: :func:`fedparity.server.fedevalfair_job.run_fedevalfair` -- FedAvg
   training,
   then the two-stage fairness test over CKKS-encrypted statistics ("FedEvalFair: A
@@ -42,10 +47,12 @@ from .fpfl_job import run_fpfl
 from .ldp_job import run_ldp_audit
 from .orchestration import JobCannotStart
 from .pipeline_job import run_pipeline
+from .rates_job import run_rate_report
 from .run_record import RunRecord, open_run_record
 
 JOBS = {
     "ldp-audit": run_ldp_audit,
+    "rate-report": run_rate_report,
     "fedevalfair": run_fedevalfair,
     "fpfl": run_fpfl,
     "pipeline": run_pipeline,

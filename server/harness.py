@@ -79,6 +79,36 @@ def ground_truth(
     )
 
 
+def rate_truth(
+    config: RunConfig, arrays: ArrayRecord, partitions: Sequence[tuple[int, int]]
+) -> dict[str, object]:
+    """The true rates a rate report estimates, from every partition's test users: the group x
+    cell counts a user's one reported row has in expectation (each of a user's rows weighs
+    1 / its rows, as the node draws one of them uniformly), and every rate metric per group
+    and its summaries from them (:func:`~fedparity.mechanisms.ldp.group_rates.group_rates`
+    fed exact counts)."""
+    from ..clients.project.task import predict_samples
+    from ..mechanisms.ldp.group_rates import encode_cells, group_rates
+
+    cells = np.zeros(config.num_groups * 4)
+    for partition_id, num_partitions in partitions:
+        shard = load_shard_for(config, partition_id, num_partitions, "test")
+        if not shard.num_samples:
+            continue
+        predictions, _ = predict_samples(received_model(shard, arrays, config), shard)
+        codes = encode_cells(
+            shard.user_groups[shard.user_index],
+            shard.labels,
+            predictions.astype(np.int64),
+            config.num_groups,
+        )
+        rows_per_user = np.bincount(shard.user_index, minlength=shard.num_users)
+        weights = 1.0 / rows_per_user[shard.user_index]
+        cells += np.bincount(codes.astype(np.int64), weights=weights, minlength=cells.size)
+    rates = group_rates(cells, num_groups=config.num_groups, confidence=config.confidence)
+    return {"label": HARNESS_LABEL, "cell_counts": cells.tolist(), "rates": rates.to_dict()}
+
+
 @dataclass(frozen=True)
 class FedEvalFairTruth:
     """The plaintext FedEvalFair computation on the same data (simulation harness only).

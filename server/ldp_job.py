@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 
 from ..clients.project.config import RunConfig
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
+from ..strategies.rate_report import RateReportOutcome
 from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release, SeriesObserver
 from ..strategies.replies import NodeLedgerReports
 from .harness import GroundTruth, ground_truth
@@ -71,7 +72,7 @@ def ldp_audit_for(
     )
 
 
-def missing_contributions(outcome: AuditOutcome) -> str:
+def missing_contributions(outcome: AuditOutcome | RateReportOutcome) -> str:
     """Who did not contribute to an audit and why, in words ("" if everyone did): users that
     refused (their privacy budget is spent), rejected replies, nodes that did not reply."""
     parts = []
@@ -131,10 +132,12 @@ class AuditLog(SeriesObserver):
         log_audit_outcome(outcome, self.confidence)
 
 
-def ldp_privacy(config: RunConfig, outcomes: Sequence[AuditOutcome], spent: float) -> LdpPrivacy:
+def ldp_privacy(
+    config: RunConfig, outcomes: Sequence[AuditOutcome | RateReportOutcome], spent: float
+) -> LdpPrivacy:
     """results.json's ``privacy``: the server's plan, this run's spending (``spent``: basic
-    composition of every audit sent) and what the nodes' ledgers reported."""
-    reported = [o.epsilon_spent_max for o in outcomes if o.epsilon_spent_max is not None]
+    composition of every audit or rate report sent) and what the nodes' ledgers reported."""
+    reported = [o.ledger_totals.epsilon for o in outcomes if o.ledger_totals is not None]
     ledgers = NodeLedgerReports()
     for outcome in outcomes:  # in order: a node's latest totals are kept
         ledgers.update(outcome.ledger_reports)

@@ -305,7 +305,7 @@ def ldp_report(
         sections=[Section("Audits", detail)],
         privacy=Section(
             "Privacy spent",
-            _ldp_privacy_blocks(
+            ldp_privacy_blocks(
                 results.privacy or LdpPrivacy(),
                 no_totals_reason(audit.accepted_nodes for audit in results.audits or []),
             ),
@@ -389,7 +389,7 @@ def _group_means_table(audits_done: Sequence[AuditRecord], metric: str) -> Table
     )
 
 
-def _ldp_privacy_blocks(privacy: LdpPrivacy, why_no_totals: str | None = None) -> list[Any]:
+def ldp_privacy_blocks(privacy: LdpPrivacy, why_no_totals: str | None = None) -> list[Any]:
     spent_total = privacy.epsilon_spent_total_max_reported_by_nodes
     return [
         Table(

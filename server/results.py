@@ -35,6 +35,8 @@ __all__ = [
     "PipelineModel",
     "PipelinePrivacy",
     "PipelineResults",
+    "RateReportRecord",
+    "RateReportResults",
     "Results",
     "results_for_task",
 ]
@@ -157,6 +159,47 @@ class LdpAuditResults(Results):
     training: dict[str, Any] | None = None
     ground_truth: dict[str, Any] | None = None
     audits: list[AuditRecord] | None = _field("list", AuditRecord)
+    privacy: LdpPrivacy | None = _field("one", LdpPrivacy)
+    elapsed_seconds: float | None = None
+
+
+# -- the rate report ---------------------------------------------------------------------------
+
+
+@dataclass
+class RateReportRecord(Results):
+    """One rate report of ``results.json``: its budget and :meth:`RateReportOutcome.to_dict
+    <fedparity.strategies.rate_report.RateReportOutcome.to_dict>`."""
+
+    budget: float | None = None
+    oracle: str | None = None
+    epsilon: float | None = None
+    rates: dict[str, Any] | None = None
+    num_reports: int | None = None
+    nodes_sent: int | None = None
+    nodes_replied: int | None = None
+    accepted_nodes: int | None = None
+    rejected_replies: list[dict[str, Any]] | None = None
+    missing_nodes: list[int] | None = None
+    refused_users: int | None = None
+    error: str | None = None
+    ledger_totals_reported_by_nodes: dict[str, Any] | None = None
+    ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
+    new_ledger_nodes: list[int] | None = None
+
+
+@dataclass
+class RateReportResults(Results):
+    """``results.json`` of the rate-report job (:mod:`fedparity.server.rates_job`)."""
+
+    task: str | None = None
+    run_config: dict[str, Any] | None = None
+    num_nodes: int | None = None
+    num_users: int | None = None
+    failed_describe: list[dict[str, Any]] | None = None
+    training: dict[str, Any] | None = None
+    ground_truth: dict[str, Any] | None = None
+    reports: list[RateReportRecord] | None = _field("list", RateReportRecord)
     privacy: LdpPrivacy | None = _field("one", LdpPrivacy)
     elapsed_seconds: float | None = None
 
@@ -317,6 +360,7 @@ class PipelineResults(Results):
 #: The results class of each task.
 RESULTS_BY_TASK: dict[str, type[Results]] = {
     "ldp-audit": LdpAuditResults,
+    "rate-report": RateReportResults,
     "fedevalfair": FedEvalFairResults,
     "fpfl": FPFLResults,
     "pipeline": PipelineResults,

@@ -316,6 +316,11 @@ class LdpGapAudit:
         built = mechanism_for_budget(mechanism, budget, num_groups + int(undefined))
         return cls(built, budget=budget, metric=metric, undefined_category=undefined, **kwargs)
 
+    @property
+    def epsilon(self) -> float:
+        """The mechanism's true epsilon: what each answering user is charged."""
+        return float(self.mechanism.epsilon)
+
     def summary(self) -> None:
         """Log the audit's parameters (like ``Strategy.summary``)."""
         mech = self.mechanism

@@ -241,6 +241,11 @@ class RateReportAudit:
         built = frequency_oracle(oracle, budget, num_groups * len(CELLS))
         return cls(built, budget=budget, **kwargs)
 
+    @property
+    def epsilon(self) -> float:
+        """The oracle's true epsilon: what each answering user is charged, once."""
+        return float(self.oracle.epsilon)
+
     def summary(self) -> None:
         """Log the report's parameters (like ``Strategy.summary``)."""
         log(logging.INFO, "RateReportAudit %s:", self.audit_id)

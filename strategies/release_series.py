@@ -51,6 +51,7 @@ from ..mechanisms.validation import check_int_at_least
 if TYPE_CHECKING:
     from .fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
     from .ldp_audit import AuditOutcome, LdpGapAudit
+    from .rate_report import RateReportAudit, RateReportOutcome
 
 __all__ = [
     "DurableReleases",
@@ -298,29 +299,33 @@ class LdpAuditSeries:
 
     Parameters
     ----------
-    audits : sequence of LdpGapAudit
-        The audits, in the order they are sent.
+    audits : sequence of LdpGapAudit or RateReportAudit
+        The audits, in the order they are sent (gap audits, or rate reports).
     what : str
         How the record describes audit ``number`` (from 1) at ``epsilon`` (its true epsilon),
         as a format string.
+    kind : str
+        The kind of release recorded (``"ldp-audit"``; ``"rate-report"``).
     """
 
     def __init__(
         self,
-        audits: Sequence[LdpGapAudit],
+        audits: Sequence[LdpGapAudit | RateReportAudit],
         *,
         what: str = "LDP audit {number} (epsilon {epsilon:.4g})",
+        kind: str = "ldp-audit",
     ) -> None:
         self.audits = list(audits)
         self.what = what
+        self.kind = kind
 
     def releases(self, nodes: int) -> list[Release]:
         """What each audit releases: its true epsilon, to ``nodes`` nodes."""
         return [
             Release(
-                self.what.format(number=index + 1, epsilon=audit.mechanism.epsilon),
-                "ldp-audit",
-                {"epsilon": audit.mechanism.epsilon, "nodes": nodes},
+                self.what.format(number=index + 1, epsilon=audit.epsilon),
+                self.kind,
+                {"epsilon": audit.epsilon, "nodes": nodes},
             )
             for index, audit in enumerate(self.audits)
         ]
@@ -351,10 +356,10 @@ class LdpAuditSeries:
         SeriesResult
             Its outcomes are :class:`~fedparity.strategies.ldp_audit.AuditOutcome`.
         """
-        watching = _observers(observers, folder, "ldp-audit")
+        watching = _observers(observers, folder, self.kind)
         nodes = sorted(grid.get_node_ids() if node_ids is None else set(node_ids))
 
-        def send(index: int) -> AuditOutcome:
+        def send(index: int) -> AuditOutcome | RateReportOutcome:
             return self.audits[index].start(grid, arrays, timeout=timeout, node_ids=nodes)
 
         return _run_series(self.releases(len(nodes)), send, watching)

@@ -19,6 +19,7 @@ from ...mechanisms.fairness_tests.fedevalfair import Mode
 from ...mechanisms.fpfl.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
 from ...mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint
 from ...mechanisms.ldp.calibration import MechanismChoice
+from ...mechanisms.ldp.frequency_oracle import ORACLES
 from ...mechanisms.ldp.metrics import METRIC_NAMES
 from ...mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ...mechanisms.privacy.opacus_accounting import AccountantName
@@ -28,11 +29,11 @@ from .data import DATASETS
 if TYPE_CHECKING:
     from ...mechanisms.crypto.ckks.holder_dp import HolderDP
 
-TASKS = ("ldp-audit", "fedevalfair", "fpfl", "pipeline")
+TASKS = ("ldp-audit", "rate-report", "fedevalfair", "fpfl", "pipeline")
 #: The jobs that evaluate a global model they train with plain FedAvg (the ``train`` message),
 #: unless the server's operator supplies one (``model-file``). FedAvg's updates are not
 #: private: a node answers ``train`` only if its own policy has ``allow-non-private``.
-FEDAVG_TASKS = ("ldp-audit", "fedevalfair")
+FEDAVG_TASKS = ("ldp-audit", "rate-report", "fedevalfair")
 #: The two trainings of ``task = "pipeline"``: FPFL and its PFL twin (same clipping, noise,
 #: rounds and cohort; no MMDM). Each is a session of the FPFL and FedEvalFair protocols.
 PIPELINE_SESSIONS = ("fpfl", "pfl")
@@ -59,6 +60,8 @@ FEF_SPLITS = ("doctorate", "dirichlet")
 FEF_VARIANTS = ("trained", "fair")
 FEF_MODES: tuple[str, ...] = get_args(Mode)
 MECHANISM_CHOICES: tuple[str, ...] = get_args(MechanismChoice)
+#: ``oracle`` of ``task = "rate-report"``.
+ORACLE_CHOICES: tuple[str, ...] = (*ORACLES, "best")
 GROUP_SIZE_MODES = ("estimated", "known")
 
 
@@ -370,14 +373,20 @@ class RunConfig:
     model_file: str = _key(
         "",
         _model_file,
-        "ldp-audit, fedevalfair: the model to evaluate, a .npz of its arrays on the server "
-        '(`np.savez(path, *get_arrays(model))`); no FedAvg round is run. "" = train with FedAvg, '
-        "which nodes answer only with allow-non-private",
+        "ldp-audit, rate-report, fedevalfair: the model to evaluate, a .npz of its arrays on "
+        'the server (`np.savez(path, *get_arrays(model))`); no FedAvg round is run. "" = train '
+        "with FedAvg, which nodes answer only with allow-non-private",
     )
     # --- LDP audit ------------------------------------------------------------------------
     metric: str = _key("accuracy", _choice(METRIC_NAMES), "the audited per-user metric")
     mechanism: MechanismChoice = _key(
         "best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L) or best"
+    )
+    oracle: str = _key(
+        "best",
+        _choice(ORACLE_CHOICES),
+        "rate-report: the frequency oracle of each user's one joint (group, confusion cell) "
+        "report: grr, oue, ss, or best (the smallest variance)",
     )
     epsilons: tuple[float, ...] = _key(
         (0.5, 1.0, 2.0, 4.0), _epsilon_list, 'one audit per value, e.g. "0.5,1,2,4"'

@@ -31,6 +31,7 @@ __all__ = [
     "get_arrays",
     "group_gap_truth",
     "metric_values",
+    "predict_samples",
     "set_arrays",
     "train",
 ]
@@ -147,15 +148,13 @@ class UserMetrics(UserRates):
         return int(self.accuracy.shape[0])
 
 
-def evaluate_users(model: nn.Module, shard: UserShard, threshold: float = 0.5) -> UserMetrics:
-    """Per-user accuracy, TPR, FPR and FNR of ``model`` on ``shard`` (vectorised).
-
-    A sample is predicted positive when ``sigmoid(logit) >= threshold``. Counts per user come
-    from ``np.bincount`` over ``shard.user_index``; rates are ratios of integer counts.
-    """
+def predict_samples(
+    model: nn.Module, shard: UserShard, threshold: float = 0.5
+) -> tuple[NDArray[np.bool_], float]:
+    """Each sample's predicted label (``sigmoid(logit) >= threshold``) and the mean
+    binary cross-entropy over the shard (nan without samples)."""
     if not (isinstance(threshold, numbers.Real) and 0.0 <= threshold <= 1.0):
         raise ValueError(f"threshold must be a number in [0, 1], got {threshold!r}")
-    num_users = shard.num_users
     model.eval()
     with torch.no_grad():
         logits = model(torch.from_numpy(shard.features)).reshape(-1)
@@ -165,8 +164,18 @@ def evaluate_users(model: nn.Module, shard: UserShard, threshold: float = 0.5) -
             if shard.num_samples
             else math.nan
         )
-        predictions = (torch.sigmoid(logits) >= threshold).numpy()
+        return (torch.sigmoid(logits) >= threshold).numpy(), loss
 
+
+def evaluate_users(model: nn.Module, shard: UserShard, threshold: float = 0.5) -> UserMetrics:
+    """Per-user accuracy, TPR, FPR and FNR of ``model`` on ``shard`` (vectorised).
+
+    A sample is predicted positive when ``sigmoid(logit) >= threshold``
+    (:func:`predict_samples`). Counts per user come from ``np.bincount`` over
+    ``shard.user_index``; rates are ratios of integer counts.
+    """
+    num_users = shard.num_users
+    predictions, loss = predict_samples(model, shard, threshold)
     rates = user_rates(shard.user_index, shard.labels, predictions, num_users)
     num_correct_total = int((predictions == shard.labels.astype(bool)).sum())
     return UserMetrics(

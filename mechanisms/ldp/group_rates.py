@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from ..validation import (
     check_binary_array,
@@ -49,6 +48,7 @@ from ..validation import (
     check_num_groups,
     check_open_unit,
 )
+from .estimators import normal_quantile
 from .frequency_oracle import FrequencyEstimate
 
 __all__ = [
@@ -305,7 +305,8 @@ class GroupRates:
         return metric_index * (len(self.groups) + 1) + unit
 
     def _z(self, tests: int = 1) -> float:
-        return float(stats.norm.ppf(1.0 - (1.0 - self.confidence) / (2 * max(tests, 1))))
+        # two-sided, Bonferroni over ``tests``: P(|Z| <= z) = 1 - (1 - confidence) / tests
+        return normal_quantile(1.0 - (1.0 - self.confidence) / max(tests, 1))
 
     def _estimate(self, metric_index: int, unit: int) -> RateEstimate:
         value = float(self.values[metric_index, unit])
@@ -725,7 +726,7 @@ def group_rates(
     group_counts = by_group.sum(axis=1)
     suppressed_mask = group_counts < min_group_count
     units = num_groups + 1
-    z = float(stats.norm.ppf(0.5 + confidence / 2.0))
+    z = normal_quantile(confidence)
 
     # Numerator / denominator rows over the k cells for every (metric, unit).
     numer = np.zeros((len(chosen) * units, k))
