@@ -55,6 +55,8 @@ from .ldp.group_rates import RateEstimate as RateEstimate
 from .ldp.group_rates import confusion_counts as confusion_counts
 from .ldp.group_rates import encode_cells as encode_cells
 from .ldp.group_rates import group_rates as group_rates
+from .ldp.rate_design import DesignComparison as DesignComparison
+from .ldp.rate_design import compare_rate_designs as compare_rate_designs
 from .ldp.laplace import LaplaceMechanism as LaplaceMechanism
 from .ldp.laplace import UnboundedPrivacyLossError as UnboundedPrivacyLossError
 from .ldp.laplace import laplace_epsilon as laplace_epsilon

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -684,3 +685,30 @@ def test_fedparity_run_repeats_how_a_stopped_run_ended_from_its_status_file(
     renamed.write_bytes(record.path.read_bytes())
     _report_ending(renamed, err)
     assert err.getvalue().count("\n") == 1
+
+
+def test_plan_compares_the_joint_report_with_the_gap_audit_per_rate_metric() -> None:
+    """Issue 28: the planner says, for each rate metric, which design gives the tighter
+    interval at the same epsilon; its numbers are the library's."""
+    from fedparity.mechanisms.ldp.rate_design import compare_rate_designs
+
+    counts = "7500,2500,2500,12500,5000,2500,5000,12500"
+    result = run_cli(["plan", "--epsilon", "4", "--cell-counts", counts, "--json"])
+    assert result.code == 0
+    payload = json.loads(result.out)
+    assert len(payload["comparisons"]) == 8
+    expected = compare_rate_designs(
+        "accuracy", 4.0, np.array(counts.split(","), dtype=float), num_groups=2
+    )
+    (accuracy,) = [c for c in payload["comparisons"] if c["metric"] == "accuracy"]
+    assert accuracy["joint_stderr"] == expected.joint_stderr
+    assert accuracy["tighter"] == expected.tighter
+    selection = payload["comparisons"][0]
+    assert selection["metric"] == "selection_rate" and selection["gap_audit_stderr"] is None
+    text = run_cli(["plan", "--epsilon", "1", "--cell-counts", counts, "--rate-metric", "accuracy"])
+    assert "gap audit (M_R)" in text.out and "is tighter" in text.out
+    assert_usage_error(["plan", "--cell-counts", counts], "--cell-counts needs --epsilon")
+    assert_usage_error(["plan", "--epsilon", "1", "--cell-counts", "1,2,3"], "got 3")
+    assert_usage_error(
+        ["plan", "--epsilon", "1", "--cell-counts", "0,1,0,1,1,1,1,1"], "no user in the denominator"
+    )

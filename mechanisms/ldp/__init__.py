@@ -5,7 +5,8 @@ Randomized response (:mod:`.randomized_response`), Laplace and discrete Laplace 
 (:mod:`.calibration`), unbiased gap estimates (:mod:`.estimators`), the planner
 (:mod:`.planner`), streaming summaries (:mod:`.streaming`), report moments (:mod:`.reports`),
 the metric names (:mod:`.metrics`), frequency oracles (:mod:`.frequency_oracle`), per-group
-rate metrics (:mod:`.group_rates`) and the power of the gap and fairness tests
+rate metrics (:mod:`.group_rates`), the joint report against the gap audit
+(:mod:`.rate_design`) and the power of the gap and fairness tests
 (:mod:`.power`).
 
 Import the names from :mod:`fedparity.mechanisms` (the public surface) or from the module

@@ -380,14 +380,16 @@ def _square_sums(
     return true, estimated
 
 
-def _difference_variance(
+def difference_variance(
     moments: ReportMoments,
     fractions: np.ndarray,
     means: tuple[float, float],
     squares: np.ndarray,
     sizes_known: bool,
 ) -> float:
-    """K * Var(m_hat_0 - m_hat_1) in metric units, from the estimator's covariance at K = 1."""
+    """K * Var(m_hat_0 - m_hat_1) in metric units, from the estimator's covariance at K = 1
+    (:func:`~fedparity.mechanisms.ldp.estimators.estimator_covariance`; ``fractions`` of every
+    category, ``means`` of the first two groups, ``squares`` each category's sum of v^2)."""
     means_v = np.zeros_like(fractions)
     means_v[:2] = 2.0 * np.asarray(means) - 1.0
     cov = estimator_covariance(
@@ -430,8 +432,8 @@ def _stderr_curves(setting: _AuditSetting, moments: ReportMoments, gap: float) -
             means_v[:2] = 2.0 * np.asarray(means) - 1.0
             true, estimated = _square_sums(moments, sizes, means_v, setting.metric_variance)
             return (
-                _difference_variance(moments, sizes, means, estimated, setting.sizes_known),
-                _difference_variance(moments, sizes, means, true, setting.sizes_known),
+                difference_variance(moments, sizes, means, estimated, setting.sizes_known),
+                difference_variance(moments, sizes, means, true, setting.sizes_known),
             )
 
         if levels.size == 1 or levels[0] == levels[-1]:
@@ -1150,6 +1152,7 @@ __all__ = [
     "audit_minimum_epsilon",
     "audit_minimum_users",
     "audit_power",
+    "difference_variance",
     "fedevalfair_detectable_disparity",
     "fedevalfair_disparity_range",
     "fedevalfair_minimum_holders",

@@ -93,7 +93,60 @@ class _HolderOptions(TypedDict):
     mu0: float
 
 
+def _run_rate_comparison(args: argparse.Namespace, out: TextIO) -> int:
+    """``--cell-counts``: the joint report against the gap audit for each rate metric (or
+    ``--rate-metric``), at ``--epsilon``, in that scenario."""
+    from ...mechanisms.ldp.group_rates import CELLS, RATE_METRICS
+    from ...mechanisms.ldp.rate_design import compare_rate_designs
+
+    if args.epsilon is None:
+        raise UsageError("--cell-counts needs --epsilon (the budget per user of either design)")
+    epsilon = _epsilon("--epsilon", args.epsilon)
+    groups = _groups(_or(args.groups, "2"))
+    confidence = _unit_open("--confidence", _finite("--confidence", _or(args.confidence, "0.95")))
+    parts = [part for part in args.cell_counts.split(",") if part.strip()]
+    if len(parts) != groups * len(CELLS):
+        raise UsageError(
+            f"--cell-counts must be {groups * len(CELLS)} comma-separated counts (--groups "
+            f"{groups} x cells {', '.join(CELLS)}, group by group), got {len(parts)}"
+        )
+    counts = [_finite("--cell-counts", part) for part in parts]
+    if any(count < 0 for count in counts):
+        raise UsageError("--cell-counts must be counts >= 0")
+    metrics = list(RATE_METRICS) if args.rate_metric is None else [args.rate_metric]
+    results = []
+    for metric in metrics:
+        try:
+            results.append(
+                compare_rate_designs(
+                    metric, epsilon, counts, num_groups=groups, confidence=confidence
+                )
+            )
+        except ValueError as error:  # e.g. a group without the metric's denominator
+            raise UsageError(f"--cell-counts: {error}") from None
+    payload = {
+        "epsilon": epsilon,
+        "confidence": confidence,
+        "comparisons": [
+            {
+                "metric": r.metric,
+                "difference": r.difference,
+                "joint_oracle": r.joint_oracle,
+                "joint_stderr": r.joint_stderr,
+                "gap_audit_mechanism": r.gap_audit_mechanism,
+                "gap_audit_stderr": r.gap_audit_stderr,
+                "tighter": r.tighter,
+            }
+            for r in results
+        ],
+    }
+    _emit(payload, "\n".join(r.summary() for r in results), args.json, out)
+    return 0
+
+
 def run_plan(args: argparse.Namespace, out: TextIO) -> int:
+    if args.cell_counts is not None:
+        return _run_rate_comparison(args, out)
     if (
         args.fedevalfair
         or args.known_sizes
@@ -551,7 +604,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "  fedparity plan --fedevalfair --holders 10 --rows 1000 --gap 0.05\n"
             "      the power of FedEvalFair's stage 2 at a common disparity of 0.05\n"
             "  fedparity plan --fedevalfair --power 0.8 --gap 0.05 --rows 1000\n"
-            "      the fewest holders of 1000 rows for that power"
+            "      the fewest holders of 1000 rows for that power\n"
+            "  fedparity plan --epsilon 1 --cell-counts 7500,2500,2500,12500,5000,2500,5000,12500\n"
+            "      one joint report per user or the gap audit: which is tighter for each rate"
         ),
     )
     plan.add_argument(
@@ -599,6 +654,29 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="errors on the metric's scale [0, 1] (default) or the report value's [-1, 1]",
     )
     plan.add_argument("--table", action="store_true", help="print Table 1 (paper vs valid)")
+    rates = plan.add_argument_group("one joint report per user, or the gap audit")
+    rates.add_argument(
+        "--cell-counts",
+        help=(
+            "compare the two designs for a rate metric's difference between groups 0 and 1 in "
+            "this scenario: the expected counts of TP,FP,FN,TN per group, group by group "
+            '(e.g. "7500,2500,2500,12500,5000,2500,5000,12500"), with --epsilon'
+        ),
+    )
+    rates.add_argument(
+        "--rate-metric",
+        choices=(
+            "selection_rate",
+            "true_positive_rate",
+            "false_positive_rate",
+            "false_negative_rate",
+            "true_negative_rate",
+            "accuracy",
+            "precision",
+            "negative_predictive_value",
+        ),
+        help="the metric to compare (default: every rate metric)",
+    )
     _add_power_arguments(plan.add_argument_group("power and sample size"))
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
