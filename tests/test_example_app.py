@@ -71,13 +71,18 @@ def test_the_example_runs_as_its_readme_says(tmp_path: Path) -> None:
     assert len(audits) == 4 and all(a["estimate"] is not None for a in audits)
     assert all(a["accepted_nodes"] == NODES and not a["rejected_replies"] for a in audits)
     # two metrics at budgets 1 and 2: each audit's true epsilon is at most its budget
-    assert 0 < results["epsilon_spent_per_user"] <= 2 * (1.0 + 2.0) + 1e-9
+    # plus the rate report at 2
+    assert 0 < results["epsilon_spent_per_user"] <= 2 * (1.0 + 2.0) + 2.0 + 1e-9
     fedevalfair = results["fedevalfair"]
     assert fedevalfair["error"] is None and len(fedevalfair["tests"]) == 4
     # every release was recorded before it was sent
     releases = json.loads((output / "releases.json").read_text(encoding="utf-8"))
-    assert len(releases["releases"]) == 5
+    assert len(releases["releases"]) == 6
+    rate_report = results["rate_report"]
+    assert rate_report["accepted_nodes"] == NODES and rate_report["rates"] is not None
+    assert "demographic_parity_ratio" in rate_report["rates"]["derived"]
     # the verdicts reach the console, in the words of the outcomes' summaries
     assert "LDP audit of accuracy" in result.output and "LDP audit of fnr" in result.output
     assert any(verdict in result.output for verdict in GAP_VERDICTS)
     assert "Demographic parity (calibrated mode), stage 2" in result.output
+    assert "Rate report (" in result.output and "four-fifths rule" in result.output

@@ -7,7 +7,14 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedparity.clients import HolderRows, LocalUsers, fedevalfair_handlers, ldp_audit_handler
+from fedparity.clients import (
+    HolderRows,
+    LocalPredictions,
+    LocalUsers,
+    fedevalfair_handlers,
+    ldp_audit_handler,
+    rate_report_handler,
+)
 from fedparity.mechanisms.crypto.ckks import secret_context_path
 from ownapp.task import data_file, load_rows, predict, train
 
@@ -45,6 +52,17 @@ def local_users(arrays: ArrayRecord, metric: str, context: Context) -> LocalUser
     )
 
 
+def local_predictions(arrays: ArrayRecord, context: Context) -> LocalPredictions:
+    """Each user's group, label and prediction under the model the rate report sent."""
+    rows = node_rows(context)
+    return LocalPredictions(
+        groups=rows["group"],
+        labels=rows["label"],
+        predictions=predict(arrays, rows["features"]),
+        user_ids=np.arange(len(rows["label"])),
+    )
+
+
 def holder_rows(arrays: ArrayRecord, context: Context) -> HolderRows:
     rows = node_rows(context)
     return HolderRows(
@@ -55,6 +73,10 @@ def holder_rows(arrays: ArrayRecord, context: Context) -> HolderRows:
 # The LDP audit: the node perturbs each user's (group, metric) pair and charges the user's
 # ledger; its own privacy policy (node config) bounds what it spends.
 app.query("ldp_audit")(ldp_audit_handler(local_users, num_groups=2))
+
+# The rate report: one perturbed (group, confusion cell) report per user gives every rate
+# metric per group; the user's ledger is charged once.
+app.query("rate_report")(rate_report_handler(local_predictions, num_groups=2))
 
 # FedEvalFair: the node's secret context and identity come from its own node config, else
 # ~/.fedparity/keys and ~/.fedparity/identity (prepare.py writes them there); never from the

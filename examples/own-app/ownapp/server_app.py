@@ -1,5 +1,6 @@
-"""The ServerApp: FedAvg, then private LDP audits of the model's gap between groups and the
-encrypted FedEvalFair test, each outcome printed with its verdict and saved."""
+"""The ServerApp: FedAvg, then private LDP audits of the model's gap between groups, every rate
+metric from one private report per user, and the encrypted FedEvalFair test, each outcome
+printed with its verdict and saved."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fedparity.strategies import (
     FedEvalFairTest,
     LdpAuditSeries,
     LdpGapAudit,
+    RateReportAudit,
 )
 from ownapp.task import build_model
 
@@ -55,7 +57,17 @@ def main(grid: Grid, context: Context) -> None:
     for outcome in series.outcomes:
         log(logging.INFO, "%s", outcome.summary())
 
-    # 3. FedEvalFair over CKKS-encrypted statistics (the server holds the public key only).
+    # 3. Every rate metric per group (demographic parity, equalized odds, the four-fifths rule)
+    # from one private report per user, charged once; recorded in the same releases.json.
+    rate_series = LdpAuditSeries(
+        [RateReportAudit.for_budget(float(config["rate-epsilon"]), num_groups=2)],
+        what="rate report {number} (epsilon {epsilon:.4g})",
+        kind="rate-report",
+    ).start(grid, arrays, folder=output)
+    [rates] = rate_series.outcomes
+    log(logging.INFO, "%s", rates.summary())
+
+    # 4. FedEvalFair over CKKS-encrypted statistics (the server holds the public key only).
     public = load_public_context(str(DEFAULT_KEY_DIR / "public_context.tenseal"))
     protocol = FedEvalFairProtocol(public, key_holders=int(config["fef-key-holders"]))
     [test] = (
@@ -67,7 +79,8 @@ def main(grid: Grid, context: Context) -> None:
 
     results = {
         "audits": [outcome.to_dict() for outcome in series.outcomes],
-        "epsilon_spent_per_user": series.epsilon_spent,
+        "rate_report": rates.to_dict(),
+        "epsilon_spent_per_user": series.epsilon_spent + rate_series.epsilon_spent,
         "fedevalfair": test.to_dict(),
     }
     (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
