@@ -30,13 +30,7 @@ from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release
 from ..strategies.replies import NodeLedgerReports
 from .harness import GroundTruth, ground_truth
 from .html_report import write_report
-from .orchestration import (
-    connect_nodes,
-    harness_applies,
-    supplied_model,
-    train_global_model,
-    training_report,
-)
+from .orchestration import connect_and_train, harness_applies, training_report
 from .report import (
     audit_table,
     ldp_findings,
@@ -207,22 +201,9 @@ def run_ldp_audit(grid: Grid, config: RunConfig, record: RunRecord | None = None
     record = record if record is not None else open_run_record(config)
     output_dir = record.folder
     started = time.perf_counter()
-    supplied = supplied_model(config)  # model-file: read and checked before any work
-    node_ids, nodes = connect_nodes(grid, config, minimum=1)
-    log(
-        logging.INFO,
-        "fedparity: %d node(s), %d user(s), %d features; dataset %s",
-        len(node_ids),
-        nodes.num_users,
-        nodes.num_features,
-        config.dataset,
-    )
-    arrays, train_losses, strategy = train_global_model(
-        grid,
-        config,
-        int(nodes.num_features),  # type: ignore[arg-type]
-        supplied,
-    )
+    federation = connect_and_train(grid, config)
+    node_ids, nodes, arrays = federation.node_ids, federation.nodes, federation.arrays
+    train_losses, strategy = federation.train_losses, federation.strategy
 
     truth: GroundTruth | None = None
     if harness_applies(config, nodes):

@@ -16,6 +16,7 @@ import logging
 import time
 import zipfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -405,6 +406,41 @@ def train_global_model(
             int(rnd): _loss(metrics) for rnd, metrics in result.train_metrics_clientapp.items()
         }
     return arrays, losses, strategy
+
+
+@dataclass(frozen=True)
+class TrainedFederation:
+    """What :func:`connect_and_train` gives a job: the nodes, their descriptions, the global
+    model and how its training went."""
+
+    node_ids: list[int]
+    nodes: NodeDescriptions
+    arrays: ArrayRecord
+    train_losses: dict[int, float]
+    strategy: RobustFedAvg
+
+
+def connect_and_train(grid: Grid, config: RunConfig) -> TrainedFederation:
+    """The start of the jobs that evaluate a FedAvg model (LDP audit, rate report): the
+    supplied model read and checked before any work, the nodes connected and described (one
+    console line), then the global model (:func:`train_global_model`)."""
+    supplied = supplied_model(config)  # model-file: read and checked before any work
+    node_ids, nodes = connect_nodes(grid, config, minimum=1)
+    log(
+        logging.INFO,
+        "fedparity: %d node(s), %d user(s), %d features; dataset %s",
+        len(node_ids),
+        nodes.num_users,
+        nodes.num_features,
+        config.dataset,
+    )
+    arrays, train_losses, strategy = train_global_model(
+        grid,
+        config,
+        int(nodes.num_features),  # type: ignore[arg-type]
+        supplied,
+    )
+    return TrainedFederation(node_ids, nodes, arrays, train_losses, strategy)
 
 
 def training_report(config: RunConfig, losses: dict[int, float], strategy: RobustFedAvg) -> dict:

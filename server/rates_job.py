@@ -30,13 +30,7 @@ from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release
 from .harness import rate_truth
 from .html_report import Finding, Report, Section, Table, Value, write_report
 from .ldp_job import ldp_privacy, missing_contributions
-from .orchestration import (
-    connect_nodes,
-    harness_applies,
-    supplied_model,
-    train_global_model,
-    training_report,
-)
+from .orchestration import connect_and_train, harness_applies, training_report
 from .report import ldp_privacy_blocks, no_totals_reason, privacy_ledger_text, write_json
 from .results import LdpPrivacy, RateReportRecord, RateReportResults
 from .run_record import RunRecord, open_run_record
@@ -226,22 +220,9 @@ def run_rate_report(grid: Grid, config: RunConfig, record: RunRecord | None = No
     """Train, report every rate at every epsilon, write the results; the output folder."""
     record = record if record is not None else open_run_record(config)
     started = time.perf_counter()
-    supplied = supplied_model(config)  # model-file: read and checked before any work
-    node_ids, nodes = connect_nodes(grid, config, minimum=1)
-    log(
-        logging.INFO,
-        "fedparity: %d node(s), %d user(s), %d features; dataset %s",
-        len(node_ids),
-        nodes.num_users,
-        nodes.num_features,
-        config.dataset,
-    )
-    arrays, train_losses, strategy = train_global_model(
-        grid,
-        config,
-        int(nodes.num_features),  # type: ignore[arg-type]
-        supplied,
-    )
+    federation = connect_and_train(grid, config)
+    node_ids, nodes, arrays = federation.node_ids, federation.nodes, federation.arrays
+    train_losses, strategy = federation.train_losses, federation.strategy
     truth = rate_truth(config, arrays, nodes.partitions) if harness_applies(config, nodes) else None
     reports = [
         rate_report_for(

@@ -45,6 +45,7 @@ from .replies import (
     LedgerTotals,
     NodeLedgerReports,
     RejectedReply,
+    exchange_lines,
     send_and_receive,
     short_reason,
     sort_replies,
@@ -170,18 +171,7 @@ class AuditOutcome:
             f"{self.refused_users} users refused (their ledgers could not afford it), "
             f"{self.undefined_users} without a defined {metric}"
         )
-        for item in self.rejected:
-            lines.append(f"  rejected reply from node {item.node_id}: {item.reason}")
-        if self.ledger_totals is not None:
-            totals = self.ledger_totals
-            lines.append(
-                f"the most any user of the accepted nodes has spent, this audit included: "
-                f"epsilon = {format_number(totals.epsilon, '.4g')} at delta = "
-                f"{format_number(totals.delta, '.3g')}"
-            )
-        if self.new_ledger_nodes:
-            nodes = ", ".join(str(node) for node in self.new_ledger_nodes)
-            lines.append(f"new privacy ledger on node(s) {nodes}: their users' totals start here")
+        lines += exchange_lines("audit", self.rejected, self.ledger_totals, self.new_ledger_nodes)
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -46,6 +46,7 @@ from .replies import (
     LedgerTotals,
     NodeLedgerReports,
     RejectedReply,
+    exchange_lines,
     send_and_receive,
     short_reason,
     sort_replies,
@@ -125,18 +126,7 @@ class RateReportOutcome:
             f"{len(self.missing_nodes)} nodes missing); {self.refused_users} users refused "
             "(their ledgers could not afford it)"
         )
-        lines.extend(
-            f"  rejected reply from node {item.node_id}: {item.reason}" for item in self.rejected
-        )
-        if self.ledger_totals is not None:
-            lines.append(
-                "the most any user of the accepted nodes has spent, this report included: "
-                f"epsilon = {format_number(self.ledger_totals.epsilon, '.4g')} at delta = "
-                f"{format_number(self.ledger_totals.delta, '.3g')}"
-            )
-        if self.new_ledger_nodes:
-            nodes = ", ".join(str(node) for node in self.new_ledger_nodes)
-            lines.append(f"new privacy ledger on node(s) {nodes}: their users' totals start here")
+        lines += exchange_lines("report", self.rejected, self.ledger_totals, self.new_ledger_nodes)
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "RejectedReply",
     "SortedReplies",
     "attribute_replies",
+    "exchange_lines",
     "poll_interval",
     "send_and_receive",
     "session_records",
@@ -199,6 +200,30 @@ def merge_ledger_totals(totals: Iterable[LedgerTotals | None]) -> LedgerTotals |
         if item is not None:
             merged = item.merge(merged)
     return merged
+
+
+def exchange_lines(
+    what: str,
+    rejected: Sequence[RejectedReply],
+    totals: LedgerTotals | None,
+    new_ledger_nodes: Sequence[int],
+) -> list[str]:
+    """The lines an outcome's ``summary()`` ends with: each rejected reply and why, the most
+    any user of the accepted nodes has spent (this ``what`` included), and the nodes whose
+    ledger it created."""
+    from ..mechanisms.formatting import format_number
+
+    lines = [f"  rejected reply from node {item.node_id}: {item.reason}" for item in rejected]
+    if totals is not None:
+        lines.append(
+            f"the most any user of the accepted nodes has spent, this {what} included: "
+            f"epsilon = {format_number(totals.epsilon, '.4g')} at delta = "
+            f"{format_number(totals.delta, '.3g')}"
+        )
+    if new_ledger_nodes:
+        nodes = ", ".join(str(node) for node in new_ledger_nodes)
+        lines.append(f"new privacy ledger on node(s) {nodes}: their users' totals start here")
+    return lines
 
 
 Checked = TypeVar("Checked")

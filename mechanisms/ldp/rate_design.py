@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..validation import check_choice, check_epsilon, check_num_groups, check_open_unit
 from .calibration import MechanismChoice, best_split
@@ -144,7 +145,7 @@ def _rows(metric: str, group: int, cells: int, k: int) -> tuple[np.ndarray, np.n
 def compare_rate_designs(
     metric: str,
     epsilon: float,
-    cell_counts: np.ndarray,
+    cell_counts: ArrayLike,
     *,
     num_groups: int,
     confidence: float = 0.95,

@@ -255,7 +255,33 @@ class RandomizedResponseRelease(Release):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GapReportRelease(Release):
+class _PureLdpReport(Release):
+    """A pure ``epsilon``-LDP report of a user, accounted as binary randomized response at
+    :attr:`epsilon` (the PLD that dominates every pure ``epsilon``-DP release: the module
+    docstring)."""
+
+    @property
+    @abc.abstractmethod
+    def epsilon(self) -> float:
+        """The mechanism's true LDP epsilon."""
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        from dp_accounting import dp_event
+
+        return dp_event.RandomizedResponseDpEvent(
+            noise_parameter=_rr_noise_parameter(self.epsilon, 2), num_buckets=2
+        )
+
+    def privacy_loss_distribution(self, value_discretization_interval: float) -> Any:
+        return _pure_pld(self.epsilon, value_discretization_interval)
+
+    @property
+    def basic_epsilon(self) -> float:
+        return self.epsilon
+
+
+@dataclass(frozen=True, kw_only=True)
+class GapReportRelease(_PureLdpReport):
     """One M_R or M_L report of a user (Juarez and Korolova 2022, "'You Can't Fix What You
     Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
     Learning", AFCP workshop, PMLR), accounted as binary randomized response at the
@@ -304,23 +330,9 @@ class GapReportRelease(Release):
         """The mechanism's true LDP epsilon (M_L: of its realised grid sampler)."""
         return float(self._mechanism().epsilon)
 
-    def to_dp_event(self) -> dp_accounting.DpEvent:
-        from dp_accounting import dp_event
-
-        return dp_event.RandomizedResponseDpEvent(
-            noise_parameter=_rr_noise_parameter(self.epsilon, 2), num_buckets=2
-        )
-
-    def privacy_loss_distribution(self, value_discretization_interval: float) -> Any:
-        return _pure_pld(self.epsilon, value_discretization_interval)
-
-    @property
-    def basic_epsilon(self) -> float:
-        return self.epsilon
-
 
 @dataclass(frozen=True, kw_only=True)
-class FrequencyReportRelease(Release):
+class FrequencyReportRelease(_PureLdpReport):
     """One report of a frequency oracle over ``domain_size`` categories (a user's joint
     (group, confusion cell) pair, Wang, Blocki, Li and Jha 2017, "Locally differentially
     private protocols for frequency estimation", USENIX Security), accounted as binary
@@ -364,20 +376,6 @@ class FrequencyReportRelease(Release):
     def epsilon(self) -> float:
         """The oracle's true LDP epsilon, from the probabilities its sampler realises."""
         return float(self._oracle().epsilon)
-
-    def to_dp_event(self) -> dp_accounting.DpEvent:
-        from dp_accounting import dp_event
-
-        return dp_event.RandomizedResponseDpEvent(
-            noise_parameter=_rr_noise_parameter(self.epsilon, 2), num_buckets=2
-        )
-
-    def privacy_loss_distribution(self, value_discretization_interval: float) -> Any:
-        return _pure_pld(self.epsilon, value_discretization_interval)
-
-    @property
-    def basic_epsilon(self) -> float:
-        return self.epsilon
 
 
 @dataclass(frozen=True, kw_only=True)
