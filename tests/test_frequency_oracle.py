@@ -4,6 +4,10 @@ variance and the variance-based chooser.
 Statistical tests are seeded Monte Carlo runs whose tolerances come from the math: each check
 allows a family-wise false-alarm probability of 0.001 (Bonferroni over the coordinates), so a
 wrong formula fails and a right one passes with a seed-independent margin.
+
+The samplers draw uniform 64-bit words and compare them with integer thresholds: the privacy
+tests enumerate the realised output distribution exactly (fractions), and word-by-word tests
+feed chosen words through a scripted bit generator to check that the sampler realises it.
 """
 
 from __future__ import annotations
@@ -11,13 +15,17 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
+from randomgen import UserBitGenerator
 from scipy import stats
 
 from fedparity.mechanisms import FrequencyOracle, frequency_oracle
-from fedparity.mechanisms.ldp.frequency_oracle import CHUNK
+from fedparity.mechanisms.crypto.secure_random import secure_generator
+from fedparity.mechanisms.ldp.frequency_oracle import CHUNK, TWO_64
 
 frequency_oracle_module = importlib.import_module("fedparity.mechanisms.ldp.frequency_oracle")
 
@@ -55,6 +63,248 @@ def test_worst_likelihood_ratio_of_the_enumerated_outputs_is_e_to_the_epsilon(
         # The realised epsilon is the worst log-ratio, and it is the epsilon asked for.
         assert math.isclose(math.log(worst), oracle.epsilon, rel_tol=1e-12), oracle
         assert math.isclose(oracle.epsilon, epsilon, rel_tol=1e-12), oracle
+
+
+def threshold_step(oracle: FrequencyOracle) -> float:
+    """How much one unit of the integer threshold moves the realised epsilon (about)."""
+    t = oracle.threshold
+    if oracle.name == "oue":
+        return 1.0 / (t - 1) + 1.0 / (TWO_64 - t)
+    return 1.0 / t + 1.0 / (TWO_64 - t - 1)
+
+
+def proven_at_most_exp(ratio: Fraction, epsilon: float) -> bool:
+    """ratio <= e^epsilon, proven with 80-digit decimals and a 10^-70 margin (independent of
+    the library's own threshold code)."""
+    with localcontext() as context:
+        context.prec = 80
+        value = Decimal(ratio.numerator) / Decimal(ratio.denominator)
+        margin = Decimal(10) ** -70
+        return value * (1 + margin) <= Decimal(epsilon).exp() * (1 - margin)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("epsilon", [0.01, 1.0, 8.0, 20.0])
+def test_the_enumerated_realised_distribution_has_epsilon_at_most_the_target(
+    k: int, epsilon: float
+) -> None:
+    # Every oracle (GRR, OUE, subset selection with every omega), every input value: the
+    # realised output distribution sums to 1, its worst likelihood ratio over all outputs and
+    # all pairs of inputs is e^oracle.epsilon, and that is at most e^epsilon_target (proven on
+    # the exact fractions), short of it by about one step of the integer threshold.
+    for oracle in all_oracles(epsilon, k):
+        exact = [oracle.exact_output_distribution(x) for x in range(k)]
+        tables = [oracle.output_distribution(x) for x in range(k)]
+        outputs = list(exact[0])
+        for exact_table, table in zip(exact, tables, strict=True):
+            assert list(exact_table) == list(table) == outputs
+            assert sum(exact_table.values()) == 1, oracle
+            assert math.isclose(sum(table.values()), 1.0, rel_tol=0, abs_tol=1e-12), oracle
+            assert all(probability > 0 for probability in exact_table.values()), oracle
+        # worst ratio over pairs of inputs, per output: its largest over its smallest probability
+        worst = max(max(t[y] for t in exact) / min(t[y] for t in exact) for y in outputs)
+        worst_float = max(
+            math.log(max(t[y] for t in tables)) - math.log(min(t[y] for t in tables))
+            for y in outputs
+        )
+        exact_log = math.log1p(float(worst - 1))
+        assert math.isclose(exact_log, oracle.epsilon, rel_tol=1e-12, abs_tol=1e-15), oracle
+        assert math.isclose(worst_float, oracle.epsilon, rel_tol=1e-12, abs_tol=1e-15), oracle
+        assert oracle.epsilon <= oracle.epsilon_target, oracle
+        assert proven_at_most_exp(worst, oracle.epsilon_target), oracle
+        slack = oracle.epsilon_target - oracle.epsilon
+        assert slack <= 2 * threshold_step(oracle) + 8 * math.ulp(epsilon), (oracle, slack)
+
+
+@pytest.mark.parametrize("epsilon", [50.0, 1e6])
+def test_beyond_the_grid_the_thresholds_saturate_and_epsilon_is_the_realised_one(
+    epsilon: float,
+) -> None:
+    # e^eps beyond 2^64 k: the thresholds stop at 2^64 - 1 (GRR, SS) and 1 (OUE), and epsilon
+    # is what that realises (ln((2^64 - 1)(k - omega) / omega), OUE ln(2^64 - 1)), not the target.
+    for oracle in all_oracles(epsilon, 6):
+        t = oracle.threshold
+        if oracle.name == "oue":
+            assert t == 1
+            assert oracle.epsilon == pytest.approx(math.log(TWO_64 - 1), rel=1e-15)
+        else:
+            w = 1 if oracle.name == "grr" else oracle.subset_size
+            assert t == TWO_64 - 1
+            expected = math.log(TWO_64 - 1) + math.log(6 - w) - math.log(w)
+            assert oracle.epsilon == pytest.approx(expected, rel=1e-15)
+        assert oracle.epsilon < epsilon
+        tables = [oracle.exact_output_distribution(x) for x in range(6)]
+        worst = max(max(t[y] for t in tables) / min(t[y] for t in tables) for y in tables[0])
+        assert math.isclose(math.log(worst), oracle.epsilon, rel_tol=1e-12)
+
+
+#: What the scripted generator returns once its words run out: a word that bounded draws
+#: accept (0 would be rejected by Lemire's method forever).
+FILLER_WORD = 0x9E3779B97F4A7C15
+
+
+def scripted_generator(words: list[int]) -> tuple[np.random.Generator, list[int]]:
+    """A Generator whose bit generator returns ``words`` in order (then FILLER_WORD), and the
+    list of the words it has handed out. Its 32-bit draws (bounded integers below 2^32) are
+    the top halves of the words."""
+    supply = iter(words)
+    used: list[int] = []
+
+    def next_raw(_state: object) -> int:
+        word = next(supply, FILLER_WORD)
+        used.append(word)
+        return word
+
+    return np.random.Generator(UserBitGenerator(next_raw, 64)), used
+
+
+def subsets(reports: np.ndarray) -> list[tuple[int, ...]]:
+    return [tuple(int(j) for j in np.flatnonzero(row)) for row in reports]
+
+
+@pytest.mark.parametrize("epsilon,k", [(1.0, 5), (0.01, 3), (8.0, 2), (20.0, 8)])
+def test_grr_keeps_a_word_below_its_threshold_and_cuts_the_rest_in_equal_cells(
+    epsilon: float, k: int
+) -> None:
+    # GRR keeps the user's category when the word is below P (probability P / 2^64); the words
+    # from P on are cut into k - 1 cells of floor((2^64 - P) / (k - 1)) words, one per other
+    # category (the fewer than k - 1 left over redraw, see the next test): exactly uniform.
+    oracle = FrequencyOracle("grr", epsilon, k, 1)
+    p, value = oracle.threshold, k - 1
+    assert oracle.support_probability == p / TWO_64
+    step = (TWO_64 - p) // (k - 1)
+    words = [0, p - 1] + [p + s * step + end for s in range(k - 1) for end in (0, step - 1)]
+    rng, used = scripted_generator(words)
+    reports = oracle.perturb(np.full(len(words), value), rng)
+    assert len(used) == len(words)  # one word per user, no redraw
+    assert reports[:2].tolist() == [value, value]
+    cells = reports[2:].reshape(k - 1, 2)
+    assert np.all(cells[:, 0] == cells[:, 1])
+    assert sorted(cells[:, 0].tolist()) == [j for j in range(k) if j != value]
+
+
+@pytest.mark.parametrize("epsilon,k", [(1.0, 6), (0.5, 7), (3.0, 3), (50.0, 4)])
+def test_a_left_over_word_draws_the_other_category_with_a_bounded_integer(
+    epsilon: float, k: int
+) -> None:
+    # The top (2^64 - P) mod (k - 1) words fit no whole cell: such a word draws the other
+    # category afresh with numpy's bounded integers (Lemire's method, exactly uniform). At
+    # epsilon 50 there is one word from P on (P = 2^64 - 1) and it always redraws.
+    oracle = FrequencyOracle("grr", epsilon, k, 1)
+    p = oracle.threshold
+    assert (TWO_64 - p) % (k - 1) != 0, "pick parameters with left-over words"
+    follow = [0x0123456789ABCDEF, 0xFEDCBA9876543210]
+    for value in range(k):
+        rng, used = scripted_generator([TWO_64 - 1, *follow])
+        report = int(oracle.perturb(np.array([value]), rng)[0])
+        reference, _ = scripted_generator(follow)
+        fresh = int(reference.integers(0, np.array([k - 1]))[0])
+        assert report == (value + 1 + fresh) % k != value
+        assert len(used) == 2  # the word, then one for the bounded draw
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 4.0])
+def test_subset_selection_cuts_the_words_into_one_cell_per_subset(epsilon: float) -> None:
+    # k = 5, omega = 2 (the table sampler): the words below P are cut into C(4, 1) = 4 cells,
+    # one per subset that holds the user's category, the words from P on into C(4, 2) = 6
+    # cells, one per subset that does not; every cell has the same number of words.
+    k, w, value = 5, 2, 3
+    oracle = FrequencyOracle("ss", epsilon, k, w)
+    p = oracle.threshold
+    inside, outside = p // math.comb(k - 1, w - 1), (TWO_64 - p) // math.comb(k - 1, w)
+    words = [s * inside + end for s in range(4) for end in (0, inside - 1)]
+    words += [p + s * outside + end for s in range(6) for end in (0, outside - 1)]
+    rng, used = scripted_generator(words)
+    reports = subsets(oracle.perturb(np.full(len(words), value), rng))
+    assert len(used) == len(words)
+    cells = [reports[i] for i in range(0, len(reports), 2)]
+    assert reports[::2] == reports[1::2]
+    with_value = [s for s in itertools.combinations(range(k), w) if value in s]
+    without = [s for s in itertools.combinations(range(k), w) if value not in s]
+    assert sorted(cells[:4]) == with_value
+    assert sorted(cells[4:]) == without
+
+
+def test_subset_selection_at_a_saturated_epsilon_redraws_the_single_excluded_word() -> None:
+    # epsilon 50, k = 6, omega = 2: P = 2^64 - 1, so one word (2^64 - 1) excludes the user's
+    # category and fewer words than subsets lie above P; it redraws a subset without it.
+    oracle = FrequencyOracle("ss", 50.0, 6, 2)
+    assert oracle.threshold == TWO_64 - 1
+    rng, used = scripted_generator([0, TWO_64 - 2, TWO_64 - 1, 0x0123456789ABCDEF])
+    reports = subsets(oracle.perturb(np.array([4, 4, 4]), rng))
+    assert 4 in reports[0] and 4 in reports[1] and 4 not in reports[2]
+    assert len(used) == 4
+
+
+def test_oue_sets_a_bit_below_its_threshold_and_the_true_bit_below_half_the_words() -> None:
+    # One word per category: bit j is word_j < Q for the other categories and
+    # word_x < 2^63 (exactly 1/2) for the user's own.
+    oracle = FrequencyOracle("oue", 1.0, 4, 0)
+    q, half = oracle.threshold, 1 << 63
+    assert oracle.other_support_probability == q / TWO_64
+    for words, bits in [
+        ([q - 1, q, half - 1, 0], [1, 0, 1, 1]),
+        ([q, TWO_64 - 1, half, q - 1], [0, 0, 0, 1]),
+    ]:
+        rng, used = scripted_generator(words)
+        report = oracle.perturb(np.array([2]), rng)
+        assert report.astype(int).tolist() == [bits]
+        assert len(used) == 4
+
+
+def chi_square_pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
+    """Chi-square goodness of fit, the cells expected below 5 pooled into one."""
+    small = expected < 5
+    observed_cells = [*observed[~small], observed[small].sum()]
+    expected_cells = [*expected[~small], expected[small].sum()]
+    if expected[small].sum() == 0:
+        observed_cells, expected_cells = observed_cells[:-1], expected_cells[:-1]
+    return float(stats.chisquare(observed_cells, expected_cells).pvalue)
+
+
+@pytest.mark.parametrize("generator", ["pcg64", "secure"])
+@pytest.mark.parametrize("epsilon", [0.5, 3.0])
+@pytest.mark.parametrize(
+    "name,subset_size,sampler",
+    [
+        ("grr", 1, "default"),
+        ("oue", 0, "default"),
+        ("ss", 1, "table"),
+        ("ss", 2, "table"),
+        ("ss", 3, "table"),
+        ("ss", 2, "floyd"),
+    ],
+)
+def test_perturb_frequencies_match_the_realised_distribution_for_every_value(
+    name: str,
+    subset_size: int,
+    sampler: str,
+    epsilon: float,
+    generator: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 40,000 reports per input value (k = 4) against output_distribution, chi-square at a
+    # family-wise 0.001 over the values (cells expected below 5 pooled), with a seeded PCG64
+    # and with the keyed AES-CTR generator privacy noise uses; no report outside the support.
+    if sampler == "floyd":
+        monkeypatch.setattr(frequency_oracle_module, "MAX_SUBSET_TABLE", 0)
+    k, n = 4, 40_000
+    oracle = FrequencyOracle(name, epsilon, k, subset_size)
+    if generator == "secure":
+        rng = secure_generator(key=b"frequency-oracle-test-key")
+    else:
+        rng = np.random.default_rng(2024)
+    for value in range(k):
+        reports = oracle.perturb(np.full(n, value), rng)
+        table = oracle.output_distribution(value)
+        observed = np.bincount(report_key(oracle, reports), minlength=1 << k)
+        expected = np.zeros(1 << k)
+        for key, probability in table.items():
+            expected[key[0] if name == "grr" else sum(1 << j for j in key)] = probability * n
+        assert observed[expected == 0].sum() == 0
+        support = expected > 0
+        pvalue = chi_square_pvalue(observed[support], expected[support])
+        assert pvalue > FAMILY_ALPHA / k, (value, pvalue)
 
 
 def report_key(oracle: FrequencyOracle, reports: np.ndarray) -> np.ndarray:
@@ -268,6 +518,8 @@ def test_grr_counting_matches_its_reports_across_chunks() -> None:
         (lambda: frequency_oracle("rappor", 1.0, 8), "oracle must be one of"),
         (lambda: frequency_oracle("best", 1.0, 8, num_users=0), "num_users must be an integer"),
         (lambda: FrequencyOracle("ss", 1.0, 8, 8), r"subset_size must be an integer in \[1, 7\]"),
+        (lambda: frequency_oracle("grr", 1e-20, 4), "below the resolution of the 64-bit sampler"),
+        (lambda: frequency_oracle("oue", 1e-20, 4), "below the resolution of the 64-bit sampler"),
         (
             lambda: frequency_oracle("oue", 1.0, 4).perturb(
                 np.array([0, 4]), np.random.default_rng()
