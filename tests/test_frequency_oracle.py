@@ -162,9 +162,55 @@ def subsets(reports: np.ndarray) -> list[tuple[int, ...]]:
     return [tuple(int(j) for j in np.flatnonzero(row)) for row in reports]
 
 
+@pytest.fixture(params=["lookup", "divide"])
+def mapping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a word becomes a report shape: the table of the word's top bits (with the
+    division for the buckets that straddle two shapes), and the division for every word."""
+    if request.param == "divide":
+        monkeypatch.setattr(frequency_oracle_module, "MAX_LOOKUP_SHAPES", 0)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("epsilon", [0.01, 1.0, 8.0, 20.0, 50.0])
+@pytest.mark.parametrize("k", [2, 5, 8])
+def test_the_lookup_table_gives_the_shape_the_division_gives(epsilon: float, k: int) -> None:
+    # The table of the top 16 bits is a shortcut: wherever it does not send a word to the
+    # division (its sentinel), it gives the division's shape, on every bucket's first and last
+    # word, on both sides of every boundary of the shapes' ranges, and on random words; and it
+    # sends few buckets there (at most the number of boundaries).
+    module = frequency_oracle_module
+    for oracle in all_oracles(epsilon, k):
+        if oracle.name == "oue":
+            continue
+        layout = module._layout(oracle.threshold, *oracle._shape_counts())
+        table = module._shape_lookup(layout)
+        sentinel = layout.shapes_in + layout.shapes_out + 1
+        assert table[-1] == sentinel
+        assert int((table == sentinel).sum()) <= layout.shapes_in + layout.shapes_out + 2
+        p = oracle.threshold
+        boundaries = [i * layout.step_in for i in range(1, layout.shapes_in + 1)]
+        boundaries += [p + j * layout.step_out for j in range(layout.shapes_out + 1)]
+        starts = np.arange(1 << 16, dtype=np.uint64) << np.uint64(48)
+        words = [
+            starts,
+            starts + np.uint64((1 << 48) - 1),
+            np.array(
+                [b + d for b in boundaries for d in (-1, 0) if 0 <= b + d < TWO_64], np.uint64
+            ),
+            np.random.default_rng(k).integers(0, TWO_64, 1 << 16, dtype=np.uint64),
+        ]
+        for batch in words:
+            shapes, leftover = module._map_words(batch, layout)
+            looked_up = table[(batch >> np.uint64(48)).astype(np.int64)]
+            direct = looked_up != sentinel
+            assert np.all(looked_up[direct] == shapes[direct]), oracle
+            if leftover is not None:
+                assert not leftover[direct].any(), oracle
+
+
 @pytest.mark.parametrize("epsilon,k", [(1.0, 5), (0.01, 3), (8.0, 2), (20.0, 8)])
 def test_grr_keeps_a_word_below_its_threshold_and_cuts_the_rest_in_equal_cells(
-    epsilon: float, k: int
+    epsilon: float, k: int, mapping: str
 ) -> None:
     # GRR keeps the user's category when the word is below P (probability P / 2^64); the words
     # from P on are cut into k - 1 cells of floor((2^64 - P) / (k - 1)) words, one per other
@@ -185,7 +231,7 @@ def test_grr_keeps_a_word_below_its_threshold_and_cuts_the_rest_in_equal_cells(
 
 @pytest.mark.parametrize("epsilon,k", [(1.0, 6), (0.5, 7), (3.0, 3), (50.0, 4)])
 def test_a_left_over_word_draws_the_other_category_with_a_bounded_integer(
-    epsilon: float, k: int
+    epsilon: float, k: int, mapping: str
 ) -> None:
     # The top (2^64 - P) mod (k - 1) words fit no whole cell: such a word draws the other
     # category afresh with numpy's bounded integers (Lemire's method, exactly uniform). At
@@ -204,7 +250,9 @@ def test_a_left_over_word_draws_the_other_category_with_a_bounded_integer(
 
 
 @pytest.mark.parametrize("epsilon", [0.3, 4.0])
-def test_subset_selection_cuts_the_words_into_one_cell_per_subset(epsilon: float) -> None:
+def test_subset_selection_cuts_the_words_into_one_cell_per_subset(
+    epsilon: float, mapping: str
+) -> None:
     # k = 5, omega = 2 (the table sampler): the words below P are cut into C(4, 1) = 4 cells,
     # one per subset that holds the user's category, the words from P on into C(4, 2) = 6
     # cells, one per subset that does not; every cell has the same number of words.
@@ -225,7 +273,9 @@ def test_subset_selection_cuts_the_words_into_one_cell_per_subset(epsilon: float
     assert sorted(cells[4:]) == without
 
 
-def test_subset_selection_at_a_saturated_epsilon_redraws_the_single_excluded_word() -> None:
+def test_subset_selection_at_a_saturated_epsilon_redraws_the_single_excluded_word(
+    mapping: str,
+) -> None:
     # epsilon 50, k = 6, omega = 2: P = 2^64 - 1, so one word (2^64 - 1) excludes the user's
     # category and fewer words than subsets lie above P; it redraws a subset without it.
     oracle = FrequencyOracle("ss", 50.0, 6, 2)
@@ -281,11 +331,13 @@ def test_perturb_frequencies_match_the_realised_distribution_for_every_value(
     sampler: str,
     epsilon: float,
     generator: str,
+    mapping: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # 40,000 reports per input value (k = 4) against output_distribution, chi-square at a
     # family-wise 0.001 over the values (cells expected below 5 pooled), with a seeded PCG64
-    # and with the keyed AES-CTR generator privacy noise uses; no report outside the support.
+    # and with the keyed AES-CTR generator privacy noise uses, words mapped to reports through
+    # the lookup table and through the division; no report outside the support.
     if sampler == "floyd":
         monkeypatch.setattr(frequency_oracle_module, "MAX_SUBSET_TABLE", 0)
     k, n = 4, 40_000

@@ -48,8 +48,10 @@ Uniform choices are exact too. GRR and small-domain subset selection take the wh
 from the user's one word: below P the word is uniform on [0, P), cut into A = C(k - 1,
 omega - 1) cells of floor(P / A) words, one per report that holds the user's category; from P
 on it is uniform on [P, D), cut into B = C(k - 1, omega) cells of floor((D - P) / B) words, one
-per report that does not (GRR: A = 1, B = k - 1 other categories). The fewer than A (B) words
-left over at the end of a range draw the report afresh with numpy's bounded
+per report that does not (GRR: A = 1, B = k - 1 other categories); with up to 256 shapes a
+table indexed by the word's top 16 bits gives the same map faster, sending the words of the
+buckets that straddle two ranges to the division. The fewer than A (B) words left over at
+the end of a range draw the report afresh with numpy's bounded
 ``rng.integers(0, A)`` (``(0, B)``), so each report has probability exactly P / (A D) or
 (D - P) / (B D). numpy's ``Generator.integers`` (since 1.17; checked in 2.4) always uses
 Lemire's multiply-and-reject method (``numpy/random/_generator.pyx``: ``_masked = False``;
@@ -255,6 +257,80 @@ def _layout(threshold: int, shapes_in: int, shapes_out: int) -> _Layout:
         threshold // shapes_in,
         (TWO_64 - threshold) // shapes_out,
     )
+
+
+def _map_words(
+    words: NDArray[np.uint64], layout: _Layout
+) -> tuple[NDArray[np.uint64], NDArray[np.bool_] | None]:
+    """(shape, left over) of each word (see :meth:`FrequencyOracle._draw_shapes`); the mask is
+    None when no word can be left over.
+
+    Shape numbers: with A = 1 (GRR, omega = 1) the reported offset, 0 when kept, ``B - s`` for
+    the excluded step s (a left-over word gives 0 too); otherwise the included shapes are
+    0 .. A - 1, the excluded ones ``A + B - s`` (A + 1 .. A + B), and a left-over word gives A.
+    In word order the shapes' ranges follow one another, each shape (left-over words aside)
+    holding one interval of words.
+    """
+    inner, outer = layout.shapes_in, layout.shapes_out
+    leftover: NDArray[np.bool_] | None
+    if layout.branchless:
+        # min((word - P) // step, B) is B for a word below P (the subtraction wraps to at
+        # least D - P >= B steps), and min(word // step_in, A) is A from P on.
+        shapes = words - layout.threshold
+        shapes //= np.uint64(layout.step_out)
+        np.minimum(shapes, np.uint64(outer), out=shapes)
+        np.subtract(np.uint64(outer), shapes, out=shapes)
+        if inner == 1:
+            end = int(layout.threshold) + outer * layout.step_out
+            leftover = words >= np.uint64(end) if end < TWO_64 else None
+        else:
+            included = words // np.uint64(layout.step_in)
+            np.minimum(included, np.uint64(inner), out=included)
+            shapes += included
+            leftover = None if layout.exact else shapes == np.uint64(inner)
+        return shapes, leftover
+    # a step is 0 (only at extreme epsilons): every word of that range is left over
+    base = 0 if inner == 1 else inner
+    below = words < layout.threshold
+    step_in, step_out = max(layout.step_in, 1), max(layout.step_out, 1)
+    inside = np.minimum(words // np.uint64(step_in), np.uint64(inner))
+    outside = np.minimum((words - layout.threshold) // np.uint64(step_out), np.uint64(outer))
+    shapes = np.where(below, inside, np.uint64(base + outer) - outside)
+    leftover = np.where(below, inside >= inner, outside >= outer)
+    leftover |= np.where(below, layout.step_in == 0, layout.step_out == 0)
+    return shapes, leftover
+
+
+#: Bits of a word's top that index :func:`_shape_lookup`'s table (buckets of 2^48 words).
+LOOKUP_BITS = 16
+_LOOKUP_SHIFT = np.uint64(64 - LOOKUP_BITS)
+#: The lookup table is used up to this many shapes (then at most 1 bucket in 256 straddles two
+#: shapes' ranges); beyond, every word goes through :func:`_map_words`.
+MAX_LOOKUP_SHAPES = 256
+
+
+@functools.lru_cache(maxsize=64)
+def _shape_lookup(layout: _Layout) -> np.ndarray:
+    """Shape of the words of each bucket of 2^48 words (the word's top 16 bits) that lies
+    inside one shape's range, else a sentinel (one more than the largest shape).
+
+    A bucket is inside one range when its first and last words have the same shape and neither
+    is left over: each shape holds one interval of words (:func:`_map_words`). The top bucket
+    gets the sentinel whatever it holds, so the table's last entry is the sentinel.
+    """
+    shapes = layout.shapes_in + layout.shapes_out
+    starts = np.arange(1 << LOOKUP_BITS, dtype=np.uint64) << _LOOKUP_SHIFT
+    first, first_left = _map_words(starts, layout)
+    last, last_left = _map_words(starts + np.uint64((1 << (64 - LOOKUP_BITS)) - 1), layout)
+    inside = first == last
+    if first_left is not None and last_left is not None:
+        inside &= ~first_left & ~last_left
+    sentinel = shapes + 1
+    inside[-1] = False
+    table = np.where(inside, first, np.uint64(sentinel))
+    table = table.astype(np.uint8 if sentinel < 256 else np.uint16)
+    table.setflags(write=False)
+    return table
 
 
 def _words(rng: np.random.Generator, shape: int | tuple[int, int]) -> NDArray[np.uint64]:
@@ -520,56 +596,48 @@ class FrequencyOracle:
         k, w = self.domain_size, self._omega
         return math.comb(k - 1, w - 1), math.comb(k - 1, w)
 
-    def _draw_shapes(self, count: int, rng: np.random.Generator) -> NDArray[np.int64]:
+    def _draw_shapes(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """Report shapes (rows of :meth:`_shape_table`) of ``count`` users, one word each.
 
         With P = :attr:`threshold`, A and B the shapes that include the user's category and
         that do not: a word below P gives the included shape ``word // floor(P / A)``, a word
         from P on the excluded one ``(word - P) // floor((D - P) / B)``, so every shape takes
-        the same number of words; the fewer than A (B) words left over at the end of either
-        range draw the shape afresh with Lemire's exactly uniform bounded ``rng.integers``.
-        Shape probabilities: exactly P / (A D) and (D - P) / (B D).
+        the same number of words (:func:`_map_words`); the fewer than A (B) words left over at
+        the end of either range draw the shape afresh with Lemire's exactly uniform bounded
+        ``rng.integers``. Shape probabilities: exactly P / (A D) and (D - P) / (B D). With few
+        shapes, a table indexed by the word's top bits (:func:`_shape_lookup`) gives the same
+        shape as :func:`_map_words` wherever its bucket of words lies inside one shape's range,
+        and sends the words of the other buckets to :func:`_map_words`.
 
-        Shape numbers: with A = 1 (GRR, omega = 1) the reported offset, 0 when kept, ``B - s``
-        for the excluded step s; otherwise the included shapes are 0 .. A - 1, the excluded
-        ones ``A + B - s`` (A + 1 .. A + B), and a left-over word has shape A until redrawn.
+        Returns ``int64``, or ``uint8`` / ``uint16`` from the table.
         """
         layout = _layout(self.threshold, *self._shape_counts())
-        inner, outer = layout.shapes_in, layout.shapes_out
-        base = 0 if inner == 1 else inner  # excluded shapes: base + B - s
         words = _words(rng, count)
-        if layout.branchless:
-            # min((word - P) // step, B) is B for a word below P (the subtraction wraps to at
-            # least D - P >= B steps), and min(word // step_in, A) is A from P on.
-            shapes = words - layout.threshold
-            shapes //= np.uint64(layout.step_out)
-            np.minimum(shapes, np.uint64(outer), out=shapes)
-            np.subtract(np.uint64(outer), shapes, out=shapes)
-            if inner == 1:
-                end = int(layout.threshold) + outer * layout.step_out
-                leftover = words >= np.uint64(end) if end < TWO_64 else None
-            else:
-                included = words // np.uint64(layout.step_in)
-                np.minimum(included, np.uint64(inner), out=included)
-                shapes += included
-                leftover = None if layout.exact else shapes == np.uint64(inner)
-        else:  # a step is 0 (only at extreme epsilons): every word of that range is left over
-            below = words < layout.threshold
-            step_in, step_out = max(layout.step_in, 1), max(layout.step_out, 1)
-            inside = np.minimum(words // np.uint64(step_in), np.uint64(inner))
-            outside = np.minimum((words - layout.threshold) // np.uint64(step_out), outer)
-            shapes = np.where(below, inside, np.uint64(base + outer) - outside)
-            leftover = np.where(below, inside >= inner, outside >= outer)
-            leftover |= np.where(below, layout.step_in == 0, layout.step_out == 0)
-        if leftover is not None and leftover.any():
-            rows = np.flatnonzero(leftover)
+        small = layout.shapes_in + layout.shapes_out <= MAX_LOOKUP_SHAPES
+        lookup = _shape_lookup(layout) if small else None
+        shapes: np.ndarray
+        if lookup is None:
+            mapped, leftover = _map_words(words, layout)
+            shapes = mapped.view(np.int64)  # shapes < 2^63
+            rows = np.flatnonzero(leftover) if leftover is not None and leftover.any() else None
+        else:
+            shapes = lookup.take((words >> _LOOKUP_SHIFT).view(np.int64))
+            odd = shapes == lookup[-1]  # the top bucket's entry is the sentinel
+            rows = None
+            if odd.any():
+                rows = np.flatnonzero(odd)
+                exact, leftover = _map_words(words[rows], layout)
+                shapes[rows] = exact
+                rows = rows[leftover] if leftover is not None and leftover.any() else None
+        if rows is not None:
+            inner, outer = layout.shapes_in, layout.shapes_out
             kept = words[rows] < layout.threshold
             # numpy's bounded integers: Lemire's method with rejection, exactly uniform
             # (numpy/random/src/distributions/distributions.c, bounded_lemire_uint64 and
             # buffered_bounded_lemire_uint32; Generator.integers never uses the masked method)
             fresh = rng.integers(0, np.where(kept, inner, outer))
-            shapes[rows] = np.where(kept, 0, base + 1) + fresh
-        return shapes.view(np.int64)
+            shapes[rows] = np.where(kept, 0, (0 if inner == 1 else inner) + 1) + fresh
+        return shapes
 
     def _shape_table(self) -> np.ndarray:
         """(shapes, k) table of the offsets each shape of :meth:`_draw_shapes` supports.
@@ -687,10 +755,10 @@ class FrequencyOracle:
         offset = np.empty(min(COUNT_CHUNK, values.shape[0]), dtype=np.int64)
         for start in range(0, values.shape[0], COUNT_CHUNK):
             chunk = values[start : start + COUNT_CHUNK]
-            index = self._draw_shapes(chunk.shape[0], rng)
-            part = offset[: chunk.shape[0]]
-            np.multiply(chunk, shapes, out=part, dtype=np.int64)
-            index += part
+            drawn = self._draw_shapes(chunk.shape[0], rng)
+            index = offset[: chunk.shape[0]]
+            np.multiply(chunk, shapes, out=index, dtype=np.int64)
+            np.add(index, drawn, out=index)
             pairs += np.bincount(index, minlength=k * shapes)
         relative = pairs.reshape(k, shapes) @ table  # [x, offset]
         counts = np.zeros(k, dtype=np.int64)
