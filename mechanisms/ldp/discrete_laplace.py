@@ -38,13 +38,20 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DiscreteLaplaceNoise", "discrete_laplace_noise", "uniform_index"]
+__all__ = ["DiscreteLaplaceNoise", "discrete_laplace_noise", "uniform_index", "uniform_words"]
 
 _TWO_64 = float(2**64)
 #: Largest table: 2^20 columns (the column is read from the top 20 bits of a draw).
 MAX_COLUMN_BITS = 20
 _LOW32 = np.uint64(0xFFFFFFFF)
 _SHIFT32 = np.uint64(32)
+
+
+def uniform_words(rng: np.random.Generator, shape: int | tuple[int, ...]) -> NDArray[np.uint64]:
+    """Uniform 64-bit words: for the full range numpy returns the bit generator's
+    ``next_uint64`` (64 bits for every bit generator; ``BitGenerator.random_raw`` gives 32-bit
+    words for MT19937, which would leave the high bits of every word zero)."""
+    return rng.integers(0, 1 << 64, size=shape, dtype=np.uint64)
 
 
 def uniform_index(raw: NDArray[np.uint64], size: int) -> NDArray[np.uint64]:

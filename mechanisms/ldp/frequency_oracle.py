@@ -108,6 +108,7 @@ from ..validation import (
     check_int_at_least,
     check_num_groups,
 )
+from .discrete_laplace import uniform_words
 
 __all__ = [
     "ORACLES",
@@ -331,12 +332,6 @@ def _shape_lookup(layout: _Layout) -> np.ndarray:
     table = table.astype(np.uint8 if sentinel < 256 else np.uint16)
     table.setflags(write=False)
     return table
-
-
-def _words(rng: np.random.Generator, shape: int | tuple[int, int]) -> NDArray[np.uint64]:
-    """Uniform 64-bit words: for the full range numpy returns ``next_uint64`` of the bit
-    generator (64 bits for every bit generator, unlike ``BitGenerator.random_raw``)."""
-    return rng.integers(0, TWO_64, size=shape, dtype=np.uint64)
 
 
 #: The largest domain (the k x k covariance and the shape tables take up to MAX_GROUPS).
@@ -612,7 +607,7 @@ class FrequencyOracle:
         Returns ``int64``, or ``uint8`` / ``uint16`` from the table.
         """
         layout = _layout(self.threshold, *self._shape_counts())
-        words = _words(rng, count)
+        words = uniform_words(rng, count)
         small = layout.shapes_in + layout.shapes_out <= MAX_LOOKUP_SHAPES
         lookup = _shape_lookup(layout) if small else None
         shapes: np.ndarray
@@ -682,13 +677,13 @@ class FrequencyOracle:
         size = max(1, UNARY_WORDS // self.domain_size)
         for start in range(0, values.shape[0], size):
             chunk = values[start : start + size]
-            yield start, chunk, _words(rng, (self.domain_size, chunk.shape[0]))
+            yield start, chunk, uniform_words(rng, (self.domain_size, chunk.shape[0]))
 
     def _perturb_subsets(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Large-domain subset selection's reports (Floyd's algorithm), all users at once."""
         k, m = self.domain_size, len(values)
         rows = np.arange(m)
-        include = _words(rng, m) < np.uint64(self.threshold)
+        include = uniform_words(rng, m) < np.uint64(self.threshold)
         labels = self._subset_others(values, include, rng)
         out = np.zeros((m, k), dtype=bool)
         out[rows, values] = include
@@ -735,7 +730,7 @@ class FrequencyOracle:
             return counts
         for start in range(0, values.shape[0], CHUNK):
             chunk = values[start : start + CHUNK]
-            include = _words(rng, len(chunk)) < np.uint64(self.threshold)
+            include = uniform_words(rng, len(chunk)) < np.uint64(self.threshold)
             labels = self._subset_others(chunk, include, rng)
             counts += np.bincount(chunk[include], minlength=k)
             counts += np.bincount(labels[labels >= 0], minlength=k)

@@ -40,7 +40,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..validation import check_clients, check_epsilon, check_generator, check_num_groups
-from .discrete_laplace import DiscreteLaplaceNoise, discrete_laplace_noise, uniform_index
+from .discrete_laplace import (
+    DiscreteLaplaceNoise,
+    discrete_laplace_noise,
+    uniform_index,
+    uniform_words,
+)
 from .randomized_response import grr_keep_probability
 from .reports import PerturbedReports, ReportMoments, ReportSummary
 
@@ -312,7 +317,7 @@ class LaplaceMechanism:
         the reported group is a boolean (group 1)."""
         count = groups.shape[0]
         words = 3 if self.num_groups > 2 else 2
-        raw = rng.bit_generator.random_raw(words * count).reshape(words, count)
+        raw = uniform_words(rng, (words, count))
         noise = self._noise
         # word 0, from the top: the noise column, the group decision, the rounding dither;
         # word 1: the noise column's threshold; word 2 (d > 2): the other group
