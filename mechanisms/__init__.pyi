@@ -55,8 +55,6 @@ from .ldp.group_rates import RateEstimate as RateEstimate
 from .ldp.group_rates import confusion_counts as confusion_counts
 from .ldp.group_rates import encode_cells as encode_cells
 from .ldp.group_rates import group_rates as group_rates
-from .ldp.rate_design import DesignComparison as DesignComparison
-from .ldp.rate_design import compare_rate_designs as compare_rate_designs
 from .ldp.laplace import LaplaceMechanism as LaplaceMechanism
 from .ldp.laplace import UnboundedPrivacyLossError as UnboundedPrivacyLossError
 from .ldp.laplace import laplace_epsilon as laplace_epsilon
@@ -65,6 +63,8 @@ from .ldp.randomized_response import grr_frequency_estimate as grr_frequency_est
 from .ldp.randomized_response import grr_keep_probability as grr_keep_probability
 from .ldp.randomized_response import grr_perturb as grr_perturb
 from .ldp.randomized_response import randomized_response_epsilon as randomized_response_epsilon
+from .ldp.rate_design import DesignComparison as DesignComparison
+from .ldp.rate_design import compare_rate_designs as compare_rate_designs
 from .ldp.reports import PerturbedReports as PerturbedReports
 from .ldp.reports import ReportMoments as ReportMoments
 from .ldp.reports import ReportSummary as ReportSummary
