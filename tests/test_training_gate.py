@@ -189,7 +189,9 @@ def test_a_bad_model_file_names_the_key(tmp_path: Path) -> None:
     np.savez(tmp_path / "small.npz", *get_arrays(build_model(5)))
     refused(str(tmp_path / "small.npz"), "arrays of shapes [(1, 5), (1,)]")
     refused(str(tmp_path / "small.npz"), "8 features, so the model's arrays have shapes")
-    with pytest.raises(ConfigError, match="model-file is for task = .ldp-audit. or .fedevalfair."):
+    with pytest.raises(
+        ConfigError, match="model-file is for task = .ldp-audit., .rate-report. or .fedevalfair."
+    ):
         RunConfig.from_mapping({"task": "fpfl", "model-file": str(tmp_path / "small.npz")})
 
 

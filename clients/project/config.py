@@ -539,7 +539,8 @@ class RunConfig:
         config = _adult_folder(config)
         if config.model_file and config.task not in FEDAVG_TASKS:
             raise ConfigError(
-                f"model-file is for task = {' or '.join(map(repr, FEDAVG_TASKS))}, got task = "
+                f"model-file is for task = {', '.join(map(repr, FEDAVG_TASKS[:-1]))} or "
+                f"{FEDAVG_TASKS[-1]!r}, got task = "
                 f"{config.task!r} (its training is its own: FPFL with user-level DP)"
             )
         _check_fpfl(config)
