@@ -47,6 +47,7 @@ from .replies import (
     NodeLedgerReports,
     RejectedReply,
     exchange_lines,
+    ledger_fields,
     send_and_receive,
     short_reason,
     sort_replies,
@@ -150,11 +151,7 @@ class RateReportOutcome:
             "missing_nodes": list(self.missing_nodes),
             "refused_users": self.refused_users,
             "error": self.error,
-            "ledger_totals_reported_by_nodes": (
-                None if self.ledger_totals is None else self.ledger_totals.to_dict()
-            ),
-            "ledger_totals_by_node": self.ledger_reports.by_node_dict(),
-            "new_ledger_nodes": list(self.new_ledger_nodes),
+            **ledger_fields(self.ledger_totals, self.ledger_reports),
         }
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "SortedReplies",
     "attribute_replies",
     "exchange_lines",
+    "ledger_fields",
     "poll_interval",
     "send_and_receive",
     "session_records",
@@ -200,6 +201,16 @@ def merge_ledger_totals(totals: Iterable[LedgerTotals | None]) -> LedgerTotals |
         if item is not None:
             merged = item.merge(merged)
     return merged
+
+
+def ledger_fields(totals: LedgerTotals | None, reports: NodeLedgerReports) -> dict[str, Any]:
+    """The ledger part of an outcome's ``to_dict()`` (results.json): the totals over the
+    accepted nodes, each node's, and the nodes whose ledger the exchange created."""
+    return {
+        "ledger_totals_reported_by_nodes": None if totals is None else totals.to_dict(),
+        "ledger_totals_by_node": reports.by_node_dict(),
+        "new_ledger_nodes": sorted(reports.new_ledger_nodes),
+    }
 
 
 def exchange_lines(
