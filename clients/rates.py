@@ -185,7 +185,11 @@ def rate_report_handler(
             chosen, user_ids = rows.one_row_per_user(rng)
             num_users = int(chosen.size)
             release = FrequencyReportRelease.from_oracle(
-                oracle, job="rate_report", label=f"rate report {request.audit_id}".strip()
+                # a fixed label: the message's audit-id is the server's text, never written
+                # into the node's ledger
+                oracle,
+                job="rate_report",
+                label="rate report",
             )
             answering, totals = charge_users(
                 context, ledger_path(context), limits, release, num_users, user_ids

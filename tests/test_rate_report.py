@@ -133,6 +133,18 @@ def test_a_hostile_request_is_refused_before_the_data_is_read(
 
 
 @pytest.mark.usefixtures("task_identity")
+def test_the_servers_audit_id_is_not_written_into_the_nodes_ledger(tmp_path: Path) -> None:
+    """The request's audit-id is free text chosen by the server: a node writing it into every
+    ledger release would let a server grow the node's files at will (100,000 characters here)."""
+    handler = rate_report_handler(threshold_predictions(*own_rows(0, 20)), num_groups=2)
+    audit = RateReportAudit.for_budget(1.0, num_groups=2, oracle="grr")
+    handler(request_message(audit, {"audit-id": "x" * 100_000}), node_context(tmp_path))
+    ledger = (tmp_path / "user-ledger.json").read_text()
+    assert "x" * 100 not in ledger
+    assert [item["label"] for item in json.loads(ledger)["releases"]] == ["rate report"]
+
+
+@pytest.mark.usefixtures("task_identity")
 def test_grr_ignores_a_server_chosen_subset_size(tmp_path: Path) -> None:
     """GRR's omega is 1 whatever the message says: a server cannot make the node's oracle
     anything but the one its epsilon was checked for."""
