@@ -1,0 +1,116 @@
+"""``write_outcome_report``: an own app's outcomes in the results.json and report.html the
+built-in jobs write.
+
+Before, an own app could print its outcomes' summaries but the report page lived in the built-in
+jobs only: the example app wrote its own JSON and no page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedparity.mechanisms.ldp.frequency_oracle import frequency_oracle
+from fedparity.mechanisms.ldp.group_rates import encode_cells, group_rates
+from fedparity.server.outcome_report import write_outcome_report
+from fedparity.strategies.fedevalfair import FedEvalFairOutcome
+from fedparity.strategies.rate_report import RateReportOutcome
+from tests.test_outcome_summaries import audit_outcome, fairness_block
+
+
+def rate_outcome(users: int = 20_000) -> RateReportOutcome:
+    """A real rate report: two groups whose selection rates are 0.3 and 0.6, perturbed with
+    the frequency oracle at epsilon 2 and estimated."""
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 2, users)
+    labels = (rng.random(users) < 0.5).astype(int)
+    predictions = (rng.random(users) < np.where(groups == 1, 0.6, 0.3)).astype(int)
+    oracle = frequency_oracle("best", 2.0, 8, num_users=users)
+    cells = encode_cells(groups, labels, predictions, num_groups=2)
+    counts = oracle.estimate(oracle.perturb_and_count(cells, rng), users)
+    return RateReportOutcome(
+        rates=group_rates(counts, num_groups=2),
+        counts=counts,
+        num_reports=users,
+        nodes_sent=3,
+        nodes_replied=3,
+        accepted_nodes=3,
+        oracle=oracle.name,
+        epsilon=oracle.epsilon,
+    )
+
+
+def fedevalfair_outcome() -> FedEvalFairOutcome:
+    return FedEvalFairOutcome(
+        blocks=(fairness_block("calibrated", fair=False, tolerance=0.05),),
+        round_participants=((1, 2, 3, 4, 5),) * 3,
+        dropped=((), (), ()),
+        rejected=(),
+        unable=(),
+        key_holders=(1,),
+        uploaded_bytes=(),
+        ciphertexts_per_node=(),
+    )
+
+
+def test_every_outcome_is_in_results_json_and_its_verdict_heads_the_page(tmp_path: Path) -> None:
+    audit, rates, test = audit_outcome(0.25), rate_outcome(), fedevalfair_outcome()
+    files = write_outcome_report(
+        tmp_path / "out",
+        [audit, rates, test],
+        title="My app",
+        run_config={"learning-rate": 0.1},
+        extra={"epsilon_spent_per_user": 4.0},
+    )
+    results = json.loads(files.results_json.read_text(encoding="utf-8"))
+    assert [o["type"] for o in results["outcomes"]] == ["ldp-audit", "rate-report", "fedevalfair"]
+    assert results["outcomes"][0]["estimate"] == json.loads(json.dumps(audit.to_dict()))["estimate"]
+    assert results["outcomes"][1]["rates"]["derived"]["demographic_parity_ratio"]["value"] == (
+        pytest.approx(rates.rates.demographic_parity_ratio().value)  # type: ignore[union-attr]
+    )
+    assert results["epsilon_spent_per_user"] == 4.0
+    assert results["run_config"] == {"learning-rate": 0.1}
+
+    page = files.report_html.read_text(encoding="utf-8")
+    headline = page.split('<div class="headline">')[1].split("</div>")[0]
+    # each outcome's verdict, in its summary's words; a found gap and an unfair model in red
+    assert audit.estimate is not None
+    assert audit.estimate.verdict("accuracy") in headline
+    assert rates.rates is not None and html.escape(rates.rates.four_fifths().sentence) in headline
+    assert "UNFAIR" in headline
+    assert headline.count('class="bad"') == 3
+    # the per-group tables and the run config
+    assert "private mean accuracy" in page and "true_positive_rate" in page
+    assert "Run config" in page and "learning-rate" in page
+
+
+def test_a_fair_outcome_is_not_shown_in_red(tmp_path: Path) -> None:
+    files = write_outcome_report(tmp_path, [audit_outcome(0.0)])
+    page = files.report_html.read_text(encoding="utf-8")
+    headline = page.split('<div class="headline">')[1].split("</div>")[0]
+    assert 'class="bad"' not in headline and 'class="info"' in headline
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "extra", "message"),
+    [
+        ([], None, "outcomes must hold at least one outcome"),
+        (["an audit"], None, "outcomes must be AuditOutcome, RateReportOutcome or"),
+        (None, {"outcomes": []}, "extra must not set ['outcomes']"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_written(
+    tmp_path: Path, outcomes: list | None, extra: dict | None, message: str
+) -> None:
+    folder = tmp_path / "out"
+    with pytest.raises((ValueError, TypeError), match=message.replace("[", r"\[")):
+        write_outcome_report(
+            folder,
+            [audit_outcome(0.0)] if outcomes is None else outcomes,
+            extra=extra,
+        )
+    assert not folder.exists()
