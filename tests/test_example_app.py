@@ -37,7 +37,10 @@ def test_the_example_imports_only_the_public_api() -> None:
             if line.startswith(("from fedparity", "import fedparity")):
                 module = line.split()[1]
                 assert "._" not in module and ".project" not in module, (path.name, line)
-                assert module.split(".")[1] in ("clients", "strategies", "mechanisms"), line
+                assert (
+                    module.split(".")[1] in ("clients", "strategies", "mechanisms")
+                    or module == "fedparity.server.outcome_report"
+                ), line
 
 
 @pytest.mark.slow
@@ -67,18 +70,20 @@ def test_the_example_runs_as_its_readme_says(tmp_path: Path) -> None:
     assert result.status == "finished:completed", result.output[-4000:]
     output = home / ".fedparity" / "examples" / "own-app" / "results"
     results = json.loads((output / "results.json").read_text(encoding="utf-8"))
-    audits = results["audits"]
+    outcomes = results["outcomes"]
+    assert [o["type"] for o in outcomes] == ["ldp-audit"] * 4 + ["rate-report", "fedevalfair"]
+    audits = outcomes[:4]
     assert len(audits) == 4 and all(a["estimate"] is not None for a in audits)
     assert all(a["accepted_nodes"] == NODES and not a["rejected_replies"] for a in audits)
     # two metrics at budgets 1 and 2: each audit's true epsilon is at most its budget
     # plus the rate report at 2
     assert 0 < results["epsilon_spent_per_user"] <= 2 * (1.0 + 2.0) + 2.0 + 1e-9
-    fedevalfair = results["fedevalfair"]
+    fedevalfair = outcomes[5]
     assert fedevalfair["error"] is None and len(fedevalfair["tests"]) == 4
     # every release was recorded before it was sent
     releases = json.loads((output / "releases.json").read_text(encoding="utf-8"))
     assert len(releases["releases"]) == 6
-    rate_report = results["rate_report"]
+    rate_report = outcomes[4]
     assert rate_report["accepted_nodes"] == NODES and rate_report["rates"] is not None
     assert "demographic_parity_ratio" in rate_report["rates"]["derived"]
     # the verdicts reach the console, in the words of the outcomes' summaries
@@ -86,3 +91,8 @@ def test_the_example_runs_as_its_readme_says(tmp_path: Path) -> None:
     assert any(verdict in result.output for verdict in GAP_VERDICTS)
     assert "Demographic parity (calibrated mode), stage 2" in result.output
     assert "Rate report (" in result.output and "four-fifths rule" in result.output
+    # and the page the built-in jobs write, with every outcome's verdict and the run config
+    page = (output / "report.html").read_text(encoding="utf-8")
+    assert all(o["label"] in page for o in outcomes)
+    assert "Demographic parity (calibrated mode), stage 2" in page
+    assert "demographic parity ratio" in page and "Run config" in page

@@ -1,10 +1,9 @@
 """The ServerApp: FedAvg, then private LDP audits of the model's gap between groups, every rate
 metric from one private report per user, and the encrypted FedEvalFair test, each outcome
-printed with its verdict and saved."""
+printed with its verdict and saved (results.json and report.html)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from fedparity.mechanisms.crypto.ckks import DEFAULT_KEY_DIR, load_public_context
+from fedparity.server.outcome_report import write_outcome_report
 from fedparity.strategies import (
     DurableReleases,
     FedEvalFairProtocol,
@@ -77,11 +77,12 @@ def main(grid: Grid, context: Context) -> None:
     )
     log(logging.INFO, "%s", test.summary())
 
-    results = {
-        "audits": [outcome.to_dict() for outcome in series.outcomes],
-        "rate_report": rates.to_dict(),
-        "epsilon_spent_per_user": series.epsilon_spent + rate_series.epsilon_spent,
-        "fedevalfair": test.to_dict(),
-    }
-    (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    log(logging.INFO, "results written to %s", output / "results.json")
+    # 5. results.json and report.html, as the built-in jobs write them.
+    files = write_outcome_report(
+        output,
+        [*series.outcomes, rates, test],
+        title="Own app: fairness of the FedAvg model",
+        run_config=config,
+        extra={"epsilon_spent_per_user": series.epsilon_spent + rate_series.epsilon_spent},
+    )
+    log(logging.INFO, "results written to %s and %s", files.results_json, files.report_html)
