@@ -12,12 +12,14 @@ says what the attack obtained then and checks that it obtains nothing now.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import RecordDict
 from torch import nn
 
 from fedparity.clients import FPFLNodeSettings, FPFLShard
@@ -173,6 +175,74 @@ def test_the_ledger_total_is_what_the_releases_compose_to_across_runs() -> None:
     assert len(ledger.releases) == 3
     assert ledger.total(0).epsilon == pytest.approx(expected.epsilon, rel=1e-9)
     assert ledger.total(0).epsilon > 1.0  # not the ~0.002 the attack left
+
+
+def test_a_round_that_names_another_k_is_released_and_charged_at_the_pinned_k(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The review's C2 within one run: round 1 said ``K = 10^7`` (and a matching sigma and
+    ``q``), so the training was charged at epsilon ~0.001, and the later rounds at ``K = m``
+    released ordinary noisy sums. Now whatever a round message says of ``K``, sigma or ``q``
+    (here round 1 carries the old fields with the attack's values), every round samples at
+    the pinned ``q``, adds the pinned noise share, and the ledger holds the composition of
+    all ``T`` pinned rounds: what the releases compose to."""
+    handlers = importlib.import_module("fedparity.clients.fpfl_handlers")
+
+    policy = replace(STRICT, fpfl_min_noise_multiplier=0.0, allow_ephemeral_ledger=False)
+    nodes = MaskingNodes([3, 4, 5], PRIVATE, policy=policy, population=1000)
+    keep = nodes._ledgers  # noqa: F841 - the ledger folders live as long as the test
+    nodes.setup()
+    nodes.pin()
+    pinned = nodes.parameters
+    attack = run_parameters(PRIVATE, population=10**7)
+    assert attack.sample_rate < pinned.sample_rate / 1000  # what round 1 claimed
+    used: list[tuple[float, float]] = []
+    real_contribution = handlers.cohort_contribution
+
+    def recording(*args: object, **kwargs: object) -> object:
+        used.append((float(kwargs["sample_rate"]), float(kwargs["noise_share_std"])))  # type: ignore[arg-type]
+        return real_contribution(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handlers, "cohort_contribution", recording)
+    real_message = nodes.round_message
+
+    def hostile_round_one(round_number: int, *args: object, **kwargs: object) -> RecordDict:
+        content = real_message(round_number, *args, **kwargs)  # type: ignore[arg-type]
+        if round_number == 1:
+            content.config_records["config"]["population-size"] = 10**7
+            content.config_records["config"]["noise-multiplier"] = attack.noise_multiplier
+            content.config_records["config"]["sample-rate"] = attack.sample_rate
+        return content
+
+    monkeypatch.setattr(nodes, "round_message", hostile_round_one)
+    for round_number in range(1, PRIVATE.rounds + 1):
+        nodes.honest_sum(round_number, nodes.round(round_number))
+    share_std = PRIVATE.noise_share_std(
+        pinned.population_size,
+        3,
+        colluders=policy.tolerated_colluders,
+        sigma=pinned.noise_multiplier,
+    )
+    assert share_std > 0
+    assert len(used) == 3 * PRIVATE.rounds
+    assert all(rate == pinned.sample_rate for rate, _ in used), used[:3]
+    assert all(std == pytest.approx(share_std, rel=1e-12) for _, std in used), used[:3]
+    ledger = UserLedger.load(f"{nodes._ledgers.name}/node-3/user-ledger.json")
+    expected = compose(
+        [
+            SubsampledGaussianRelease(
+                noise_multiplier=pinned.noise_multiplier,
+                sample_rate=pinned.sample_rate,
+                steps=PRIVATE.rounds,
+                delta=pinned.delta,  # type: ignore[arg-type]
+                job="fpfl",
+                label="expected",
+            )
+        ],
+        delta=ledger.delta,
+    )
+    assert ledger.total(0).epsilon == pytest.approx(expected.epsilon, rel=1e-9)
+    assert ledger.total(0).epsilon > 1.0  # not the ~0.001 a charge at round 1's K would be
 
 
 # --- H1: split views of the survivors ---------------------------------------------------------
