@@ -245,6 +245,49 @@ def test_a_round_that_names_another_k_is_released_and_charged_at_the_pinned_k(
     assert ledger.total(0).epsilon > 1.0  # not the ~0.001 a charge at round 1's K would be
 
 
+def test_a_node_that_lost_its_run_state_is_charged_again_before_it_releases_again() -> None:
+    """A restart (a deployed node's process and run state lost mid-training) must not let the
+    server go on at a charge the node no longer remembers: the restarted node refuses rounds
+    until it is set up again, the nodes that kept their state refuse a second setup of the
+    run, and the restarted node's new setup is charged in full before its first release, so
+    its ledger holds at least what its releases compose to (two trainings for 3 rounds)."""
+    policy = replace(STRICT, fpfl_min_noise_multiplier=0.0, allow_ephemeral_ledger=False)
+    nodes = MaskingNodes([3, 4, 5], PRIVATE, policy=policy, population=1000)
+    keep = nodes._ledgers  # noqa: F841 - the ledger folders live as long as the test
+    nodes.setup()
+    nodes.pin()
+    for round_number in (1, 2):
+        nodes.honest_sum(round_number, nodes.round(round_number))
+    ledger_file = f"{nodes._ledgers.name}/node-3/user-ledger.json"
+    assert len(UserLedger.load(ledger_file).releases) == 1
+    nodes.contexts[3] = replace(nodes.contexts[3], state=RecordDict())  # the restart
+    with pytest.raises((NodeRefusal, MessageError)):
+        nodes.round(3, nodes=[3])
+    for node in (4, 5):
+        with pytest.raises(NodeRefusal, match="setup was made already"):
+            nodes.setup(nodes=[node])
+    nodes.setup(nodes=[3])
+    nodes.pin(nodes.key_table(), nodes=[3])
+    nodes.round(3, nodes=[3])
+    ledger = UserLedger.load(ledger_file)
+    assert len(ledger.releases) == 2  # the training, charged again before the new release
+    pinned = nodes.parameters
+    released = compose(
+        [
+            SubsampledGaussianRelease(
+                noise_multiplier=pinned.noise_multiplier,
+                sample_rate=pinned.sample_rate,
+                steps=3,
+                delta=pinned.delta,  # type: ignore[arg-type]
+                job="fpfl",
+                label="released",
+            )
+        ],
+        delta=ledger.delta,
+    )
+    assert ledger.total(0).epsilon >= released.epsilon
+
+
 # --- H1: split views of the survivors ---------------------------------------------------------
 
 
