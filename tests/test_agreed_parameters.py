@@ -57,6 +57,18 @@ def setup_all(nodes: MaskingNodes, views: dict[int, FPFLRunParameters]) -> dict[
     return tables
 
 
+def pinned_rounds(parameters: FPFLRunParameters, steps: int) -> SubsampledGaussianRelease:
+    """``steps`` rounds released at the pinned sigma and ``q``: what a ledger must cover."""
+    return SubsampledGaussianRelease(
+        noise_multiplier=parameters.noise_multiplier,
+        sample_rate=parameters.sample_rate,
+        steps=steps,
+        delta=parameters.delta,  # type: ignore[arg-type]
+        job="fpfl",
+        label="released",
+    )
+
+
 # --- C1: a split view on the population size -------------------------------------------------
 
 
@@ -160,16 +172,7 @@ def test_the_ledger_total_is_what_the_releases_compose_to_across_runs() -> None:
             nodes.honest_sum(round_number, replies)
         with pytest.raises(PolicyRefusal, match="rounds are all spent"):
             nodes.round(settings.rounds + 1, nodes=[3])
-        releases.append(
-            SubsampledGaussianRelease(
-                noise_multiplier=parameters.noise_multiplier,
-                sample_rate=parameters.sample_rate,
-                steps=parameters.rounds,
-                delta=parameters.delta,  # type: ignore[arg-type]
-                job="fpfl",
-                label="expected",
-            )
-        )
+        releases.append(pinned_rounds(parameters, parameters.rounds))
     ledger = UserLedger.load(f"{ledger_dir}/node-3/user-ledger.json")
     expected = compose(releases, delta=ledger.delta)
     assert len(ledger.releases) == 3
@@ -228,19 +231,7 @@ def test_a_round_that_names_another_k_is_released_and_charged_at_the_pinned_k(
     assert all(rate == pinned.sample_rate for rate, _ in used), used[:3]
     assert all(std == pytest.approx(share_std, rel=1e-12) for _, std in used), used[:3]
     ledger = UserLedger.load(f"{nodes._ledgers.name}/node-3/user-ledger.json")
-    expected = compose(
-        [
-            SubsampledGaussianRelease(
-                noise_multiplier=pinned.noise_multiplier,
-                sample_rate=pinned.sample_rate,
-                steps=PRIVATE.rounds,
-                delta=pinned.delta,  # type: ignore[arg-type]
-                job="fpfl",
-                label="expected",
-            )
-        ],
-        delta=ledger.delta,
-    )
+    expected = compose([pinned_rounds(pinned, PRIVATE.rounds)], delta=ledger.delta)
     assert ledger.total(0).epsilon == pytest.approx(expected.epsilon, rel=1e-9)
     assert ledger.total(0).epsilon > 1.0  # not the ~0.001 a charge at round 1's K would be
 
@@ -272,19 +263,7 @@ def test_a_node_that_lost_its_run_state_is_charged_again_before_it_releases_agai
     ledger = UserLedger.load(ledger_file)
     assert len(ledger.releases) == 2  # the training, charged again before the new release
     pinned = nodes.parameters
-    released = compose(
-        [
-            SubsampledGaussianRelease(
-                noise_multiplier=pinned.noise_multiplier,
-                sample_rate=pinned.sample_rate,
-                steps=3,
-                delta=pinned.delta,  # type: ignore[arg-type]
-                job="fpfl",
-                label="released",
-            )
-        ],
-        delta=ledger.delta,
-    )
+    released = compose([pinned_rounds(pinned, 3)], delta=ledger.delta)
     assert ledger.total(0).epsilon >= released.epsilon
 
 

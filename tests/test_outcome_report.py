@@ -17,9 +17,8 @@ import pytest
 from fedparity.mechanisms.ldp.frequency_oracle import frequency_oracle
 from fedparity.mechanisms.ldp.group_rates import encode_cells, group_rates
 from fedparity.server.outcome_report import write_outcome_report
-from fedparity.strategies.fedevalfair import FedEvalFairOutcome
 from fedparity.strategies.rate_report import RateReportOutcome
-from tests.test_outcome_summaries import audit_outcome, fairness_block
+from tests.test_outcome_summaries import audit_outcome, fairness_block, fedevalfair_outcome
 
 
 def rate_outcome(users: int = 20_000) -> RateReportOutcome:
@@ -44,21 +43,9 @@ def rate_outcome(users: int = 20_000) -> RateReportOutcome:
     )
 
 
-def fedevalfair_outcome() -> FedEvalFairOutcome:
-    return FedEvalFairOutcome(
-        blocks=(fairness_block("calibrated", fair=False, tolerance=0.05),),
-        round_participants=((1, 2, 3, 4, 5),) * 3,
-        dropped=((), (), ()),
-        rejected=(),
-        unable=(),
-        key_holders=(1,),
-        uploaded_bytes=(),
-        ciphertexts_per_node=(),
-    )
-
-
 def test_every_outcome_is_in_results_json_and_its_verdict_heads_the_page(tmp_path: Path) -> None:
-    audit, rates, test = audit_outcome(0.25), rate_outcome(), fedevalfair_outcome()
+    audit, rates = audit_outcome(0.25), rate_outcome()
+    test = fedevalfair_outcome((fairness_block("calibrated", fair=False, tolerance=0.05),))
     files = write_outcome_report(
         tmp_path / "out",
         [audit, rates, test],

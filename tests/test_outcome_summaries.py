@@ -141,6 +141,20 @@ def fairness_block(mode: str, *, fair: bool, tolerance: float | None = None) -> 
     return BlockResult("dp", mode, report)
 
 
+def fedevalfair_outcome(blocks: tuple[BlockResult, ...]) -> FedEvalFairOutcome:
+    """A protocol run of five holders, all in every round, with ``blocks``."""
+    return FedEvalFairOutcome(
+        blocks=blocks,
+        round_participants=((1, 2, 3, 4, 5),) * 3,
+        dropped=((), (), ()),
+        rejected=(),
+        unable=(),
+        key_holders=(1,),
+        uploaded_bytes=(),
+        ciphertexts_per_node=(),
+    )
+
+
 def test_a_fedevalfair_summary_puts_the_verdicts_first_and_labels_paper_mode() -> None:
     blocks = (
         fairness_block("paper", fair=False),
@@ -196,16 +210,7 @@ def test_the_job_prints_the_fedevalfair_summaries_verdicts() -> None:
         fairness_block("calibrated", fair=True, tolerance=0.1),
         fairness_block("paper", fair=True),
     )
-    outcome = FedEvalFairOutcome(
-        blocks=blocks,
-        round_participants=((1, 2, 3, 4, 5),) * 3,
-        dropped=((), (), ()),
-        rejected=(),
-        unable=(),
-        key_holders=(1,),
-        uploaded_bytes=(),
-        ciphertexts_per_node=(),
-    )
+    outcome = fedevalfair_outcome(blocks)
     results = FedEvalFairResults(
         task="fedevalfair",
         run_config={},
