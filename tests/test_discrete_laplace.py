@@ -18,7 +18,11 @@ import pytest
 from scipy import stats
 
 from fedparity.mechanisms.crypto.secure_random import is_secure_generator, secure_generator
-from fedparity.mechanisms.ldp.discrete_laplace import discrete_laplace_noise, uniform_index
+from fedparity.mechanisms.ldp.discrete_laplace import (
+    discrete_laplace_noise,
+    uniform_index,
+    uniform_words,
+)
 from fedparity.mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
 
 # --- the distinguisher on the low mantissa bits --------------------------------------------------
@@ -233,3 +237,40 @@ def test_m_l_draws_64_bit_words_from_any_bit_generator() -> None:
         reports = mechanism.perturb(np.zeros(n, dtype=np.int64), np.zeros(n), rng)
         second_moment = float(np.mean(reports.values**2))
         assert abs(second_moment / expected - 1) < 0.1, (bit_generator, second_moment, expected)
+
+
+@pytest.mark.parametrize(
+    "bit_generator",
+    [np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64, np.random.MT19937],
+)
+def test_uniform_words_are_the_generators_next_uint64_words(bit_generator: type) -> None:
+    """``uniform_words`` reads ``random_raw`` where those are the 64-bit words (faster), and
+    must give exactly the words ``integers(0, 2^64)`` gives for every bit generator: a
+    generator listed wrongly (MT19937's raw words have 32 bits) fails here."""
+    expected = np.random.Generator(bit_generator(9)).integers(
+        0, 1 << 64, size=(2, 5000), dtype=np.uint64
+    )
+    words = uniform_words(np.random.Generator(bit_generator(9)), (2, 5000))
+    np.testing.assert_array_equal(words, expected)
+    assert words.dtype == np.uint64 and int(words.max()) >= 2**63  # all 64 bits used
+
+
+def test_the_secure_generators_words_are_its_next_uint64_words() -> None:
+    key = b"a sixteen-byte k"
+    expected = secure_generator(key).integers(0, 1 << 64, size=4096, dtype=np.uint64)
+    np.testing.assert_array_equal(uniform_words(secure_generator(key), 4096), expected)
+
+
+def test_the_packed_table_draws_what_the_alias_formula_draws() -> None:
+    """:meth:`DiscreteLaplaceNoise.sample` reads threshold and alias from one packed row; it
+    must equal the alias method written out, ``alias_value + [draw < threshold] own_offset``,
+    on random words and on the words at every column's threshold edge."""
+    noise = discrete_laplace_noise(2.5, 60)
+    rng = np.random.default_rng(4)
+    columns = rng.bit_generator.random_raw(200_000)
+    thresholds = rng.bit_generator.random_raw(200_000)
+    index = (columns >> np.uint64(noise.column_shift)).astype(np.intp)
+    edge = noise.threshold[index]
+    for draws in (thresholds, edge, edge - (edge > 0).astype(np.uint64)):
+        reference = noise.alias_value[index] + (draws < edge) * noise.own_offset[index]
+        np.testing.assert_array_equal(noise.sample(columns, draws), reference)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+from randomgen import AESCounter
 
 __all__ = ["DiscreteLaplaceNoise", "discrete_laplace_noise", "uniform_index", "uniform_words"]
 
@@ -47,10 +48,19 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 _SHIFT32 = np.uint64(32)
 
 
+#: Bit generators whose ``random_raw`` words are their ``next_uint64`` outputs (the words
+#: ``integers(0, 2^64)`` returns, about 15 % faster to draw); MT19937's raw words have 32 bits.
+_RAW_64_BIT = (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64, AESCounter)
+
+
 def uniform_words(rng: np.random.Generator, shape: int | tuple[int, ...]) -> NDArray[np.uint64]:
     """Uniform 64-bit words: for the full range numpy returns the bit generator's
     ``next_uint64`` (64 bits for every bit generator; ``BitGenerator.random_raw`` gives 32-bit
-    words for MT19937, which would leave the high bits of every word zero)."""
+    words for MT19937, which would leave the high bits of every word zero), read directly with
+    ``random_raw`` from the generators whose raw words are those (:data:`_RAW_64_BIT`)."""
+    bit_generator = rng.bit_generator
+    if type(bit_generator) in _RAW_64_BIT:
+        return bit_generator.random_raw(shape)  # type: ignore[no-any-return]
     return rng.integers(0, 1 << 64, size=shape, dtype=np.uint64)
 
 
@@ -84,6 +94,9 @@ class DiscreteLaplaceNoise:
     alias_value: NDArray[np.float64]
     own_offset: NDArray[np.float64]
     realised: NDArray[np.float64]
+    #: ``(threshold[j], alias[j])`` side by side, shape ``(columns, 2)``: :meth:`sample` reads
+    #: both of a column with one gather (one cache line instead of three tables' lines).
+    pairs: NDArray[np.uint64]
 
     def pmf(self) -> NDArray[np.float64]:
         """Realised ``P(Z = z)`` for ``z = -cap .. cap``."""
@@ -111,11 +124,16 @@ class DiscreteLaplaceNoise:
 
     def sample(
         self, column_draws: NDArray[np.uint64], threshold_draws: NDArray[np.uint64]
-    ) -> NDArray[np.float64]:
-        """``Z`` (as float64 integers) from two raw 64-bit draws per sample."""
+    ) -> NDArray[np.int64]:
+        """``Z`` (int64) from two raw 64-bit draws per sample: column ``j`` from the first draw's
+        top bits gives ``j - cap`` if the second draw is below ``threshold[j]``, else
+        ``alias[j] - cap``."""
         column = (column_draws >> np.uint64(self.column_shift)).astype(np.intp)
-        own = threshold_draws < self.threshold[column]
-        return self.alias_value[column] + own * self.own_offset[column]
+        pair = self.pairs.take(column, axis=0)
+        own = threshold_draws < pair[:, 0]
+        value = np.where(own, column, pair[:, 1].view(np.int64))
+        value -= self.cap
+        return value
 
 
 def _alias_table(
@@ -183,8 +201,9 @@ def discrete_laplace_noise(scale: float, cap: int) -> DiscreteLaplaceNoise:
     columns = np.arange(alias.size)
     alias_value = (alias - cap).astype(np.float64)
     own_offset = (columns - alias).astype(np.float64)
-    for array in (threshold, alias_value, own_offset, realised):
+    pairs = np.stack([threshold, alias.astype(np.uint64)], axis=1)
+    for array in (threshold, alias_value, own_offset, realised, pairs):
         array.setflags(write=False)
     return DiscreteLaplaceNoise(
-        float(scale), int(cap), 64 - bits, threshold, alias_value, own_offset, realised
+        float(scale), int(cap), 64 - bits, threshold, alias_value, own_offset, realised, pairs
     )

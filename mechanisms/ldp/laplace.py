@@ -311,10 +311,15 @@ class LaplaceMechanism:
     # -- sampling -------------------------------------------------------------------------
 
     def _draw(
-        self, groups: np.ndarray, values: np.ndarray, rng: np.random.Generator
+        self,
+        groups: np.ndarray,
+        values: np.ndarray,
+        rng: np.random.Generator,
+        in_steps: bool = False,
     ) -> tuple[NDArray[np.bool_], NDArray[np.bool_] | NDArray[np.int64], NDArray[np.float64]]:
         """(kept, reported group, report) of a block, from raw 64-bit draws only; for d = 2
-        the reported group is a boolean (group 1)."""
+        the reported group is a boolean (group 1). ``in_steps``: the report in grid steps
+        (exact integers as float64), not yet multiplied by :data:`GRID_STEP`."""
         count = groups.shape[0]
         words = 3 if self.num_groups > 2 else 2
         raw = uniform_words(rng, (words, count))
@@ -340,17 +345,22 @@ class LaplaceMechanism:
         report += noise.sample(raw[0], raw[1])
         clamp = float(self.clamp_steps)
         np.clip(report, -clamp, clamp, out=report)
-        report *= GRID_STEP
+        if not in_steps:
+            report *= GRID_STEP
         return kept, out_groups, report
 
     def _blocks(
-        self, groups: np.ndarray, values: np.ndarray, rng: np.random.Generator
+        self,
+        groups: np.ndarray,
+        values: np.ndarray,
+        rng: np.random.Generator,
+        in_steps: bool = False,
     ) -> Iterator[tuple[NDArray[np.bool_] | NDArray[np.int64], NDArray[np.float64]]]:
         """(reported group, report) of each block of :data:`BLOCK` clients (:meth:`_draw`)."""
         values = np.asarray(values, dtype=np.float64)
         for start in range(0, groups.shape[0], BLOCK):
             block = slice(start, start + BLOCK)
-            _, out_groups, report = self._draw(groups[block], values[block], rng)
+            _, out_groups, report = self._draw(groups[block], values[block], rng, in_steps)
             yield out_groups, report
 
     def check_releasable(self) -> None:
@@ -396,9 +406,11 @@ class LaplaceMechanism:
         if self.num_groups != 2:
             reports = self.perturb(groups, values, rng, validate=False)
             return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)
+        # sums in grid steps (integers, exact in float64 below 2^53), scaled once at the end:
+        # the same values as the sums of the scaled reports, since the step is a power of 2
         total = squares = sum_one = squares_one = 0.0
         reports_one = 0
-        for out_groups, report in self._blocks(groups, values, rng):
+        for out_groups, report in self._blocks(groups, values, rng, in_steps=True):
             one = out_groups.astype(np.float64)
             total += float(report.sum())
             squares += float(np.dot(report, report))
@@ -410,6 +422,6 @@ class LaplaceMechanism:
         return ReportSummary(
             count,
             np.array([count - reports_one, reports_one], dtype=np.int64),
-            np.array([total - sum_one, sum_one]),
-            np.array([squares - squares_one, squares_one]),
+            np.array([total - sum_one, sum_one]) * GRID_STEP,
+            np.array([squares - squares_one, squares_one]) * GRID_STEP**2,
         )
