@@ -101,3 +101,16 @@ def test_bad_arguments_are_refused_before_anything_is_written(
             extra=extra,
         )
     assert not folder.exists()
+
+
+def test_text_a_node_sent_is_escaped_in_the_page(tmp_path: Path) -> None:
+    """A rejected reply's reason can carry a node's words: the page shows them as text, never
+    as markup (a hostile node cannot put a script into the operator's report)."""
+    from dataclasses import replace
+
+    from fedparity.strategies.replies import RejectedReply
+
+    hostile = "<script>alert(1)</script>"
+    outcome = replace(audit_outcome(0.0), rejected=(RejectedReply(9, hostile),))
+    page = write_outcome_report(tmp_path, [outcome]).report_html.read_text(encoding="utf-8")
+    assert hostile not in page and html.escape(hostile) in page
