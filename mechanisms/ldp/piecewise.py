@@ -163,7 +163,7 @@ class PiecewiseGrid:
         spread = (self.inside_count - self.outside_count) / _TWO_64
         return 2.0 * self.step * spread * self.window * self.shift * INPUT_STEPS
 
-    def window_start(self, x: NDArray[np.int64] | int) -> NDArray[np.int64] | int:
+    def window_start(self, x: int) -> int:
         """The first point of the window of grid input ``x`` in ``-N .. N``."""
         return self.shift * (x + INPUT_STEPS)
 
@@ -171,7 +171,7 @@ class PiecewiseGrid:
         """The 64-bit words that give each output point for grid input ``x``: its realised
         distribution times 2^64 (integers, summing to 2^64)."""
         counts = np.full(self.points, self.outside_count, dtype=np.uint64)
-        start = int(self.window_start(x))
+        start = self.window_start(x)
         counts[start : start + self.window] = self.inside_count
         return counts
 
@@ -185,7 +185,7 @@ class PiecewiseGrid:
         """The output point for grid inputs ``x`` from uniform 64-bit ``words``."""
         inside_words = np.uint64(self.window * self.inside_count)
         inside = words < inside_words
-        start = self.window_start(x).astype(np.uint64)
+        start = (self.shift * (x + INPUT_STEPS)).astype(np.uint64)  # each window's first point
         # words >= w c_in: the outside point's index; the wrapped values below are discarded
         index = (words - inside_words) // np.uint64(self.outside_count)
         outside = index + np.where(index >= start, np.uint64(self.window), np.uint64(0))
