@@ -8,13 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
+from fedparity.clients.messages import NodeRefusal
 from fedparity.mechanisms import PiecewiseMechanism, mechanism_for_budget
 from fedparity.mechanisms.privacy.user_ledger import GapReportRelease
 from fedparity.mechanisms.protocol import MessageError
-from fedparity.mechanisms.protocol.ldp_audit import LdpAuditRequest
+from fedparity.mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditRequest
 from fedparity.strategies.ldp_audit import LdpGapAudit
 
 
@@ -106,3 +107,54 @@ def test_the_server_rejects_values_off_m_ps_grid(tmp_path: Path) -> None:
     outcome = audit.aggregate_audit([5], [reply])
     assert outcome.accepted_nodes == 0
     assert "output domain" in outcome.rejected[0].reason
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("mechanism", ["L", "P"])
+def test_a_node_refuses_an_unreleasable_value_budget_before_reading_data_or_charging(
+    mechanism: str, tmp_path: Path
+) -> None:
+    """A request (from a server that skips its own check) with eps2 outside the grid sampler's
+    range: the node refuses it with a fixed sentence before its users' function runs, and its
+    ledger is never written (no user is charged for reports that are never sent)."""
+    request = LdpAuditRequest(
+        mechanism=mechanism,  # type: ignore[arg-type]
+        epsilon_group=0.5,
+        epsilon_value=13.0,
+        num_groups=2,
+        budget=20.0,
+        metric="accuracy",
+    )
+    message = Message(
+        content=RecordDict(
+            {
+                "arrays": ArrayRecord({"w": Array(np.zeros(1))}),
+                CONFIG_KEY: ConfigRecord(dict(request.to_fields())),
+            }
+        ),
+        dst_node_id=4,
+        message_type="query.ldp_audit",
+    )
+    read = []
+
+    def users(*_: object) -> LocalUsers:
+        read.append(True)
+        return node_users(4, 20)
+
+    handler = ldp_audit_handler(users, num_groups=2)
+    context = Context(
+        run_id=1,
+        node_id=4,
+        node_config={
+            "ledger-dir": str(tmp_path),
+            "ldp-max-epsilon": 50.0,
+            "user-epsilon-budget": 100.0,  # the users could afford it
+        },
+        state=RecordDict(),
+        run_config={},
+    )
+    with pytest.raises(
+        NodeRefusal, match="outside the range in which its sampler releases reports"
+    ):
+        handler(message, context)
+    assert not read and not any(tmp_path.iterdir())
