@@ -6,7 +6,7 @@ Learning", AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022), used with their
 (:func:`fedparity.mechanisms.ldp.calibration.true_epsilon`).
 
 One audit = one exchange. The server sends the global model and the mechanism's public
-parameters (M_R or M_L, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
+parameters (M_R, M_L or M_P, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
 node evaluates the model for each of its users, perturbs each user's (group, metric) pair
 on the node and replies with the perturbed pairs only. The strategy validates every reply,
 counts rejected and missing ones, merges the accepted reports into a

@@ -1,9 +1,10 @@
-"""``fedparity privacy``: the true LDP epsilon of M_R / M_L for (eps1, eps2, d).
+"""``fedparity privacy``: the true LDP epsilon of M_R / M_L / M_P for (eps1, eps2, d).
 
 M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",
 AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022). Its Theorem 5 (M_R) and Theorem 6 (M_L,
 k != 2) are false; the true epsilon is :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`.
+M_P (:mod:`fedparity.mechanisms.ldp.piecewise`) is not in that paper: no claim to contrast.
 """
 
 from __future__ import annotations
