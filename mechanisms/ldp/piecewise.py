@@ -34,7 +34,12 @@ each. The realised epsilon is computed from these integers (:attr:`PiecewiseMech
 ideal one. The report is ``(2 j - n + 1) * step``, a multiple of a power of two ``step``; its
 mean is ``value_gain * v`` with ``value_gain`` in [0.7, 1.5], which the estimators divide out.
 The flipped points' mean is 0 up to ``n 2^-64`` of a point (their counts differ by one word),
-far below any standard error the estimators report.
+and the rounding goes up with probability ``floor(frac 2^18) / 2^18`` (a downward bias below
+2^-18 input steps, as M_L's): both far below any standard error the estimators report.
+Draws: two raw 64-bit words per client (three for d > 2): the group decision in the top
+:data:`~fedparity.mechanisms.ldp.laplace.GROUP_BITS` bits of the first and the rounding in its
+low :data:`~fedparity.mechanisms.ldp.laplace.ROUNDING_BITS`, the point in the second, the other
+group in the third.
 
 Privacy noise should come from :func:`fedparity.mechanisms.crypto.secure_random.secure_generator`.
 """
