@@ -5,7 +5,8 @@ audit's public parameters (``query.ldp_audit``); the node evaluates the model pe
 with *your* function, perturbs every user's (group, metric) pair with the requested mechanism
 and replies with the perturbed pairs only (Juarez and Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
-Learning", 2022: mechanisms M_R and M_L).
+Learning", 2022: mechanisms M_R and M_L; M_P, the Piecewise mechanism of Wang et al., ICDE 2019,
+on the value).
 
 Register it on your app::
 
