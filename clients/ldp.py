@@ -5,7 +5,8 @@ audit's public parameters (``query.ldp_audit``); the node evaluates the model pe
 with *your* function, perturbs every user's (group, metric) pair with the requested mechanism
 and replies with the perturbed pairs only (Juarez and Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
-Learning", 2022: mechanisms M_R and M_L).
+Learning", 2022: mechanisms M_R and M_L; M_P, the Piecewise mechanism of Wang et al., ICDE 2019,
+on the value).
 
 Register it on your app::
 
@@ -65,7 +66,9 @@ from numpy.typing import ArrayLike, NDArray
 from ..mechanisms import build_mechanism, metric_to_value
 from ..mechanisms.crypto.secure_random import secure_generator
 from ..mechanisms.ldp.calibration import GapMechanismType
+from ..mechanisms.ldp.laplace import LaplaceMechanism
 from ..mechanisms.ldp.metrics import UNDEFINABLE_METRICS, user_rates
+from ..mechanisms.ldp.piecewise import PiecewiseMechanism
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE, LedgerFileError
 from ..mechanisms.privacy.user_ledger import GapReportRelease, Release
 from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
@@ -88,6 +91,7 @@ __all__ = [
     "LEDGER_UNUSABLE_REPLY",
     "LEDGER_STATE_KEY",
     "NO_UNDEFINED_CATEGORY_REFUSAL",
+    "UNRELEASABLE_REFUSAL",
     "LedgerPathFn",
     "LocalUsers",
     "LocalUsersFn",
@@ -110,6 +114,13 @@ def ledger_unusable_reply(job: str) -> str:
 #: :func:`ledger_unusable_reply` of the LDP gap audit.
 LEDGER_UNUSABLE_REPLY = ledger_unusable_reply("ldp_audit")
 
+
+#: The refusal of an M_L or M_P audit whose eps2 its grid sampler cannot release, before any
+#: data is read or any user charged (the server's LdpGapAudit refuses to send one).
+UNRELEASABLE_REFUSAL = (
+    "ldp_audit: refusing: the requested value budget eps2 is outside the range in which its "
+    "sampler releases reports"
+)
 
 #: The refusal of an audit of a metric that can be undefined (TPR, FPR, FNR) without the
 #: undefined category: the same for every node, decided before any data is read.
@@ -282,9 +293,15 @@ def _requested_mechanism(request: LdpAuditRequest, num_groups: int) -> GapMechan
             "ldp_audit: the audit's number of group categories is not this node's number "
             "of groups (plus the undefined category, if the audit has one); refusing"
         )
-    return build_mechanism(
+    mechanism = build_mechanism(
         request.mechanism, request.epsilon_group, request.epsilon_value, categories
     )
+    if isinstance(mechanism, LaplaceMechanism | PiecewiseMechanism):
+        try:
+            mechanism.check_releasable()
+        except ValueError:
+            raise NodeRefusal(UNRELEASABLE_REFUSAL) from None
+    return mechanism
 
 
 def _perturbed_reply(

@@ -58,6 +58,8 @@ from .ldp.group_rates import group_rates as group_rates
 from .ldp.laplace import LaplaceMechanism as LaplaceMechanism
 from .ldp.laplace import UnboundedPrivacyLossError as UnboundedPrivacyLossError
 from .ldp.laplace import laplace_epsilon as laplace_epsilon
+from .ldp.piecewise import PiecewiseMechanism as PiecewiseMechanism
+from .ldp.piecewise import piecewise_epsilon as piecewise_epsilon
 from .ldp.randomized_response import RandomizedResponseMechanism as RandomizedResponseMechanism
 from .ldp.randomized_response import grr_frequency_estimate as grr_frequency_estimate
 from .ldp.randomized_response import grr_keep_probability as grr_keep_probability

@@ -4,7 +4,8 @@ The audit runs the mechanisms M_R / M_L of Marc Juarez and Aleksandra Korolova, 
 What You Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
 Learning", AFCP workshop, PMLR, 2022, with their true epsilon and a budget split that respects
 it (:mod:`fedparity.mechanisms.ldp.calibration`; the paper's Theorem 5, and its Theorem 6 for
-k != 2, are false).
+k != 2, are false), and M_P (the Piecewise mechanism of Wang et al., "Collecting and Analyzing
+Multidimensional Data with Local Differential Privacy", ICDE 2019, on the value).
 
 Nodes host shards of users; ``num-server-rounds`` FedAvg rounds train a logistic regression;
 then one LDP audit per value of ``epsilons`` measures the gap of ``metric`` between groups;

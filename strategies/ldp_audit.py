@@ -6,7 +6,7 @@ Learning", AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022), used with their
 (:func:`fedparity.mechanisms.ldp.calibration.true_epsilon`).
 
 One audit = one exchange. The server sends the global model and the mechanism's public
-parameters (M_R or M_L, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
+parameters (M_R, M_L or M_P, eps1, eps2, d, the metric) in a ``query.ldp_audit`` message; every
 node evaluates the model for each of its users, perturbs each user's (group, metric) pair
 on the node and replies with the perturbed pairs only. The strategy validates every reply,
 counts rejected and missing ones, merges the accepted reports into a
@@ -37,6 +37,7 @@ from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
 from ..mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.ldp.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
+from ..mechanisms.ldp.piecewise import PiecewiseMechanism
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
@@ -214,7 +215,7 @@ class LdpGapAudit:
 
     Parameters
     ----------
-    mechanism : RandomizedResponseMechanism or LaplaceMechanism
+    mechanism : RandomizedResponseMechanism, LaplaceMechanism or PiecewiseMechanism
         What every user applies; its *true* epsilon must fit ``budget``.
     budget : float
         The epsilon this audit may spend per user.
@@ -258,7 +259,7 @@ class LdpGapAudit:
                 f"the mechanism's true epsilon {mechanism.epsilon:.6g} exceeds the audit "
                 f"budget {budget:g}: refusing to release"
             )
-        if isinstance(mechanism, LaplaceMechanism):
+        if isinstance(mechanism, LaplaceMechanism | PiecewiseMechanism):
             mechanism.check_releasable()
         if not 0.0 < confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -296,9 +297,10 @@ class LdpGapAudit:
         metric: str = "accuracy",
         **kwargs: Any,
     ) -> LdpGapAudit:
-        """The audit with the variance-optimal mechanism (``"R"``, ``"L"`` or ``"best"``) for
-        ``budget`` over ``num_groups`` protected groups, plus the undefined category for
-        TPR, FPR and FNR (:func:`~fedparity.mechanisms.ldp.calibration.mechanism_for_budget`)."""
+        """The audit with the variance-optimal mechanism (``"R"``, ``"L"``, ``"P"`` or
+        ``"best"``) for ``budget`` over ``num_groups`` protected groups, plus the undefined
+        category for TPR, FPR and FNR
+        (:func:`~fedparity.mechanisms.ldp.calibration.mechanism_for_budget`)."""
         undefined = metric in UNDEFINABLE_METRICS
         built = mechanism_for_budget(mechanism, budget, num_groups + int(undefined))
         return cls(built, budget=budget, metric=metric, undefined_category=undefined, **kwargs)
@@ -384,11 +386,15 @@ class LdpGapAudit:
         if groups.size and (groups.min() < 0 or groups.max() >= num_groups):
             raise ValueError(f"group out of range [0, {num_groups - 1}]")
         if not np.all(self.mechanism.is_valid_report_value(values)):
-            domain = (
-                f"(multiples of {GRID_STEP:g} with |v'| <= {self.mechanism.report_bound:g})"
-                if isinstance(self.mechanism, LaplaceMechanism)
-                else "{-1, +1}"
-            )
+            if isinstance(self.mechanism, LaplaceMechanism):
+                domain = (
+                    f"(multiples of {GRID_STEP:g} with |v'| <= {self.mechanism.report_bound:g})"
+                )
+            elif isinstance(self.mechanism, PiecewiseMechanism):
+                step, bound = self.mechanism.grid.step, self.mechanism.report_bound
+                domain = f"(its grid points, multiples of {step:g} with |v'| <= {bound:g})"
+            else:
+                domain = "{-1, +1}"
             raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")
         declared, refused, undefined = typed.num_reports, typed.num_refused, typed.num_undefined
         if max_users is not None and declared + refused + undefined > max_users:

@@ -27,6 +27,19 @@ def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
 # --- privacy --------------------------------------------------------------------------------------
 
 
+def test_privacy_of_m_p_is_m_ls_closed_form_without_a_paper_claim() -> None:
+    payload = cli_json(
+        ["privacy", "--mechanism", "P", "--eps1", "1", "--eps2", "3", "--groups", "3"]
+    )
+    assert payload["mechanism"] == "P" and payload["num_groups"] == 3
+    assert payload["epsilon"] == pytest.approx(spec_true_epsilon("P", 1.0, 3.0))
+    assert payload["paper_claimed_epsilon"] is None and payload["noise_ratio"] is None
+    code, _, err = run_cli(
+        ["privacy", "--mechanism", "P", "--eps1", "1", "--eps2", "1", "--k", "3"]
+    )
+    assert code == 2 and "--k only applies to --mechanism L (M_P has no noise ratio)" in err
+
+
 def test_privacy_spec_example_text_and_json() -> None:
     code, text, _ = run_cli(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
     assert code == 0
@@ -113,10 +126,10 @@ def test_plan_alpha_path() -> None:
     assert PLAN_KEYS <= set(payload)
     assert payload["query"] == "min_epsilon"
     assert payload["alpha"] == 0.01
-    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L"]
+    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L", "P"]
     budgets = [c["epsilon"] for c in payload["candidates"] if c["epsilon"] is not None]
     assert payload["epsilon"] == min(budgets)
-    assert payload["mechanism"] in ("R", "L")
+    assert payload["mechanism"] in ("R", "L", "P")
     true = spec_true_epsilon(
         payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
     )
@@ -163,7 +176,7 @@ def test_plan_table_has_paper_and_valid_tables(monkeypatch: pytest.MonkeyPatch) 
     assert payload["paper_table1"]["R"][0][0] == pytest.approx(1.86, abs=0.005)
     assert payload["paper_table1"]["L"][0][2] == pytest.approx(178.89, abs=0.005)
     assert payload["paper_table1"]["R"][0][1] is None
-    assert set(payload["valid_table1"]) == {"R", "L", "best"}
+    assert set(payload["valid_table1"]) == {"R", "L", "P", "best"}
 
 
 def test_plan_bad_inputs() -> None:
@@ -207,7 +220,7 @@ def test_plan_says_when_an_error_bound_is_vacuous() -> None:
     payload = cli_json(["plan", "--clients", "1000", "--epsilon", "1e-5"])
     assert payload["alpha"] > 1 and payload["vacuous"] is True
     code, text, _ = run_cli(["plan", "--clients", "1000", "--epsilon", "1e-5"])
-    assert code == 0 and text.count("vacuous") == 2  # one line per mechanism
+    assert code == 0 and text.count("vacuous") == 3  # one line per mechanism
     useful = cli_json(["plan", "--clients", "1000000", "--epsilon", "1"])
     assert useful["alpha"] < 1 and useful["vacuous"] is False
     code, text, _ = run_cli(["plan", "--clients", "1000000", "--epsilon", "1"])

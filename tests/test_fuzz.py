@@ -25,6 +25,7 @@ from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, build_mechanism
 from fedparity.mechanisms.ldp.laplace import LaplaceMechanism
+from fedparity.mechanisms.ldp.piecewise import PiecewiseMechanism
 from fedparity.mechanisms.protocol import FPFL_KEY, METRICS_KEY, REPORTS_KEY
 from fedparity.strategies.ldp_audit import LdpGapAudit
 from tests.support.fixtures import run_cli
@@ -98,7 +99,13 @@ def test_a_node_refuses_or_answers_within_its_policy_any_audit_message(
     data: st.DataObject,
 ) -> None:
     mechanism = data.draw(
-        st.sampled_from([RandomizedResponseMechanism(0.5, 1.0), LaplaceMechanism(0.5, 1.0)])
+        st.sampled_from(
+            [
+                RandomizedResponseMechanism(0.5, 1.0),
+                LaplaceMechanism(0.5, 1.0),
+                PiecewiseMechanism(0.5, 1.0),
+            ]
+        )
     )
     valid = LdpGapAudit(mechanism, budget=mechanism.epsilon).audit_config()
     config = config_record(mutate(dict(valid), data))
@@ -264,7 +271,13 @@ def test_the_server_counts_every_malformed_audit_reply_and_never_fails(
     data: st.DataObject,
 ) -> None:
     mechanism = data.draw(
-        st.sampled_from([RandomizedResponseMechanism(0.5, 1.0), LaplaceMechanism(0.5, 1.0)])
+        st.sampled_from(
+            [
+                RandomizedResponseMechanism(0.5, 1.0),
+                LaplaceMechanism(0.5, 1.0),
+                PiecewiseMechanism(0.5, 1.0),
+            ]
+        )
     )
     audit = LdpGapAudit(mechanism, budget=mechanism.epsilon, users_by_node={1: 50, 2: 50})
     replies = []

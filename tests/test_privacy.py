@@ -253,6 +253,10 @@ def test_ml_accepts_k_two() -> None:
 def independent_true_epsilon(name: str, eps1: float, eps2: float, num_groups: int) -> float:
     if name == "R":
         return mr_enumerated_epsilon(eps1, eps2, num_groups)
+    if name == "P":
+        # the closed form of the ideal M_P; its grid's realised epsilon is enumerated exactly
+        # in tests/test_piecewise.py
+        return max(eps2, eps1 + eps2 / 2.0)
     return ml_grid_epsilon(eps1, eps2, num_groups, points=801, width=30.0)
 
 
@@ -329,7 +333,7 @@ def test_best_mechanism_for_budget_is_within_budget_and_the_smaller_variance() -
         )
         variances = [
             gap_variance_factor(mechanism_for_budget(n, budget, 2).moments, fractions)
-            for n in ("R", "L")
+            for n in ("R", "L", "P")
         ]
         assert gap_variance_factor(best.moments, fractions) == pytest.approx(min(variances))
 

@@ -13,6 +13,8 @@ estimator is found numerically:
   :func:`~fedparity.mechanisms.ldp.randomized_response.randomized_response_epsilon`, is always
   below eps2), so eps1 = eps - ln(2 b(eps2)) for eps2 in (0, eps].
 * M_L (k = 2): eps = max(eps2, eps1 + eps2 / 2), so eps1 = eps - eps2 / 2 for eps2 in (0, eps].
+* M_P (the Piecewise mechanism on the value, :mod:`~fedparity.mechanisms.ldp.piecewise`):
+  M_L's true epsilon and split.
 
 The objective is K * Var of the largest pairwise gap at the worst-case spread of values
 (sum of v^2 at 0 for M_R, at n_G for M_L) with group sizes K * fraction; it does not depend
@@ -32,13 +34,16 @@ import numpy as np
 from ..validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
 from .estimators import estimator_covariance, worst_case_square_sums
 from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE, LaplaceMechanism, laplace_epsilon
+from .piecewise import MAX_EPSILON_VALUE as MAX_PIECEWISE_EPSILON_VALUE
+from .piecewise import MIN_EPSILON_VALUE as MIN_PIECEWISE_EPSILON_VALUE
+from .piecewise import PiecewiseMechanism, piecewise_epsilon
 from .randomized_response import RandomizedResponseMechanism, randomized_response_epsilon
 from .reports import ReportMoments
 
-MechanismName = Literal["R", "L"]
-MechanismChoice = Literal["R", "L", "best"]
-MECHANISMS: tuple[MechanismName, ...] = ("R", "L")
-GapMechanismType = RandomizedResponseMechanism | LaplaceMechanism
+MechanismName = Literal["R", "L", "P"]
+MechanismChoice = Literal["R", "L", "P", "best"]
+MECHANISMS: tuple[MechanismName, ...] = ("R", "L", "P")
+GapMechanismType = RandomizedResponseMechanism | LaplaceMechanism | PiecewiseMechanism
 
 
 def build_mechanism(
@@ -48,18 +53,21 @@ def build_mechanism(
     check_choice("mechanism", name, MECHANISMS)
     if name == "R":
         return RandomizedResponseMechanism(epsilon_group, epsilon_value, num_groups)
+    if name == "P":
+        return PiecewiseMechanism(epsilon_group, epsilon_value, num_groups)
     return LaplaceMechanism(epsilon_group, epsilon_value, num_groups)
 
 
 def true_epsilon(
     name: MechanismName, epsilon_group: float, epsilon_value: float, num_groups: int = 2
 ) -> float:
-    """True LDP epsilon of M_R or M_L (k = 2) for (eps1, eps2, d).
+    """True LDP epsilon of M_R, M_L (k = 2) or M_P for (eps1, eps2, d).
 
     Not the paper's claims: its Theorem 5 (M_R is max(eps1, eps2)-LDP) is false, and its
     Theorem 6 (M_L) is false for every noise ratio k != 2. M_R:
     :func:`~fedparity.mechanisms.ldp.randomized_response.randomized_response_epsilon`; M_L:
-    :func:`~fedparity.mechanisms.ldp.laplace.laplace_epsilon`, which explain the corrections.
+    :func:`~fedparity.mechanisms.ldp.laplace.laplace_epsilon`, which explain the corrections;
+    M_P: :func:`~fedparity.mechanisms.ldp.piecewise.piecewise_epsilon` (eps1 + eps2).
 
     References
     ----------
@@ -71,6 +79,8 @@ def true_epsilon(
     check_choice("mechanism", name, MECHANISMS)
     if name == "R":
         return randomized_response_epsilon(epsilon_group, epsilon_value, num_groups)
+    if name == "P":
+        return piecewise_epsilon(epsilon_group, epsilon_value, num_groups)
     return laplace_epsilon(epsilon_group, epsilon_value, num_groups)
 
 
@@ -95,7 +105,7 @@ class BudgetSplit:
 
     Attributes
     ----------
-    mechanism : {"R", "L"}
+    mechanism : {"R", "L", "P"}
     budget : float
         The operator's total budget.
     epsilon_group, epsilon_value : float
@@ -124,7 +134,7 @@ def _group_epsilon_on_boundary(name: MechanismName, budget: float, epsilon_value
     if name == "R":
         log_two_b = math.log(2.0) - math.log1p(math.exp(-epsilon_value))
         return budget - log_two_b
-    return budget - 0.5 * epsilon_value
+    return budget - 0.5 * epsilon_value  # M_L and M_P
 
 
 def _fit_to_budget(
@@ -148,7 +158,7 @@ def optimal_split(
 
     Parameters
     ----------
-    mechanism : {"R", "L"}
+    mechanism : {"R", "L", "P"}
     budget : float
         Total LDP budget eps > 0.
     num_groups : int
@@ -210,7 +220,12 @@ def _optimal_allocation(
         moments = build_mechanism(mechanism, epsilon_group, epsilon_value, num_groups).moments
         return gap_variance_factor(moments, np.asarray(fractions))
 
-    grid = np.linspace(1e-3, 1.0, 64)
+    low, high = 1e-3, 1.0
+    if mechanism == "P" and budget >= MIN_PIECEWISE_EPSILON_VALUE:
+        # M_P's eps2 stays in its sampler's range: above it, the rest goes to eps1
+        low = max(low, MIN_PIECEWISE_EPSILON_VALUE / budget)
+        high = min(high, MAX_PIECEWISE_EPSILON_VALUE / budget * (1.0 - 1e-12))
+    grid = np.linspace(low, high, 64)
     values = np.array([objective(s) for s in grid])
     best = int(np.argmin(values))
     low, high = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
@@ -245,17 +260,25 @@ def best_split(
     num_groups: int = 2,
     group_fractions: Sequence[float] | np.ndarray | None = None,
 ) -> BudgetSplit:
-    """:func:`optimal_split` for "R" or "L"; for "best", the one with the smaller variance
-    among those that can release (M_L only for eps2 in its grid sampler's range)."""
-    check_choice("mechanism", mechanism, ("R", "L", "best"))
+    """:func:`optimal_split` for "R", "L" or "P"; for "best", the one with the smaller
+    variance among those that can release (M_L and M_P only for eps2 in their grid samplers'
+    ranges)."""
+    check_choice("mechanism", mechanism, (*MECHANISMS, "best"))
     if mechanism != "best":
         return optimal_split(mechanism, budget, num_groups, group_fractions)
     candidates = [optimal_split(name, budget, num_groups, group_fractions) for name in MECHANISMS]
-    # M_L releases only for eps2 in its sampler's range; outside it M_R is the choice
+    # M_L and M_P release only for eps2 in their samplers' ranges; outside them M_R is the choice
     releasable = [
         split
         for split in candidates
-        if split.mechanism != "L" or MIN_EPSILON_VALUE <= split.epsilon_value <= MAX_EPSILON_VALUE
+        if split.mechanism == "R"
+        or (
+            split.mechanism == "L" and MIN_EPSILON_VALUE <= split.epsilon_value <= MAX_EPSILON_VALUE
+        )
+        or (
+            split.mechanism == "P"
+            and MIN_PIECEWISE_EPSILON_VALUE <= split.epsilon_value <= MAX_PIECEWISE_EPSILON_VALUE
+        )
     ]
     return min(releasable, key=lambda split: split.variance_factor)
 

@@ -43,7 +43,7 @@ from .reports import ReportMoments, ReportSummary
 
 
 class GapMechanism(Protocol):
-    """What the estimators need from a mechanism (M_R or M_L)."""
+    """What the estimators need from a mechanism (M_R, M_L or M_P)."""
 
     # read-only (properties): the mechanisms are frozen dataclasses
     @property

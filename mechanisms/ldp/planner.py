@@ -60,6 +60,8 @@ MAX_GROUP_RATIO = 1e6
 #: The largest possible gap between two group means, per scale (metric in [0, 1], value in
 #: [-1, 1]): an error bound at least this large says nothing (vacuous).
 MAX_GAP = {"metric": 1.0, "value": 2.0}
+#: The mechanisms of the paper's Table 1 (M_P is not in it).
+PAPER_MECHANISMS: tuple[MechanismName, ...] = ("R", "L")
 
 
 def group_fractions_from_ratio(group_ratio: float, num_groups: int = 2) -> np.ndarray:
@@ -90,7 +92,7 @@ class PlanResult:
 
     Attributes
     ----------
-    mechanism : {"R", "L"}
+    mechanism : {"R", "L", "P"}
         The mechanism (for ``best``, the one chosen).
     num_clients, confidence, group_ratio, bound, scale
         The question asked.
@@ -226,13 +228,13 @@ def minimum_epsilon(
 ) -> PlanResult:
     """The minimum total budget such that |gap_hat - gap| < alpha with prob. ``confidence``.
 
-    For ``best`` both valid mechanisms are planned and the one needing less budget is
+    For ``best`` every valid mechanism (M_R, M_L, M_P) is planned and the one needing less budget is
     returned. ``epsilon`` is None when no budget up to 1e4 reaches alpha (M_R's variance
     has a floor: its reports are always +/-1).
     """
     num_clients, confidence = _check_plan_args(num_clients, confidence, bound, scale, num_groups)
     alpha = check_positive_finite("alpha", alpha)
-    check_choice("mechanism", mechanism, ("R", "L", "best"))
+    check_choice("mechanism", mechanism, (*MECHANISMS, "best"))
     fractions = group_fractions_from_ratio(group_ratio, num_groups)
     names = MECHANISMS if mechanism == "best" else (mechanism,)
     results = []
@@ -274,7 +276,7 @@ def paper_allocation_moments(mechanism: MechanismName, epsilon: float) -> Report
     eps1 = ln 3 - eps/2 (Appendix B -- not LDP for k != 2). For reproducing Table 1 only.
     """
     epsilon = check_epsilon("epsilon", epsilon)
-    check_choice("mechanism", mechanism, MECHANISMS)
+    check_choice("mechanism", mechanism, PAPER_MECHANISMS)
     if mechanism == "R":
         return RandomizedResponseMechanism(epsilon, epsilon, 2).moments
     if epsilon >= 2.0 / 3.0:
@@ -306,10 +308,12 @@ def table1(
     """Table 1 (rows K = 1e5..1e9, columns alpha = 0.1, 0.01, 0.001; value scale).
 
     ``paper_allocation=True`` reproduces the paper's cells (invalid allocations);
-    otherwise the valid mechanisms' minimum budgets, plus the better of the two ("best").
+    otherwise the valid mechanisms' minimum budgets, plus the best of them ("best").
     """
     table: dict[str, list[list[float | None]]] = {}
-    names: tuple[MechanismChoice, ...] = MECHANISMS if paper_allocation else (*MECHANISMS, "best")
+    names: tuple[MechanismChoice, ...] = (
+        PAPER_MECHANISMS if paper_allocation else (*MECHANISMS, "best")
+    )
     for name in names:
         rows = []
         for num_clients in TABLE1_CLIENTS:

@@ -90,7 +90,7 @@ from .estimators import (
     size_estimate_covariance,
     worst_case_square_sums,
 )
-from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE
+from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE  # M_P's range is M_L's
 from .planner import MAX_PLANNED_CLIENTS, MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
 from .reports import ReportMoments
 
@@ -200,7 +200,7 @@ class AuditPlan:
     query : {"power", "min_users", "min_epsilon", "detectable_gap"}
         What was asked: the power at the rest, the minimum users, the minimum epsilon, or the
         smallest gap detected with ``target_power``.
-    mechanism : {"R", "L"}
+    mechanism : {"R", "L", "P"}
         The mechanism the audit deploys at ``epsilon`` (for "best", the one chosen).
     num_users : int or None
         K (None: no K up to :data:`~fedparity.mechanisms.ldp.planner.MAX_PLANNED_CLIENTS` reaches
@@ -296,7 +296,7 @@ def _check_audit(
     metric_variance: float | None,
     sizes_known: bool,
 ) -> _AuditSetting:
-    choice: MechanismChoice = check_choice("mechanism", mechanism, ("R", "L", "best"))
+    choice: MechanismChoice = check_choice("mechanism", mechanism, ("R", "L", "P", "best"))
     if group_fractions is None:
         fractions = np.full(2, 0.5)
     else:
@@ -463,11 +463,12 @@ def _audit_notes(
     setting: _AuditSetting, split: BudgetSplit, moments: ReportMoments, num_users: int | None
 ) -> tuple[str, ...]:
     notes = []
-    if split.mechanism == "L" and not (
+    if split.mechanism in ("L", "P") and not (
         MIN_EPSILON_VALUE <= split.epsilon_value <= MAX_EPSILON_VALUE
     ):
         notes.append(
-            f"M_L releases only for eps2 in [{MIN_EPSILON_VALUE:g}, {MAX_EPSILON_VALUE:g}]: the "
+            f"M_{split.mechanism} releases only for eps2 in [{MIN_EPSILON_VALUE:g}, "
+            f"{MAX_EPSILON_VALUE:g}]: the "
             f"audit refuses this budget's eps2 = {split.epsilon_value:.4g}"
         )
     if not setting.sizes_known and num_users is not None:
@@ -548,7 +549,7 @@ def audit_power(
         The per-user budget of the audit, in [1e-6, 1e4].
     gap : float
         The true |m_0 - m_1| to detect, in (0, 1] (metric units).
-    mechanism : {"best", "R", "L"}
+    mechanism : {"best", "R", "L", "P"}
         As in the audit job (``best``: the split with the smaller worst-case variance).
     group_fractions : sequence of float, optional
         Share of the users in each group (default two equal groups); the test is of groups 0

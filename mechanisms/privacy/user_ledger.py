@@ -292,7 +292,7 @@ class GapReportRelease(_PureLdpReport):
 
     kind: ClassVar[str] = "ldp-gap-report"
 
-    gap_mechanism: Literal["R", "L"]
+    gap_mechanism: Literal["R", "L", "P"]
     epsilon_group: float
     epsilon_value: float
     num_groups: int = 2
@@ -305,8 +305,8 @@ class GapReportRelease(_PureLdpReport):
     def from_mechanism(
         cls, mechanism: Any, *, job: str, label: str = "", time: str | None = None
     ) -> GapReportRelease:
-        """The release of one report of ``mechanism`` (a RandomizedResponseMechanism or
-        LaplaceMechanism)."""
+        """The release of one report of ``mechanism`` (a RandomizedResponseMechanism,
+        LaplaceMechanism or PiecewiseMechanism)."""
         return cls(
             gap_mechanism=mechanism.name,
             epsilon_group=mechanism.epsilon_group,
@@ -327,7 +327,7 @@ class GapReportRelease(_PureLdpReport):
 
     @property
     def epsilon(self) -> float:
-        """The mechanism's true LDP epsilon (M_L: of its realised grid sampler)."""
+        """The mechanism's true LDP epsilon (M_L, M_P: of their realised grid samplers)."""
         return float(self._mechanism().epsilon)
 
 

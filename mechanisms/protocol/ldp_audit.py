@@ -47,7 +47,7 @@ __all__ = [
 #: Config record of the request (beside the model's ``ArrayRecord`` under ``"arrays"``).
 CONFIG_KEY = "config"
 #: The mechanisms a request may name.
-MECHANISM_NAMES: tuple[Literal["R", "L"], ...] = ("R", "L")
+MECHANISM_NAMES: tuple[Literal["R", "L", "P"], ...] = ("R", "L", "P")
 
 
 # -- reading fields -------------------------------------------------------------------------
@@ -88,8 +88,8 @@ class LdpAuditRequest:
 
     Attributes
     ----------
-    mechanism : {"R", "L"}
-        M_R (randomized response) or M_L (Laplace).
+    mechanism : {"R", "L", "P"}
+        M_R (randomized response), M_L (Laplace) or M_P (Piecewise).
     epsilon_group, epsilon_value : float
         The mechanism's eps1 and eps2; the node recomputes its true epsilon from them.
     num_groups : int
@@ -105,7 +105,7 @@ class LdpAuditRequest:
         The mechanism's last category is "metric undefined" (absent: false).
     """
 
-    mechanism: Literal["R", "L"]
+    mechanism: Literal["R", "L", "P"]
     epsilon_group: float
     epsilon_value: float
     num_groups: int
@@ -139,7 +139,7 @@ class LdpAuditRequest:
             raise MessageError(f"message field 'metric' must be one of {', '.join(METRIC_NAMES)}")
         mechanism = _str(record, "mechanism")
         if mechanism not in MECHANISM_NAMES:
-            raise MessageError("message field 'mechanism' must be one of R, L")
+            raise MessageError("message field 'mechanism' must be one of R, L, P")
         epsilon_group = _float(record, "epsilon-group")
         epsilon_value = _float(record, "epsilon-value")
         budget = _float(record, "budget")
@@ -179,7 +179,7 @@ class LdpAuditReply:
     groups : ndarray of int
         Each report's (perturbed) group category.
     values : ndarray
-        Each report's perturbed value (int8 in {-1, +1} for M_R, float64 for M_L).
+        Each report's perturbed value (int8 in {-1, +1} for M_R, float64 for M_L and M_P).
     counts : mapping of str to number
         The ``MetricRecord``: ``epsilon-charged`` always; ``num-reports``, ``num-refused``
         (and ``num-undefined`` from older nodes) and the ledger's totals

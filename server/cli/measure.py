@@ -283,11 +283,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     measure.add_argument("--epsilon", required=True, help="per-client LDP budget")
     measure.add_argument(
         "--mechanism",
-        choices=("R", "L", "best"),
+        choices=("R", "L", "P", "best"),
         default="best",
         help=(
             "R: randomized response for group and value (M_R); L: randomized response for the "
-            "group and discrete Laplace for the value (M_L); best: the smaller error (default)"
+            "group and discrete Laplace for the value (M_L); P: randomized response for the "
+            "group and the Piecewise mechanism for the value (M_P); best: the smaller error "
+            "(default)"
         ),
     )
     measure.add_argument("--seed", default=None, help="seed (simulations only; omit in production)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO, TypedDict, cast
 
-from ...mechanisms.ldp.calibration import MechanismChoice
+from ...mechanisms.ldp.calibration import MECHANISMS, MechanismChoice
 from ...mechanisms.ldp.planner import (
     MAX_GAP,
     MAX_GROUP_RATIO,
@@ -188,7 +188,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         )
     if (args.alpha is None) == (args.epsilon is None):
         raise UsageError("give exactly one of --alpha (find the budget) or --epsilon (the error)")
-    candidates: tuple[MechanismChoice, ...] = ("R", "L") if mechanism == "best" else (mechanism,)
+    candidates: tuple[MechanismChoice, ...] = MECHANISMS if mechanism == "best" else (mechanism,)
     common = _PlanOptions(
         confidence=confidence,
         group_ratio=ratio,
@@ -611,10 +611,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     plan.add_argument(
         "--mechanism",
-        choices=("R", "L", "best"),
+        choices=(*MECHANISMS, "best"),
         help=(
             "R: randomized response for group and value (M_R); L: randomized response for the "
-            "group and discrete Laplace for the value (M_L); best: whichever needs less "
+            "group and discrete Laplace for the value (M_L); P: randomized response for the "
+            "group and the Piecewise mechanism for the value (M_P); best: whichever needs less "
             "(default)"
         ),
     )

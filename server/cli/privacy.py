@@ -1,9 +1,10 @@
-"""``fedparity privacy``: the true LDP epsilon of M_R / M_L for (eps1, eps2, d).
+"""``fedparity privacy``: the true LDP epsilon of M_R / M_L / M_P for (eps1, eps2, d).
 
 M_R and M_L are the mechanisms of Marc Juarez and Aleksandra Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated Learning",
 AFCP workshop, PMLR, 2022 (Juarez and Korolova 2022). Its Theorem 5 (M_R) and Theorem 6 (M_L,
 k != 2) are false; the true epsilon is :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`.
+M_P (:mod:`fedparity.mechanisms.ldp.piecewise`) is not in that paper: no claim to contrast.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
     eps2 = _epsilon("--eps2", args.eps2)
     groups = _groups(args.groups)
     noise_ratio = _positive("--k", _finite("--k", args.k))
-    if args.mechanism == "R" and noise_ratio != LDP_NOISE_RATIO:
+    if args.mechanism != "L" and noise_ratio != LDP_NOISE_RATIO:
         # Compared as a number: "2", "2.0" and "2e0" all mean the default.
         raise UsageError(
-            "--k only applies to --mechanism L (M_R has no noise ratio); got "
+            f"--k only applies to --mechanism L (M_{args.mechanism} has no noise ratio); got "
             f"{_number(noise_ratio)}"
         )
     if args.mechanism == "L":
@@ -52,6 +53,23 @@ def run_privacy(args: argparse.Namespace, out: TextIO) -> int:
         except UnboundedPrivacyLossError as error:
             raise UsageError(f"--k: {error}") from None
     epsilon = true_epsilon(args.mechanism, eps1, eps2, groups)
+    if args.mechanism == "P":  # not in Juarez and Korolova 2022: no claim to contrast
+        payload_p = {
+            "mechanism": "P",
+            "epsilon_group": eps1,
+            "epsilon_value": eps2,
+            "num_groups": groups,
+            "noise_ratio": None,
+            "epsilon": epsilon,
+            "paper_claimed_epsilon": None,
+        }
+        text_p = (
+            f"M_P with eps1={eps1:g}, eps2={eps2:g}, d={groups}: true epsilon = {epsilon:.6g}\n"
+            "(max(eps2, eps1 + eps2 / 2), as M_L; a released M_P computes its own from its "
+            "grid's integer probabilities, at most this)"
+        )
+        _emit(payload_p, text_p, args.json, out)
+        return 0
     claimed = _paper_claimed_epsilon(args.mechanism, eps1, eps2, noise_ratio)
     payload = {
         "mechanism": args.mechanism,
@@ -85,12 +103,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``fedparity privacy`` and its options."""
     privacy = commands.add_parser(
         "privacy",
-        help="true LDP epsilon of M_R / M_L",
+        help="true LDP epsilon of M_R / M_L / M_P",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "The true LDP epsilon of a mechanism with a group budget eps1 and a value budget "
             "eps2\n(M_R: randomized response for both; M_L: randomized response for the group, "
-            "discrete\nLaplace for the value).\n\n"
+            "discrete\nLaplace for the value; M_P: randomized response for the group, the "
+            "Piecewise\nmechanism for the value).\n\n"
             "examples:\n"
             "  fedparity privacy --mechanism R --eps1 0.5 --eps2 1\n"
             "      the epsilon a user really spends with M_R at eps1 = 0.5, eps2 = 1\n"
@@ -99,9 +118,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     privacy.add_argument(
         "--mechanism",
-        choices=("R", "L"),
+        choices=("R", "L", "P"),
         required=True,
-        help="R: randomized response for both (M_R); L: discrete Laplace for the value (M_L)",
+        help=(
+            "R: randomized response for both (M_R); L: discrete Laplace for the value (M_L); "
+            "P: the Piecewise mechanism for the value (M_P)"
+        ),
     )
     privacy.add_argument("--eps1", required=True, help="group budget eps1 > 0")
     privacy.add_argument("--eps2", required=True, help="value budget eps2 > 0")
