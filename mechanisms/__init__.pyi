@@ -58,6 +58,8 @@ from .ldp.group_rates import group_rates as group_rates
 from .ldp.laplace import LaplaceMechanism as LaplaceMechanism
 from .ldp.laplace import UnboundedPrivacyLossError as UnboundedPrivacyLossError
 from .ldp.laplace import laplace_epsilon as laplace_epsilon
+from .ldp.nprr import NPRRMechanism as NPRRMechanism
+from .ldp.nprr import nprr_for_budget as nprr_for_budget
 from .ldp.piecewise import PiecewiseMechanism as PiecewiseMechanism
 from .ldp.piecewise import piecewise_epsilon as piecewise_epsilon
 from .ldp.randomized_response import RandomizedResponseMechanism as RandomizedResponseMechanism
@@ -70,6 +72,9 @@ from .ldp.rate_design import compare_rate_designs as compare_rate_designs
 from .ldp.reports import PerturbedReports as PerturbedReports
 from .ldp.reports import ReportMoments as ReportMoments
 from .ldp.reports import ReportSummary as ReportSummary
+from .ldp.sequential import SequentialGapResult as SequentialGapResult
+from .ldp.sequential import fixed_audit_size as fixed_audit_size
+from .ldp.sequential import sequential_gap_audit as sequential_gap_audit
 from .ldp.streaming import summarize_stream as summarize_stream
 from .privacy.basic_ledger import PrivacyBudgetExceeded as PrivacyBudgetExceeded
 from .privacy.basic_ledger import PrivacyLedger as PrivacyLedger
