@@ -46,6 +46,13 @@ the small variance of the rare per-group statistics):
    Every pair's difference then lies in [low_G - high_H, high_G - low_H], simultaneously for
    all pairs, and the largest gap in the range of the folded intervals' ends.
 
+Tightness: at a zero gap the sequence needs about ten times the users of a fixed-n normal
+interval of the same width (``docs/benchmarks.md``); the interval arithmetic (the two
+statistics of a group, then the two groups of a pair, add their widths instead of combining
+them in quadrature) costs about a factor 3 of that, the union bound and the mixture's
+penalty the rest. A joint confidence region for a pair's statistics would recover most of the
+first part.
+
 The users saved against a fixed-size audit planned for the same question
 (:func:`fixed_audit_size`: the fewest users whose fixed-n normal interval is narrower than the
 target width at the same level, whatever the gap) are shown by ``tests/test_sequential.py`` and
