@@ -60,7 +60,7 @@ def uniform_words(rng: np.random.Generator, shape: int | tuple[int, ...]) -> NDA
     ``random_raw`` from the generators whose raw words are those (:data:`_RAW_64_BIT`)."""
     bit_generator = rng.bit_generator
     if type(bit_generator) in _RAW_64_BIT:
-        return bit_generator.random_raw(shape)  # type: ignore[no-any-return]
+        return bit_generator.random_raw(shape)
     return rng.integers(0, 1 << 64, size=shape, dtype=np.uint64)
 
 
