@@ -558,9 +558,13 @@ def _group_counts(means: Floats, margins: np.ndarray | None, mode: Mode) -> np.n
     with np.errstate(invalid="ignore"):
         exact = group0 * (means * group1 + positives) / (group0 + group1)
         rounded = np.round(exact)
+        # The recovered count is an integer to rounding error (~1e-16 of n0 n1 / N) and gives
+        # the mean back; anything else is a summary that was not computed from counts.
+        recovered = rounded / group0 - (positives - rounded) / group1
         valid = (
             np.isfinite(exact)
-            & (np.abs(exact - rounded) <= 1e-6 * np.maximum(1.0, np.abs(exact)))
+            & (np.abs(exact - rounded) <= 1e-6)
+            & (np.abs(recovered - means) <= 1e-12)
             & (rounded >= 0.0)
             & (rounded <= group0)
             & (positives - rounded >= 0.0)
@@ -1351,7 +1355,8 @@ class FairnessReport:
         lines.append(
             f"({self.k} holders, {self.mode} mode; the common disparity is the "
             "precision-weighted mean of the holders' disparities, dominated by the most precise "
-            "holders, where the pooled disparity weighs every row alike"
+            "holders"
+            + (", where the pooled disparity weighs every row alike" if self.pooled else "")
             + (
                 "; stage 1 rejected, so it summarises holders that disagree: read the "
                 "holders' own disparities)"
