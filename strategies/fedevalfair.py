@@ -80,6 +80,7 @@ from ..mechanisms.fairness_tests.fedevalfair import (
     METRIC_NAMES,
     PAPER_MODE_WARNING,
     FairnessReport,
+    RandomEffects,
     report_from_sums,
 )
 from ..mechanisms.protocol import (
@@ -237,6 +238,16 @@ class FedEvalFairOutcome:
             "max_ciphertexts_per_node_per_round": list(self.ciphertexts_per_node),
             **({} if self.holder_dp is None else {"holder_dp": dict(self.holder_dp)}),
         }
+
+
+def _random_effects(released: np.ndarray) -> np.ndarray | None:
+    """A calibrated block's released random-effects summary, or None when there is none (NaN)
+    or it does not hold together (a report without it, rather than no report)."""
+    try:
+        RandomEffects.from_release(released)
+    except ValueError:
+        return None
+    return released
 
 
 class FedEvalFairProtocol:
@@ -621,9 +632,7 @@ class FedEvalFairProtocol:
                 mu0=self.mu0,
                 tolerance=self.tolerance,
                 num_clients=clients,
-                random_effects=(
-                    effects if mode == "calibrated" and np.isfinite(effects[:2]).all() else None
-                ),
+                random_effects=_random_effects(effects) if mode == "calibrated" else None,
             )
             results.append(BlockResult(metric, mode, report))
         return tuple(results)

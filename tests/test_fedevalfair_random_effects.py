@@ -16,6 +16,14 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from fedparity.clients.fedevalfair import (
+    release_vector,
+    round1_vector,
+    round2_vector,
+    rows_statistics,
+)
+from fedparity.clients.fedevalfair_handlers import _release_reference
+from fedparity.mechanisms.crypto.ckks import KeyPaths, load_public_context
 from fedparity.mechanisms.fairness_tests.fedevalfair import (
     RANDOM_EFFECTS_FIELDS,
     ROUND1_FIELDS,
@@ -35,6 +43,8 @@ from fedparity.mechanisms.fairness_tests.fedevalfair import (
     stage_statistics,
     tau2_high_text,
 )
+from fedparity.mechanisms.protocol import BLOCK_WIDTH, BLOCKS
+from fedparity.strategies.fedevalfair import FedEvalFairProtocol
 
 GRID = np.asarray(TAU2_GRID)
 
@@ -279,3 +289,47 @@ def test_the_report_says_what_to_do_after_stage1_rejects() -> None:
     # Past the grid's last point the high end is written as such, in both renderings.
     assert tau2_high_text(math.inf) == tau2_high_text(None) == "beyond 1"
     assert tau2_high_text(0.0123) == "0.0123"
+
+
+def test_the_servers_reports_read_the_release_and_survive_a_bad_summary(
+    ckks_keys: KeyPaths,
+) -> None:
+    """Round 1, round 2 and the key holder's release in natural units (no encryption): the
+    server's calibrated reports carry the plaintext test's pooled disparity and random-effects
+    summary; a released summary that does not hold together (high end below the low end) is
+    left out of the report instead of failing the run."""
+    rng = np.random.default_rng(3)
+    statistics, summaries = [], {block: [] for block in BLOCKS}
+    for rate0, rate1 in [(0.5, 0.2), (0.3, 0.3), (0.25, 0.45)]:
+        groups = (rng.random(600) < 0.4).astype(int)
+        labels = rng.integers(0, 2, 600)
+        predictions = (rng.random(600) < np.where(groups == 0, rate0, rate1)).astype(int)
+        found = rows_statistics(
+            labels, predictions, groups, num_resamples=40, rng=rng, min_cell_count=5
+        )
+        statistics.append(found)
+        for block, summary in zip(BLOCKS, found.summaries, strict=True):
+            summaries[block].append(summary)
+    round1_sum = np.sum([round1_vector(s, mu0=0.0, tolerance=None) for s in statistics], 0)[:-1]
+    round2_sum = np.sum(
+        [round2_vector(s, round1_sum, mu0=0.0, tolerance=None) for s in statistics], 0
+    )[:-1]
+    release = release_vector(_release_reference(round1_sum), round2_sum)
+    protocol = FedEvalFairProtocol(load_public_context(ckks_keys.public))
+    for result in protocol.reports(release):
+        assert result.report is not None
+        if result.mode == "paper":
+            assert result.report.random_effects is None and result.report.pooled is None
+            continue
+        plain = fedevalfair(summaries[(result.metric, result.mode)])
+        assert result.report.pooled == plain.pooled
+        mine, theirs = result.report.random_effects, plain.random_effects
+        assert mine is not None and theirs is not None
+        assert mine.tau2 == pytest.approx(theirs.tau2, rel=1e-9, abs=1e-15)
+        assert mine.tau2_interval == theirs.tau2_interval
+        assert mine.estimate == pytest.approx(theirs.estimate, rel=1e-9, abs=1e-12)
+    first = 1 + BLOCK_WIDTH  # the first block's random-effects summary in the release
+    bad = release.copy()
+    bad[first + 2] = bad[first + 1] - 1.0  # tau2_high below tau2_low
+    damaged = protocol.reports(bad)[0]
+    assert damaged.report is not None and damaged.report.random_effects is None
