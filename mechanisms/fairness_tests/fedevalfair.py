@@ -667,7 +667,8 @@ def random_effects_release(
     * ``tau2``: DerSimonian-Laird, max(0, (Q - (k - 1)) / (S1 - S2 / S1)) with Cochran's Q
       of stage 1, S1 = sum u and S2 = sum u^2 (u_i = 1 / V_i, the stage-1 weights).
     * ``tau2_low``, ``tau2_high``: the Q-profile interval at ``level`` (Viechtbauer 2007), the
-      tau^2 with chi2_{(1 - level) / 2}(k - 1) <= Q(tau^2) <= chi2_{(1 + level) / 2}(k - 1),
+      tau^2 at which Q(tau^2) lies between the (1 - level) / 2 and (1 + level) / 2
+      quantiles of chi2(k - 1),
       where Q(t) = sum w(t) (Ybar - mu(t))^2, w(t) = 1 / (V_i + t), decreases in t. Only
       the grid :data:`TAU2_GRID` is known, so each end is rounded outwards to a grid point
       (the interval contains the exact one): ``tau2_low`` the largest grid point with
