@@ -57,11 +57,14 @@ from ..mechanisms.crypto.ckks import (
 )
 from ..mechanisms.crypto.ckks.holder_dp import HolderDP, dp_block, dp_release
 from ..mechanisms.fairness_tests.fedevalfair import (
+    ROUND1_FIELDS,
+    TAU2_GRID,
     BootstrapDisparity,
     ClientSummary,
     InsufficientGroupData,
     bootstrap_disparity,
     client_contribution,
+    random_effects_release,
     stage1_statistic,
     stage1_term,
 )
@@ -69,6 +72,7 @@ from ..mechanisms.protocol import (
     BLOCK_WIDTH,
     BLOCKS,
     CORRUPT_SUM_MARKER,
+    RANDOM_EFFECTS_WIDTH,
     STAGE1_WIDTH,
 )
 from .shards import UserShard
@@ -83,6 +87,12 @@ MAX_MAGNITUDE = 1e12
 #: sits far below the precision the test needs, which leaves room for the noise that floods
 #: it before a key holder releases anything (:mod:`fedparity.mechanisms.crypto.ckks.flooding`).
 ROUND2_PRECISION_BITS = 24
+#: Slots of a round-1 block holding the group counts of the pooled disparity (scaled by their
+#: own size in round 2), and the one counting the clients that sent them (an integer).
+_COUNT_SLOTS = slice(
+    ROUND1_FIELDS.index("sum_group0_rows"), ROUND1_FIELDS.index("sum_group0_rows") + 4
+)
+_COUNTED_SLOT = ROUND1_FIELDS.index("num_clients_with_counts")
 
 
 class CorruptSumError(ValueError):
@@ -368,18 +378,36 @@ def round2_scales(round1_sum: np.ndarray) -> np.ndarray:
     parts, contributions = [], []
     totals_per_block = _blocks(np.asarray(round1_sum, dtype=np.float64))
     for totals, (_, mode) in zip(totals_per_block, BLOCKS, strict=True):
-        weight = float(totals[0])
-        exponent = math.frexp(weight)[1] if weight > 1.0 and math.isfinite(weight) else 0
+        exponent = _exponent(float(totals[0]))
         full, half = 2.0**-exponent, 2.0 ** -(exponent // 2)
         # The paper's T1 grows with its weights n_i / S_i^2 (often 1e3-1e4): it needs relative
         # precision only, and left unscaled it would set the decoding error of every slot.
         first = half if mode == "paper" else 1.0
-        parts.append(np.array([first, full, half]) * precision)
+        # Per tau^2 t of the grid: [sum w (Y - c)^2, sum w, sum w (Y - c), sum w Y] as the
+        # stage-1 parts, sum w Y relative to sum w (the random-effects mean), with the sum of
+        # weights at t bounded by min(sum w(0), k / t) (w(t) = 1 / (V + t) <= 1 / t).
+        count = max(float(totals[-1]), 1.0)
+        grid = []
+        for point in TAU2_GRID:
+            bound = float(totals[0]) if point == 0.0 else min(float(totals[0]), count / point)
+            at = _exponent(bound)
+            grid.extend([1.0, 2.0**-at, 2.0 ** -(at // 2), 2.0**-at])
+        parts.append(np.concatenate([[first, full, half, full * full], grid]) * precision)
         contribution = np.full(BLOCK_WIDTH, full * precision)
         contribution[1] = half * precision
+        # The group counts: each relative to its own round-1 total.
+        contribution[_COUNT_SLOTS] = [
+            2.0 ** -_exponent(float(total)) * precision for total in totals[_COUNT_SLOTS]
+        ]
+        contribution[_COUNTED_SLOT] = 1.0
         contribution[-1] = 1.0
         contributions.append(contribution)
     return np.concatenate([*parts, *contributions])
+
+
+def _exponent(value: float) -> int:
+    """The binary exponent of ``value`` (0 for values <= 1 or not finite)."""
+    return math.frexp(value)[1] if value > 1.0 and math.isfinite(value) else 0
 
 
 def round2_payload(
@@ -397,10 +425,12 @@ def round2_payload(
 
 
 def _count_slots() -> np.ndarray:
-    """Mask of the per-block count slots in a round-2 sum without its count slot."""
+    """Mask of the per-block count slots (the clients, and those that sent group counts) in a
+    round-2 sum without its count slot."""
     mask = np.zeros(len(BLOCKS) * (STAGE1_WIDTH + BLOCK_WIDTH), dtype=bool)
     split = len(BLOCKS) * STAGE1_WIDTH
     mask[split + BLOCK_WIDTH - 1 :: BLOCK_WIDTH] = True
+    mask[split + _COUNTED_SLOT :: BLOCK_WIDTH] = True
     return mask
 
 
@@ -458,9 +488,14 @@ def dp_release_vector(
 
 
 def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray:
-    """Round 3 (key holder): per block [stage-1 statistic, round-2 sums of the contribution].
+    """Round 3 (key holder): per block [stage-1 statistic, round-2 sums of the contribution,
+    random-effects summary].
 
-    ``round1_sum`` / ``round2_sum`` are the decrypted sums without their count slots.
+    ``round1_sum`` / ``round2_sum`` are the decrypted sums without their count slots. The
+    random-effects summary (a calibrated block of >= 2 holders;
+    :func:`~fedparity.mechanisms.fairness_tests.fedevalfair.random_effects_release`: tau^2,
+    its Q-profile interval, the random-effects mean and its sum of weights) comes from the
+    round-2 grid sums, which are never released themselves; NaN where there is none.
     """
     split = len(BLOCKS) * STAGE1_WIDTH
     parts = [round2_sum[i * STAGE1_WIDTH : (i + 1) * STAGE1_WIDTH] for i in range(len(BLOCKS))]
@@ -476,5 +511,12 @@ def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray
             total = stage1_statistic(parts[index], mode)
         else:
             total = 0.0  # nobody reported this block
-        released.append(np.concatenate([[total], now]))
+        effects = np.full(RANDOM_EFFECTS_WIDTH, math.nan)
+        holders = int(round(now[-1]))
+        if mode == "calibrated" and now[0] > 0 and holders >= 2:
+            try:
+                effects = random_effects_release(parts[index], holders)
+            except ValueError:
+                pass  # a sum of weights not > 0: no random-effects summary
+        released.append(np.concatenate([[total], now, effects]))
     return np.concatenate(released)

@@ -33,7 +33,10 @@ submission), with a calibrated default mode where the paper's test is miscalibra
   :class:`FairnessReport`; :func:`client_contribution`, :func:`stage1_term`,
   :func:`stage1_statistic` and :func:`report_from_sums` are the same computation as sums over
   clients (encrypted protocol); :func:`stage_statistics` vectorises it for simulations;
-  :func:`disparity_variance` gives the calibrated weights from a holder's margins.
+  :func:`disparity_variance` gives the calibrated weights from a holder's margins; a
+  calibrated report also holds the :class:`PooledDisparity` of all holders' rows and, from
+  :func:`random_effects_release`, the :class:`RandomEffects` summary (tau^2 and its Q-profile
+  interval, the random-effects mean) to read after stage 1 rejects.
 
 FPFL: fairness-constrained training with user-level DP (Borja Rodriguez-Galvez, Filip
 Granqvist, Rogier van Dalen and Matt Seigel, "Enforcing fairness in private federated learning

@@ -2,6 +2,8 @@ from .fairness_tests.fedevalfair import BootstrapDisparity as BootstrapDisparity
 from .fairness_tests.fedevalfair import ClientSummary as ClientSummary
 from .fairness_tests.fedevalfair import FairnessReport as FairnessReport
 from .fairness_tests.fedevalfair import InsufficientGroupData as InsufficientGroupData
+from .fairness_tests.fedevalfair import PooledDisparity as PooledDisparity
+from .fairness_tests.fedevalfair import RandomEffects as RandomEffects
 from .fairness_tests.fedevalfair import StageStatistics as StageStatistics
 from .fairness_tests.fedevalfair import TestResult as TestResult
 from .fairness_tests.fedevalfair import bootstrap_disparity as bootstrap_disparity
@@ -11,6 +13,7 @@ from .fairness_tests.fedevalfair import disparity_variance as disparity_variance
 from .fairness_tests.fedevalfair import equivalence_test as equivalence_test
 from .fairness_tests.fedevalfair import fedevalfair as fedevalfair
 from .fairness_tests.fedevalfair import homogeneity_test as homogeneity_test
+from .fairness_tests.fedevalfair import random_effects_release as random_effects_release
 from .fairness_tests.fedevalfair import report_from_sums as report_from_sums
 from .fairness_tests.fedevalfair import stage1_statistic as stage1_statistic
 from .fairness_tests.fedevalfair import stage1_term as stage1_term

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from ..mechanisms.fairness_tests.fedevalfair import (
+    AFTER_STAGE1_WITHOUT_RANDOM_EFFECTS,
     EQUIVALENCE_VERDICTS,
     FAIRNESS_VERDICTS,
     HOMOGENEITY_VERDICTS,
     METRIC_NAMES,
     PAPER_MODE_WARNING,
+    tau2_high_text,
 )
 from ..mechanisms.formatting import format_number
-from ..mechanisms.ldp.estimators import GAP_VERDICTS
+from ..mechanisms.ldp.estimators import GAP_VERDICTS, normal_quantile
 from ..strategies.fedevalfair import block_label
 from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.replies import LedgerTotals
@@ -579,6 +581,63 @@ def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> lis
                     "muted" if quiet else ("good" if certified else "info"),
                 )
             )
+        findings.extend(_pooled_and_random_effects(report, key, label, quiet))
+    return findings
+
+
+def _pooled_and_random_effects(
+    report: Mapping[str, Any], key: str, label: str, quiet: bool
+) -> list[Finding]:
+    """The pooled disparity's line and, after stage 1 rejects (calibrated mode), what to
+    report instead of one common disparity: the lines of ``FairnessReport.verdicts``."""
+    findings = []
+    level = report["confidence_level"]
+    z = normal_quantile(level)
+    pooled = report.get("pooled")
+    if pooled is not None:
+        estimate, stderr = pooled["estimate"], pooled["stderr"]
+        findings.append(
+            Finding(
+                (
+                    f"{label}, pooled disparity (every holder's rows as one test set): ",
+                    Value(f"{key}-pooled", estimate),
+                    f", {100 * level:g}% interval [",
+                    Value(f"{key}-pooled-low", estimate - z * stderr),
+                    ", ",
+                    Value(f"{key}-pooled-high", estimate + z * stderr),
+                    "]",
+                ),
+                "muted" if quiet else "info",
+            )
+        )
+    if not report["reject_homogeneity"] or report["mode"] != "calibrated":
+        return findings
+    effects = report.get("random_effects")
+    if effects is None:
+        findings.append(Finding((f"{label}, {AFTER_STAGE1_WITHOUT_RANDOM_EFFECTS}",), "warn"))
+        return findings
+    estimate, stderr = effects["estimate"], effects["stderr"]
+    low, high = effects["tau2_interval"]
+    findings.append(
+        Finding(
+            (
+                f"{label}, after stage 1 (the holders differ): report the random-effects mean ",
+                Value(f"{key}-random-effects-mean", estimate),
+                f", {100 * level:g}% interval [",
+                Value(f"{key}-random-effects-low", estimate - z * stderr),
+                ", ",
+                Value(f"{key}-random-effects-high", estimate + z * stderr),
+                "], and the between-holder sd tau = ",
+                Value(f"{key}-tau", effects["tau"]),
+                " (tau^2 = ",
+                Value(f"{key}-tau2", effects["tau2"], ".3g"),
+                f", {100 * effects['tau2_interval_level']:g}% Q-profile interval [",
+                Value(f"{key}-tau2-low", low, ".3g"),
+                f", {tau2_high_text(high)}]), not one common disparity, and look at the holders",
+            ),
+            "warn",
+        )
+    )
     return findings
 
 

@@ -80,9 +80,11 @@ from ..mechanisms.fairness_tests.fedevalfair import (
     METRIC_NAMES,
     PAPER_MODE_WARNING,
     FairnessReport,
+    RandomEffects,
     report_from_sums,
 )
 from ..mechanisms.protocol import (
+    BLOCK_WIDTH,
     BLOCKS,
     CORRUPT_SUM_MARKER,
     FEF_ENDORSE_MESSAGE_TYPE,
@@ -236,6 +238,16 @@ class FedEvalFairOutcome:
             "max_ciphertexts_per_node_per_round": list(self.ciphertexts_per_node),
             **({} if self.holder_dp is None else {"holder_dp": dict(self.holder_dp)}),
         }
+
+
+def _random_effects(released: np.ndarray) -> np.ndarray | None:
+    """A calibrated block's released random-effects summary, or None when there is none (NaN)
+    or it does not hold together (a report without it, rather than no report)."""
+    try:
+        RandomEffects.from_release(released)
+    except ValueError:
+        return None
+    return released
 
 
 class FedEvalFairProtocol:
@@ -601,7 +613,8 @@ class FedEvalFairProtocol:
         results = []
         for index, (metric, mode) in enumerate(BLOCKS):
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
-            stage1, totals = block[0], block[1:]
+            stage1, totals = block[0], block[1 : 1 + BLOCK_WIDTH]
+            effects = block[1 + BLOCK_WIDTH :]
             clients = int(round(totals[-1]))
             if clients < 2:
                 reason = f"only {clients} node(s) could compute {metric}"
@@ -619,6 +632,7 @@ class FedEvalFairProtocol:
                 mu0=self.mu0,
                 tolerance=self.tolerance,
                 num_clients=clients,
+                random_effects=_random_effects(effects) if mode == "calibrated" else None,
             )
             results.append(BlockResult(metric, mode, report))
         return tuple(results)
@@ -637,7 +651,8 @@ class FedEvalFairProtocol:
                 results.append(BlockResult(metric, mode, None, reason))
                 continue
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
-            holders = int(round(block[-1])) if math.isfinite(block[-1]) else 0
+            count = block[BLOCK_WIDTH]  # the contribution's count slot
+            holders = int(round(count)) if math.isfinite(count) else 0
             try:
                 report = dp_report(
                     block[1:4],

@@ -42,6 +42,7 @@ from fedparity.mechanisms.crypto.ckks import (
     UnverifiedSumError,
     add_ciphertexts,
     contributors_digest,
+    decrypt_vector,
     encrypt_vector,
     endorsement_transcript,
     flood_key,
@@ -59,6 +60,7 @@ from fedparity.mechanisms.protocol import (
     RELEASE_SIZE,
     ROUND1_SIZE,
     ROUND2_SIZE,
+    STAGE1_WIDTH,
 )
 from fedparity.mechanisms.protocol.fedevalfair import FEF_COMMIT_MESSAGE_TYPE
 from fedparity.strategies.fedevalfair import FedEvalFairProtocol
@@ -457,6 +459,34 @@ def test_the_honest_exchange_completes_and_a_node_releases_once(
     assert endorsement_transcript(RUN_ID, 1, hashlib.sha256(total).digest(), contributors)
     assert contributors_digest(contributors) == contributors_digest(reversed(contributors))
     assert ROUND2_SIZE > ROUND1_SIZE
+
+
+def test_a_round2_ciphertext_altered_in_its_random_effects_slots_is_refused(
+    federation: Federation,
+) -> None:
+    """The random-effects sums (sum u^2 and the tau^2 grid) and the pooled disparity's group
+    counts travel inside each holder's signed ciphertext: a server that adds ``Enc(delta)``
+    there (it holds the public key) to move the released tau^2 interval, mean or counts
+    changes what the sum decrypts to, and breaks the holder's signature, so no holder commits
+    to that set and no key holder releases over it."""
+    first, second = through_round2(federation)
+    public = load_public_context(federation.keys.public)
+    delta = np.zeros(ROUND2_SIZE)
+    delta[4:STAGE1_WIDTH] = 1e3  # the first block's grid sums
+    delta[-7:-3] = 50.0  # the last block's group counts (before its two count slots)
+    altered, _ = add_ciphertexts(
+        public, [second["a"].payload, encrypt_vector(public, delta)], expected_size=ROUND2_SIZE
+    )
+    secret = load_secret_context(federation.keys.secret)
+    moved = decrypt_vector(secret, altered) - decrypt_vector(secret, second["a"].payload)
+    np.testing.assert_allclose(moved, delta, atol=1e-3)  # without signatures: it works
+    forged = {**second, "a": SignedCiphertext(altered, second["a"].signer, second["a"].signature)}
+    with pytest.raises(UnverifiedSumError, match="does not verify"):
+        commit(federation, first, forged)
+    commitments = commit(federation, first, second)
+    with pytest.raises(UnverifiedSumError, match="does not verify"):
+        release(federation, first, "b", forged, commitments)
+    assert release(federation, first, "b", second, commitments).shape == (RELEASE_SIZE,)
 
 
 # --- one committed set per run (review M1) ------------------------------------------------------

@@ -42,6 +42,8 @@ JSON_KEYS = {
     "reject_homogeneity",
     "reject_fairness",
     "certified_fair",
+    "pooled",
+    "random_effects",
 }
 TEST_KEYS = {"statistic", "dof", "pvalue", "estimate", "stderr", "method", "null_value"}
 
@@ -88,6 +90,11 @@ def test_json_output_matches_the_library_and_the_formulas(csv_path: Path) -> Non
         [mu_hat - z / math.sqrt(w.sum()), mu_hat + z / math.sqrt(w.sum())], rel=1e-10
     )
     assert payload["k"] == 4 and payload["mode"] == "calibrated" and payload["tolerance"] == 0.05
+    # A CSV of mean, variance and n has no counts: no pooled disparity; the random-effects
+    # summary is there (V_i = S_i^2): DerSimonian-Laird's tau^2 from the same Q.
+    assert payload["pooled"] is None
+    spread = w.sum() - (w**2).sum() / w.sum()
+    assert payload["random_effects"]["tau2"] == pytest.approx(max(0.0, (q - 3) / spread), abs=1e-15)
 
 
 def test_json_paper_mode_and_options(csv_path: Path) -> None:

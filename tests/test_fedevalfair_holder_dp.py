@@ -35,10 +35,12 @@ from scipy import stats
 from fedparity.clients import HolderRows, fedevalfair_handlers
 from fedparity.clients.fedevalfair import (
     ClientStatistics,
+    _count_slots,
     flooded_round2_sum,
     release_vector,
     round1_vector,
     round2_payload,
+    round2_scales,
     rows_statistics,
 )
 from fedparity.clients.fedevalfair_handlers import (
@@ -57,7 +59,9 @@ from fedparity.mechanisms.crypto.ckks import (
     KeyPaths,
     ReleaseJournal,
     contributors_digest,
+    decryption_error_bound,
     dp_release,
+    flooding_std,
     load_public_context,
 )
 from fedparity.mechanisms.crypto.ckks.holder_dp import (
@@ -68,6 +72,7 @@ from fedparity.mechanisms.crypto.ckks.holder_dp import (
     released_blocks,
 )
 from fedparity.mechanisms.fairness_tests.fedevalfair import (
+    ROUND1_FIELDS,
     ClientSummary,
     disparity_variance,
     disparity_variances,
@@ -81,6 +86,7 @@ from fedparity.mechanisms.protocol import (
     RELEASE_WIDTH,
     ROUND1_SIZE,
     ROUND2_SIZE,
+    STAGE1_WIDTH,
 )
 from fedparity.server.cli.identity import write_node_identities
 from fedparity.strategies.fedevalfair import (
@@ -430,7 +436,7 @@ def test_the_released_noise_has_the_calibrated_standard_deviation() -> None:
             message = b"run 7 commitment " + digest.to_bytes(4, "big")
             release = dp_release(contributions, num_holders=9, dp=DP, key=key, message=message)
             assert np.isnan(release[[i * RELEASE_WIDTH for i in range(len(BLOCKS))]]).all()
-            assert release[[i * RELEASE_WIDTH + RELEASE_WIDTH - 1 for i in DP_BLOCKS]].tolist() == [
+            assert release[[i * RELEASE_WIDTH + BLOCK_WIDTH for i in DP_BLOCKS]].tolist() == [
                 9.0,
                 9.0,
             ]
@@ -562,7 +568,10 @@ def test_two_key_holders_release_identical_values_and_never_the_exact_sums(
         if mode == "paper":
             assert np.isnan(block).all()
         else:
-            assert np.isnan(block[4:-1]).all() and block[-1] == 3.0
+            # Released: the three DP sums and k (the contribution's count slot); the group
+            # counts of the pooled disparity and the random-effects summary are not.
+            assert np.isnan(block[4:BLOCK_WIDTH]).all() and block[BLOCK_WIDTH] == 3.0
+            assert np.isnan(block[BLOCK_WIDTH + 1 :]).all()
     assert outcome.holder_dp == DP.to_dict()
     assert outcome.to_dict()["holder_dp"]["noise_std"] == DP.noise_std
     for block in outcome.blocks:  # 3 holders: the noise may swamp a test (said so)
@@ -572,6 +581,8 @@ def test_two_key_holders_release_identical_values_and_never_the_exact_sums(
             assert "noisy sum of weights is not positive" in str(block.reason)
         else:
             assert block.report.homogeneity.method.startswith("Holder-level DP")
+            # Not released in this mode: the group counts and the random-effects summary.
+            assert block.report.pooled is None and block.report.random_effects is None
 
 
 def journal_path(ledgers: Path, node: int) -> Path | None:
@@ -972,16 +983,13 @@ def holder(index):
 handlers, context = holder(1)
 reply = handlers["fef_commit"](message("commit:", "fef_commit"), context)
 out["commitment"] = reply.content.array_records["fef"]["commitment"].numpy()
-handlers, context = holder(0)
-reply = handlers["fef_round3"](message("round3:", "fef_round3"), context)
-out["handler_release"] = reply.content.array_records["fef"]["release"].numpy()
 np.savez(folder / "child.npz", **out)
 
 public = ckks.load_public_context(inputs["public"])
 protocol = strategy.FedEvalFairProtocol(public, alpha=0.05, mu0=mu0, tolerance=tolerance)
 text = {}
 for name in ("release", "handler_release"):
-    blocks = protocol.reports(out[name])
+    blocks = protocol.reports(data["projected:" + name])
     outcome = strategy.FedEvalFairOutcome(blocks=blocks, **inputs["outcome"])
     results = {**inputs["results"], "fedevalfair": outcome.to_dict()}
     text[name] = {
@@ -999,10 +1007,17 @@ def test_with_the_mode_off_the_outputs_are_bit_for_bit_those_of_the_code_before_
     holders: Holders, tmp_path: Path
 ) -> None:
     """The code of the commit before the DP mode (from git, in a subprocess) and today's with
-    the mode off, on the same inputs: the round-1 and round-2 vectors, the flooded round-2 sum
-    and the release, the commitment signature and the key holder's release of the real
-    handlers (over the same signed ciphertexts), and the server's reports, outcome, table,
-    findings, warnings and HTML page are identical."""
+    the mode off, on the same inputs: the round-1 and round-2 vectors and the commitment
+    signature (over the same signed ciphertexts) are identical, and so are the server's
+    reports, outcome, table, findings, warnings and HTML page from a release.
+
+    Since the pooled disparity and the random-effects summary (issue 28) every vector also
+    holds their slots, and the flooding noise, whose standard deviation grows with the
+    number of slots, differs: the vectors are compared on the slots the old code had
+    (:func:`old_layout`), the flooded sum and the release to the flooding noise, the old
+    code's reports are made from today's release on the old slots, and today's outcome,
+    findings and page without the new keys and lines. The old code cannot read today's
+    ciphertexts, so the key holder's release of the real handlers is not compared."""
     from fedparity.server import report
     from fedparity.server.fedevalfair_job import fedevalfair_table
     from fedparity.server.html_report import render_report
@@ -1089,7 +1104,9 @@ def test_with_the_mode_off_the_outputs_are_bit_for_bit_those_of_the_code_before_
     mine["handler_release"] = reply.content.array_records[FEF_KEY]["release"].numpy()
 
     fields = {"statistics": np.stack([s.to_array() for s in statistics])}
-    fields.update(round1_sum=round1_sum, scaled=scaled)
+    fields.update(round1_sum=old_layout(round1_sum, "round1"), scaled=old_layout(scaled, "round2"))
+    for name in ("release", "handler_release"):
+        fields["projected:" + name] = old_layout(mine[name], "release")
     for prefix, content in (("commit:", commit_request), ("round3:", round3_request)):
         for name, array in content.array_records[FEF_KEY].items():
             fields[prefix + name] = array.numpy()
@@ -1136,8 +1153,36 @@ def test_with_the_mode_off_the_outputs_are_bit_for_bit_those_of_the_code_before_
     )
     assert child.returncode == 0, child.stderr[-3000:]
     theirs = np.load(tmp_path / "child.npz")
-    for name, value in mine.items():
-        assert np.array_equal(value, theirs[name], equal_nan=True), name
+    for name in ("round1", "round2"):
+        assert np.array_equal(old_layout(mine[name], name), theirs[name]), name
+    assert np.array_equal(mine["commitment"], theirs["commitment"])
+    # The flooding noise is drawn for more slots today (std sqrt(d) times a bound): the two
+    # flooded sums differ by two noises, each within 8 standard deviations (a slot's std in
+    # natural units is the flooding std over the slot's round-2 scale) plus its rounding grid.
+    bound = decryption_error_bound(
+        CkksParameters(), num_ciphertexts=3, max_magnitude=float(np.max(np.abs(scaled)))
+    )
+    old_bound = decryption_error_bound(
+        CkksParameters(),
+        num_ciphertexts=3,
+        max_magnitude=float(np.max(np.abs(old_layout(scaled, "round2")))),
+    )
+    stds = [
+        flooding_std(bound, num_values=int((~_count_slots()).sum())),
+        # the old protocol: 3 stage-1 parts and 7 sums besides the count slot per block
+        flooding_std(old_bound, num_values=len(BLOCKS) * (3 + 7)),
+    ]
+    noise = sum(8 * std + 2.0 ** math.floor(math.log2(std)) for std in stds)
+    scales = old_layout(round2_scales(round1_sum), "round2")
+    difference = np.abs(old_layout(mine["flooded"], "round2") - theirs["flooded"])
+    assert (difference <= noise / scales).all()
+    # The release (Q, the sums, k) from them: to the largest of those noises.
+    np.testing.assert_allclose(
+        old_layout(mine["release"], "release"),
+        theirs["release"],
+        rtol=1e-6,
+        atol=float(np.max(noise / scales)),
+    )
 
     text = json.loads((tmp_path / "child.json").read_text())
     protocol = protocol_of(holders, None, alpha=0.05, mu0=mu0, tolerance=tolerance)
@@ -1145,14 +1190,20 @@ def test_with_the_mode_off_the_outputs_are_bit_for_bit_those_of_the_code_before_
         blocks = protocol.reports(mine[name])
         outcome = FedEvalFairOutcome(blocks=blocks, **outcome_fields)  # type: ignore[arg-type]
         combined = {**results, "fedevalfair": outcome.to_dict()}
-        assert json.dumps(outcome.to_dict(), sort_keys=True) == text[name]["outcome"]
+        # Today's release on the old slots is what the old code read, so the blocks agree
+        # bit for bit once the new keys (pooled, random_effects) are set aside.
+        assert (
+            json.dumps(_without_new_keys(outcome.to_dict()), sort_keys=True)
+            == (text[name]["outcome"])
+        )
         assert fedevalfair_table(outcome, "calibrated") == text[name]["table"]
         findings = [finding.plain() for finding in report.fedevalfair_findings(combined)]
-        assert findings == text[name]["findings"]
+        assert [line for line in findings if not _new_line(line)] == text[name]["findings"]
         assert report.fedevalfair_warnings(combined) == text[name]["warnings"]
         page = render_report(report.fedevalfair_report(combined, tmp_path, None))
         # The page's style sheet gained a rule since (the run's description, issue 32); the
         # DP mode cannot change styling, so the pages are compared without their <style>.
+        page = "\n".join(line for line in page.split("\n") if not _new_line(line))
         assert _without_style(page) == _without_style(text[name]["page"])
 
 
@@ -1200,6 +1251,45 @@ def test_the_mode_is_off_by_default_and_its_parameters_name_their_range() -> Non
         NodePrivacyPolicy.from_mapping({"fef-dp-max-epsilon": 0}, source="t")
     with pytest.raises(ValueError, match="user_ids must be a 1-d array of integer user ids"):
         HolderRows(np.zeros(2), np.zeros(2), np.array([0, 1]), user_ids=np.array([0.5, 1.0]))
+
+
+def old_layout(vector: np.ndarray, kind: str) -> np.ndarray:
+    """A round-1 sum (``"round1"``, with or without its count slot), a round-2 vector or
+    sum (``"round2"``) or a release (``"release"``) on the slots of the protocol before the
+    pooled disparity and the random-effects summary (issue 28), along the last axis."""
+    counts = ROUND1_FIELDS.index("sum_group0_rows")
+    old_block = [*range(counts), BLOCK_WIDTH - 1]  # the moments, then the count slot
+    if kind == "round1":
+        keep = [b * BLOCK_WIDTH + i for b in range(len(BLOCKS)) for i in old_block]
+    elif kind == "round2":
+        split = len(BLOCKS) * STAGE1_WIDTH
+        keep = [b * STAGE1_WIDTH + i for b in range(len(BLOCKS)) for i in range(3)]
+        keep += [split + b * BLOCK_WIDTH + i for b in range(len(BLOCKS)) for i in old_block]
+    else:
+        keep = [
+            b * RELEASE_WIDTH + i
+            for b in range(len(BLOCKS))
+            for i in [0, *(1 + j for j in old_block)]
+        ]
+    array = np.asarray(vector)
+    if array.shape[-1] in (len(BLOCKS) * BLOCK_WIDTH + 1, ROUND2_SIZE):
+        keep.append(array.shape[-1] - 1)  # the message's own count slot
+    return array[..., keep]
+
+
+def _without_new_keys(outcome: dict) -> dict:
+    """A FedEvalFair outcome without the report keys issue 28 added."""
+    copied = json.loads(json.dumps(outcome))
+    for test in copied["tests"]:
+        if test["report"] is not None:
+            test["report"].pop("pooled")
+            test["report"].pop("random_effects")
+    return copied
+
+
+def _new_line(line: str) -> bool:
+    """A headline line issue 28 added (the pooled disparity, what to do after stage 1)."""
+    return "pooled disparity (every holder" in line or "after stage 1 (the holders" in line
 
 
 def _without_style(page: str) -> str:

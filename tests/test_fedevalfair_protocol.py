@@ -237,6 +237,22 @@ def test_three_rounds_match_the_plaintext_test(
             # flooding noise (fresh keys per test run) moves these by ~1e-6 at most seen
             assert mine.pvalue == pytest.approx(theirs.pvalue, abs=1e-5)
             assert mine.statistic == pytest.approx(theirs.statistic, rel=1e-5, abs=1e-8)
+        # The pooled disparity (from the summed group counts, exact integers) and the
+        # random-effects summary (from the grid sums) equal the plaintext's.
+        if block.mode == "paper":
+            assert block.report.pooled is None and block.report.random_effects is None
+            continue
+        assert plain.pooled is not None and plain.random_effects is not None  # type: ignore[attr-defined]
+        assert block.report.pooled == plain.pooled  # type: ignore[attr-defined]
+        mine_re, plain_re = block.report.random_effects, plain.random_effects  # type: ignore[attr-defined]
+        assert mine_re is not None
+        assert mine_re.tau2 == pytest.approx(plain_re.tau2, rel=1e-5, abs=1e-10)
+        # Grid points: equal unless Q sits within the noise of a quantile (never seen).
+        assert mine_re.tau2_interval == plain_re.tau2_interval
+        assert mine_re.tau2_used == plain_re.tau2_used
+        # The mean to 1e-4 of its standard error (the flooding noise on sum w Y is ~1e-5).
+        assert mine_re.estimate == pytest.approx(plain_re.estimate, abs=1e-4 * plain_re.stderr)
+        assert mine_re.stderr == pytest.approx(plain_re.stderr, rel=1e-5)
 
 
 def test_bad_ciphertexts_are_rejected_and_the_sum_goes_on(

@@ -165,6 +165,26 @@ def fedevalfair_expected(results: Mapping[str, Any]) -> dict[str, Any]:
         if report["equivalence"] is not None:
             expected[f"{key}-equivalence-pvalue"] = report["equivalence"]["pvalue"]
             expected[f"{key}-certified-fair"] = report["equivalence"]["pvalue"] < report["alpha"]
+        z = statistics.NormalDist().inv_cdf(0.5 + report["confidence_level"] / 2)
+        pooled = report.get("pooled")
+        if pooled is not None:  # the pooled disparity of all rows, with its interval
+            expected[f"{key}-pooled"] = pooled["estimate"]
+            for end, sign in (("low", -1), ("high", 1)):
+                expected[f"{key}-pooled-{end}"] = pytest.approx(
+                    pooled["estimate"] + sign * z * pooled["stderr"], rel=1e-9, abs=1e-12
+                )
+        effects = report.get("random_effects")
+        rejected = report["homogeneity"]["pvalue"] < report["alpha"]
+        if effects is not None and rejected and test["mode"] == "calibrated":
+            # after stage 1 rejects: the random-effects mean and tau
+            expected[f"{key}-random-effects-mean"] = effects["estimate"]
+            for end, sign in (("low", -1), ("high", 1)):
+                expected[f"{key}-random-effects-{end}"] = pytest.approx(
+                    effects["estimate"] + sign * z * effects["stderr"], rel=1e-9, abs=1e-12
+                )
+            expected[f"{key}-tau"] = effects["tau"]
+            expected[f"{key}-tau2"] = effects["tau2"]
+            expected[f"{key}-tau2-low"] = effects["tau2_interval"][0]
     return expected
 
 

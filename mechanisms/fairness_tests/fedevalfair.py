@@ -63,15 +63,23 @@ in the paper, it is what an operator who wants to *certify* fairness needs) cert
 The server only adds (the paper's Algorithms 1-2; the encrypted protocol is
 :mod:`fedparity.mechanisms.crypto.ckks`): in round 1 every client adds
 :func:`client_contribution` = [w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, and w_i^2 V_i at
-mu0, +tolerance and -tolerance, 1] (:data:`ROUND1_FIELDS`); in round 2, given the
-decrypted round-1 totals, it adds :func:`stage1_term` (:data:`STAGE1_FIELDS`);
+mu0, +tolerance and -tolerance, the group counts, 1] (:data:`ROUND1_FIELDS`); in round 2,
+given the decrypted round-1 totals, it adds :func:`stage1_term` (:data:`STAGE1_FIELDS`);
 :func:`stage1_statistic` and :func:`report_from_sums` turn the two totals into the
 :class:`FairnessReport`. :func:`fedevalfair` is that computation in one process, and
 :func:`stage_statistics` the same kernels over arrays (Monte Carlo).
+
+The common disparity mu_hat is a precision-weighted mean, dominated by the most precise
+holders; a calibrated report also gives the pooled disparity X0 / N0 - X1 / N1 of all holders'
+rows (:class:`PooledDisparity`, from the summed group counts of round 1) and, for when stage 1
+rejects, a random-effects summary (:class:`RandomEffects`: DerSimonian-Laird's tau^2, its
+Q-profile interval and the random-effects mean, from the round-2 sums on the tau^2 grid
+:data:`TAU2_GRID`; :func:`random_effects_release`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,15 +117,54 @@ ROUND1_FIELDS: tuple[str, ...] = (
     "sum_squared_weights_times_null_variances",
     "sum_squared_weights_times_variances_at_plus_tolerance",
     "sum_squared_weights_times_variances_at_minus_tolerance",
+    "sum_group0_rows",
+    "sum_group0_predicted_positive",
+    "sum_group1_rows",
+    "sum_group1_predicted_positive",
+    "num_clients_with_counts",
     "num_clients",
+)
+#: Index of the first group-count entry of the round-1 vector (the pooled disparity's counts:
+#: group-0 rows, of them predicted positive, group-1 rows, of them predicted positive, and 1
+#: if the client sent its counts).
+_COUNTS = ROUND1_FIELDS.index("sum_group0_rows")
+#: The between-holder variances tau^2 at which every holder adds its random-effects sums in
+#: round 2 (a protocol constant, never sent by the server, so that no holder can be given
+#: another grid than the others): 0, then 10^-6 to 1 in steps of a factor 10^(1/12).
+TAU2_GRID: tuple[float, ...] = (0.0, *(10.0 ** (j / 12.0 - 6.0) for j in range(73)))
+#: Factor between consecutive positive points of :data:`TAU2_GRID` (the interval's resolution).
+TAU2_GRID_FACTOR = 10.0 ** (1.0 / 12.0)
+#: Level of the Q-profile interval for tau^2 the key holders release (fixed by the protocol).
+TAU2_INTERVAL_LEVEL = 0.95
+#: Per grid point of :data:`TAU2_GRID`, the round-2 sums with w(t) = 1 / (V_i + t).
+_GRID_SUMS: tuple[str, ...] = (
+    "sum_weighted_squared_deviations",
+    "sum_weights",
+    "sum_weighted_deviations",
+    "sum_weighted_means",
 )
 #: Names of the round-2 vector's entries (what :func:`stage1_term` returns): Cochran's Q is
 #: sum u (Ybar - c)^2 - (sum u (Ybar - c))^2 / sum u, exact over whichever clients add them.
 #: Mode "paper" sends [T1 term, 0, 0].
+#: After these three: sum u^2 (DerSimonian-Laird's tau^2) and, for every tau^2 t of
+#: :data:`TAU2_GRID`, [sum w (Ybar - c)^2, sum w, sum w (Ybar - c), sum w Ybar] with
+#: w = 1 / (1 / u + t) (the Q-profile and the random-effects mean); zeros in mode "paper".
 STAGE1_FIELDS: tuple[str, ...] = (
     "sum_weighted_squared_deviations",
     "sum_stage1_weights",
     "sum_weighted_deviations",
+    "sum_squared_stage1_weights",
+    *(f"tau2_grid_{j}_{name}" for j in range(len(TAU2_GRID)) for name in _GRID_SUMS),
+)
+#: What the key holders release of a calibrated block's random-effects summary
+#: (:func:`random_effects_release`), after the stage-1 statistic and the round-2 sums.
+RANDOM_EFFECTS_FIELDS: tuple[str, ...] = (
+    "tau2",
+    "tau2_low",
+    "tau2_high",
+    "tau2_used",
+    "random_effects_mean",
+    "random_effects_sum_weights",
 )
 #: Elements of one bootstrap index chunk (B x n is drawn in chunks of this many; ~32 MB).
 _CHUNK_ELEMENTS = 1 << 22
@@ -499,6 +546,34 @@ def _weights(
     return weights, variance_of_mean
 
 
+def _group_counts(means: Floats, margins: np.ndarray | None, mode: Mode) -> np.ndarray:
+    """[n0, x0, n1, x1, 1] on a new last axis: the rows of each group the metric averages over
+    and how many of them are predicted positive, recovered from the calibrated summary (its
+    plug-in disparity x0 / n0 - x1 / n1 and margins (n0, n1, x0 + x1)); zeros where the
+    summary holds no counts (mode "paper", no margins, or a mean that no integer x0 gives)."""
+    shape = np.shape(means)
+    if mode == "paper" or margins is None:
+        return np.zeros((*shape, 5))
+    group0, group1, positives = margins[..., 0], margins[..., 1], margins[..., 2]
+    with np.errstate(invalid="ignore"):
+        exact = group0 * (means * group1 + positives) / (group0 + group1)
+        rounded = np.round(exact)
+        # The recovered count is an integer to rounding error (~1e-16 of n0 n1 / N) and gives
+        # the mean back; anything else is a summary that was not computed from counts.
+        recovered = rounded / group0 - (positives - rounded) / group1
+        valid = (
+            np.isfinite(exact)
+            & (np.abs(exact - rounded) <= 1e-6)
+            & (np.abs(recovered - means) <= 1e-12)
+            & (rounded >= 0.0)
+            & (rounded <= group0)
+            & (positives - rounded >= 0.0)
+            & (positives - rounded <= group1)
+        )
+    counts = np.stack([group0, rounded, group1, positives - rounded, np.ones_like(exact)], axis=-1)
+    return np.where(valid[..., None], counts, 0.0)
+
+
 def _round1_vectors(
     means: Floats,
     variances: Floats,
@@ -508,24 +583,19 @@ def _round1_vectors(
     mu0: float,
     tolerance: float | None,
 ) -> np.ndarray:
-    """[w, w Ybar, w Ybar^2, w^2 Var, w^2 V(mu0), w^2 V(tol), w^2 V(-tol), 1] on a new last axis."""
+    """[w, w Ybar, w Ybar^2, w^2 Var, w^2 V(mu0), w^2 V(tol), w^2 V(-tol), the group counts
+    (:func:`_group_counts`), 1] on a new last axis."""
     weights, variance_of_mean = _weights(variances, sizes, margins, mode)
     tol = 0.0 if tolerance is None else tolerance
     null = [
         weights**2 * _variances_at(variances, sizes, margins, mode, value)
         for value in (mu0, tol, -tol)
     ]
-    return np.stack(
-        [
-            weights,
-            weights * means,
-            weights * means**2,
-            weights**2 * variance_of_mean,
-            *null,
-            np.ones_like(weights),
-        ],
-        -1,
+    moments = np.stack(
+        [weights, weights * means, weights * means**2, weights**2 * variance_of_mean, *null], -1
     )
+    counts = _group_counts(np.broadcast_to(means, np.shape(weights)), margins, mode)
+    return np.concatenate([moments, counts, np.ones_like(weights)[..., None]], -1)
 
 
 def _stage1_vectors(
@@ -553,17 +623,265 @@ def _stage1_vectors(
                 "(1 - omega_i > 0)"
             )
         terms = weights * deviations**2 * (sum_weights / others)
-        return np.stack([terms, np.zeros_like(terms), np.zeros_like(terms)], -1)
-    stage1_weights = 1.0 / _variances_at(variances, sizes, margins, mode, centre)
-    return np.stack(
-        [stage1_weights * deviations**2, stage1_weights, stage1_weights * deviations], -1
+        rest = np.zeros((*np.shape(terms), len(STAGE1_FIELDS) - 1))
+        return np.concatenate([terms[..., None], rest], -1)
+    holder_variance = _variances_at(variances, sizes, margins, mode, centre)
+    stage1_weights = 1.0 / holder_variance
+    first = np.stack(
+        [
+            stage1_weights * deviations**2,
+            stage1_weights,
+            stage1_weights * deviations,
+            stage1_weights**2,
+        ],
+        -1,
     )
+    # The random-effects weights w(t) = 1 / (V_i + t) on the grid (V_i = 1 / u_i).
+    grid_weights = 1.0 / (np.asarray(holder_variance)[..., None] + np.asarray(TAU2_GRID))
+    grid_deviations = np.asarray(deviations)[..., None]
+    grid_means = np.broadcast_to(np.asarray(means)[..., None], grid_weights.shape)
+    grid = np.stack(
+        [
+            grid_weights * grid_deviations**2,
+            grid_weights,
+            grid_weights * grid_deviations,
+            grid_weights * grid_means,
+        ],
+        -1,
+    )
+    return np.concatenate([first, grid.reshape(*grid.shape[:-2], -1)], -1)
 
 
 def _stage1_from_sums(stage1_totals: np.ndarray) -> np.ndarray:
     """Cochran's Q = S0 - S2^2 / S1 from the summed calibrated round-2 vectors."""
     squares, weights, deviations = (stage1_totals[..., i] for i in range(3))
     return squares - deviations**2 / weights
+
+
+def random_effects_release(
+    stage1_totals: np.ndarray, num_clients: int, *, level: float = TAU2_INTERVAL_LEVEL
+) -> np.ndarray:
+    """The random-effects summary of a calibrated block from its summed round-2 vectors
+    (:data:`STAGE1_FIELDS`, over any leading axes): :data:`RANDOM_EFFECTS_FIELDS`.
+
+    * ``tau2``: DerSimonian-Laird, max(0, (Q - (k - 1)) / (S1 - S2 / S1)) with Cochran's Q
+      of stage 1, S1 = sum u and S2 = sum u^2 (u_i = 1 / V_i, the stage-1 weights).
+    * ``tau2_low``, ``tau2_high``: the Q-profile interval at ``level`` (Viechtbauer 2007), the
+      tau^2 at which Q(tau^2) lies between the (1 - level) / 2 and (1 + level) / 2
+      quantiles of chi2(k - 1),
+      where Q(t) = sum w(t) (Ybar - mu(t))^2, w(t) = 1 / (V_i + t), decreases in t. Only
+      the grid :data:`TAU2_GRID` is known, so each end is rounded outwards to a grid point
+      (the interval contains the exact one): ``tau2_low`` the largest grid point with
+      Q >= the upper quantile (0 if Q(0) is below it), ``tau2_high`` the smallest with
+      Q <= the lower quantile (0 if Q(0) is below it, infinity if Q(1) is above it).
+    * ``tau2_used``: the smallest grid point >= ``tau2`` (the last one, 1, if none);
+      ``random_effects_mean`` = sum w(t) Ybar / sum w(t) there and
+      ``random_effects_sum_weights`` = sum w(t), its standard error being
+      1 / sqrt(sum w(t)) (rounding tau^2 up makes it larger, not smaller).
+
+    What the key holders release instead of the grid sums: Q on the whole grid would let the
+    server solve for the holders' own variances (the poles of Q(t)).
+
+    References
+    ----------
+    .. [1] R. DerSimonian and N. Laird, "Meta-analysis in clinical trials", Controlled
+           Clinical Trials 7(3), 177-188, 1986.
+    .. [2] W. Viechtbauer, "Confidence intervals for the amount of heterogeneity in
+           meta-analysis", Statistics in Medicine 26(1), 37-52, 2007.
+    """
+    from scipy import stats
+
+    level = check_open_unit("level", level)
+    num_clients = check_int_at_least("num_clients", num_clients, 2)
+    totals = np.asarray(stage1_totals, dtype=np.float64)
+    if totals.shape[-1:] != (len(STAGE1_FIELDS),) or not np.all(np.isfinite(totals)):
+        raise ValueError(
+            f"stage1_totals must hold {len(STAGE1_FIELDS)} finite numbers (STAGE1_FIELDS) on "
+            f"the last axis, got shape {totals.shape}"
+        )
+    if not np.all(totals[..., 1] > 0.0):
+        raise ValueError("stage1_totals[1] (the sum of stage-1 weights) must be > 0")
+    dof = num_clients - 1
+    sum_u, sum_u2 = totals[..., 1], totals[..., 3]
+    q = np.maximum(_stage1_from_sums(totals[..., :3]), 0.0)
+    spread = sum_u - sum_u2 / sum_u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau2 = np.where(spread > 0.0, np.maximum(0.0, (q - dof) / spread), 0.0)
+    grid = totals[..., 4:].reshape(*totals.shape[:-1], len(TAU2_GRID), len(_GRID_SUMS))
+    grid_weights = grid[..., 1]
+    if not np.all(grid_weights > 0.0):
+        raise ValueError("stage1_totals: every random-effects sum of weights must be > 0")
+    grid_q = np.maximum(grid[..., 0] - grid[..., 2] ** 2 / grid_weights, 0.0)
+    points = np.asarray(TAU2_GRID)
+    upper_quantile = stats.chi2.ppf(0.5 + level / 2.0, dof)
+    lower_quantile = stats.chi2.ppf(0.5 - level / 2.0, dof)
+    # Outward rounding: the last grid point still at or above the quantile (low end), the
+    # first at or below it (high end).
+    above = grid_q >= upper_quantile
+    low = np.where(above.any(-1), points[np.where(above, np.arange(points.size), 0).max(-1)], 0.0)
+    low = np.where(grid_q[..., 0] < upper_quantile, 0.0, low)
+    below = grid_q <= lower_quantile
+    first_below = np.argmax(below, axis=-1)
+    high = np.where(below.any(-1), points[first_below], np.inf)
+    high = np.where(grid_q[..., 0] < lower_quantile, 0.0, high)
+    at_or_above = points >= tau2[..., None]
+    used_index = np.where(at_or_above.any(-1), np.argmax(at_or_above, axis=-1), points.size - 1)
+    used = points[used_index]
+    weights_used = np.take_along_axis(grid_weights, used_index[..., None], -1)[..., 0]
+    means_used = np.take_along_axis(grid[..., 3], used_index[..., None], -1)[..., 0]
+    return np.stack([tau2, low, high, used, means_used / weights_used, weights_used], -1)
+
+
+@dataclass(frozen=True)
+class RandomEffects:
+    """The random-effects summary of FedEvalFair's holders (what to read after stage 1
+    rejects): the between-holder variance tau^2 of the holders' true disparities and the
+    mean disparity under the random-effects model Ybar_i ~ N(mu, V_i + tau^2).
+
+    Attributes
+    ----------
+    tau2 : float
+        DerSimonian-Laird's estimate (:func:`random_effects_release`).
+    tau2_interval : ConfidenceInterval
+        The Q-profile interval at :attr:`level`, rounded outwards to the grid
+        :data:`TAU2_GRID` (``high`` is infinity when it lies beyond the grid's last point, 1).
+    level : float
+        The interval's level (:data:`TAU2_INTERVAL_LEVEL` in the encrypted protocol).
+    tau2_used : float
+        The grid point at which the mean is computed: the smallest >= :attr:`tau2`.
+    estimate, stderr : float
+        The random-effects mean sum w Ybar / sum w, w = 1 / (V_i + tau2_used), and
+        1 / sqrt(sum w).
+    grid_factor : float
+        Resolution of the grid: consecutive positive points differ by this factor.
+    """
+
+    tau2: float
+    tau2_interval: ConfidenceInterval
+    level: float
+    tau2_used: float
+    estimate: float
+    stderr: float
+    grid_factor: float = TAU2_GRID_FACTOR
+
+    @classmethod
+    def from_release(
+        cls, values: np.ndarray, *, level: float = TAU2_INTERVAL_LEVEL
+    ) -> RandomEffects:
+        """From :func:`random_effects_release`'s six numbers (:data:`RANDOM_EFFECTS_FIELDS`)."""
+        array = np.asarray(values, dtype=np.float64)
+        if array.shape != (len(RANDOM_EFFECTS_FIELDS),):
+            raise ValueError(
+                f"values must hold {len(RANDOM_EFFECTS_FIELDS)} numbers "
+                f"{RANDOM_EFFECTS_FIELDS}, got shape {array.shape}"
+            )
+        tau2, low, high, used, mean, weights = (float(v) for v in array)
+        finite = [tau2, low, used, mean, weights]
+        if not all(math.isfinite(v) for v in finite) or math.isnan(high):
+            raise ValueError(f"values must be finite (tau2_high may be infinity), got {finite}")
+        if tau2 < 0.0 or low < 0.0 or high < low or used < 0.0 or not weights > 0.0:
+            raise ValueError(
+                "values must have tau2, tau2_low, tau2_used >= 0, tau2_high >= tau2_low and a "
+                f"sum of weights > 0, got {array.tolist()}"
+            )
+        return cls(
+            tau2=tau2,
+            tau2_interval=ConfidenceInterval(low, high),
+            level=check_open_unit("level", level),
+            tau2_used=used,
+            estimate=mean,
+            stderr=1.0 / math.sqrt(weights),
+        )
+
+    @property
+    def tau(self) -> float:
+        """sqrt(tau2): the between-holder standard deviation of the true disparities."""
+        return math.sqrt(self.tau2)
+
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
+        """Normal interval estimate +/- z stderr for the random-effects mean (tau^2 taken as
+        known at :attr:`tau2_used`)."""
+        level = check_open_unit("level", level)
+        half = normal_quantile(level) * self.stderr
+        return ConfidenceInterval(self.estimate - half, self.estimate + half)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (an infinite interval end becomes None)."""
+        return {
+            "tau2": _json_float(self.tau2),
+            "tau": _json_float(self.tau),
+            "tau2_interval": [
+                _json_float(self.tau2_interval.low),
+                _json_float(self.tau2_interval.high),
+            ],
+            "tau2_interval_level": self.level,
+            "tau2_interval_method": (
+                "Q-profile (Viechtbauer 2007), ends rounded outwards to a grid of factor "
+                f"{self.grid_factor:.4g} from 1e-06 to 1"
+            ),
+            "tau2_used": _json_float(self.tau2_used),
+            "estimate": _json_float(self.estimate),
+            "stderr": _json_float(self.stderr),
+        }
+
+
+@dataclass(frozen=True)
+class PooledDisparity:
+    """The disparity of all holders' rows pooled into one test set: X0 / N0 - X1 / N1 from
+    the summed group counts (N_g rows of group g the metric averages over, X_g of them
+    predicted positive).
+
+    Its standard error sqrt(p0 (1 - p0) / N0 + p1 (1 - p1) / N1) treats the predictions as
+    independent given each holder's group sizes: then the pooled disparity is unbiased for
+    the row-weighted mean of the holders' rates, sum_i N_gi r_gi / N_g, and since
+    Var(X_g) = sum_i N_gi r_gi (1 - r_gi) <= N_g p_g (1 - p_g) the standard error is exact
+    when the holders share their rates and conservative when they differ.
+    """
+
+    estimate: float
+    stderr: float
+    group0_rows: int
+    group0_positive: int
+    group1_rows: int
+    group1_positive: int
+
+    @classmethod
+    def from_totals(cls, round1_totals: np.ndarray, num_clients: int) -> PooledDisparity | None:
+        """From the round-1 (or round-2) totals; None unless every one of ``num_clients``
+        clients sent its counts and both groups have rows."""
+        totals = np.asarray(round1_totals, dtype=np.float64)
+        counts = totals[_COUNTS : _COUNTS + 5]
+        if not np.all(np.isfinite(counts)) or abs(counts[4] - num_clients) > 0.5:
+            return None
+        rows0, positive0, rows1, positive1 = (int(round(v)) for v in counts[:4])
+        if rows0 < 1 or rows1 < 1 or not 0 <= positive0 <= rows0 or not 0 <= positive1 <= rows1:
+            return None
+        rate0, rate1 = positive0 / rows0, positive1 / rows1
+        return cls(
+            estimate=rate0 - rate1,
+            stderr=math.sqrt(rate0 * (1.0 - rate0) / rows0 + rate1 * (1.0 - rate1) / rows1),
+            group0_rows=rows0,
+            group0_positive=positive0,
+            group1_rows=rows1,
+            group1_positive=positive1,
+        )
+
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
+        """Normal interval estimate +/- z stderr."""
+        level = check_open_unit("level", level)
+        half = normal_quantile(level) * self.stderr
+        return ConfidenceInterval(self.estimate - half, self.estimate + half)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "estimate": self.estimate,
+            "stderr": self.stderr,
+            "group0_rows": self.group0_rows,
+            "group0_positive": self.group0_positive,
+            "group1_rows": self.group1_rows,
+            "group1_positive": self.group1_positive,
+        }
 
 
 @dataclass(frozen=True)
@@ -581,6 +899,9 @@ class StageStatistics:
     common_pvalue: Floats
     equivalence_statistic: Floats | None
     equivalence_pvalue: Floats | None
+    #: Mode "calibrated" from :func:`stage_statistics`: :func:`random_effects_release` of
+    #: the summed round-2 vectors, shape (..., 6) (:data:`RANDOM_EFFECTS_FIELDS`).
+    random_effects: np.ndarray | None = None
 
 
 def _from_sums(
@@ -651,7 +972,9 @@ def client_contribution(
     """Round 1 (Algorithms 1-2, step 3-4): the vector a client encrypts and the server adds.
 
     Returns (:data:`ROUND1_FIELDS`) ``[w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i,
-    w_i^2 V_i(mu0), w_i^2 V_i(tol), w_i^2 V_i(-tol), 1.0]``: mode "paper" w_i = n_i / S_i^2
+    w_i^2 V_i(mu0), w_i^2 V_i(tol), w_i^2 V_i(-tol), n0, x0, n1, x1, 1, 1.0]`` (the group counts,
+    then 1 if they were sent: calibrated summaries with margins only, else zeros;
+    :class:`PooledDisparity`): mode "paper" w_i = n_i / S_i^2
     and Var_i = V_i = S_i^2 / n_i; mode "calibrated" w_i = 1 / V_i(0), V_i =
     :func:`disparity_variance` of the margins, Var_i = S_i^2 (without margins V_i = S_i^2
     and w_i = 1 / S_i^2). ``mu0`` and ``tolerance`` must be the values the report will use
@@ -683,10 +1006,11 @@ def stage1_term(
     """Round 2 (Algorithm 1, steps 7-9): the client's part of the stage-1 statistic.
 
     Given the decrypted round-1 totals (c = sum w Ybar / sum w): mode "calibrated" returns
-    [u_i (Ybar_i - c)^2, u_i, u_i (Ybar_i - c)] (:data:`STAGE1_FIELDS`) with u_i = 1 / V_i(c)
+    [u_i (Ybar_i - c)^2, u_i, u_i (Ybar_i - c)] with u_i = 1 / V_i(c)
     (:func:`disparity_variance`; 1 / S_i^2 without margins), whose sum gives Cochran's Q
-    (:func:`stage1_statistic`); mode "paper" returns [w_i (Ybar_i - c)^2 / (1 - omega_i), 0, 0]
-    with omega_i = w_i / sum w (Eq. 10).
+    (:func:`stage1_statistic`), then u_i^2 and the random-effects sums on the tau^2 grid
+    (:data:`STAGE1_FIELDS`; their sum gives :func:`random_effects_release`); mode "paper"
+    returns [w_i (Ybar_i - c)^2 / (1 - omega_i), 0, ..., 0] with omega_i = w_i / sum w (Eq. 10).
     """
     mode = check_choice("mode", mode, MODES)
     _check_summary(summary, "summary")
@@ -705,11 +1029,12 @@ def stage1_statistic(stage1_totals: np.ndarray, mode: Mode = "calibrated") -> fl
     """
     mode = check_choice("mode", mode, MODES)
     totals = np.asarray(stage1_totals, dtype=np.float64)
-    if totals.shape != (len(STAGE1_FIELDS),) or not np.all(np.isfinite(totals)):
+    if totals.shape not in ((3,), (len(STAGE1_FIELDS),)) or not np.all(np.isfinite(totals)):
         raise ValueError(
-            f"stage1_totals must be {len(STAGE1_FIELDS)} finite numbers {STAGE1_FIELDS}, "
-            f"got {totals.tolist()}"
+            f"stage1_totals must be {len(STAGE1_FIELDS)} finite numbers (STAGE1_FIELDS), or "
+            f"their first 3, got shape {totals.shape}"
         )
+    totals = totals[:3]
     if mode == "paper":
         return float(totals[0])
     if not totals[1] > 0.0:
@@ -736,12 +1061,13 @@ def report_from_sums(
     mu0: float = 0.0,
     tolerance: float | None = None,
     num_clients: int,
+    random_effects: np.ndarray | None = None,
 ) -> FairnessReport:
     """The :class:`FairnessReport` from the decrypted sums of the two rounds.
 
     Parameters
     ----------
-    round1_totals : array of 8
+    round1_totals : array of len(ROUND1_FIELDS)
         The sum over clients of :func:`client_contribution`, computed with this ``mu0`` and
         ``tolerance``.
     stage1_total : float or None
@@ -751,7 +1077,13 @@ def report_from_sums(
         (one round less; it subtracts two large numbers and, where the common disparity is
         far from 0, is conservative).
     num_clients : int
-        k >= 2 clients that contributed (must match ``round1_totals[3]``).
+        k >= 2 clients that contributed (must match ``round1_totals[-1]``).
+    random_effects : array of 6, optional
+        Mode "calibrated": :func:`random_effects_release` of the summed round-2 vectors (the
+        report's :attr:`FairnessReport.random_effects`); None: no random-effects summary.
+
+    The report's :attr:`FairnessReport.pooled` comes from the group counts in
+    ``round1_totals`` (None unless every client sent them).
 
     Notes
     -----
@@ -781,7 +1113,14 @@ def report_from_sums(
     computed = _from_sums(
         totals, np.float64(statistic), mode=mode, k=num_clients, mu0=mu0, tolerance=tolerance
     )
-    return _report(computed, alpha=alpha, mu0=mu0, tolerance=tolerance)
+    summary = None
+    if random_effects is not None:
+        if mode != "calibrated":
+            raise ValueError("random_effects is for mode 'calibrated' only")
+        summary = RandomEffects.from_release(random_effects)
+    report = _report(computed, alpha=alpha, mu0=mu0, tolerance=tolerance)
+    pooled = PooledDisparity.from_totals(totals, num_clients)
+    return dataclasses.replace(report, pooled=pooled, random_effects=summary)
 
 
 # --------------------------------------------------------------------------------------------
@@ -883,6 +1222,21 @@ HOMOGENEITY_VERDICTS = ("no, the holders differ", "no evidence that the holders 
 FAIRNESS_VERDICTS = ("UNFAIR", "no evidence of unfairness")
 #: The equivalence test's decision in words: TOST rejects H0 |mu| >= tolerance, or not.
 EQUIVALENCE_VERDICTS = ("yes, certified fair", "not certified")
+#: What the report says after stage 1 rejects when no random-effects summary was released.
+AFTER_STAGE1_WITHOUT_RANDOM_EFFECTS = (
+    "after stage 1 (the holders differ): no single common disparity describes them; look at "
+    "the holders' own disparities"
+)
+
+
+def tau2_high_text(high: float | None) -> str:
+    """The Q-profile interval's high end as the verdict lines print it ("beyond 1" past the
+    grid's last point; None is how results.json writes that)."""
+    if high is None or math.isinf(high):
+        return f"beyond {TAU2_GRID[-1]:g}"
+    return format_number(high, ".3g")
+
+
 #: The metrics' names in summaries and reports.
 METRIC_NAMES = {"dp": "Demographic parity", "eo": "Equal opportunity"}
 #: Why the rows of mode "paper" are not evidence (printed beside them).
@@ -911,6 +1265,11 @@ class FairnessReport:
     homogeneity: TestResult
     common_disparity: TestResult
     equivalence: TestResult | None
+    #: The disparity of all holders' rows pooled (None without every holder's counts).
+    pooled: PooledDisparity | None = None
+    #: The random-effects summary (tau^2, its interval, the random-effects mean); None in
+    #: mode "paper", in the holder-level DP mode, or from sums without it.
+    random_effects: RandomEffects | None = None
 
     @property
     def reject_homogeneity(self) -> bool:
@@ -963,6 +1322,30 @@ class FairnessReport:
                 + EQUIVALENCE_VERDICTS[0 if self.certified_fair else 1]
                 + f", p = {format_number(self.equivalence.pvalue, '.3g')}"
             )
+        level = f"{100 * (1.0 - self.alpha):g}%"
+        if self.pooled is not None:
+            pooled = self.pooled.confidence_interval(1.0 - self.alpha)
+            lines.append(
+                "pooled disparity (every holder's rows as one test set): "
+                f"{format_number(self.pooled.estimate)}, {level} interval "
+                f"[{format_number(pooled.low)}, {format_number(pooled.high)}]"
+            )
+        if self.reject_homogeneity and self.mode == "calibrated":
+            effects = self.random_effects
+            if effects is None:
+                lines.append(AFTER_STAGE1_WITHOUT_RANDOM_EFFECTS)
+            else:
+                mean = effects.confidence_interval(1.0 - self.alpha)
+                lines.append(
+                    "after stage 1 (the holders differ): report the random-effects mean "
+                    f"{format_number(effects.estimate)}, {level} interval "
+                    f"[{format_number(mean.low)}, {format_number(mean.high)}], and the "
+                    f"between-holder sd tau = {format_number(effects.tau)} (tau^2 = "
+                    f"{format_number(effects.tau2, '.3g')}, {100 * effects.level:g}% Q-profile "
+                    f"interval [{format_number(effects.tau2_interval.low, '.3g')}, "
+                    f"{tau2_high_text(effects.tau2_interval.high)}]), not one common "
+                    "disparity, and look at the holders"
+                )
         return tuple(lines)
 
     def summary(self, label: str = "") -> str:
@@ -974,6 +1357,7 @@ class FairnessReport:
             f"({self.k} holders, {self.mode} mode; the common disparity is the "
             "precision-weighted mean of the holders' disparities, dominated by the most precise "
             "holders"
+            + (", where the pooled disparity weighs every row alike" if self.pooled else "")
             + (
                 "; stage 1 rejected, so it summarises holders that disagree: read the "
                 "holders' own disparities)"
@@ -1013,6 +1397,10 @@ class FairnessReport:
             "reject_homogeneity": self.reject_homogeneity,
             "reject_fairness": self.reject_fairness,
             "certified_fair": self.certified_fair,
+            "pooled": None if self.pooled is None else self.pooled.to_dict(),
+            "random_effects": (
+                None if self.random_effects is None else self.random_effects.to_dict()
+            ),
         }
 
 
@@ -1145,6 +1533,9 @@ def fedevalfair(
         mu0=mu0,
         tolerance=tolerance,
         num_clients=len(checked),
+        random_effects=(
+            random_effects_release(stage1_totals, len(checked)) if mode == "calibrated" else None
+        ),
     )
 
 
@@ -1217,7 +1608,8 @@ def stage_statistics(
 
     ``means``, ``variances`` and ``sizes`` broadcast to shape (..., k); every statistic of
     the result has shape (...). ``margins`` (calibrated mode), shape (..., k, 3), holds each
-    client's :attr:`ClientSummary.margins`. Same kernels as the protocol helpers.
+    client's :attr:`ClientSummary.margins`. Same kernels as the protocol helpers; in mode
+    "calibrated" the result's ``random_effects`` holds the random-effects summary.
     """
     mode, mu0, tolerance = _check_options(mode, mu0, tolerance)
     means, variances, sizes = np.broadcast_arrays(
@@ -1252,12 +1644,15 @@ def stage_statistics(
     totals = _round1_vectors(means, variances, sizes, margins, mode, mu0, tolerance).sum(axis=-2)
     parts = _stage1_vectors(means, variances, sizes, margins, totals[..., None, :], mode).sum(-2)
     stage1 = parts[..., 0] if mode == "paper" else np.maximum(_stage1_from_sums(parts), 0.0)
-    return _from_sums(
-        totals, stage1, mode=mode, k=int(means.shape[-1]), mu0=mu0, tolerance=tolerance
-    )
+    k = int(means.shape[-1])
+    computed = _from_sums(totals, stage1, mode=mode, k=k, mu0=mu0, tolerance=tolerance)
+    if mode == "paper":
+        return computed
+    return dataclasses.replace(computed, random_effects=random_effects_release(parts, k))
 
 
 __all__ = [
+    "AFTER_STAGE1_WITHOUT_RANDOM_EFFECTS",
     "EQUIVALENCE_VERDICTS",
     "FAIRNESS_VERDICTS",
     "HOMOGENEITY_VERDICTS",
@@ -1265,12 +1660,18 @@ __all__ = [
     "METRIC_NAMES",
     "MODES",
     "PAPER_MODE_WARNING",
+    "RANDOM_EFFECTS_FIELDS",
     "ROUND1_FIELDS",
     "STAGE1_FIELDS",
+    "TAU2_GRID",
+    "TAU2_GRID_FACTOR",
+    "TAU2_INTERVAL_LEVEL",
     "BootstrapDisparity",
     "ClientSummary",
     "FairnessReport",
     "InsufficientGroupData",
+    "PooledDisparity",
+    "RandomEffects",
     "StageStatistics",
     "TestResult",
     "bootstrap_disparity",
@@ -1281,8 +1682,10 @@ __all__ = [
     "equivalence_test",
     "fedevalfair",
     "homogeneity_test",
+    "random_effects_release",
     "report_from_sums",
     "stage1_statistic",
     "stage1_term",
     "stage_statistics",
+    "tau2_high_text",
 ]

@@ -9,7 +9,13 @@ a server strategy and a strategy never imports a client module.
 
 from __future__ import annotations
 
-from ..fairness_tests.fedevalfair import ROUND1_FIELDS, STAGE1_FIELDS, Metric, Mode
+from ..fairness_tests.fedevalfair import (
+    RANDOM_EFFECTS_FIELDS,
+    ROUND1_FIELDS,
+    STAGE1_FIELDS,
+    Metric,
+    Mode,
+)
 from ..validation import check_int, integer_range
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "GROUPS_KEY",
     "METRICS_KEY",
     "MessageError",
+    "RANDOM_EFFECTS_WIDTH",
     "RELEASE_SIZE",
     "SESSION_KEY",
     "RELEASE_WIDTH",
@@ -121,12 +128,15 @@ BLOCKS: tuple[tuple[Metric, Mode], ...] = (
     ("eo", "calibrated"),
     ("eo", "paper"),
 )
-BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, count]
-STAGE1_WIDTH = len(STAGE1_FIELDS)
+BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, ..., group counts, count]
+STAGE1_WIDTH = len(STAGE1_FIELDS)  # [stage-1 parts, sum u^2, random-effects grid sums]
 CONTRIBUTION_SIZE = len(BLOCKS) * BLOCK_WIDTH
 ROUND1_SIZE = CONTRIBUTION_SIZE + 1
 ROUND2_SIZE = len(BLOCKS) * STAGE1_WIDTH + CONTRIBUTION_SIZE + 1
-RELEASE_WIDTH = 1 + BLOCK_WIDTH  # [stage-1 statistic, the block's contribution sums]
+#: Width of a block's random-effects summary in the release (after the contribution sums).
+RANDOM_EFFECTS_WIDTH = len(RANDOM_EFFECTS_FIELDS)
+#: [stage-1 statistic, the block's contribution sums (its count last), random-effects summary]
+RELEASE_WIDTH = 1 + BLOCK_WIDTH + RANDOM_EFFECTS_WIDTH
 RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
 #: Error-reply markers the server sorts replies by.
 UNABLE_MARKER = "cannot take part"

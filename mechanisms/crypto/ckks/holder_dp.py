@@ -308,9 +308,12 @@ def dp_release(
     message: bytes,
 ) -> np.ndarray:
     """The release of the DP mode, laid out as the plain release (per block
-    ``[stage 1, 8 sums]``): per DP block ``[NaN, C, B, A, NaN x 4, k]`` with C, B, A the
-    noisy :data:`DP_SUMS` and k = ``num_holders`` (the public number of round-2 holders);
-    every other block NaN (not released)."""
+    ``[stage 1, the contribution's sums, random-effects summary]``): per DP block
+    ``[NaN, C, B, A, NaN..., k, NaN...]`` with C, B, A the noisy :data:`DP_SUMS` and
+    k = ``num_holders`` (the public number of round-2 holders) in the contribution's count
+    slot; every other block NaN (not released). The group counts of the pooled disparity and
+    the random-effects summary are not released in this mode (their sensitivity is not in
+    :data:`SENSITIVITY`)."""
     noisy = add_noise(
         released_blocks(round2_contributions), std=dp.noise_std, key=key, message=message
     )
@@ -318,7 +321,7 @@ def dp_release(
     for row, index in enumerate(DP_BLOCKS):
         start = index * RELEASE_WIDTH
         release[start + 1 : start + 1 + len(DP_SUMS)] = noisy[row]
-        release[start + RELEASE_WIDTH - 1] = float(num_holders)
+        release[start + BLOCK_WIDTH] = float(num_holders)  # the contribution's count slot
     return release
 
 
