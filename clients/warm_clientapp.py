@@ -67,14 +67,25 @@ __all__ = [
 
 #: The ``--executor`` value of ``fedparity-superexec`` that selects this launcher.
 WARM_EXECUTOR = "warm"
-#: What the zygote imports before it forks (a module that is not installed is skipped).
+#: What the zygote imports before it forks (a module that is not installed is skipped). Besides
+#: the ClientApp's own modules, what its handlers import lazily on first use, measured in forked
+#: ClientApps (2026-11-27): torch imports SymPy (``torch.fx.experimental.symbolic_shapes``) when
+#: a model is built with ``skip_init`` (0.4 s), and TorchDynamo when ``torch.func`` computes
+#: per-user gradients (FPFL: 0.9 s); httpcore (the Runtime API client's transport) and the
+#: module :func:`~fedparity.clients.app_gate.check_flower` reads. Not Opacus: importing it
+#: configures the root logger (``fedparity.mechanisms.privacy.opacus_accounting`` undoes that
+#: when it imports Opacus), and after TorchDynamo it costs 0.1 s, once per FPFL training.
 DEFAULT_PRELOAD = (
     "flwr.supernode.cli.flwr_clientapp",
     "flwr.supernode.runtime.run_clientapp",
+    "flwr.supercore.superexec.executor.subprocess_executor",
     "flwr.cli.install",
+    "httpcore",
     "fedparity.clients.app_gate",
     "fedparity.clients.app",
     "torch",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch._dynamo",
     "tenseal",
     "scipy.stats",
     "dp_accounting.pld.privacy_loss_distribution",

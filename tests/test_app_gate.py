@@ -19,6 +19,8 @@ import json
 import shutil
 import subprocess
 import textwrap
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,12 +35,16 @@ from fedparity.clients import app_gate
 from fedparity.clients.app_gate import (
     APP_REFUSED_TEXT,
     CHECKED_FLOWER,
+    INSTALLED_MARKER,
+    OBJECT_POLL_MAX,
     AppGate,
+    PromptObjectPulls,
     app_bundle_hash,
     app_hash_main,
     check_app_bundle,
     check_flower,
     install_gate,
+    installed_by_gate,
 )
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import POLICY_ENV, NodePrivacyPolicy
@@ -228,6 +234,155 @@ def test_the_gate_installs_only_the_pulled_bundle(
     never_pulled = AppGate(lambda client: task, install_from_fab, {})
     assert refused(never_pulled.install_from_fab, approved_fab) == APP_REFUSED_TEXT
     assert installed_apps(flwr_home) == []
+
+
+class CountingInstaller:
+    """Flower's ``install_from_fab``, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs) -> Path:
+        from flwr.cli.install import install_from_fab
+
+        self.calls += 1
+        return install_from_fab(*args, **kwargs)
+
+
+def test_an_approved_bundle_is_unpacked_once_and_checked_for_every_message(
+    approved_fab: bytes, flwr_home: Path
+) -> None:
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
+    flower = CountingInstaller()
+    folders = []
+    for _ in range(3):  # three messages of the run, each its own ClientApp process
+        gate = AppGate(lambda client: task, flower, {})
+        gate.pull_task_input(None)
+        folders.append(gate.install_from_fab(approved_fab, skip_prompt=True))
+    assert flower.calls == 1 and len(set(folders)) == 1
+    assert installed_by_gate(folders[0]) == sha256(approved_fab)
+    assert (folders[0] / "gateapp" / "client_app.py").is_file()
+    # other bytes under the approved hash are refused although the approved bundle is installed
+    tampered = approved_fab[:-1] + bytes([approved_fab[-1] ^ 1])
+    forged = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
+    forged = (*forged[:3], Fab(sha256(approved_fab), tampered, {}))
+    gate = AppGate(lambda client: forged, flower, {})
+    gate.pull_task_input(None)
+    assert refused(gate.install_from_fab, tampered, skip_prompt=True) == APP_REFUSED_TEXT
+    # and so is the approved bundle once the node's policy no longer lists it
+    gate = AppGate(lambda client: pulled(approved_fab, {"allowed-apps": ""}), flower, {})
+    gate.pull_task_input(None)
+    assert refused(gate.install_from_fab, approved_fab, skip_prompt=True) == APP_REFUSED_TEXT
+    assert flower.calls == 1
+
+
+def test_flowers_installer_runs_for_a_folder_the_gate_did_not_install(
+    approved_fab: bytes, flwr_home: Path
+) -> None:
+    from flwr.cli.install import install_from_fab
+
+    folder = install_from_fab(approved_fab, skip_prompt=True)  # plain Flower, before the gate
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
+    flower = CountingInstaller()
+    for marker in (None, "0" * 64, "not a digest"):
+        if marker is not None:  # a marker naming another bundle, or unreadable
+            (folder / INSTALLED_MARKER).write_text(marker, encoding="ascii")
+        gate = AppGate(lambda client: task, flower, {})
+        gate.pull_task_input(None)
+        assert gate.install_from_fab(approved_fab, skip_prompt=True) == folder
+    assert flower.calls == 3
+    assert installed_by_gate(folder) is None  # never marked: the gate did not unpack it
+
+
+# ------------------------------------------------- the ClientApp's pulls of message objects
+
+
+class SlowSuperNode:
+    """A Runtime API client whose objects become available ``ready_after`` seconds after the
+    first request (as when the SuperNode is still pulling them from the SuperLink); counts the
+    ``PullObject`` requests."""
+
+    def __init__(self, ready_after: float, found: bool = True) -> None:
+        self.ready_after = ready_after
+        self.found = found
+        self.requests = 0
+        self.first: float | None = None
+        self.lock = threading.Lock()
+        self.other = object()
+
+    def PullObject(self, request):  # noqa: N802 - Flower's name
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        with self.lock:
+            self.requests += 1
+            now = time.monotonic()
+            self.first = now if self.first is None else self.first
+        available = self.found and now - self.first >= self.ready_after
+        return PullObjectResponse(
+            object_found=self.found,
+            object_available=available,
+            object_content=request.object_id.encode() if available else b"",
+        )
+
+
+def pull_all(client, objects: int = 8, workers: int = 4) -> tuple[dict, float]:
+    """Flower's own ``pull_objects`` (the one ``pull_task_input`` runs) through ``client``:
+    the contents and the seconds it took."""
+    from flwr.proto.node_pb2 import Node
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects
+
+    ids = [f"object-{i}" for i in range(objects)]
+    start = time.monotonic()
+    contents = pull_objects(
+        ids,
+        make_pull_object_fn_protobuf(client.PullObject, Node(node_id=1), 7),
+        max_concurrent_pulls=workers,
+    )
+    return contents, time.monotonic() - start
+
+
+def test_an_object_the_supernode_does_not_hold_yet_is_read_promptly() -> None:
+    # Flower 1.41 waits 1 s (+-20%), then 2 s, between requests for an object that is not
+    # there yet: with objects ready after 0.3 s its pull takes at least 0.8 s.
+    flower, flower_seconds = pull_all(slow := SlowSuperNode(0.3))
+    assert flower_seconds >= 0.8 and len(flower) == 8
+    prompt = PromptObjectPulls(slow := SlowSuperNode(0.3))
+    contents, seconds = pull_all(prompt)
+    assert contents == flower  # the same objects, through Flower's own checks
+    # read at most one pause (50 ms) after they arrived, plus scheduling slack
+    assert seconds < 0.3 + OBJECT_POLL_MAX + 0.25
+    # one thread asks while the others wait: 8 first requests, about 24 re-asks in 0.3 s
+    # (a pause is a tenth of the time waited, 5 to 50 ms), one more per waiting object
+    assert slow.requests <= 8 + 40 + 8
+    assert prompt.other is slow.other  # every other attribute is the client's
+
+
+def test_prompt_pulls_give_the_wait_back_to_flower_after_the_window() -> None:
+    start = time.monotonic()
+    response = PromptObjectPulls(SlowSuperNode(60.0), window=0.2).PullObject(request())
+    assert not response.object_available and 0.2 <= time.monotonic() - start < 1.0
+    # an object the SuperNode does not know is Flower's error at once, never waited for
+    gone = SlowSuperNode(0.0, found=False)
+    assert not PromptObjectPulls(gone).PullObject(request()).object_found
+    assert gone.requests == 1
+    with pytest.raises(ValueError, match="window must be > 0"):
+        PromptObjectPulls(gone, window=0.0)
+
+
+def request():
+    from flwr.proto.message_pb2 import PullObjectRequest
+
+    return PullObjectRequest(object_id="object-0")
+
+
+def test_the_gate_pulls_through_prompt_object_pulls() -> None:
+    seen = []
+    task = (object(), object(), object(), object())
+    gate = AppGate(lambda client: seen.append(client) or task, lambda *a: Path(), {})
+    client = SlowSuperNode(0.0)
+    assert gate.pull_task_input(client) == task
+    assert isinstance(seen[0], PromptObjectPulls) and seen[0].other is client.other
 
 
 # ------------------------------------------------------------ what the gate relies on in Flower

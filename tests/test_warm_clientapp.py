@@ -34,6 +34,7 @@ from fedparity.clients.warm_clientapp import (
     clientapp_args,
 )
 from tests.support.flower_processes import flower_executable, local_deployment, run_flwr, wait_for
+from tests.support.import_probe import last_line_printed
 from tests.test_app_gate import GATE_APP, MARKER, hostile_app, installed_apps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +108,42 @@ def test_the_child_gets_the_command_line_of_flowers_subprocess_executor(
     task = spec("ab" * 16, **changes)
     SubprocessExecutor().launch(task)
     assert clientapp_args(task, "/x/cmd") == started[0]
+
+
+#: What the project's handlers do first in a ClientApp: build a model with ``skip_init`` (the
+#: LDP audit, FedEvalFair, FPFL) and compute per-sample gradients with ``torch.func`` (FPFL).
+FIRST_CALLS = """
+from fedparity.clients.project.task import build_model
+build_model(3, 4)
+torch.func.vmap(torch.func.jacrev(lambda x: (x ** 2).sum()))(torch.ones(2, 3))
+"""
+
+
+def imported_by_first_calls(preload: tuple[str, ...]) -> list[str]:
+    """The torch, SymPy and httpcore modules :data:`FIRST_CALLS` imports after ``preload``."""
+    code = f"""
+import importlib, json, sys
+for name in {list(preload)!r}:
+    importlib.import_module(name)
+before = set(sys.modules)
+import torch
+{FIRST_CALLS}
+from flwr.supercore.runtime import RuntimeHttpClient
+RuntimeHttpClient.from_server_address("127.0.0.1:9", True, None, []).close()
+roots = ("torch", "sympy", "mpmath", "httpcore", "h11")
+print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in roots)))
+"""
+    return json.loads(last_line_printed(code))
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch: about 15 s
+def test_the_zygote_preloads_what_the_first_calls_of_a_clientapp_import() -> None:
+    # Measured 2026-11-27: every forked ClientApp imported SymPy (0.4 s) and FPFL's TorchDynamo
+    # (0.9 s) itself, on first use.
+    assert imported_by_first_calls(DEFAULT_PRELOAD) == []
+    lazy = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "httpcore")
+    without = imported_by_first_calls(tuple(m for m in DEFAULT_PRELOAD if m not in lazy))
+    assert {"sympy", "torch._dynamo", "httpcore"} <= set(without)  # power check
 
 
 def test_other_platforms_are_refused_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
