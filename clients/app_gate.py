@@ -47,8 +47,6 @@ import io
 import os
 import shutil
 import sys
-import threading
-import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +57,7 @@ from typing import Any
 
 from flwr.common import log
 
+from ..mechanisms.protocol.object_pulls import PromptObjectPulls
 from .messages import NodeRefusal
 from .policy import POLICY_ENV, NodePrivacyPolicy, PolicyRefusal, node_policy
 from .warm_clientapp import WARM_EXECUTOR, check_fork_platform, install_warm_executor
@@ -68,9 +67,7 @@ __all__ = [
     "CHECKED_FLOWER",
     "CLIENTAPP_COMMAND",
     "INSTALLED_MARKER",
-    "OBJECT_WAIT_SECONDS",
     "AppGate",
-    "PromptObjectPulls",
     "app_bundle_hash",
     "app_hash_main",
     "check_app_bundle",
@@ -118,97 +115,6 @@ def check_app_bundle(content: bytes, claimed_hash: str, policy: NodePrivacyPolic
 
 
 # ------------------------------------------------------------------ the ClientApp process
-
-
-#: Seconds a ClientApp process re-asks its SuperNode for a message object that is not there yet
-#: before Flower's own back-off (1 s, doubling to 10 s) takes over.
-OBJECT_WAIT_SECONDS = 10.0
-#: First and longest pause between two such requests (s); each pause is a tenth of the time
-#: waited so far, within these bounds.
-OBJECT_POLL_FIRST = 0.005
-OBJECT_POLL_MAX = 0.05
-
-
-def object_poll_interval(waited: float) -> float:
-    """The pause before re-asking for an object after ``waited`` seconds: a tenth of it, within
-    [:data:`OBJECT_POLL_FIRST`, :data:`OBJECT_POLL_MAX`]."""
-    return min(max(0.1 * waited, OBJECT_POLL_FIRST), OBJECT_POLL_MAX)
-
-
-class PromptObjectPulls:
-    """The ClientApp process's Runtime API client, whose ``PullObject`` re-asks promptly for a
-    message object the SuperNode does not hold yet.
-
-    A SuperNode (Flower 1.41, ``flwr.supernode.start_client_internal``) creates the ClientApp's
-    task as soon as it has pulled a message, before it has pulled the message's objects from the
-    SuperLink; a ClientApp started at once (``--executor warm``) then asks for objects that are
-    not there yet, and Flower's ``pull_objects`` (``flwr.supercore.inflatable.inflatable_utils``)
-    waits 1 s, then 2 s, before it asks again, whatever the SuperNode needed. Here an
-    unavailable object is asked for again after :func:`object_poll_interval` (5 to 50 ms) for up
-    to :data:`OBJECT_WAIT_SECONDS`: one of the pulling threads asks, the others wait until an
-    object arrived (the SuperNode stores a message's objects together) and then ask once
-    themselves. What is pulled and checked is Flower's; only the waits change. Every other
-    attribute is the wrapped client's.
-
-    Parameters
-    ----------
-    client : Any
-        Flower's ``RuntimeHttpClient`` (anything with ``PullObject``).
-    window : float
-        :data:`OBJECT_WAIT_SECONDS`.
-    """
-
-    def __init__(self, client: Any, window: float = OBJECT_WAIT_SECONDS) -> None:
-        if not window > 0:
-            raise ValueError(f"window must be > 0 seconds, got {window}")
-        self._client = client
-        self._window = window
-        self._changed = threading.Condition()
-        self._asking = False  # one thread re-asks at a time
-        self._arrivals = 0  # objects that arrived after a wait
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def PullObject(self, request: Any) -> Any:  # noqa: N802 - Flower's method name
-        """Flower's ``PullObject``; an object that was found but is not available yet is
-        asked for again until it is, or until :data:`OBJECT_WAIT_SECONDS` passed (the last
-        answer goes back to Flower, whose back-off then applies)."""
-        response = self._client.PullObject(request)
-        start = time.monotonic()
-        while response.object_found and not response.object_available:
-            waited = time.monotonic() - start
-            if waited >= self._window:
-                break
-            with self._changed:
-                asking = not self._asking
-                if asking:
-                    self._asking = True
-                else:  # another thread asks: wait until an object arrived or it stopped asking
-                    arrivals = self._arrivals
-                    self._changed.wait_for(
-                        lambda seen=arrivals: self._arrivals != seen or not self._asking,
-                        timeout=self._window - waited,
-                    )
-            if not asking:
-                response = self._client.PullObject(request)
-                continue
-            again = False
-            try:
-                time.sleep(object_poll_interval(waited))
-                response = self._client.PullObject(request)
-                again = (
-                    response.object_found
-                    and not response.object_available
-                    and time.monotonic() - start < self._window
-                )
-            finally:
-                with self._changed:
-                    self._asking = False
-                    if not again:  # arrived, gone or given up: the waiting threads ask now
-                        self._arrivals += bool(response.object_available)
-                        self._changed.notify_all()
-        return response
 
 
 #: The file in an app's folder (``$FLWR_HOME/apps/...``) that names the SHA-256 of the bundle
@@ -286,7 +192,8 @@ class AppGate:
 
     def pull_task_input(self, client: Any) -> tuple[Any, Any, Any, Any]:
         """Flower's ``pull_task_input`` (its object pulls re-asked promptly:
-        :class:`PromptObjectPulls`); keeps the context, run and bundle for the check."""
+        :class:`~fedparity.mechanisms.protocol.object_pulls.PromptObjectPulls`); keeps the
+        context, run and bundle for the check."""
         message, context, run, fab = self._pull(PromptObjectPulls(client))
         self._pulled = _PulledTask(context, run, fab)
         return message, context, run, fab

@@ -36,9 +36,7 @@ from fedparity.clients.app_gate import (
     APP_REFUSED_TEXT,
     CHECKED_FLOWER,
     INSTALLED_MARKER,
-    OBJECT_POLL_MAX,
     AppGate,
-    PromptObjectPulls,
     app_bundle_hash,
     app_hash_main,
     check_app_bundle,
@@ -48,6 +46,7 @@ from fedparity.clients.app_gate import (
 )
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import POLICY_ENV, NodePrivacyPolicy
+from fedparity.mechanisms.protocol.object_pulls import OBJECT_POLL_MAX, PromptObjectPulls
 from tests.support.flower_processes import flower_executable, local_deployment, run_flwr
 
 GATE_APP = Path(__file__).resolve().parent / "gate_app"
@@ -549,3 +548,33 @@ def test_a_gated_supernode_refuses_an_unapproved_bundle_and_runs_the_approved_on
         assert dep.superexecs[0].alive()
         log = dep.superexecs[0].log_text()
         assert "app gate: refused the app bundle" in log and "is in allowed-apps" in log
+
+
+def test_a_serverapps_grid_reads_reply_objects_promptly() -> None:
+    """A ServerApp's grid against a SuperLink (Flower's ``HttpGrid``) pulled each reply's
+    objects with Flower's 1 s, then 2 s waits for an object still being uploaded: with 10 nodes
+    the replies of one exchange were read over about 4 s. ``prompt_object_pulls`` wraps the
+    connected client once (Flower's own ``pull_objects`` through it then takes about the upload
+    time), and leaves a grid with no client yet, or the simulation's grid, as it is."""
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from fedparity.strategies.replies import prompt_object_pulls
+
+    grid = HttpGrid(token="t")
+    prompt_object_pulls(grid)  # not connected: nothing to wrap
+    assert grid._client is None
+    slow = SlowSuperNode(0.3)
+    grid._client = slow  # type: ignore[assignment]
+    prompt_object_pulls(grid)
+    prompt_object_pulls(grid)  # once only
+    wrapped = grid._runtime_client
+    assert isinstance(wrapped, PromptObjectPulls) and wrapped._client is slow
+    contents, seconds = pull_all(wrapped)
+    assert len(contents) == 8 and seconds < 0.3 + OBJECT_POLL_MAX + 0.25
+
+    class SimulationGrid:  # no Runtime API client
+        pass
+
+    simulation = SimulationGrid()
+    prompt_object_pulls(simulation)  # type: ignore[arg-type]
+    assert not hasattr(simulation, "_client")
