@@ -390,16 +390,42 @@ def detailed_table(rows: list[CellResult]) -> str:
     return "\n".join(lines)
 
 
+def smallest_mse(rows: list[CellResult]) -> str:
+    """The mechanisms whose Monte Carlo MSE is the smallest, with those within two Monte Carlo
+    standard errors of the difference from it ("M_R ≈ M_N"): ties the replicates cannot
+    separate."""
+    measured = [row for row in rows if not row.unavailable and row.failures < row.replicates]
+    if not measured:
+        return "-"
+    best = min(measured, key=lambda row: row.mse)
+    tied = [
+        row
+        for row in measured
+        if row.mse - best.mse <= 2.0 * float(np.hypot(row.mse_stderr, best.mse_stderr))
+    ]
+    return " ≈ ".join(f"M_{row.mechanism}" for row in sorted(tied, key=lambda row: row.mse))
+
+
+def narrowest_interval(rows: list[CellResult]) -> str:
+    """The mechanisms whose mean 95 % interval is the narrowest (within 1 %)."""
+    measured = [row for row in rows if not row.unavailable and row.failures < row.replicates]
+    if not measured:
+        return "-"
+    narrowest = min(row.mean_width for row in measured)
+    tied = [row for row in measured if row.mean_width <= 1.01 * narrowest]
+    return " = ".join(f"M_{row.mechanism}" for row in tied)
+
+
 def side_by_side(rows: list[CellResult]) -> str:
-    """Per (eps, d, n): each mechanism's "MSE / 95% width", the smallest MSE, the planner's
-    choices."""
+    """Per (eps, d, n): each mechanism's "MSE / 95% width", the smallest MSE, the narrowest
+    interval, the planner's choices."""
     cells: dict[tuple[float, int, int], dict[str, CellResult]] = {}
     for row in rows:
         cells.setdefault((row.budget, row.num_groups, row.num_users), {})[row.mechanism] = row
     lines = [
-        "| ε | d | n | " + " | ".join(f"M_{name}" for name in NAMES)
-        + " | smallest MSE | planner: `best` / of four |",
-        "|---:|---:|---:|" + "---:|" * len(NAMES) + "---|---|",
+        "| ε | d | n | " + " | ".join(f"M_{name}: MSE / width" for name in NAMES)
+        + " | smallest MSE | narrowest interval | planner: `best` / of four |",
+        "|---:|---:|---:|" + "---:|" * len(NAMES) + "---|---|---|",
     ]  # fmt: skip
     for (budget, num_groups, num_users), by_name in sorted(cells.items()):
         entries = []
@@ -413,14 +439,12 @@ def side_by_side(rows: list[CellResult]) -> str:
                 entries.append("estimate refused")
             else:
                 entries.append(f"{row.mse:.1e} / {row.mean_width:.3g}")
-        measured = {
-            n: r.mse for n, r in by_name.items() if not r.unavailable and r.failures < r.replicates
-        }
-        winner = f"M_{min(measured, key=lambda n: measured[n])}" if measured else "-"
         best, of_four = planner_choice(budget, num_groups)
+        cell_rows = list(by_name.values())
         lines.append(
             f"| {budget:g} | {num_groups} | {num_users:.0e} | " + " | ".join(entries)
-            + f" | {winner} | M_{best} / {of_four} |"
+            + f" | {smallest_mse(cell_rows)} | {narrowest_interval(cell_rows)} "
+            f"| M_{best} / {of_four} |"
         )  # fmt: skip
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@ at 0.001 (seeded: the run is fixed; 0.001 says how unlikely a correct estimator 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -132,7 +133,7 @@ def test_main_writes_the_tables(monkeypatch: pytest.MonkeyPatch, tmp_path, capsy
     assert all(row["replicates"] == 3 and row["num_users"] == 2000 for row in rows)
     text = (tmp_path / "mechanism_table.md").read_text()
     assert "--epsilons 2 --groups 2" in text and "commit" in text and "load average" in text
-    assert "| 2 | 2 | 2e+03 |" in text
+    assert "| 2 | 2 | 2e+03 |" in text and "narrowest interval" in text
     assert json.loads((tmp_path / "mechanism_table.json").read_text()) == rows
 
 
@@ -156,3 +157,27 @@ def test_population_moments_of_m_n_are_exact_for_values_on_the_grid(budget: floa
             exact, rel=1e-12
         )
         assert mechanism.moments.kept_second_moment > moments.kept_second_moment
+
+
+def _cell(name: str, mse: float, mse_stderr: float, width: float) -> table.CellResult:
+    return dataclasses.replace(
+        table._unavailable(name, 1.0, 2, 100, 10, ""),
+        unavailable=None,
+        mse=mse,
+        mse_stderr=mse_stderr,
+        mean_width=width,
+    )
+
+
+def test_winners_are_ties_within_the_monte_carlo_error() -> None:
+    rows = [
+        _cell("R", 1.0, 0.1, 0.50),
+        _cell("L", 1.25, 0.1, 0.502),  # 0.25 <= 2 * hypot(0.1, 0.1) = 0.28: a tie
+        _cell("P", 1.3, 0.1, 0.40),  # 0.3 > 0.28: separated
+        _cell("N", 0.9, 0.01, 0.403),
+    ]
+    assert table.smallest_mse(rows) == "M_N ≈ M_R"  # 0.1 <= 2 * hypot(0.1, 0.01)
+    assert table.smallest_mse(rows[:3]) == "M_R ≈ M_L"
+    assert table.narrowest_interval(rows) == "M_P = M_N"  # within 1 %
+    assert table.narrowest_interval(rows[:2]) == "M_R = M_L"
+    assert table.smallest_mse([table._unavailable("L", 1.0, 2, 100, 10, "no")]) == "-"
