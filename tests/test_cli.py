@@ -14,9 +14,14 @@ import pytest
 from tests.support.fixtures import CliResult, assert_usage_error, cli_json, run_cli
 
 
-def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
-    """The true-epsilon closed forms (M_R any d; M_L with k = 2), not Theorems 5/6 of Juarez and
-    Korolova 2022, which are false (see fedparity.mechanisms.ldp.calibration.true_epsilon)."""
+def spec_true_epsilon(mechanism: str, eps1: float, eps2: float, grid: int = 1) -> float:
+    """The true-epsilon closed forms (M_R any d; M_L with k = 2; M_N's two-group form with grid
+    G), not Theorems 5/6 of Juarez and Korolova 2022, which are false (see
+    fedparity.mechanisms.ldp.calibration.true_epsilon)."""
+    if mechanism == "N":
+        kept = math.log((grid + 1) * math.exp(eps2) / (math.exp(eps2) + grid))
+        flipped = math.log((math.exp(eps2) + grid) / (grid + 1))
+        return max(eps2, eps1 + kept, flipped - eps1)
     if mechanism == "R":
         log_two_b = math.log(2.0) - math.log1p(math.exp(-eps2))
         log_half = math.log1p(math.exp(eps2)) - math.log(2.0)
@@ -126,10 +131,10 @@ def test_plan_alpha_path() -> None:
     assert PLAN_KEYS <= set(payload)
     assert payload["query"] == "min_epsilon"
     assert payload["alpha"] == 0.01
-    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L", "P"]
+    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L", "P", "N"]
     budgets = [c["epsilon"] for c in payload["candidates"] if c["epsilon"] is not None]
     assert payload["epsilon"] == min(budgets)
-    assert payload["mechanism"] in ("R", "L", "P")
+    assert payload["mechanism"] in ("R", "L", "P", "N")
     true = spec_true_epsilon(
         payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
     )
@@ -176,7 +181,7 @@ def test_plan_table_has_paper_and_valid_tables(monkeypatch: pytest.MonkeyPatch) 
     assert payload["paper_table1"]["R"][0][0] == pytest.approx(1.86, abs=0.005)
     assert payload["paper_table1"]["L"][0][2] == pytest.approx(178.89, abs=0.005)
     assert payload["paper_table1"]["R"][0][1] is None
-    assert set(payload["valid_table1"]) == {"R", "L", "P", "best"}
+    assert set(payload["valid_table1"]) == {"R", "L", "P", "N", "best"}
 
 
 def test_plan_bad_inputs() -> None:
@@ -220,7 +225,7 @@ def test_plan_says_when_an_error_bound_is_vacuous() -> None:
     payload = cli_json(["plan", "--clients", "1000", "--epsilon", "1e-5"])
     assert payload["alpha"] > 1 and payload["vacuous"] is True
     code, text, _ = run_cli(["plan", "--clients", "1000", "--epsilon", "1e-5"])
-    assert code == 0 and text.count("vacuous") == 3  # one line per mechanism
+    assert code == 0 and text.count("vacuous") == 4  # one line per mechanism
     useful = cli_json(["plan", "--clients", "1000000", "--epsilon", "1"])
     assert useful["alpha"] < 1 and useful["vacuous"] is False
     code, text, _ = run_cli(["plan", "--clients", "1000000", "--epsilon", "1"])
@@ -349,9 +354,13 @@ def test_measure_json(big_csv: tuple[Path, float, list[float]], extra: list[str]
     assert payload["budget"] == 2.0
     assert payload["epsilon"] <= 2.0
     true = spec_true_epsilon(
-        payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
+        payload["mechanism"],
+        payload["epsilon_group"],
+        payload["epsilon_value"],
+        payload.get("grid_size", 1),
     )
     assert true <= 2.0 + 1e-12
+    assert ("grid_size" in payload) is (payload["mechanism"] == "N")
     low, high = payload["gap_intervals"][0]
     assert low <= gap <= high
     assert payload["chebyshev_halfwidths"][0] >= (high - low) / 2 - 1e-12

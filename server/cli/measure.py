@@ -20,7 +20,8 @@ from ...mechanisms import (
     summarize_stream,
 )
 from ...mechanisms.crypto.secure_random import secure_generator
-from ...mechanisms.ldp.calibration import best_split
+from ...mechanisms.ldp.calibration import MECHANISMS, best_split
+from ...mechanisms.ldp.nprr import NPRRMechanism
 from ..progress import Progress
 from ._common import (
     UsageError,
@@ -245,6 +246,8 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
         **estimate.to_dict(),
         "elapsed_seconds": elapsed,
     }
+    if isinstance(mechanism, NPRRMechanism):
+        payload["grid_size"] = mechanism.grid_size  # M_N's epsilon depends on its grid
     text = _format_estimate(estimate, budget, elapsed)
     if args.compare_raw:
         raw_means = raw_sums / counts
@@ -283,12 +286,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     measure.add_argument("--epsilon", required=True, help="per-client LDP budget")
     measure.add_argument(
         "--mechanism",
-        choices=("R", "L", "P", "best"),
+        choices=(*MECHANISMS, "best"),
         default="best",
         help=(
             "R: randomized response for group and value (M_R); L: randomized response for the "
             "group and discrete Laplace for the value (M_L); P: randomized response for the "
-            "group and the Piecewise mechanism for the value (M_P); best: the smaller error "
+            "group and the Piecewise mechanism for the value (M_P); N: randomized response for "
+            "the group and NPRR on a grid for the value (M_N); best: the smaller error "
             "(default)"
         ),
     )

@@ -615,7 +615,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=(
             "R: randomized response for group and value (M_R); L: randomized response for the "
             "group and discrete Laplace for the value (M_L); P: randomized response for the "
-            "group and the Piecewise mechanism for the value (M_P); best: whichever needs less "
+            "group and the Piecewise mechanism for the value (M_P); N: randomized response for "
+            "the group and NPRR on a grid for the value (M_N); best: whichever needs less "
             "(default)"
         ),
     )
