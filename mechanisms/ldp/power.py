@@ -232,6 +232,8 @@ class AuditPlan:
         The split (eps1, eps2) of ``epsilon`` (true epsilon <= epsilon).
     notes : tuple of str
         Where the plan is weaker than it looks (e.g. a group the estimator would refuse).
+    grid_size : int
+        M_N's grid G (1 for the other mechanisms; in :meth:`to_dict` for M_N only).
     """
 
     query: AuditQuery
@@ -251,10 +253,11 @@ class AuditPlan:
     epsilon_group: float
     epsilon_value: float
     notes: tuple[str, ...] = ()
+    grid_size: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dictionary (the attributes)."""
-        return {
+        fields: dict[str, object] = {
             "query": self.query,
             "mechanism": self.mechanism,
             "num_users": self.num_users,
@@ -273,6 +276,9 @@ class AuditPlan:
             "epsilon_value": self.epsilon_value,
             "notes": list(self.notes),
         }
+        if self.mechanism == "N":
+            fields["grid_size"] = self.grid_size  # M_N's epsilon depends on its grid
+        return fields
 
 
 @dataclass(frozen=True)
@@ -516,6 +522,7 @@ def _audit_plan(
         epsilon_group=split.epsilon_group,
         epsilon_value=split.epsilon_value,
         notes=_audit_notes(setting, split, moments, num_users),
+        grid_size=split.grid_size,
     )
 
 

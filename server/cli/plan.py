@@ -246,7 +246,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         assert split is not None
         lines.append(
             f"{head}  (eps1={split.epsilon_group:.4g}, eps2={split.epsilon_value:.4g}, "
-            f"true eps={split.epsilon:.4g})"
+            f"true eps={split.epsilon:.4g}"
+            + (f", G={split.grid_size})" if split.mechanism == "N" else ")")
         )
     if len(plans) > 1:
         lines.append(f"best: M_{chosen.mechanism}")
