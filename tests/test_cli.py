@@ -45,6 +45,28 @@ def test_privacy_of_m_p_is_m_ls_closed_form_without_a_paper_claim() -> None:
     assert code == 2 and "--k only applies to --mechanism L (M_P has no noise ratio)" in err
 
 
+def test_privacy_of_m_n_needs_its_grid_and_has_no_paper_claim() -> None:
+    payload = cli_json(["privacy", "--mechanism", "N", "--eps1", "2", "--eps2", "2", "--grid", "2"])
+    assert payload["mechanism"] == "N" and payload["grid_size"] == 2
+    assert payload["epsilon"] == pytest.approx(spec_true_epsilon("N", 2.0, 2.0, 2))
+    assert payload["paper_claimed_epsilon"] is None and payload["noise_ratio"] is None
+    # the grid changes the epsilon: G = 1 is M_R's
+    coarse = cli_json(["privacy", "--mechanism", "N", "--eps1", "2", "--eps2", "2"])
+    assert coarse["epsilon"] == pytest.approx(spec_true_epsilon("R", 2.0, 2.0))
+    assert coarse["epsilon"] != pytest.approx(payload["epsilon"])
+    code, text, _ = run_cli(
+        ["privacy", "--mechanism", "N", "--eps1", "2", "--eps2", "2", "--grid", "2"]
+    )
+    assert code == 0 and text.startswith("M_N with eps1=2, eps2=2, d=2, G=2: true epsilon")
+    for argv, message in [
+        (["--mechanism", "L", "--grid", "2"], "--grid only applies to --mechanism N (M_L has"),
+        (["--mechanism", "N", "--grid", "0"], "--grid"),
+        (["--mechanism", "N", "--grid", "1024"], "--grid"),
+    ]:
+        code, _, err = run_cli(["privacy", "--eps1", "1", "--eps2", "1", *argv])
+        assert code == 2 and message in err
+
+
 def test_privacy_spec_example_text_and_json() -> None:
     code, text, _ = run_cli(["privacy", "--mechanism", "R", "--eps1", "1", "--eps2", "1"])
     assert code == 0

@@ -20,7 +20,8 @@ from fedparity.mechanisms.ldp.nprr import (
     nprr_for_budget,
     nprr_report_moments,
 )
-from fedparity.mechanisms.ldp.planner import error_bound
+from fedparity.mechanisms.ldp.planner import error_bound, minimum_epsilon
+from fedparity.mechanisms.ldp.power import audit_power
 from fedparity.mechanisms.ldp.randomized_response import randomized_response_epsilon
 from fedparity.mechanisms.ldp.reports import ReportMoments, ReportSummary
 
@@ -325,3 +326,18 @@ def test_the_planned_variance_is_the_monte_carlo_one() -> None:
         assert exact < split.variance_factor
     slack = 4.0 / (split.grid_size**2 * moments.keep_probability * gain)
     assert split.variance_factor - cases[1][1] == pytest.approx(slack, rel=1e-9)
+
+
+def test_the_planners_tie_goes_to_m_r_and_m_ns_grid_is_in_every_plan() -> None:
+    """Where M_N's best grid is G = 1 it is M_R (the same budget): the planner keeps M_R; where
+    a finer grid wins, the plans say which grid (M_N's epsilon depends on it)."""
+    plan = minimum_epsilon("best", 10**7, 0.01)
+    nprr = minimum_epsilon("N", 10**7, 0.01)
+    assert plan.mechanism == "R" and nprr.split is not None and nprr.split.grid_size == 1
+    assert nprr.epsilon == pytest.approx(plan.epsilon, rel=1e-6)
+    assert "grid_size" not in plan.to_dict()
+    bound = error_bound("best", 10**5, 4.0)
+    assert bound.mechanism == "N" and bound.to_dict()["grid_size"] == 4
+    power = audit_power(10**5, 4.0, 0.05)
+    assert power.mechanism == "N" and power.to_dict()["grid_size"] == power.grid_size == 4
+    assert "grid_size" not in audit_power(10**5, 1.0, 0.05).to_dict()  # M_R there
