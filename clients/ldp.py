@@ -6,7 +6,7 @@ with *your* function, perturbs every user's (group, metric) pair with the reques
 and replies with the perturbed pairs only (Juarez and Korolova, "'You Can't Fix What You
 Can't Measure': Privately Measuring Demographic Performance Disparities in Federated
 Learning", 2022: mechanisms M_R and M_L; M_P, the Piecewise mechanism of Wang et al., ICDE 2019,
-on the value).
+on the value; M_N, NPRR of Waudby-Smith, Wu and Ramdas, ICML 2023, on the value).
 
 Register it on your app::
 
@@ -73,7 +73,7 @@ from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE, LedgerFileError
 from ..mechanisms.privacy.user_ledger import GapReportRelease, Release
 from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
-from ..mechanisms.validation import check_int
+from ..mechanisms.validation import check_epsilon, check_int
 from .ledger import (
     DEFAULT_LEDGER_DIR,
     LEDGER_STATE_KEY,
@@ -92,6 +92,7 @@ __all__ = [
     "LEDGER_STATE_KEY",
     "NO_UNDEFINED_CATEGORY_REFUSAL",
     "UNRELEASABLE_REFUSAL",
+    "UNRESOLVABLE_REFUSAL",
     "LedgerPathFn",
     "LocalUsers",
     "LocalUsersFn",
@@ -120,6 +121,13 @@ LEDGER_UNUSABLE_REPLY = ledger_unusable_reply("ldp_audit")
 UNRELEASABLE_REFUSAL = (
     "ldp_audit: refusing: the requested value budget eps2 is outside the range in which its "
     "sampler releases reports"
+)
+
+#: The refusal of an M_N audit whose eps1 or eps2 is below the resolution of its 64-bit
+#: samplers (no integer probability realises it), before any data is read or any user charged.
+UNRESOLVABLE_REFUSAL = (
+    "ldp_audit: refusing: a requested budget is below the resolution of the mechanism's "
+    "64-bit samplers"
 )
 
 #: The refusal of an audit of a metric that can be undefined (TPR, FPR, FNR) without the
@@ -293,6 +301,17 @@ def _requested_mechanism(request: LdpAuditRequest, num_groups: int) -> GapMechan
             "ldp_audit: the audit's number of group categories is not this node's number "
             "of groups (plus the undefined category, if the audit has one); refusing"
         )
+    if request.mechanism == "N":
+        # its parameters are checked first (a bad one is a ValueError, as for the others);
+        # then its oracles find no integer probability for a budget below their resolution
+        check_epsilon("epsilon_group", request.epsilon_group)
+        check_epsilon("epsilon_value", request.epsilon_value)
+        try:
+            return build_mechanism(
+                "N", request.epsilon_group, request.epsilon_value, categories, request.grid_size
+            )
+        except ValueError:
+            raise NodeRefusal(UNRESOLVABLE_REFUSAL) from None
     mechanism = build_mechanism(
         request.mechanism, request.epsilon_group, request.epsilon_value, categories
     )

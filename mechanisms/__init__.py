@@ -8,7 +8,9 @@ workshop, PMLR, 2022, and its Appendix A):
   with their *true* epsilon (:func:`true_epsilon`; the paper's Theorem 5, and its Theorem 6
   for k != 2, are false), and :class:`PiecewiseMechanism` (M_P: the Piecewise mechanism of
   Wang et al., "Collecting and Analyzing Multidimensional Data with Local Differential
-  Privacy", ICDE 2019, on the value);
+  Privacy", ICDE 2019, on the value) and :class:`NPRRMechanism` (M_N: NPRR of Waudby-Smith, Wu
+  and Ramdas, "Nonparametric extensions of randomized response for private confidence sets",
+  ICML 2023, on the value over a grid);
 * :func:`mechanism_for_budget` / :func:`optimal_split`: the (eps1, eps2) split within a budget;
 * :func:`estimate_gap`: unbiased group means, gaps, standard errors, intervals and bounds;
 * :func:`summarize_stream`: mechanism + summary over chunks, in bounded memory;

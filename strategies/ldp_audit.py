@@ -37,6 +37,7 @@ from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
 from ..mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.ldp.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
+from ..mechanisms.ldp.nprr import NPRRMechanism
 from ..mechanisms.ldp.piecewise import PiecewiseMechanism
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
@@ -215,7 +216,7 @@ class LdpGapAudit:
 
     Parameters
     ----------
-    mechanism : RandomizedResponseMechanism, LaplaceMechanism or PiecewiseMechanism
+    mechanism : RandomizedResponseMechanism, LaplaceMechanism, PiecewiseMechanism or NPRRMechanism
         What every user applies; its *true* epsilon must fit ``budget``.
     budget : float
         The epsilon this audit may spend per user.
@@ -297,7 +298,7 @@ class LdpGapAudit:
         metric: str = "accuracy",
         **kwargs: Any,
     ) -> LdpGapAudit:
-        """The audit with the variance-optimal mechanism (``"R"``, ``"L"``, ``"P"`` or
+        """The audit with the variance-optimal mechanism (``"R"``, ``"L"``, ``"P"``, ``"N"`` or
         ``"best"``) for ``budget`` over ``num_groups`` protected groups, plus the undefined
         category for TPR, FPR and FNR
         (:func:`~fedparity.mechanisms.ldp.calibration.mechanism_for_budget`)."""
@@ -345,6 +346,7 @@ class LdpGapAudit:
             metric=self.metric,
             audit_id=self.audit_id,
             undefined_category=self.undefined_category,
+            grid_size=int(mech.grid_size) if isinstance(mech, NPRRMechanism) else 1,
         )
 
     def audit_config(self) -> ConfigRecord:
@@ -393,6 +395,9 @@ class LdpGapAudit:
             elif isinstance(self.mechanism, PiecewiseMechanism):
                 step, bound = self.mechanism.grid.step, self.mechanism.report_bound
                 domain = f"(its grid points, multiples of {step:g} with |v'| <= {bound:g})"
+            elif isinstance(self.mechanism, NPRRMechanism):
+                grid = self.mechanism.grid_size
+                domain = f"(its grid points 2 z / {grid} - 1 for integers z in [0, {grid}])"
             else:
                 domain = "{-1, +1}"
             raise ValueError(f"values outside M_{self.mechanism.name}'s output domain {domain}")

@@ -14,9 +14,14 @@ import pytest
 from tests.support.fixtures import CliResult, assert_usage_error, cli_json, run_cli
 
 
-def spec_true_epsilon(mechanism: str, eps1: float, eps2: float) -> float:
-    """The true-epsilon closed forms (M_R any d; M_L with k = 2), not Theorems 5/6 of Juarez and
-    Korolova 2022, which are false (see fedparity.mechanisms.ldp.calibration.true_epsilon)."""
+def spec_true_epsilon(mechanism: str, eps1: float, eps2: float, grid: int = 1) -> float:
+    """The true-epsilon closed forms (M_R any d; M_L with k = 2; M_N's two-group form with grid
+    G), not Theorems 5/6 of Juarez and Korolova 2022, which are false (see
+    fedparity.mechanisms.ldp.calibration.true_epsilon)."""
+    if mechanism == "N":
+        kept = math.log((grid + 1) * math.exp(eps2) / (math.exp(eps2) + grid))
+        flipped = math.log((math.exp(eps2) + grid) / (grid + 1))
+        return max(eps2, eps1 + kept, flipped - eps1)
     if mechanism == "R":
         log_two_b = math.log(2.0) - math.log1p(math.exp(-eps2))
         log_half = math.log1p(math.exp(eps2)) - math.log(2.0)
@@ -38,6 +43,28 @@ def test_privacy_of_m_p_is_m_ls_closed_form_without_a_paper_claim() -> None:
         ["privacy", "--mechanism", "P", "--eps1", "1", "--eps2", "1", "--k", "3"]
     )
     assert code == 2 and "--k only applies to --mechanism L (M_P has no noise ratio)" in err
+
+
+def test_privacy_of_m_n_needs_its_grid_and_has_no_paper_claim() -> None:
+    payload = cli_json(["privacy", "--mechanism", "N", "--eps1", "2", "--eps2", "2", "--grid", "2"])
+    assert payload["mechanism"] == "N" and payload["grid_size"] == 2
+    assert payload["epsilon"] == pytest.approx(spec_true_epsilon("N", 2.0, 2.0, 2))
+    assert payload["paper_claimed_epsilon"] is None and payload["noise_ratio"] is None
+    # the grid changes the epsilon: G = 1 is M_R's
+    coarse = cli_json(["privacy", "--mechanism", "N", "--eps1", "2", "--eps2", "2"])
+    assert coarse["epsilon"] == pytest.approx(spec_true_epsilon("R", 2.0, 2.0))
+    assert coarse["epsilon"] != pytest.approx(payload["epsilon"])
+    code, text, _ = run_cli(
+        ["privacy", "--mechanism", "N", "--eps1", "2", "--eps2", "2", "--grid", "2"]
+    )
+    assert code == 0 and text.startswith("M_N with eps1=2, eps2=2, d=2, G=2: true epsilon")
+    for argv, message in [
+        (["--mechanism", "L", "--grid", "2"], "--grid only applies to --mechanism N (M_L has"),
+        (["--mechanism", "N", "--grid", "0"], "--grid"),
+        (["--mechanism", "N", "--grid", "1024"], "--grid"),
+    ]:
+        code, _, err = run_cli(["privacy", "--eps1", "1", "--eps2", "1", *argv])
+        assert code == 2 and message in err
 
 
 def test_privacy_spec_example_text_and_json() -> None:
@@ -126,10 +153,10 @@ def test_plan_alpha_path() -> None:
     assert PLAN_KEYS <= set(payload)
     assert payload["query"] == "min_epsilon"
     assert payload["alpha"] == 0.01
-    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L", "P"]
+    assert [c["mechanism"] for c in payload["candidates"]] == ["R", "L", "P", "N"]
     budgets = [c["epsilon"] for c in payload["candidates"] if c["epsilon"] is not None]
     assert payload["epsilon"] == min(budgets)
-    assert payload["mechanism"] in ("R", "L", "P")
+    assert payload["mechanism"] in ("R", "L", "P", "N")
     true = spec_true_epsilon(
         payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
     )
@@ -176,7 +203,7 @@ def test_plan_table_has_paper_and_valid_tables(monkeypatch: pytest.MonkeyPatch) 
     assert payload["paper_table1"]["R"][0][0] == pytest.approx(1.86, abs=0.005)
     assert payload["paper_table1"]["L"][0][2] == pytest.approx(178.89, abs=0.005)
     assert payload["paper_table1"]["R"][0][1] is None
-    assert set(payload["valid_table1"]) == {"R", "L", "P", "best"}
+    assert set(payload["valid_table1"]) == {"R", "L", "P", "N", "best"}
 
 
 def test_plan_bad_inputs() -> None:
@@ -220,7 +247,7 @@ def test_plan_says_when_an_error_bound_is_vacuous() -> None:
     payload = cli_json(["plan", "--clients", "1000", "--epsilon", "1e-5"])
     assert payload["alpha"] > 1 and payload["vacuous"] is True
     code, text, _ = run_cli(["plan", "--clients", "1000", "--epsilon", "1e-5"])
-    assert code == 0 and text.count("vacuous") == 3  # one line per mechanism
+    assert code == 0 and text.count("vacuous") == 4  # one line per mechanism
     useful = cli_json(["plan", "--clients", "1000000", "--epsilon", "1"])
     assert useful["alpha"] < 1 and useful["vacuous"] is False
     code, text, _ = run_cli(["plan", "--clients", "1000000", "--epsilon", "1"])
@@ -349,9 +376,13 @@ def test_measure_json(big_csv: tuple[Path, float, list[float]], extra: list[str]
     assert payload["budget"] == 2.0
     assert payload["epsilon"] <= 2.0
     true = spec_true_epsilon(
-        payload["mechanism"], payload["epsilon_group"], payload["epsilon_value"]
+        payload["mechanism"],
+        payload["epsilon_group"],
+        payload["epsilon_value"],
+        payload.get("grid_size", 1),
     )
     assert true <= 2.0 + 1e-12
+    assert ("grid_size" in payload) is (payload["mechanism"] == "N")
     low, high = payload["gap_intervals"][0]
     assert low <= gap <= high
     assert payload["chebyshev_halfwidths"][0] >= (high - low) / 2 - 1e-12

@@ -97,7 +97,7 @@ def test_adult_download_without_data_dir_uses_the_home_folder() -> None:
         ("epsilons", "", "epsilons must list"),
         ("num-groups", 1, "num-groups must be an integer >= 2"),
         ("users-per-node", 0, "users-per-node must be an integer >= 1"),
-        ("mechanism", "M", "mechanism must be one of R, L, P, best"),
+        ("mechanism", "M", "mechanism must be one of R, L, P, N, best"),
         ("metric", "auc", "metric must be one of accuracy, tpr, fpr, fnr"),
         ("dataset", "femnist", "dataset must be one of synthetic, adult"),
         ("learning-rate", 0.0, "learning-rate must be in (0, inf)"),

@@ -25,6 +25,7 @@ from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms import RandomizedResponseMechanism, build_mechanism
 from fedparity.mechanisms.ldp.laplace import LaplaceMechanism
+from fedparity.mechanisms.ldp.nprr import NPRRMechanism
 from fedparity.mechanisms.ldp.piecewise import PiecewiseMechanism
 from fedparity.mechanisms.protocol import FPFL_KEY, METRICS_KEY, REPORTS_KEY
 from fedparity.strategies.ldp_audit import LdpGapAudit
@@ -104,6 +105,7 @@ def test_a_node_refuses_or_answers_within_its_policy_any_audit_message(
                 RandomizedResponseMechanism(0.5, 1.0),
                 LaplaceMechanism(0.5, 1.0),
                 PiecewiseMechanism(0.5, 1.0),
+                NPRRMechanism(0.5, 1.0, 2, 4),
             ]
         )
     )
@@ -131,6 +133,7 @@ def test_a_node_refuses_or_answers_within_its_policy_any_audit_message(
         float(config["epsilon-group"]),  # type: ignore[arg-type]
         float(config["epsilon-value"]),  # type: ignore[arg-type]
         int(config["num-groups"]),  # type: ignore[arg-type]
+        int(config["grid-size"]) if config["mechanism"] == "N" else 1,  # type: ignore[arg-type]
     )
     charged = reply.content.metric_records[METRICS_KEY]["epsilon-charged"]
     assert charged == pytest.approx(released.epsilon) and charged <= policy.ldp_max_epsilon
@@ -276,6 +279,7 @@ def test_the_server_counts_every_malformed_audit_reply_and_never_fails(
                 RandomizedResponseMechanism(0.5, 1.0),
                 LaplaceMechanism(0.5, 1.0),
                 PiecewiseMechanism(0.5, 1.0),
+                NPRRMechanism(0.5, 1.0, 2, 4),
             ]
         )
     )
@@ -315,7 +319,7 @@ numbers = st.one_of(
 def cli_arguments(draw: st.DrawFn, tmp: Path) -> list[str]:
     command = draw(st.sampled_from(["privacy", "plan", "measure", "fairtest"]))
     options = {
-        "privacy": ["--mechanism", "--eps1", "--eps2", "--groups", "--k"],
+        "privacy": ["--mechanism", "--eps1", "--eps2", "--groups", "--k", "--grid"],
         "plan": [
             "--mechanism",
             "--clients",
@@ -331,7 +335,7 @@ def cli_arguments(draw: st.DrawFn, tmp: Path) -> list[str]:
     argv = [command]
     for option in draw(st.lists(st.sampled_from(options), max_size=5, unique=True)):
         if option == "--mechanism":
-            argv += [option, draw(st.sampled_from(["R", "L", "best", "X"]))]
+            argv += [option, draw(st.sampled_from(["R", "L", "P", "N", "best", "X"]))]
         elif option == "--mode":
             argv += [option, draw(st.sampled_from(["paper", "calibrated", "other"]))]
         else:

@@ -3,6 +3,7 @@ the group: exact privacy on the grid, the sampler's law, the estimators' bias an
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from fractions import Fraction
@@ -11,15 +12,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedparity.mechanisms.ldp.estimators import estimate_gap
+from fedparity.mechanisms.ldp.calibration import MECHANISMS, best_split, optimal_split
+from fedparity.mechanisms.ldp.estimators import estimate_gap, estimator_covariance
 from fedparity.mechanisms.ldp.nprr import (
     NPRRMechanism,
     nprr_epsilon,
     nprr_for_budget,
     nprr_report_moments,
 )
+from fedparity.mechanisms.ldp.planner import error_bound, minimum_epsilon
+from fedparity.mechanisms.ldp.power import audit_power
 from fedparity.mechanisms.ldp.randomized_response import randomized_response_epsilon
-from fedparity.mechanisms.ldp.reports import ReportSummary
+from fedparity.mechanisms.ldp.reports import ReportMoments, ReportSummary
 
 #: Family-wise false-alarm probability of each statistical test below (seeded, so each run is
 #: deterministic; this is the chance a correct sampler would fail it at a fresh seed).
@@ -230,3 +234,110 @@ def test_larger_budgets_choose_finer_grids() -> None:
 def test_bad_input_is_refused_with_the_parameter_and_its_range(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# --- the planner and "best" ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("num_groups", "budget", "winner"),
+    [
+        (2, 1.0, "R"),
+        (2, 1.9, "R"),
+        (2, 2.0, "N"),
+        (2, 4.0, "N"),
+        (2, 8.0, "N"),
+        (5, 1.0, "R"),
+        (5, 2.8, "R"),
+        (5, 2.9, "N"),
+        (5, 8.0, "N"),
+    ],
+)
+def test_best_chooses_m_n_where_its_interval_is_narrowest(
+    num_groups: int, budget: float, winner: str
+) -> None:
+    """ "best" takes the smallest worst-case variance of the four splits. M_N with G = 1 is M_R
+    (equal variances: the tie goes to M_R), so M_N is chosen where a finer grid pays: from
+    eps = 2 with two groups and eps ~ 2.85 with five (computed: the crossovers lie in
+    (1.95, 2.0] and (2.8, 2.85])."""
+    splits = {name: optimal_split(name, budget, num_groups) for name in MECHANISMS}
+    chosen = best_split("best", budget, num_groups)
+    smallest = min(split.variance_factor for split in splits.values())
+    assert chosen.mechanism == winner
+    assert chosen.variance_factor == pytest.approx(smallest, rel=1e-9)
+    nprr = splits["N"]
+    if winner == "R":
+        assert nprr.grid_size == 1
+        assert nprr.variance_factor == pytest.approx(splits["R"].variance_factor, rel=1e-9)
+    else:
+        # by more than a tie: 0.2% at (2, 2.0), the crossover; 3x at (2, 8.0)
+        assert nprr.grid_size > 1 and nprr.variance_factor < 0.999 * splits["R"].variance_factor
+        assert chosen.build().epsilon <= budget
+    # the planner's error at this budget is M_N's wherever best picks it
+    plan = error_bound("best", 10**6, budget, num_groups=num_groups)
+    assert plan.mechanism == winner
+
+
+def test_the_planned_variance_is_the_monte_carlo_one() -> None:
+    """The variance factor (K Var of the gap, known sizes) against R = 800 perturbations.
+
+    M_N's moments take each kept report's rounding variance at its bound 1 / G^2 together with
+    |v| = 1, which no value reaches at once (|v| = 1 is a grid point and rounds to itself): the
+    planned variance is an upper bound. At v = +/-(1 - 1/G), halfway between the two top grid
+    points, the rounding variance is exactly 1 / G^2, so the moments' formula there is the exact
+    variance; at |v| = 1 the exact one is the plan less a r / G^2 per user in Var(S_G). Monte
+    Carlo is checked against both.
+    """
+    split = optimal_split("N", 4.0, 2)
+    assert split.mechanism == "N" and split.grid_size == 4
+    mechanism = split.build()
+    moments = mechanism.moments
+    clients = 10_000
+    groups = np.repeat([0, 1], clients // 2)
+    sizes = np.array([clients // 2, clients // 2], dtype=np.float64)
+
+    def exact_factor(square_sums: np.ndarray, report_moments: ReportMoments = moments) -> float:
+        cov = estimator_covariance(report_moments, clients, sizes, np.zeros(2), square_sums)
+        return clients * float(cov[0, 0] + cov[1, 1])
+
+    # the plan is the formula at sum v^2 = n_G (the worst case of its moments)
+    assert split.variance_factor == pytest.approx(exact_factor(sizes), rel=1e-12)
+    gain = moments.value_gain
+    unrounded = dataclasses.replace(
+        moments, kept_second_moment=moments.kept_second_moment - gain / split.grid_size**2
+    )
+    midpoint = 1.0 - 1.0 / split.grid_size
+    cases = [
+        (midpoint, exact_factor(sizes * midpoint**2)),
+        (1.0, exact_factor(sizes, unrounded)),  # 4 / (G^2 a r) below the plan: 20% here
+    ]
+    rng = np.random.Generator(np.random.PCG64(99))
+    reps = 800
+    for magnitude, exact in cases:
+        values = np.where(np.arange(clients) % 2 == 0, magnitude, -magnitude)
+        gaps = []
+        for _ in range(reps):
+            reports = mechanism.perturb(groups, values, rng, validate=False)
+            summary = ReportSummary.from_reports(reports.groups, reports.values, 2)
+            gaps.append(estimate_gap(summary, mechanism, group_sizes=sizes).differences[0])
+        value_units = 4.0 * clients * float(np.var(gaps, ddof=1))  # metric -> value units
+        # a sample variance of R normal draws: relative SE sqrt(2 / (R - 1)), within 4.5 SE
+        assert value_units == pytest.approx(exact, rel=4.5 * math.sqrt(2 / reps)), magnitude
+        assert exact < split.variance_factor
+    slack = 4.0 / (split.grid_size**2 * moments.keep_probability * gain)
+    assert split.variance_factor - cases[1][1] == pytest.approx(slack, rel=1e-9)
+
+
+def test_the_planners_tie_goes_to_m_r_and_m_ns_grid_is_in_every_plan() -> None:
+    """Where M_N's best grid is G = 1 it is M_R (the same budget): the planner keeps M_R; where
+    a finer grid wins, the plans say which grid (M_N's epsilon depends on it)."""
+    plan = minimum_epsilon("best", 10**7, 0.01)
+    nprr = minimum_epsilon("N", 10**7, 0.01)
+    assert plan.mechanism == "R" and nprr.split is not None and nprr.split.grid_size == 1
+    assert nprr.epsilon == pytest.approx(plan.epsilon, rel=1e-6)
+    assert "grid_size" not in plan.to_dict()
+    bound = error_bound("best", 10**5, 4.0)
+    assert bound.mechanism == "N" and bound.to_dict()["grid_size"] == 4
+    power = audit_power(10**5, 4.0, 0.05)
+    assert power.mechanism == "N" and power.to_dict()["grid_size"] == power.grid_size == 4
+    assert "grid_size" not in audit_power(10**5, 1.0, 0.05).to_dict()  # M_R there

@@ -25,7 +25,7 @@ def test_the_request_names_p_and_round_trips() -> None:
     request = audit.request()
     assert request.mechanism == "P"
     assert LdpAuditRequest.from_fields(request.to_fields()) == request
-    with pytest.raises(MessageError, match="must be one of R, L, P"):
+    with pytest.raises(MessageError, match="must be one of R, L, P, N"):
         LdpAuditRequest.from_fields({**request.to_fields(), "mechanism": "Q"})
 
 

@@ -182,7 +182,7 @@ def test_valid_table_differs_from_the_paper_where_the_paper_overstates_privacy()
 def test_best_picks_the_smaller_budget(alpha: float, k_total: int, metric_scale: str) -> None:
     plans = {
         n: minimum_epsilon(n, k_total, alpha, scale=metric_scale)  # type: ignore[arg-type]
-        for n in ("R", "L", "P")
+        for n in ("R", "L", "P", "N")
     }
     best = minimum_epsilon("best", k_total, alpha, scale=metric_scale)  # type: ignore[arg-type]
     reachable = {n: p.epsilon for n, p in plans.items() if p.epsilon is not None}
@@ -227,7 +227,7 @@ def test_error_bound_unbalanced_and_three_groups(name: str) -> None:
 
 def test_error_bound_best_is_the_smaller() -> None:
     for epsilon in (0.2, 1.0, 5.0):
-        every = [error_bound(n, 10**6, epsilon).alpha for n in ("R", "L", "P")]  # type: ignore[arg-type]
+        every = [error_bound(n, 10**6, epsilon).alpha for n in ("R", "L", "P", "N")]  # type: ignore[arg-type]
         assert error_bound("best", 10**6, epsilon).alpha == pytest.approx(min(every), rel=1e-12)
 
 

@@ -380,7 +380,7 @@ class RunConfig:
     # --- LDP audit ------------------------------------------------------------------------
     metric: str = _key("accuracy", _choice(METRIC_NAMES), "the audited per-user metric")
     mechanism: MechanismChoice = _key(
-        "best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L), M_P (P) or best"
+        "best", _choice(MECHANISM_CHOICES), "M_R (R), M_L (L), M_P (P), M_N (N) or best"
     )
     oracle: str = _key(
         "best",

@@ -15,6 +15,9 @@ estimator is found numerically:
 * M_L (k = 2): eps = max(eps2, eps1 + eps2 / 2), so eps1 = eps - eps2 / 2 for eps2 in (0, eps].
 * M_P (the Piecewise mechanism on the value, :mod:`~fedparity.mechanisms.ldp.piecewise`):
   M_L's true epsilon and split.
+* M_N (NPRR on the value over a grid of G + 1 points, :mod:`~fedparity.mechanisms.ldp.nprr`):
+  the split and the grid G of :func:`~fedparity.mechanisms.ldp.nprr.nprr_for_budget`
+  (eps1 = eps - ln((G + 1) e^eps2 / (e^eps2 + G)), the best of its grids).
 
 The objective is K * Var of the largest pairwise gap at the worst-case spread of values
 (sum of v^2 at 0 for M_R, at n_G for M_L) with group sizes K * fraction; it does not depend
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,40 +37,91 @@ import numpy as np
 from ..validation import check_choice, check_epsilon, check_group_fractions, check_num_groups
 from .estimators import estimator_covariance, worst_case_square_sums
 from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE, LaplaceMechanism, laplace_epsilon
+from .nprr import NPRRMechanism, nprr_epsilon, nprr_for_budget
 from .piecewise import MAX_EPSILON_VALUE as MAX_PIECEWISE_EPSILON_VALUE
 from .piecewise import MIN_EPSILON_VALUE as MIN_PIECEWISE_EPSILON_VALUE
 from .piecewise import PiecewiseMechanism, piecewise_epsilon
 from .randomized_response import RandomizedResponseMechanism, randomized_response_epsilon
 from .reports import ReportMoments
 
-MechanismName = Literal["R", "L", "P"]
-MechanismChoice = Literal["R", "L", "P", "best"]
-MECHANISMS: tuple[MechanismName, ...] = ("R", "L", "P")
-GapMechanismType = RandomizedResponseMechanism | LaplaceMechanism | PiecewiseMechanism
+MechanismName = Literal["R", "L", "P", "N"]
+MechanismChoice = Literal["R", "L", "P", "N", "best"]
+MECHANISMS: tuple[MechanismName, ...] = ("R", "L", "P", "N")
+GapMechanismType = (
+    RandomizedResponseMechanism | LaplaceMechanism | PiecewiseMechanism | NPRRMechanism
+)
+#: Two variances within this relative distance are a tie, which "best" breaks in the order of
+#: :data:`MECHANISMS` (M_N with G = 1 is M_R: the rounding of their samplers decides nothing).
+TIE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class _GapMechanism:
+    """What the split, the planner and "best" need of one mechanism."""
+
+    build: Callable[[float, float, int, int], GapMechanismType]
+    epsilon: Callable[[float, float, int, int], float]
+    #: The eps2 for which its sampler releases reports (M_L and M_P: their grids' ranges).
+    value_range: tuple[float, float]
+
+
+_REGISTRY: dict[MechanismName, _GapMechanism] = {
+    "R": _GapMechanism(
+        lambda e1, e2, d, _: RandomizedResponseMechanism(e1, e2, d),
+        lambda e1, e2, d, _: randomized_response_epsilon(e1, e2, d),
+        (0.0, math.inf),
+    ),
+    "L": _GapMechanism(
+        lambda e1, e2, d, _: LaplaceMechanism(e1, e2, d),
+        lambda e1, e2, d, _: laplace_epsilon(e1, e2, d),
+        (MIN_EPSILON_VALUE, MAX_EPSILON_VALUE),
+    ),
+    "P": _GapMechanism(
+        lambda e1, e2, d, _: PiecewiseMechanism(e1, e2, d),
+        lambda e1, e2, d, _: piecewise_epsilon(e1, e2, d),
+        (MIN_PIECEWISE_EPSILON_VALUE, MAX_PIECEWISE_EPSILON_VALUE),
+    ),
+    "N": _GapMechanism(NPRRMechanism, nprr_epsilon, (0.0, math.inf)),
+}
+
+
+def _check_grid_size(name: MechanismName, grid_size: int) -> None:
+    if name != "N" and grid_size != 1:
+        raise ValueError(
+            f"grid_size applies only to mechanism N (M_{name} has none), got {grid_size!r}"
+        )
 
 
 def build_mechanism(
-    name: MechanismName, epsilon_group: float, epsilon_value: float, num_groups: int = 2
+    name: MechanismName,
+    epsilon_group: float,
+    epsilon_value: float,
+    num_groups: int = 2,
+    grid_size: int = 1,
 ) -> GapMechanismType:
-    """The mechanism object for explicit (eps1, eps2)."""
+    """The mechanism object for explicit (eps1, eps2) (and M_N's grid G, ``grid_size``)."""
     check_choice("mechanism", name, MECHANISMS)
-    if name == "R":
-        return RandomizedResponseMechanism(epsilon_group, epsilon_value, num_groups)
-    if name == "P":
-        return PiecewiseMechanism(epsilon_group, epsilon_value, num_groups)
-    return LaplaceMechanism(epsilon_group, epsilon_value, num_groups)
+    _check_grid_size(name, grid_size)
+    return _REGISTRY[name].build(epsilon_group, epsilon_value, num_groups, grid_size)
 
 
 def true_epsilon(
-    name: MechanismName, epsilon_group: float, epsilon_value: float, num_groups: int = 2
+    name: MechanismName,
+    epsilon_group: float,
+    epsilon_value: float,
+    num_groups: int = 2,
+    grid_size: int = 1,
 ) -> float:
-    """True LDP epsilon of M_R, M_L (k = 2) or M_P for (eps1, eps2, d).
+    """True LDP epsilon of M_R, M_L (k = 2), M_P or M_N (grid ``grid_size``) for (eps1, eps2,
+    d).
 
     Not the paper's claims: its Theorem 5 (M_R is max(eps1, eps2)-LDP) is false, and its
     Theorem 6 (M_L) is false for every noise ratio k != 2. M_R:
     :func:`~fedparity.mechanisms.ldp.randomized_response.randomized_response_epsilon`; M_L:
     :func:`~fedparity.mechanisms.ldp.laplace.laplace_epsilon`, which explain the corrections;
-    M_P: :func:`~fedparity.mechanisms.ldp.piecewise.piecewise_epsilon` (eps1 + eps2).
+    M_P: :func:`~fedparity.mechanisms.ldp.piecewise.piecewise_epsilon`; M_N:
+    :func:`~fedparity.mechanisms.ldp.nprr.nprr_epsilon` (the ideal one; a built M_N's
+    realised epsilon is at most it).
 
     References
     ----------
@@ -77,11 +131,8 @@ def true_epsilon(
            Theorems 5 and 6, Appendices A.1 and A.2.
     """
     check_choice("mechanism", name, MECHANISMS)
-    if name == "R":
-        return randomized_response_epsilon(epsilon_group, epsilon_value, num_groups)
-    if name == "P":
-        return piecewise_epsilon(epsilon_group, epsilon_value, num_groups)
-    return laplace_epsilon(epsilon_group, epsilon_value, num_groups)
+    _check_grid_size(name, grid_size)
+    return _REGISTRY[name].epsilon(epsilon_group, epsilon_value, num_groups, grid_size)
 
 
 def gap_variance_factor(moments: ReportMoments, group_fractions: np.ndarray) -> float:
@@ -105,7 +156,7 @@ class BudgetSplit:
 
     Attributes
     ----------
-    mechanism : {"R", "L", "P"}
+    mechanism : {"R", "L", "P", "N"}
     budget : float
         The operator's total budget.
     epsilon_group, epsilon_value : float
@@ -114,6 +165,8 @@ class BudgetSplit:
         The true LDP epsilon of (eps1, eps2) -- always <= budget.
     variance_factor : float
         K * worst-case variance of the largest gap estimator (value units, known sizes).
+    grid_size : int
+        M_N's grid G (1 for the others).
     """
 
     mechanism: MechanismName
@@ -123,10 +176,27 @@ class BudgetSplit:
     epsilon: float
     num_groups: int
     variance_factor: float
+    grid_size: int = 1
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        """The eps2 for which the mechanism's sampler releases reports (M_L and M_P: their
+        grids' ranges; M_R and M_N: any)."""
+        return _REGISTRY[self.mechanism].value_range
+
+    @property
+    def releasable(self) -> bool:
+        """Whether its sampler releases reports at this eps2 (:attr:`value_range`)."""
+        low, high = self.value_range
+        return low <= self.epsilon_value <= high
 
     def build(self) -> GapMechanismType:
         return build_mechanism(
-            self.mechanism, self.epsilon_group, self.epsilon_value, self.num_groups
+            self.mechanism,
+            self.epsilon_group,
+            self.epsilon_value,
+            self.num_groups,
+            self.grid_size,
         )
 
 
@@ -158,7 +228,7 @@ def optimal_split(
 
     Parameters
     ----------
-    mechanism : {"R", "L", "P"}
+    mechanism : {"R", "L", "P", "N"}
     budget : float
         Total LDP budget eps > 0.
     num_groups : int
@@ -193,10 +263,10 @@ def optimal_variance_factor(
 def _optimal_split(
     mechanism: MechanismName, budget: float, num_groups: int, fractions: tuple[float, ...]
 ) -> BudgetSplit:
-    epsilon_group, epsilon_value, variance_factor = _optimal_allocation(
+    epsilon_group, epsilon_value, variance_factor, grid_size = _optimal_allocation(
         mechanism, budget, num_groups, fractions
     )
-    built = build_mechanism(mechanism, epsilon_group, epsilon_value, num_groups)
+    built = build_mechanism(mechanism, epsilon_group, epsilon_value, num_groups, grid_size)
     return BudgetSplit(
         mechanism=mechanism,
         budget=budget,
@@ -205,14 +275,20 @@ def _optimal_split(
         epsilon=built.epsilon,
         num_groups=num_groups,
         variance_factor=variance_factor,
+        grid_size=grid_size,
     )
 
 
 @functools.lru_cache(maxsize=4096)
 def _optimal_allocation(
     mechanism: MechanismName, budget: float, num_groups: int, fractions: tuple[float, ...]
-) -> tuple[float, float, float]:
-    """(eps1, eps2, variance factor) of the split minimising the worst-case gap variance."""
+) -> tuple[float, float, float, int]:
+    """(eps1, eps2, variance factor, grid) of the split minimising the worst-case gap
+    variance (the grid: M_N's G, 1 for the others)."""
+    if mechanism == "N":
+        nprr = nprr_for_budget(budget, num_groups, np.asarray(fractions))
+        variance = gap_variance_factor(nprr.moments, np.asarray(fractions))
+        return nprr.epsilon_group, nprr.epsilon_value, variance, nprr.grid_size
 
     def objective(share: float) -> float:
         epsilon_value = share * budget
@@ -251,6 +327,7 @@ def _optimal_allocation(
         epsilon_group,
         epsilon_value,
         gap_variance_factor(built.moments, np.asarray(fractions)),
+        1,
     )
 
 
@@ -260,27 +337,20 @@ def best_split(
     num_groups: int = 2,
     group_fractions: Sequence[float] | np.ndarray | None = None,
 ) -> BudgetSplit:
-    """:func:`optimal_split` for "R", "L" or "P"; for "best", the one with the smaller
-    variance among those that can release (M_L and M_P only for eps2 in their grid samplers'
-    ranges)."""
+    """:func:`optimal_split` for "R", "L", "P" or "N"; for "best", the one with the smallest
+    variance (the narrowest interval) among those that can release (M_L and M_P only for eps2
+    in their grid samplers' ranges); a tie (:data:`TIE_TOLERANCE`) goes to the first in
+    :data:`MECHANISMS`."""
     check_choice("mechanism", mechanism, (*MECHANISMS, "best"))
     if mechanism != "best":
         return optimal_split(mechanism, budget, num_groups, group_fractions)
     candidates = [optimal_split(name, budget, num_groups, group_fractions) for name in MECHANISMS]
-    # M_L and M_P release only for eps2 in their samplers' ranges; outside them M_R is the choice
-    releasable = [
-        split
-        for split in candidates
-        if split.mechanism == "R"
-        or (
-            split.mechanism == "L" and MIN_EPSILON_VALUE <= split.epsilon_value <= MAX_EPSILON_VALUE
-        )
-        or (
-            split.mechanism == "P"
-            and MIN_PIECEWISE_EPSILON_VALUE <= split.epsilon_value <= MAX_PIECEWISE_EPSILON_VALUE
-        )
-    ]
-    return min(releasable, key=lambda split: split.variance_factor)
+    # M_R always releases: outside the others' ranges it is the choice
+    releasable = [split for split in candidates if split.releasable]
+    smallest = min(split.variance_factor for split in releasable)
+    return next(
+        split for split in releasable if split.variance_factor <= smallest * (1.0 + TIE_TOLERANCE)
+    )
 
 
 def mechanism_for_budget(

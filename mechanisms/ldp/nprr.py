@@ -66,7 +66,6 @@ from ..validation import (
     check_int,
     check_num_groups,
 )
-from .calibration import gap_variance_factor
 from .discrete_laplace import uniform_words
 from .frequency_oracle import TWO_64, FrequencyOracle
 from .reports import PerturbedReports, ReportMoments, ReportSummary
@@ -335,6 +334,7 @@ def _best_share(
     budget: float, num_groups: int, grid: int, fractions: np.ndarray
 ) -> tuple[float, float]:
     """(eps2 / budget, variance factor) minimising the worst-case gap variance for grid G."""
+    from .calibration import gap_variance_factor  # here: calibration imports this module
 
     def objective(share: float) -> float:
         epsilon_value = share * budget

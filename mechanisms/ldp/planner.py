@@ -33,6 +33,7 @@ from ..validation import (
 )
 from .calibration import (
     MECHANISMS,
+    TIE_TOLERANCE,
     BudgetSplit,
     MechanismChoice,
     MechanismName,
@@ -128,7 +129,7 @@ class PlanResult:
 
     def to_dict(self) -> dict[str, object]:
         split = self.split
-        return {
+        fields: dict[str, object] = {
             "mechanism": self.mechanism,
             "num_clients": self.num_clients,
             "confidence": self.confidence,
@@ -143,6 +144,9 @@ class PlanResult:
             "vacuous": self.vacuous,
             "at_search_limit": self.at_search_limit,
         }
+        if self.mechanism == "N" and split is not None:
+            fields["grid_size"] = split.grid_size  # M_N's epsilon depends on its grid
+        return fields
 
 
 def _check_plan_args(
@@ -228,9 +232,9 @@ def minimum_epsilon(
 ) -> PlanResult:
     """The minimum total budget such that |gap_hat - gap| < alpha with prob. ``confidence``.
 
-    For ``best`` every valid mechanism (M_R, M_L, M_P) is planned and the one needing less budget is
-    returned. ``epsilon`` is None when no budget up to 1e4 reaches alpha (M_R's variance
-    has a floor: its reports are always +/-1).
+    For ``best`` every valid mechanism (M_R, M_L, M_P, M_N) is planned and the one needing the
+    least budget is returned. ``epsilon`` is None when no budget up to 1e4 reaches alpha (M_R's
+    variance has a floor: its reports are always +/-1).
     """
     num_clients, confidence = _check_plan_args(num_clients, confidence, bound, scale, num_groups)
     alpha = check_positive_finite("alpha", alpha)
@@ -259,10 +263,16 @@ def minimum_epsilon(
                 split=split,
             )
         )
-    reachable = [(r.epsilon, r) for r in results if r.epsilon is not None]
+    reachable = [r for r in results if r.epsilon is not None]
     if not reachable:
         return results[0]
-    return min(reachable, key=lambda pair: pair[0])[1]
+    # a tie (M_N with G = 1 is M_R) goes to the first in MECHANISMS, as in best_split
+    smallest = min(r.epsilon for r in reachable if r.epsilon is not None)
+    return next(
+        r
+        for r in reachable
+        if r.epsilon is not None and r.epsilon <= smallest * (1 + TIE_TOLERANCE)
+    )
 
 
 # --- The paper's Table 1 (formula check; its allocations are NOT eps-LDP) -----------------

@@ -82,7 +82,7 @@ from ..validation import (
     check_int_at_least,
     check_open_unit,
 )
-from .calibration import BudgetSplit, MechanismChoice, best_split
+from .calibration import MECHANISMS, BudgetSplit, MechanismChoice, best_split
 from .estimators import (
     SIZE_DETECTION_SIGMAS,
     estimator_covariance,
@@ -90,7 +90,6 @@ from .estimators import (
     size_estimate_covariance,
     worst_case_square_sums,
 )
-from .laplace import MAX_EPSILON_VALUE, MIN_EPSILON_VALUE  # M_P's range is M_L's
 from .planner import MAX_PLANNED_CLIENTS, MAX_PLANNED_EPSILON, MIN_PLANNED_EPSILON
 from .reports import ReportMoments
 
@@ -200,7 +199,7 @@ class AuditPlan:
     query : {"power", "min_users", "min_epsilon", "detectable_gap"}
         What was asked: the power at the rest, the minimum users, the minimum epsilon, or the
         smallest gap detected with ``target_power``.
-    mechanism : {"R", "L", "P"}
+    mechanism : {"R", "L", "P", "N"}
         The mechanism the audit deploys at ``epsilon`` (for "best", the one chosen).
     num_users : int or None
         K (None: no K up to :data:`~fedparity.mechanisms.ldp.planner.MAX_PLANNED_CLIENTS` reaches
@@ -233,6 +232,8 @@ class AuditPlan:
         The split (eps1, eps2) of ``epsilon`` (true epsilon <= epsilon).
     notes : tuple of str
         Where the plan is weaker than it looks (e.g. a group the estimator would refuse).
+    grid_size : int
+        M_N's grid G (1 for the other mechanisms; in :meth:`to_dict` for M_N only).
     """
 
     query: AuditQuery
@@ -252,10 +253,11 @@ class AuditPlan:
     epsilon_group: float
     epsilon_value: float
     notes: tuple[str, ...] = ()
+    grid_size: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dictionary (the attributes)."""
-        return {
+        fields: dict[str, object] = {
             "query": self.query,
             "mechanism": self.mechanism,
             "num_users": self.num_users,
@@ -274,6 +276,9 @@ class AuditPlan:
             "epsilon_value": self.epsilon_value,
             "notes": list(self.notes),
         }
+        if self.mechanism == "N":
+            fields["grid_size"] = self.grid_size  # M_N's epsilon depends on its grid
+        return fields
 
 
 @dataclass(frozen=True)
@@ -296,7 +301,7 @@ def _check_audit(
     metric_variance: float | None,
     sizes_known: bool,
 ) -> _AuditSetting:
-    choice: MechanismChoice = check_choice("mechanism", mechanism, ("R", "L", "P", "best"))
+    choice: MechanismChoice = check_choice("mechanism", mechanism, (*MECHANISMS, "best"))
     if group_fractions is None:
         fractions = np.full(2, 0.5)
     else:
@@ -463,12 +468,10 @@ def _audit_notes(
     setting: _AuditSetting, split: BudgetSplit, moments: ReportMoments, num_users: int | None
 ) -> tuple[str, ...]:
     notes = []
-    if split.mechanism in ("L", "P") and not (
-        MIN_EPSILON_VALUE <= split.epsilon_value <= MAX_EPSILON_VALUE
-    ):
+    if not split.releasable:
+        low, high = split.value_range
         notes.append(
-            f"M_{split.mechanism} releases only for eps2 in [{MIN_EPSILON_VALUE:g}, "
-            f"{MAX_EPSILON_VALUE:g}]: the "
+            f"M_{split.mechanism} releases only for eps2 in [{low:g}, {high:g}]: the "
             f"audit refuses this budget's eps2 = {split.epsilon_value:.4g}"
         )
     if not setting.sizes_known and num_users is not None:
@@ -519,6 +522,7 @@ def _audit_plan(
         epsilon_group=split.epsilon_group,
         epsilon_value=split.epsilon_value,
         notes=_audit_notes(setting, split, moments, num_users),
+        grid_size=split.grid_size,
     )
 
 
@@ -549,7 +553,7 @@ def audit_power(
         The per-user budget of the audit, in [1e-6, 1e4].
     gap : float
         The true |m_0 - m_1| to detect, in (0, 1] (metric units).
-    mechanism : {"best", "R", "L", "P"}
+    mechanism : {"best", "R", "L", "P", "N"}
         As in the audit job (``best``: the split with the smaller worst-case variance).
     group_fractions : sequence of float, optional
         Share of the users in each group (default two equal groups); the test is of groups 0

@@ -159,7 +159,7 @@ def compare_rate_designs(
     >>> counts = np.array([300, 100, 100, 500, 200, 100, 200, 500]) * 25  # 2 groups, 40,000 users
     >>> result = compare_rate_designs("true_positive_rate", 4.0, counts, num_groups=2)
     >>> result.tighter, round(result.joint_stderr, 4), round(result.gap_audit_stderr, 4)
-    ('joint report', 0.0043, 0.0071)
+    ('joint report', 0.0043, 0.0057)
     >>> compare_rate_designs("true_positive_rate", 1.0, counts, num_groups=2).tighter
     'gap audit'
     """

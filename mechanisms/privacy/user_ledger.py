@@ -26,7 +26,8 @@ against 1.76 for add/remove).
 **How each release is modelled** (a PLD that dominates the release's, so the total is never
 under-counted):
 
-* :class:`GapReportRelease` -- one M_R or M_L report of a user (group and value together).
+* :class:`GapReportRelease` -- one M_R, M_L or M_P report of a user (group and value together);
+  :class:`NPRRGapReportRelease` one M_N report (with its grid).
   The mechanism is ``epsilon``-LDP with ``epsilon`` its true (for M_L: realised) epsilon
   (:attr:`~fedparity.mechanisms.ldp.laplace.LaplaceMechanism.epsilon`), and binary randomized
   response at ``epsilon`` dominates every ``epsilon``-DP mechanism (Kairouz, Oh and Viswanath
@@ -102,6 +103,7 @@ __all__ = [
     "Composition",
     "FrequencyReportRelease",
     "GapReportRelease",
+    "NPRRGapReportRelease",
     "LedgerRegistry",
     "RandomizedResponseRelease",
     "Release",
@@ -292,7 +294,7 @@ class GapReportRelease(_PureLdpReport):
 
     kind: ClassVar[str] = "ldp-gap-report"
 
-    gap_mechanism: Literal["R", "L", "P"]
+    gap_mechanism: Literal["R", "L", "P", "N"]
     epsilon_group: float
     epsilon_value: float
     num_groups: int = 2
@@ -306,7 +308,19 @@ class GapReportRelease(_PureLdpReport):
         cls, mechanism: Any, *, job: str, label: str = "", time: str | None = None
     ) -> GapReportRelease:
         """The release of one report of ``mechanism`` (a RandomizedResponseMechanism,
-        LaplaceMechanism or PiecewiseMechanism)."""
+        LaplaceMechanism or PiecewiseMechanism; for an NPRRMechanism, an
+        :class:`NPRRGapReportRelease`, which also records its grid)."""
+        if mechanism.name == "N":
+            return NPRRGapReportRelease(
+                gap_mechanism="N",
+                epsilon_group=mechanism.epsilon_group,
+                epsilon_value=mechanism.epsilon_value,
+                num_groups=mechanism.num_groups,
+                grid_size=mechanism.grid_size,
+                job=job,
+                label=label,
+                time=_now() if time is None else time,
+            )
         return cls(
             gap_mechanism=mechanism.name,
             epsilon_group=mechanism.epsilon_group,
@@ -318,17 +332,38 @@ class GapReportRelease(_PureLdpReport):
         )
 
     def _mechanism(self) -> Any:
-        from ..ldp.calibration import MECHANISMS, build_mechanism
+        from ..ldp.calibration import build_mechanism
 
-        check_choice("gap_mechanism", self.gap_mechanism, MECHANISMS)
+        # M_N needs its grid: it is an NPRRGapReportRelease
+        check_choice("gap_mechanism", self.gap_mechanism, ("R", "L", "P"))
         return build_mechanism(
             self.gap_mechanism, self.epsilon_group, self.epsilon_value, self.num_groups
         )
 
     @property
     def epsilon(self) -> float:
-        """The mechanism's true LDP epsilon (M_L, M_P: of their realised grid samplers)."""
+        """The mechanism's true LDP epsilon (M_L, M_P, M_N: of their realised samplers)."""
         return float(self._mechanism().epsilon)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NPRRGapReportRelease(GapReportRelease):
+    """One M_N report of a user: GRR on the group, NPRR (Waudby-Smith, Wu and Ramdas,
+    "Nonparametric extensions of randomized response for private confidence sets", ICML 2023)
+    on the value over a grid of ``grid_size`` + 1 points; accounted as
+    :class:`GapReportRelease` is, at the realised epsilon of its exact integer samplers."""
+
+    kind: ClassVar[str] = "ldp-nprr-gap-report"
+
+    grid_size: int
+
+    def _mechanism(self) -> Any:
+        from ..ldp.nprr import NPRRMechanism
+
+        check_choice("gap_mechanism", self.gap_mechanism, ("N",))
+        return NPRRMechanism(
+            self.epsilon_group, self.epsilon_value, self.num_groups, self.grid_size
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -499,6 +534,7 @@ RELEASE_KINDS: dict[str, type[Release]] = {
     for kind in (
         FrequencyReportRelease,
         GapReportRelease,
+        NPRRGapReportRelease,
         RandomizedResponseRelease,
         SubsampledGaussianRelease,
         ApproximateDPRelease,

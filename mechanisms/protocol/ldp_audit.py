@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..ldp.metrics import METRIC_NAMES
+from ..ldp.nprr import MAX_GRID_SIZE
 from ..validation import check_int
 from . import (
     GROUPS_KEY,
@@ -47,7 +48,7 @@ __all__ = [
 #: Config record of the request (beside the model's ``ArrayRecord`` under ``"arrays"``).
 CONFIG_KEY = "config"
 #: The mechanisms a request may name.
-MECHANISM_NAMES: tuple[Literal["R", "L", "P"], ...] = ("R", "L", "P")
+MECHANISM_NAMES: tuple[Literal["R", "L", "P", "N"], ...] = ("R", "L", "P", "N")
 
 
 # -- reading fields -------------------------------------------------------------------------
@@ -88,8 +89,8 @@ class LdpAuditRequest:
 
     Attributes
     ----------
-    mechanism : {"R", "L", "P"}
-        M_R (randomized response), M_L (Laplace) or M_P (Piecewise).
+    mechanism : {"R", "L", "P", "N"}
+        M_R (randomized response), M_L (Laplace), M_P (Piecewise) or M_N (NPRR).
     epsilon_group, epsilon_value : float
         The mechanism's eps1 and eps2; the node recomputes its true epsilon from them.
     num_groups : int
@@ -103,9 +104,11 @@ class LdpAuditRequest:
         The audit's label ("" when absent: a node does not need it).
     undefined_category : bool
         The mechanism's last category is "metric undefined" (absent: false).
+    grid_size : int
+        M_N's grid G, in [1, 1023] (sent as ``grid-size`` for M_N only; 1 for the others).
     """
 
-    mechanism: Literal["R", "L", "P"]
+    mechanism: Literal["R", "L", "P", "N"]
     epsilon_group: float
     epsilon_value: float
     num_groups: int
@@ -113,10 +116,11 @@ class LdpAuditRequest:
     metric: str
     audit_id: str = ""
     undefined_category: bool = False
+    grid_size: int = 1
 
     def to_fields(self) -> dict[str, int | float | str | bool]:
         """The ``ConfigRecord`` values, in the wire's order."""
-        return {
+        fields: dict[str, int | float | str | bool] = {
             "mechanism": self.mechanism,
             "epsilon-group": float(self.epsilon_group),
             "epsilon-value": float(self.epsilon_value),
@@ -126,6 +130,9 @@ class LdpAuditRequest:
             "audit-id": self.audit_id,
             "undefined-category": bool(self.undefined_category),
         }
+        if self.mechanism == "N":
+            fields["grid-size"] = int(self.grid_size)
+        return fields
 
     @classmethod
     def from_fields(cls, record: Mapping[str, Any]) -> LdpAuditRequest:
@@ -139,7 +146,14 @@ class LdpAuditRequest:
             raise MessageError(f"message field 'metric' must be one of {', '.join(METRIC_NAMES)}")
         mechanism = _str(record, "mechanism")
         if mechanism not in MECHANISM_NAMES:
-            raise MessageError("message field 'mechanism' must be one of R, L, P")
+            raise MessageError("message field 'mechanism' must be one of R, L, P, N")
+        grid_size = 1
+        if mechanism == "N":
+            grid_size = _int(record, "grid-size")
+            if not 1 <= grid_size <= MAX_GRID_SIZE:
+                raise MessageError(f"message field 'grid-size' must be in [1, {MAX_GRID_SIZE}]")
+        elif "grid-size" in record:
+            raise MessageError("message field 'grid-size' applies only to mechanism N")
         epsilon_group = _float(record, "epsilon-group")
         epsilon_value = _float(record, "epsilon-value")
         budget = _float(record, "budget")
@@ -155,6 +169,7 @@ class LdpAuditRequest:
             metric=metric,
             audit_id=audit_id,
             undefined_category=undefined_category,
+            grid_size=grid_size,
         )
 
 
@@ -179,7 +194,7 @@ class LdpAuditReply:
     groups : ndarray of int
         Each report's (perturbed) group category.
     values : ndarray
-        Each report's perturbed value (int8 in {-1, +1} for M_R, float64 for M_L and M_P).
+        Each report's perturbed value (int8 in {-1, +1} for M_R, float64 for M_L, M_P and M_N).
     counts : mapping of str to number
         The ``MetricRecord``: ``epsilon-charged`` always; ``num-reports``, ``num-refused``
         (and ``num-undefined`` from older nodes) and the ledger's totals

@@ -2,7 +2,7 @@
 
 Subcommands (``fedparity <command> --help`` for every option):
 
-* ``privacy``  -- the true LDP epsilon of M_R / M_L / M_P for (eps1, eps2, d) (the paper's
+* ``privacy``  -- the true LDP epsilon of M_R / M_L / M_P / M_N for (eps1, eps2, d) (the paper's
   Theorem 5, and its Theorem 6 for k != 2, are false; see
   :func:`fedparity.mechanisms.ldp.calibration.true_epsilon`);
 * ``plan``     -- minimum budget for an error target, or the error bound at a budget;

@@ -20,7 +20,8 @@ from ...mechanisms import (
     summarize_stream,
 )
 from ...mechanisms.crypto.secure_random import secure_generator
-from ...mechanisms.ldp.calibration import best_split
+from ...mechanisms.ldp.calibration import MECHANISMS, best_split
+from ...mechanisms.ldp.nprr import NPRRMechanism
 from ..progress import Progress
 from ._common import (
     UsageError,
@@ -153,11 +154,14 @@ def _parse_error(
     return UsageError(f"--input: cannot parse lines {row + 1}-{row + len(lines)}: {error}")
 
 
-def _format_estimate(estimate: GapEstimate, budget: float, elapsed: float) -> str:
+def _format_estimate(
+    estimate: GapEstimate, budget: float, elapsed: float, grid_size: int | None = None
+) -> str:
     level = f"{100 * estimate.confidence:g}%"
+    grid = "" if grid_size is None else f", G={grid_size}"
     lines = [
         f"M_{estimate.mechanism}: eps1={estimate.epsilon_group:.4g}, "
-        f"eps2={estimate.epsilon_value:.4g}; true epsilon spent per client = "
+        f"eps2={estimate.epsilon_value:.4g}{grid}; true epsilon spent per client = "
         f"{estimate.epsilon:.6g} (budget {budget:g})",
         f"K = {estimate.num_reports:,} clients; group sizes "
         + ("estimated from the perturbed reports" if estimate.sizes_estimated else "known"),
@@ -245,7 +249,10 @@ def run_measure(args: argparse.Namespace, out: TextIO) -> int:
         **estimate.to_dict(),
         "elapsed_seconds": elapsed,
     }
-    text = _format_estimate(estimate, budget, elapsed)
+    grid_size = mechanism.grid_size if isinstance(mechanism, NPRRMechanism) else None
+    if grid_size is not None:
+        payload["grid_size"] = grid_size  # M_N's epsilon depends on its grid
+    text = _format_estimate(estimate, budget, elapsed, grid_size)
     if args.compare_raw:
         raw_means = raw_sums / counts
         raw_gap = float(np.max(raw_means) - np.min(raw_means))
@@ -283,12 +290,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     measure.add_argument("--epsilon", required=True, help="per-client LDP budget")
     measure.add_argument(
         "--mechanism",
-        choices=("R", "L", "P", "best"),
+        choices=(*MECHANISMS, "best"),
         default="best",
         help=(
             "R: randomized response for group and value (M_R); L: randomized response for the "
             "group and discrete Laplace for the value (M_L); P: randomized response for the "
-            "group and the Piecewise mechanism for the value (M_P); best: the smaller error "
+            "group and the Piecewise mechanism for the value (M_P); N: randomized response for "
+            "the group and NPRR on a grid for the value (M_N); best: the smaller error "
             "(default)"
         ),
     )

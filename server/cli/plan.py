@@ -246,7 +246,8 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
         assert split is not None
         lines.append(
             f"{head}  (eps1={split.epsilon_group:.4g}, eps2={split.epsilon_value:.4g}, "
-            f"true eps={split.epsilon:.4g})"
+            f"true eps={split.epsilon:.4g}"
+            + (f", G={split.grid_size})" if split.mechanism == "N" else ")")
         )
     if len(plans) > 1:
         lines.append(f"best: M_{chosen.mechanism}")
@@ -615,7 +616,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=(
             "R: randomized response for group and value (M_R); L: randomized response for the "
             "group and discrete Laplace for the value (M_L); P: randomized response for the "
-            "group and the Piecewise mechanism for the value (M_P); best: whichever needs less "
+            "group and the Piecewise mechanism for the value (M_P); N: randomized response for "
+            "the group and NPRR on a grid for the value (M_N); best: whichever needs less "
             "(default)"
         ),
     )
