@@ -578,3 +578,21 @@ def test_a_serverapps_grid_reads_reply_objects_promptly() -> None:
     simulation = SimulationGrid()
     prompt_object_pulls(simulation)  # type: ignore[arg-type]
     assert not hasattr(simulation, "_client")
+
+
+def test_the_test_supernodes_pull_message_objects_promptly() -> None:
+    """The tests' SuperNodes (``tests/support/fast_supernode.py``) pull a message's objects
+    through Flower's ``make_pull_object_fn_protobuf`` over a promptly re-asking ``PullObject``:
+    an object uploaded 0.3 s after the first request is returned, not left to Flower's 1 s
+    back-off (Flower's function raises ``ObjectUnavailableError`` at once)."""
+    from flwr.proto.node_pb2 import Node
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    from tests.support.fast_supernode import _flower_pull_fn, _prompt_pull_fn
+
+    slow = SlowSuperNode(0.3)
+    started = time.monotonic()
+    content = _prompt_pull_fn(slow.PullObject, Node(node_id=1), 1)("object-1")
+    assert content == b"object-1" and time.monotonic() - started < 0.3 + OBJECT_POLL_MAX + 0.25
+    with pytest.raises(ObjectUnavailableError):  # Flower's own asks once
+        _flower_pull_fn(SlowSuperNode(0.3).PullObject, Node(node_id=1), 1)("object-1")
