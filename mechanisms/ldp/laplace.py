@@ -47,7 +47,7 @@ from .discrete_laplace import (
     uniform_words,
 )
 from .randomized_response import grr_keep_probability
-from .reports import PerturbedReports, ReportMoments, ReportSummary
+from .reports import GroupValueMechanism, PerturbedReports, ReportMoments, ReportSummary
 
 #: Reports are multiples of this step (2^-8 of the [-1, 1] value scale).
 GRID_STEP = 2.0**-8
@@ -172,7 +172,7 @@ def _grid_noise(epsilon_value: float) -> tuple[DiscreteLaplaceNoise, int, float]
 
 
 @dataclass(frozen=True)
-class LaplaceMechanism:
+class LaplaceMechanism(GroupValueMechanism):
     """M_L with k = 2 for d >= 2 groups, reporting on a grid.
 
     Group step: GRR with eps1. Kept clients report v' = round(v) + Z, flipped clients
@@ -199,17 +199,12 @@ class LaplaceMechanism:
            privacy", NeurIPS 2020 (the discrete Laplace).
     """
 
-    epsilon_group: float
-    epsilon_value: float
-    num_groups: int = 2
     noise_ratio: float = LDP_NOISE_RATIO
 
     name: ClassVar[Literal["L"]] = "L"
 
     def __post_init__(self) -> None:
-        check_epsilon("epsilon_group", self.epsilon_group)
-        check_epsilon("epsilon_value", self.epsilon_value)
-        check_num_groups(self.num_groups)
+        super().__post_init__()
         check_noise_ratio(self.noise_ratio)
 
     # -- the grid -------------------------------------------------------------------------

@@ -68,7 +68,7 @@ from ..validation import (
 )
 from .discrete_laplace import uniform_words
 from .frequency_oracle import TWO_64, FrequencyOracle
-from .reports import PerturbedReports, ReportMoments, ReportSummary
+from .reports import GroupValueMechanism, PerturbedReports, ReportMoments
 
 __all__ = [
     "GRID_SIZES",
@@ -150,7 +150,7 @@ def _moments(num_groups: int, keep: float, r: float, grid: int) -> ReportMoments
 
 
 @dataclass(frozen=True)
-class NPRRMechanism:
+class NPRRMechanism(GroupValueMechanism):
     """M_N: GRR with eps1 on the group, NPRR (Waudby-Smith et al. 2023, Algorithm 1) with eps2
     on the value over a grid of ``grid_size`` + 1 points, a uniform grid point for a flipped
     group. Reports are float64 values ``2 z / G - 1`` in [-1, 1] (z the grid index).
@@ -168,17 +168,12 @@ class NPRRMechanism:
     integer thresholds. Build one for a total budget with :func:`nprr_for_budget`.
     """
 
-    epsilon_group: float
-    epsilon_value: float
-    num_groups: int = 2
     grid_size: int = 1
 
     name: ClassVar[Literal["N"]] = "N"
 
     def __post_init__(self) -> None:
-        check_epsilon("epsilon_group", self.epsilon_group)
-        check_epsilon("epsilon_value", self.epsilon_value)
-        check_num_groups(self.num_groups)
+        super().__post_init__()
         _check_grid_size(self.grid_size)
         self.group_oracle  # noqa: B018 - refuses an epsilon below the sampler's resolution
         self.value_oracle  # noqa: B018
@@ -311,18 +306,6 @@ class NPRRMechanism:
         """Perturb each user's (g, v); ``values`` on the [-1, 1] scale (v = 2 m - 1)."""
         reported, index = self.perturb_indices(groups, values, rng, validate=validate)
         return PerturbedReports(reported, index * (2.0 / self.grid_size) - 1.0)
-
-    def perturb_and_summarize(
-        self,
-        groups: np.ndarray,
-        values: np.ndarray,
-        rng: np.random.Generator,
-        *,
-        validate: bool = True,
-    ) -> ReportSummary:
-        """The summary of :meth:`perturb`'s reports (same draws)."""
-        reports = self.perturb(groups, values, rng, validate=validate)
-        return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)
 
 
 def _group_epsilon(budget: float, epsilon_value: float, grid: int) -> float:

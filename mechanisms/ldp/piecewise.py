@@ -58,7 +58,7 @@ from ..validation import check_clients, check_epsilon, check_generator, check_nu
 from .discrete_laplace import uniform_index, uniform_words
 from .laplace import GRID_STEP, GROUP_BITS, ROUNDING_BITS
 from .randomized_response import grr_keep_probability
-from .reports import PerturbedReports, ReportMoments, ReportSummary
+from .reports import GroupValueMechanism, PerturbedReports, ReportMoments
 
 __all__ = [
     "MAX_EPSILON_VALUE",
@@ -257,7 +257,7 @@ def piecewise_grid(epsilon_value: float) -> PiecewiseGrid:
 
 
 @dataclass(frozen=True)
-class PiecewiseMechanism:
+class PiecewiseMechanism(GroupValueMechanism):
     """M_P for d >= 2 groups: GRR with eps1 on the group, PM with eps2 on the value, on a grid.
 
     Kept clients report PM(round(v)), flipped clients a uniform point of PM's output range,
@@ -285,16 +285,7 @@ class PiecewiseMechanism:
            (the group step and the estimators).
     """
 
-    epsilon_group: float
-    epsilon_value: float
-    num_groups: int = 2
-
     name: ClassVar[Literal["P"]] = "P"
-
-    def __post_init__(self) -> None:
-        check_epsilon("epsilon_group", self.epsilon_group)
-        check_epsilon("epsilon_value", self.epsilon_value)
-        check_num_groups(self.num_groups)
 
     # -- the grid -------------------------------------------------------------------------
 
@@ -452,15 +443,3 @@ class PiecewiseMechanism:
         groups = np.asarray(groups, dtype=np.int64)
         out_groups, report = self._draw(groups, values, rng)
         return PerturbedReports(out_groups, report)
-
-    def perturb_and_summarize(
-        self,
-        groups: np.ndarray,
-        values: np.ndarray,
-        rng: np.random.Generator,
-        *,
-        validate: bool = True,
-    ) -> ReportSummary:
-        """The summary of :meth:`perturb`'s reports (same draws), without returning them."""
-        reports = self.perturb(groups, values, rng, validate=validate)
-        return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)

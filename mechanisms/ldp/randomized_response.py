@@ -27,7 +27,7 @@ from ..validation import (
     check_groups_array,
     check_num_groups,
 )
-from .reports import PerturbedReports, ReportMoments, ReportSummary
+from .reports import GroupValueMechanism, PerturbedReports, ReportMoments, ReportSummary
 
 
 def grr_keep_probability(epsilon: float, num_groups: int) -> float:
@@ -120,7 +120,7 @@ def randomized_response_epsilon(
 
 
 @dataclass(frozen=True)
-class RandomizedResponseMechanism:
+class RandomizedResponseMechanism(GroupValueMechanism):
     """M_R (Juarez and Korolova 2022, Algorithm 1) for d >= 2 groups.
 
     Group step: GRR with eps1. If the group flipped, v is replaced by 0. Value step: draw
@@ -149,16 +149,7 @@ class RandomizedResponseMechanism:
            Algorithm 1 (M_R) and Definition 2 (GRR).
     """
 
-    epsilon_group: float
-    epsilon_value: float
-    num_groups: int = 2
-
     name: ClassVar[Literal["R"]] = "R"
-
-    def __post_init__(self) -> None:
-        check_epsilon("epsilon_group", self.epsilon_group)
-        check_epsilon("epsilon_value", self.epsilon_value)
-        check_num_groups(self.num_groups)
 
     @property
     def epsilon(self) -> float:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validation import check_num_groups
+from ..validation import check_epsilon, check_num_groups
 
 
 @dataclass(frozen=True)
@@ -156,3 +156,43 @@ class ReportSummary:
             self.value_sums + other.value_sums,
             self.value_square_sums + other.value_square_sums,
         )
+
+
+@dataclass(frozen=True)
+class GroupValueMechanism:
+    """What every gap mechanism shares (M_R, M_L, M_P, M_N): GRR on the group with
+    ``epsilon_group`` and a value step with ``epsilon_value``, for ``num_groups`` groups, each
+    checked when the mechanism is built. :meth:`perturb_and_summarize` summarises
+    :meth:`perturb`'s reports unless a mechanism streams them itself."""
+
+    epsilon_group: float
+    epsilon_value: float
+    num_groups: int = 2
+
+    def __post_init__(self) -> None:
+        check_epsilon("epsilon_group", self.epsilon_group)
+        check_epsilon("epsilon_value", self.epsilon_value)
+        check_num_groups(self.num_groups)
+
+    def perturb(
+        self,
+        groups: np.ndarray,
+        values: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        validate: bool = True,
+    ) -> PerturbedReports:
+        """Perturb each user's (g, v); ``values`` on the [-1, 1] scale (v = 2 m - 1)."""
+        raise NotImplementedError
+
+    def perturb_and_summarize(
+        self,
+        groups: np.ndarray,
+        values: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        validate: bool = True,
+    ) -> ReportSummary:
+        """The summary of :meth:`perturb`'s reports (same draws), without returning them."""
+        reports = self.perturb(groups, values, rng, validate=validate)
+        return ReportSummary.from_reports(reports.groups, reports.values, self.num_groups)
