@@ -51,7 +51,6 @@ import dataclasses
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.provenance import git_commit, load_average
 from fedparity.mechanisms import estimate_gap, summarize_stream
 from fedparity.mechanisms.crypto.secure_random import secure_generator
 from fedparity.mechanisms.ldp.calibration import best_split, gap_variance_factor, optimal_split
@@ -449,29 +449,6 @@ def side_by_side(rows: list[CellResult]) -> str:
     return "\n".join(lines)
 
 
-def _load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def _git_commit() -> str:
-    """The short commit, marked when tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit} with uncommitted changes" if changed else commit
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -490,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, nargs="+", default=list(GROUPS))
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
-    load_before = _load_average()
+    load_before = load_average()
     started = time.perf_counter()
     rows = run(
         sizes,
@@ -506,9 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"# LDP gap mechanisms side by side ({platform.machine()}, {os.cpu_count()} CPUs, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {_git_commit()})\n\n"
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {git_commit()})\n\n"
         f"`{command.strip()}`: {elapsed:.0f} s, load average {load_before} before and "
-        f"{_load_average()} after; sizes {'estimated' if not args.known_sizes else 'known'}, "
+        f"{load_average()} after; sizes {'estimated' if not args.known_sizes else 'known'}, "
         f"noise {args.generator}, seed {args.seed}, "
         + ", ".join(f"R = {r} at n = {n:.0e}" for n, r in sizes)
         + "; MSE and widths in metric units, true largest gap 0.2.\n"
