@@ -227,7 +227,9 @@ def test_holders_lost_between_rounds(
         assert report["k"] == 3
         # The key holders release noise-flooded sums (standard deviation ~1e-8 on Q here;
         # docs/threat-model.md): Q to 1e-5 relative, the p-values to PVALUE_TOLERANCE.
-        assert report["homogeneity"]["statistic"] == pytest.approx(q, rel=1e-5, abs=1e-6)
+        # (the flooding noise is about 5 times larger since round 2 carries the random-effects
+        # grid; 1e-5 left a margin of 3 at most)
+        assert report["homogeneity"]["statistic"] == pytest.approx(q, rel=5e-5, abs=1e-6)
         assert report["homogeneity"]["pvalue"] == pytest.approx(
             stats.chi2.sf(q, 2), abs=PVALUE_TOLERANCE
         )

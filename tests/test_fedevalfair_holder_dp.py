@@ -774,7 +774,7 @@ def test_differencing_two_runs_no_longer_yields_a_holders_sums(
     holders: Holders, tmp_path: Path
 ) -> None:
     """The review's differencing across two runs: the release over {A, B, C} minus the release
-    over {A, B}. With the mode off it is holder C's sums to 1e-5 (the flooding noise; the
+    over {A, B}. With the mode off it is holder C's sums to 1e-4 (the flooding noise; the
     review's demo read sum w = 400.9647, sum w Ybar = -40.0965 this way): the attack works. On,
     it is C's sums plus the difference of two independent noises: over 30 pairs of runs the
     error has the standard deviation sqrt(2) sigma (its sum of squares within chi-square
@@ -785,7 +785,9 @@ def test_differencing_two_runs_no_longer_yields_a_holders_sums(
         assert outcome.error is None
         pair[name] = released(np.array(outcome.released))
     target = plain_sums(holder_statistics(holders, 3))
-    np.testing.assert_allclose(pair["abc"] - pair["ab"], target, rtol=1e-5, atol=1e-4)
+    # within the flooding noise: it grew by sqrt(1253 / 45) ~ 5.3 when round 2 gained the
+    # random-effects grid (the release floods every decrypted slot), so 10 times the old 1e-5
+    np.testing.assert_allclose(pair["abc"] - pair["ab"], target, rtol=1e-4, atol=1e-3)
 
     errors = []
     for index in range(30):

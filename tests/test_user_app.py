@@ -134,9 +134,11 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
             continue
         plain = fedevalfair(summaries, mode=mode).to_dict()  # type: ignore[arg-type]
         for test in ("homogeneity", "common_disparity"):
-            assert report[test]["pvalue"] == pytest.approx(plain[test]["pvalue"], abs=1e-6)
+            # within the release's flooding noise (about 5 times larger since round 2 carries the
+            # random-effects grid: a Q of 205 came out 3e-6 relative off once)
+            assert report[test]["pvalue"] == pytest.approx(plain[test]["pvalue"], abs=1e-5)
             assert report[test]["statistic"] == pytest.approx(
-                plain[test]["statistic"], rel=1e-6, abs=1e-9
+                plain[test]["statistic"], rel=2e-5, abs=1e-9
             )
         compared += 1
     assert compared >= 2  # at least the calibrated dp and eo blocks were checked
