@@ -172,6 +172,13 @@ _CHUNK_ELEMENTS = 1 << 22
 _IGNORED = 4
 
 
+def normal_interval(estimate: float, stderr: float, level: float) -> ConfidenceInterval:
+    """The normal interval ``estimate +/- z stderr`` at ``level`` (two-sided)."""
+    level = check_open_unit("level", level)
+    half = normal_quantile(level) * stderr
+    return ConfidenceInterval(estimate - half, estimate + half)
+
+
 class InsufficientGroupData(ValueError):
     """The client's test set cannot produce the disparity, so the client cannot take part."""
 
@@ -801,9 +808,7 @@ class RandomEffects:
     def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
         """Normal interval estimate +/- z stderr for the random-effects mean (tau^2 taken as
         known at :attr:`tau2_used`)."""
-        level = check_open_unit("level", level)
-        half = normal_quantile(level) * self.stderr
-        return ConfidenceInterval(self.estimate - half, self.estimate + half)
+        return normal_interval(self.estimate, self.stderr, level)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (an infinite interval end becomes None)."""
@@ -868,9 +873,7 @@ class PooledDisparity:
 
     def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
         """Normal interval estimate +/- z stderr."""
-        level = check_open_unit("level", level)
-        half = normal_quantile(level) * self.stderr
-        return ConfidenceInterval(self.estimate - half, self.estimate + half)
+        return normal_interval(self.estimate, self.stderr, level)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -1171,9 +1174,7 @@ class TestResult:
 
     def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
         """Normal interval mu_hat +/- z stderr for the common disparity."""
-        level = check_open_unit("level", level)
-        half = normal_quantile(level) * self.stderr
-        return ConfidenceInterval(self.estimate - half, self.estimate + half)
+        return normal_interval(self.estimate, self.stderr, level)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (no NaN or infinity: non-finite numbers become None)."""

@@ -76,6 +76,13 @@ TAIL_SCALES = 20.0
 LDP_NOISE_RATIO = 2.0
 
 
+def keep_fraction(keep_probability: float) -> tuple[int, int]:
+    """(numerator, :data:`GROUP_BITS`): the group step's keep probability realised on the
+    grid of ``2^-GROUP_BITS``, the largest multiple at or below it (below 1)."""
+    bits = GROUP_BITS
+    return min(math.floor(keep_probability * 2.0**bits), 2**bits - 1), bits
+
+
 class UnboundedPrivacyLossError(ValueError):
     """Raised for M_L with a noise ratio k != 2: its privacy loss is unbounded."""
 
@@ -233,8 +240,7 @@ class LaplaceMechanism(GroupValueMechanism):
     @property
     def group_keep_fraction(self) -> tuple[int, int]:
         """The realised keep probability a' = numerator / 2^bits <= a of the group step."""
-        bits = GROUP_BITS
-        return min(math.floor(self.group_keep_probability * 2.0**bits), 2**bits - 1), bits
+        return keep_fraction(self.group_keep_probability)
 
     # -- privacy --------------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ from numpy.typing import NDArray
 
 from ..validation import check_clients, check_epsilon, check_generator, check_num_groups
 from .discrete_laplace import uniform_index, uniform_words
-from .laplace import GRID_STEP, GROUP_BITS, ROUNDING_BITS
+from .laplace import GRID_STEP, ROUNDING_BITS, keep_fraction
 from .randomized_response import grr_keep_probability
 from .reports import GroupValueMechanism, PerturbedReports, ReportMoments
 
@@ -312,8 +312,7 @@ class PiecewiseMechanism(GroupValueMechanism):
     @property
     def group_keep_fraction(self) -> tuple[int, int]:
         """The realised keep probability a' = numerator / 2^bits <= a of the group step."""
-        bits = GROUP_BITS
-        return min(math.floor(self.group_keep_probability * 2.0**bits), 2**bits - 1), bits
+        return keep_fraction(self.group_keep_probability)
 
     @property
     def group_keep_probability(self) -> float:
