@@ -140,6 +140,142 @@ def test_text_output(csv_path: Path) -> None:
         assert line.endswith("-> rejected") or line.endswith("-> not rejected")
 
 
+MARGIN_HEADER = "client,mean,variance,n,group0_rows,group1_rows,predicted_positive_rows"
+#: Holders' group counts (group-0 rows, of them predicted positive, group-1 rows, of them
+#: predicted positive): disparities 0.25, 0.03, 0.12 (stage 1 rejects, Q = 22, p = 2e-5) ...
+DIFFERING = [(400, 200, 600, 150), (300, 90, 300, 81), (500, 160, 250, 50)]
+#: ... and 0.05, 0.05, 0.1 (stage 1 does not reject, p = 0.46).
+AGREEING = [(400, 120, 600, 150), (300, 90, 300, 75), (500, 150, 250, 50)]
+#: format_number's ".4f" (estimates, interval ends) and ".3g" (tau^2 and its interval) round
+#: to half a unit in the last printed place: 5e-5 absolute, 5e-3 relative at most.
+FOUR_DECIMALS, THREE_DIGITS = 5e-5 + 1e-12, 5e-3
+
+
+def counted_summary(n0: int, x0: int, n1: int, x1: int) -> ClientSummary:
+    """A calibrated summary from a holder's counts: the plug-in disparity x0/n0 - x1/n1, the
+    binomial variance of it as the bootstrap's S^2, B = 200, and the margins."""
+    p0, p1 = x0 / n0, x1 / n1
+    return ClientSummary(p0 - p1, p0 * (1 - p0) / n0 + p1 * (1 - p1) / n1, 200, (n0, n1, x0 + x1))
+
+
+def write_counted_csv(path: Path, counts: list[tuple[int, int, int, int]]) -> Path:
+    """The summaries of ``counts`` as CSV rows, floats written in full (repr)."""
+    rows = []
+    for index, holder in enumerate(counts):
+        s = counted_summary(*holder)
+        assert s.margins is not None
+        rows.append((f"h{index}", repr(s.mean), repr(s.variance), s.n, *s.margins))
+    return write_csv(path, rows, MARGIN_HEADER)
+
+
+def number(pattern: str, text: str) -> float:
+    """The number that ``pattern``'s group matches in ``text`` (exactly one match)."""
+    matches = re.findall(pattern, text)
+    assert len(matches) == 1, (pattern, text)
+    return float(matches[0])
+
+
+def test_text_after_stage1_rejects_shows_the_pooled_and_random_effects_lines(
+    tmp_path: Path,
+) -> None:
+    """Holders that differ: the text carries the report's pooled-disparity line and its
+    random-effects line, with the numbers the library computes for the same summaries; the
+    JSON carries the same objects (to_dict)."""
+    path = write_counted_csv(tmp_path / "differ.csv", DIFFERING)
+    code, text, _ = run_cli(["fairtest", "--input", str(path)])
+    assert code == 0
+    report = fedevalfair([counted_summary(*holder) for holder in DIFFERING])
+    assert report.reject_homogeneity and report.pooled and report.random_effects
+    pooled, effects = report.pooled, report.random_effects
+    # Pooled: (200 + 90 + 160) / 1200 - (150 + 81 + 50) / 1150, the counts summed.
+    assert pooled.estimate == pytest.approx(450 / 1200 - 281 / 1150, rel=1e-12)
+    pooled_line = next(line for line in text.splitlines() if line.startswith("pooled"))
+    pooled_interval = pooled.confidence_interval(0.95)
+    assert number(r"pooled disparity[^:]*: ([-0-9.]+)", pooled_line) == pytest.approx(
+        pooled.estimate, abs=FOUR_DECIMALS
+    )
+    assert [
+        number(r"interval \[([-0-9.]+),", pooled_line),
+        number(r"interval \[[-0-9.]+, ([-0-9.]+)\]", pooled_line),
+    ] == pytest.approx([pooled_interval.low, pooled_interval.high], abs=FOUR_DECIMALS)
+    tau2 = number(r"tau\^2 = ([0-9.e-]+)", text)
+    low = number(r"Q-profile interval \[([0-9.e-]+),", text)
+    high = number(r"Q-profile interval \[[0-9.e-]+, ([0-9.e-]+)\]", text)
+    assert effects.tau2 > 0 and math.isfinite(effects.tau2_interval.high)
+    assert tau2 == pytest.approx(effects.tau2, rel=THREE_DIGITS)
+    assert [low, high] == pytest.approx(
+        [effects.tau2_interval.low, effects.tau2_interval.high], rel=THREE_DIGITS
+    )
+    assert number(r"random-effects mean ([-0-9.]+)", text) == pytest.approx(
+        effects.estimate, abs=FOUR_DECIMALS
+    )
+    assert number(r"tau = ([0-9.]+)", text) == pytest.approx(effects.tau, abs=FOUR_DECIMALS)
+    # The CLI's own stage lines stay; the report's stage lines are not printed a second time.
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("stage")] == lines[1:3]
+    assert text.splitlines()[-1] == report.summary().splitlines()[-1]
+    payload = cli_json(["fairtest", "--input", str(path)])
+    assert payload["pooled"] == pooled.to_dict()
+    assert payload["random_effects"] == effects.to_dict()
+
+
+def test_text_when_the_holders_agree_has_no_random_effects_line(tmp_path: Path) -> None:
+    """Stage 1 does not reject: the pooled line, no random-effects line."""
+    path = write_counted_csv(tmp_path / "agree.csv", AGREEING)
+    code, text, _ = run_cli(["fairtest", "--input", str(path), "--tolerance", "0.2"])
+    assert code == 0
+    report = fedevalfair([counted_summary(*holder) for holder in AGREEING], tolerance=0.2)
+    assert not report.reject_homogeneity and report.pooled is not None
+    assert number(r"pooled disparity[^:]*: ([-0-9.]+)", text) == pytest.approx(
+        report.pooled.estimate, abs=FOUR_DECIMALS
+    )
+    assert "random-effects" not in text and "tau" not in text and "after stage 1" not in text
+    assert "not shown" not in text
+
+
+def test_text_says_in_one_line_why_no_pooled_disparity_is_shown(tmp_path: Path) -> None:
+    """Without the margin columns the CSV has no group counts; with them, a mean that no
+    whole counts give (rounded) is named by its row."""
+    code, text, _ = run_cli(["fairtest", "--input", str(write_csv(tmp_path / "plain.csv"))])
+    assert code == 0
+    reasons = [line for line in text.splitlines() if line.startswith("pooled disparity")]
+    assert reasons == [
+        "pooled disparity: not shown, the CSV has no group counts (the columns "
+        "group0_rows, group1_rows, predicted_positive_rows)"
+    ]
+    # Row 3's mean 70/300 - 50/250 = 0.0333... written as 0.033: no whole x0 gives it.
+    rounded = [("a", 0.25, 0.0009375, 200, 400, 600, 350), ("b", 0.033, 0.0012, 200, 300, 250, 120)]
+    path = write_csv(tmp_path / "rounded.csv", rounded, MARGIN_HEADER)
+    code, text, _ = run_cli(["fairtest", "--input", str(path)])
+    assert code == 0
+    reasons = [line for line in text.splitlines() if line.startswith("pooled disparity")]
+    assert len(reasons) == 1 and reasons[0].startswith(
+        "pooled disparity: not shown, the mean of row 3 is not x0 / group0_rows - x1 / "
+        "group1_rows for whole counts"
+    )
+    assert cli_json(["fairtest", "--input", str(path)])["pooled"] is None
+    unrounded = ("b", 0.0333333333333333, *rounded[1][2:])  # within 1e-16 of 70/300 - 50/250
+    exact = write_csv(tmp_path / "exact.csv", [rounded[0], unrounded], MARGIN_HEADER)
+    assert cli_json(["fairtest", "--input", str(exact)])["pooled"] is not None
+
+
+def test_the_cli_guides_fairtest_examples_print_what_the_command_prints(tmp_path: Path) -> None:
+    """docs/guides/cli.md records ``cat holders.csv`` and ``fedparity fairtest ...`` sessions:
+    the command, run on that CSV, prints the recorded lines."""
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "cli.md"
+    session = re.compile(
+        r"```text\n\$ cat holders\.csv\n(.*?)\$ fedparity (fairtest [^\n]*)\n(.*?)```", re.DOTALL
+    )
+    examples = session.findall(guide.read_text(encoding="utf-8"))
+    assert len(examples) == 2
+    for table, command, recorded in examples:
+        path = tmp_path / "holders.csv"
+        path.write_text(table, encoding="utf-8")
+        argv = command.replace("holders.csv", str(path)).split()
+        code, text, _ = run_cli(argv)
+        assert code == 0 and text == recorded, (command, text)
+
+
 def test_paper_mode_text_warns(csv_path: Path) -> None:
     code, text, _ = run_cli(["fairtest", "--input", str(csv_path), "--mode", "paper"])
     assert code == 0

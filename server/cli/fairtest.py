@@ -14,7 +14,13 @@ import io
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...mechanisms.fairness_tests.fedevalfair import ClientSummary, FairnessReport, fedevalfair
+from ...mechanisms.fairness_tests.fedevalfair import (
+    ROUND1_FIELDS,
+    ClientSummary,
+    FairnessReport,
+    client_contribution,
+    fedevalfair,
+)
 from ._common import (
     UsageError,
     _emit,
@@ -29,9 +35,10 @@ FAIRTEST_COLUMNS = ("mean", "variance", "n")
 MARGIN_COLUMNS = ("group0_rows", "group1_rows", "predicted_positive_rows")
 
 
-def _read_client_summaries(path: Path) -> list[ClientSummary]:
-    """One ClientSummary per CSV row (columns mean, variance, n and, optionally, the margins
-    group0_rows, group1_rows, predicted_positive_rows; others ignored)."""
+def _read_client_summaries(path: Path) -> dict[int, ClientSummary]:
+    """One ClientSummary per CSV row, by the row's line number (columns mean, variance, n and,
+    optionally, the margins group0_rows, group1_rows, predicted_positive_rows; others
+    ignored)."""
     path = _input_file("--input", str(path))
     try:
         text = path.read_bytes().decode("utf-8-sig")  # tolerate a BOM
@@ -53,7 +60,7 @@ def _read_client_summaries(path: Path) -> list[ClientSummary]:
         )
     columns = FAIRTEST_COLUMNS + tuple(present)
     index = {column: names.index(column) for column in columns}
-    summaries = []
+    summaries: dict[int, ClientSummary] = {}
     for line, row in enumerate(rows[1:], start=2):
         if not any(field.strip() for field in row):
             continue  # blank line
@@ -70,8 +77,11 @@ def _read_client_summaries(path: Path) -> list[ClientSummary]:
                 ) from None
         margins = tuple(values[c] for c in MARGIN_COLUMNS) if present else None
         try:
-            summaries.append(
-                ClientSummary(values["mean"], values["variance"], values["n"], margins)  # type: ignore[arg-type]
+            summaries[line] = ClientSummary(
+                values["mean"],
+                values["variance"],
+                values["n"],  # type: ignore[arg-type]
+                margins,  # type: ignore[arg-type]
             )
         except ValueError as error:
             raise UsageError(f"--input: row {line}: {error}") from None
@@ -86,7 +96,33 @@ def _decision(rejected: bool) -> str:
     return "rejected" if rejected else "not rejected"
 
 
-def _format_fairtest(report: FairnessReport) -> str:
+#: The round-1 entry that is 1 when a summary's group counts were recovered from it.
+_WITH_COUNTS = ROUND1_FIELDS.index("num_clients_with_counts")
+
+
+def _no_pooled_line(report: FairnessReport, summaries: dict[int, ClientSummary]) -> str | None:
+    """Why a calibrated report has no pooled disparity, in one line (None when it has one,
+    and in mode paper, which uses no group counts)."""
+    if report.mode != "calibrated" or report.pooled is not None:
+        return None
+    if all(summary.margins is None for summary in summaries.values()):
+        return (
+            "pooled disparity: not shown, the CSV has no group counts (the columns "
+            + ", ".join(MARGIN_COLUMNS)
+            + ")"
+        )
+    rows = [line for line, s in summaries.items() if client_contribution(s)[_WITH_COUNTS] != 1]
+    if not rows:  # not reached with checked margins: every row gives its counts
+        return "pooled disparity: not shown, the summed group counts give none"
+    where = f"row {rows[0]}" + (f" and {len(rows) - 1} more" if len(rows) > 1 else "")
+    return (
+        f"pooled disparity: not shown, the mean of {where} is not x0 / group0_rows - x1 / "
+        "group1_rows for whole counts x0 + x1 = predicted_positive_rows (write the plug-in "
+        "disparity unrounded)"
+    )
+
+
+def _format_fairtest(report: FairnessReport, summaries: dict[int, ClientSummary]) -> str:
     h, c, level = report.homogeneity, report.common_disparity, 1.0 - report.alpha
     interval = report.confidence_interval(level)
     stage1 = "T1 (FedEvalFair Eq. 10)" if report.mode == "paper" else "Cochran's Q"
@@ -106,6 +142,12 @@ def _format_fairtest(report: FairnessReport) -> str:
             f"equivalence (TOST, H0: |mu| >= {report.tolerance:g}): z = {e.statistic:.6g}, "
             f"p = {e.pvalue:.4g} -> {verdict}"
         )
+    # The report's own lines after those of its tests: the pooled disparity, after a stage-1
+    # rejection the random-effects summary, and what the common disparity is.
+    tests = 2 if report.equivalence is None else 3
+    no_pooled = _no_pooled_line(report, summaries)
+    lines.extend([no_pooled] if no_pooled else [])
+    lines.extend(report.summary().splitlines()[tests:])
     if report.mode == "paper":
         lines.append(
             "(paper mode: weights n/S^2 with n = bootstrap resamples, |disparities|, T1 is not "
@@ -125,9 +167,11 @@ def run_fairtest(args: argparse.Namespace, out: TextIO) -> int:
         if tolerance < 0:
             raise UsageError(f"--tolerance must be >= 0, got {tolerance:g}")
     summaries = _read_client_summaries(Path(args.input))
-    report = fedevalfair(summaries, alpha=alpha, mode=args.mode, mu0=mu0, tolerance=tolerance)
+    report = fedevalfair(
+        list(summaries.values()), alpha=alpha, mode=args.mode, mu0=mu0, tolerance=tolerance
+    )
     payload: dict[str, Any] = {"input": str(args.input), **report.to_dict()}
-    _emit(payload, _format_fairtest(report), args.json, out)
+    _emit(payload, _format_fairtest(report, summaries), args.json, out)
     return 0
 
 
