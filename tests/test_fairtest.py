@@ -885,7 +885,7 @@ def test_client_summary_bad_input(fields: tuple, needle: str) -> None:
     ("args", "kwargs", "needle"),
     [
         (([1, 0], None, [0, 1]), {"num_resamples": 1}, "num_resamples"),
-        (([1, 0], None, [0, 1]), {"metric": "fpr"}, "metric"),
+        (([1, 0], None, [0, 1]), {"metric": "auc"}, "metric"),
         (([1, 2], None, [0, 1]), {}, "predictions"),
         (([1, 0], None, [0, 0.5]), {}, "groups"),
         (([1, 0], None, [0, 1, 1]), {}, "groups"),

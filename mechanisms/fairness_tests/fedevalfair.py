@@ -7,13 +7,29 @@ is the calibrated mode (the default) below: the paper's statistics are miscalibr
 weights n_i / S_i^2 with n_i = B, its absolute disparities and its stage-1 statistic T1 each
 make a fair model fail the test more often than alpha).
 
-A client i holds a test set (predictions, labels, protected group A in {0, 1}). It draws B
-bootstrap resamples and computes the disparity on each (Section 3.2):
+A client i holds a test set (predictions, labels, protected group A in {0, ..., d - 1}). It
+draws B bootstrap resamples and computes the disparity on each (Section 3.2), the paper's two
 
     dp = P(Yhat = 1 | A = 0) - P(Yhat = 1 | A = 1)                   (signed; Eq. 1 has |.|)
     eo = P(Yhat = 1 | A = 0, Y = 1) - P(Yhat = 1 | A = 1, Y = 1)     (signed; Eq. 2 has |.|)
 
-and reports a :class:`ClientSummary` (mean, variance, n). Two modes (``"paper"``: faithful,
+or any rate metric of :data:`METRICS`: the share of *successes* among the rows the metric
+averages over, in group a minus group b (``comparison = (a, b)``, default (0, 1); rows of the
+other groups are ignored):
+
+    metric      rows         success     rate (fairness criterion)
+    dp          all          Yhat = 1    selection rate (demographic parity)
+    eo          Y = 1        Yhat = 1    true positive rate (equal opportunity)
+    fnr         Y = 1        Yhat = 0    false negative rate
+    fpr         Y = 0        Yhat = 1    false positive rate (with eo: equalized odds)
+    tnr         Y = 0        Yhat = 0    true negative rate
+    accuracy    all          Yhat = Y    accuracy
+    precision   Yhat = 1     Y = 1       precision (predictive parity)
+    npv         Yhat = 0     Y = 0       negative predictive value
+
+Below, "group 0" and "group 1" are the comparison's two groups and a row "predicted positive"
+is a success (Yhat = 1 for dp and eo), so everything holds for every metric. The client
+reports a :class:`ClientSummary` (mean, variance, n). Two modes (``"paper"``: faithful,
 miscalibrated; ``"calibrated"``: corrects it):
 
 ``"paper"``
@@ -32,10 +48,10 @@ miscalibrated; ``"calibrated"``: corrects it):
     variance of the holder's plug-in disparity given its *margins* (the two group sizes and
     the number of rows predicted positive among the rows the metric averages over) when
     its disparity is mu. V_i(0) is exact: given the margins, under fairness within the
-    holder (Yhat independent of A) the count of group 0's positives is hypergeometric, so
-    mu_hat_i has mean 0 and variance V_i(0) whatever the cell sizes. The estimate is
-    mu_hat = sum w_i Ybar_i / sum w_i with the sandwich standard error
-    sqrt(sum w_i^2 S_i^2) / sum w_i (reported, and used for the confidence interval). The
+    holder (the success independent of A among the metric's rows) the count of group 0's
+    positives is hypergeometric, so mu_hat_i has mean 0 and variance V_i(0) whatever the
+    cell sizes. The estimate is mu_hat = sum w_i Ybar_i / sum w_i with the sandwich standard
+    error sqrt(sum w_i^2 S_i^2) / sum w_i (reported, and used for the confidence interval). The
     tests use the standard error the estimate has under their null: stage 2 is
     W* = (mu_hat - mu0) / se(mu0), se(mu) = sqrt(sum w_i^2 V_i(mu)) / sum w_i (at mu0 = 0,
     1 / sqrt(sum w): a stratified two-proportion score test, exact in its first two moments),
@@ -83,7 +99,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -94,6 +110,7 @@ from ..validation import (
     check_choice,
     check_finite,
     check_generator,
+    check_int,
     check_int_at_least,
     check_nonnegative_finite,
     check_open_unit,
@@ -101,9 +118,10 @@ from ..validation import (
 )
 
 Mode = Literal["calibrated", "paper"]
-Metric = Literal["dp", "eo"]
+Metric = Literal["dp", "eo", "fnr", "fpr", "tnr", "accuracy", "precision", "npv"]
 MODES: tuple[Mode, ...] = ("paper", "calibrated")
-METRICS: tuple[Metric, ...] = ("dp", "eo")
+#: Every rate metric (the module docstring's table): "dp" and "eo" are the paper's.
+METRICS: tuple[Metric, ...] = ("dp", "eo", "fnr", "fpr", "tnr", "accuracy", "precision", "npv")
 # The kernels' inputs and StageStatistics' fields: arrays over any leading axes (resamples,
 # clients), or one client's scalar.
 Floats = np.ndarray | np.float64
@@ -168,8 +186,32 @@ RANDOM_EFFECTS_FIELDS: tuple[str, ...] = (
 )
 #: Elements of one bootstrap index chunk (B x n is drawn in chunks of this many; ~32 MB).
 _CHUNK_ELEMENTS = 1 << 22
-#: Cell code of a row the metric ignores (eo: Y = 0).
+#: Cell code of a row the metric ignores (eo: Y = 0; a group outside the comparison).
 _IGNORED = 4
+
+
+class _RateRule(NamedTuple):
+    """A rate metric: the rows it averages over and its successes among them, each a test
+    (column, value) on a column of :func:`_columns` (None: every row)."""
+
+    rows: tuple[str, int] | None
+    success: tuple[str, int]
+    members: str  # the rows, as InsufficientGroupData's messages name them
+
+
+#: The rows and the success of every metric of :data:`METRICS` (module docstring's table).
+_RATE_RULES: dict[Metric, _RateRule] = {
+    "dp": _RateRule(None, ("predictions", 1), "members"),
+    "eo": _RateRule(("labels", 1), ("predictions", 1), "positive (Y = 1) members"),
+    "fnr": _RateRule(("labels", 1), ("predictions", 0), "positive (Y = 1) members"),
+    "fpr": _RateRule(("labels", 0), ("predictions", 1), "negative (Y = 0) members"),
+    "tnr": _RateRule(("labels", 0), ("predictions", 0), "negative (Y = 0) members"),
+    "accuracy": _RateRule(None, ("correct", 1), "members"),
+    "precision": _RateRule(
+        ("predictions", 1), ("labels", 1), "predicted positive (Yhat = 1) members"
+    ),
+    "npv": _RateRule(("predictions", 0), ("labels", 0), "predicted negative (Yhat = 0) members"),
+}
 
 
 def normal_interval(estimate: float, stderr: float, level: float) -> ConfidenceInterval:
@@ -266,11 +308,12 @@ class ClientSummary:
         n_i >= 2: the number of bootstrap resamples B (the paper's n_i; its weights are
         n_i / S_i^2). Not used by the calibrated mode.
     margins : (int, int, int) or None
-        Calibrated mode: (group-0 rows, group-1 rows, rows predicted positive) among the
-        rows the metric averages over (all rows for dp, Y = 1 for eo); the calibrated
-        weights come from :func:`disparity_variance` of these. None: weights 1 / S_i^2
-        (the plain inverse-variance form, liberal with small cells; module docstring). Not
-        used by the paper mode.
+        Calibrated mode: (group-0 rows, group-1 rows, successes) among the rows the metric
+        averages over (all rows for dp, Y = 1 for eo, ...; the successes are the rows
+        predicted positive for dp and eo; module docstring's table); the calibrated
+        weights come from :func:`disparity_variance` of these. None: weights 1 / S_i^2 (the
+        plain inverse-variance form, liberal with small cells; module docstring). Not used by
+        the paper mode.
     """
 
     mean: float
@@ -290,25 +333,32 @@ class ClientSummary:
 class BootstrapDisparity:
     """B bootstrap disparities of one client's test set (paper Sections 3.1-3.2).
 
+    The disparity is the success rate of group a = ``comparison[0]`` minus that of group
+    b = ``comparison[1]`` among the rows the metric averages over (module docstring's table;
+    a success is Yhat = 1 for "dp" and "eo"); "group 0" and "group 1" below are a and b.
+
     Attributes
     ----------
-    metric : {"dp", "eo"}
+    metric : one of :data:`METRICS`
     plugin : float
         The signed disparity on the full test set (mu_hat_i of the calibrated mode).
     resamples : np.ndarray
         The B signed bootstrap disparities Y_i1 .. Y_iB (read-only).
     redraws : int
-        Resamples discarded and drawn again because they lacked a member of a group (for
-        "eo": a positive, Y = 1, member).
+        Resamples discarded and drawn again because they lacked a member of a or of b among
+        the metric's rows (for "eo": a positive, Y = 1, member).
     group_sizes : tuple of int
-        Rows of group 0 and group 1 that the metric averages over (all rows for "dp", the
-        positives for "eo").
+        Rows of group a and group b that the metric averages over (all rows for "dp", the
+        positives for "eo", ...).
     num_samples : int
-        Rows of the test set (the size n of each resample).
+        Rows of the test set (the size n of each resample), whatever their group.
     cell_counts : tuple of int
-        Counts of (A=0, Yhat=0), (A=0, Yhat=1), (A=1, Yhat=0), (A=1, Yhat=1) among the rows the
-        metric averages over. With a handful of rows in a cell, S^2 is strongly correlated
-        with the plug-in disparity (why the calibrated weights use :attr:`margins`).
+        Counts of (a, failure), (a, success), (b, failure), (b, success) among the rows the
+        metric averages over (for "dp": (A=a, Yhat=0), (A=a, Yhat=1), ...). With a handful of
+        rows in a cell, S^2 is strongly correlated with the plug-in disparity (why the
+        calibrated weights use :attr:`margins`).
+    comparison : (int, int)
+        (a, b), the groups compared (default (0, 1)).
     """
 
     metric: Metric
@@ -318,17 +368,20 @@ class BootstrapDisparity:
     group_sizes: tuple[int, int]
     num_samples: int
     cell_counts: tuple[int, int, int, int]
+    comparison: tuple[int, int] = (0, 1)
 
     @property
     def margins(self) -> tuple[int, int, int]:
-        """(group-0 rows, group-1 rows, rows predicted positive) among the metric's rows."""
+        """(group-a rows, group-b rows, successes) among the metric's rows (for "dp" and "eo"
+        the successes are the rows predicted positive)."""
         counts = self.cell_counts
         return self.group_sizes[0], self.group_sizes[1], counts[1] + counts[3]
 
     @property
     def smallest_margin(self) -> int:
-        """min(group-0 rows, group-1 rows, rows predicted positive, rows predicted negative)
-        among the metric's rows: what the app's ``fef-min-cell`` rule compares."""
+        """min(group-a rows, group-b rows, successes, failures) among the metric's rows (for
+        "dp" and "eo": rows predicted positive and negative): what the app's
+        ``fef-min-cell`` rule compares."""
         group0, group1, positives = self.margins
         return min(group0, group1, positives, group0 + group1 - positives)
 
@@ -378,15 +431,89 @@ class BootstrapDisparity:
         return ClientSummary(mean=mean, variance=variance, n=self.num_resamples, margins=margins)
 
 
+def _columns(predictions: np.ndarray, labels: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The 0/1 columns a metric's rows and success test: Yhat, Y and Yhat = Y (no labels:
+    Yhat only)."""
+    if labels is None:
+        return {"predictions": predictions}
+    return {"predictions": predictions, "labels": labels, "correct": predictions == labels}
+
+
 def _cell_codes(
-    predictions: np.ndarray, labels: np.ndarray | None, groups: np.ndarray, metric: Metric
+    predictions: np.ndarray,
+    labels: np.ndarray | None,
+    groups: np.ndarray,
+    metric: Metric,
+    comparison: tuple[int, int] = (0, 1),
 ) -> np.ndarray:
-    """Cell of every row: 2 A + Yhat for rows the metric averages over, else 4 (eo: Y = 0)."""
-    codes = (2 * groups + predictions).astype(np.uint8)
-    if metric == "eo":
-        assert labels is not None
-        codes[labels == 0] = _IGNORED
+    """Cell of every row: 2 side + success for rows the metric averages over (side 0 in group
+    comparison[0], 1 in comparison[1]), else 4 (eo: Y = 0; any other group)."""
+    rule = _RATE_RULES[metric]
+    columns = _columns(predictions, labels)
+    column, value = rule.success
+    success = (columns[column] == value).astype(np.uint8)
+    side = np.where(groups == comparison[0], 0, np.where(groups == comparison[1], 1, -1))
+    kept = side >= 0
+    if rule.rows is not None:
+        column, value = rule.rows
+        kept &= columns[column] == value
+    codes = np.full(predictions.shape, _IGNORED, dtype=np.uint8)
+    codes[kept] = 2 * side[kept] + success[kept]
     return codes
+
+
+def _check_comparison(comparison: object) -> tuple[int, int]:
+    """(a, b): two different group numbers >= 0."""
+    if not isinstance(comparison, tuple | list) or len(comparison) != 2:
+        raise ValueError(
+            f"comparison must be a pair (a, b) of different group numbers >= 0, got {comparison!r}"
+        )
+    first, second = (
+        check_int_at_least(f"comparison[{i}]", value, 0) for i, value in enumerate(comparison)
+    )
+    if first == second:
+        raise ValueError(f"comparison must name two different groups, got ({first}, {second})")
+    return first, second
+
+
+def _check_group_labels(groups: object) -> np.ndarray:
+    """Group labels 0, 1, ..., d - 1: non-negative integers (bool, integer or integral float
+    arrays), returned as int64."""
+    array = np.asarray(groups)
+    if array.ndim != 1:
+        raise ValueError(f"groups must be a 1-D array, got shape {array.shape}")
+    if array.dtype == np.bool_:
+        return array.astype(np.int64)
+    if array.size and not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
+        raise ValueError(
+            f"groups must hold integer group labels 0, 1, ..., d - 1, got dtype {array.dtype}"
+        )
+    if array.size:
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(array) | (array < 0) | (np.mod(array, 1) != 0)
+        if bad.any():
+            raise ValueError(
+                "groups must hold integer group labels 0, 1, ..., d - 1 (>= 0); found "
+                f"{array[np.flatnonzero(bad)[0]].item()!r}"
+            )
+    return array.astype(np.int64)
+
+
+def reference_comparisons(num_groups: int, reference: int = 0) -> tuple[tuple[int, int], ...]:
+    """The comparisons of every group against ``reference``: ((reference, g) for every other
+    group g = 0, ..., num_groups - 1, in increasing order), one
+    :func:`bootstrap_disparity` ``comparison`` each.
+
+    >>> reference_comparisons(3)
+    ((0, 1), (0, 2))
+    >>> reference_comparisons(4, reference=2)
+    ((2, 0), (2, 1), (2, 3))
+    """
+    num_groups = check_int_at_least("num_groups", num_groups, 2)
+    reference = check_int("reference", reference, minimum=0, maximum=num_groups - 1)
+    return tuple((reference, group) for group in range(num_groups) if group != reference)
 
 
 def _cell_counts(cells: np.ndarray) -> np.ndarray:
@@ -400,7 +527,7 @@ def _lacking(counts: np.ndarray) -> np.ndarray:
 
 
 def _disparity(counts: np.ndarray) -> np.ndarray:
-    """c1 / (c0 + c1) - c3 / (c2 + c3): rate of group 0 minus rate of group 1."""
+    """c1 / (c0 + c1) - c3 / (c2 + c3): success rate of group a minus that of group b."""
     return counts[..., 1] / (counts[..., 0] + counts[..., 1]) - counts[..., 3] / (
         counts[..., 2] + counts[..., 3]
     )
@@ -415,34 +542,46 @@ def bootstrap_disparity(
     num_resamples: int = 100,
     rng: np.random.Generator,
     max_redraws: int | None = None,
+    comparison: tuple[int, int] = (0, 1),
 ) -> BootstrapDisparity:
     """Bootstrap the signed disparity of one client's test set (FedEvalFair Sections 3.1-3.2).
 
-    Each of the B resamples draws n rows with replacement (n = the test set's size). A
-    resample without a member of group 0 or of group 1 (for ``"eo"``: without a positive,
-    Y = 1, member) has no disparity; it is discarded and drawn again (the paper does not
-    cover this case). The B x n index matrix is drawn at once (in chunks of ~4M entries), and
-    the group rates are counts along each row.
+    The disparity is the success rate of group a = ``comparison[0]`` minus that of group
+    b = ``comparison[1]`` among the rows ``metric`` averages over (module docstring's
+    table); rows outside them (for ``"eo"``: Y = 0; any group but a and b) are ignored but
+    still drawn. Each of the B resamples draws n rows with replacement (n = the test set's
+    size). A resample without a member of group a or of group b among the metric's rows (for
+    ``"eo"``: without a positive, Y = 1, member) has no disparity; it is discarded and drawn
+    again (the paper does not cover this case). The B x n index matrix is drawn at once (in
+    chunks of ~4M entries), and the group rates are counts along each row.
 
     Parameters
     ----------
-    predictions, labels, groups : array of 0/1
-        Yhat, Y and the protected attribute A of the n rows. ``labels`` may be None for
-        ``metric="dp"``.
-    metric : {"dp", "eo"}
-        Demographic parity (Eq. 1) or equal opportunity (Eq. 2), signed: group 0 minus 1.
+    predictions, labels : array of 0/1
+        Yhat and Y of the n rows. ``labels`` may be None for ``metric="dp"`` only.
+    groups : array of int
+        The protected attribute A of the n rows: group labels 0, 1, ..., d - 1 (0/1 for two
+        groups; an intersection of attributes encoded as one label per combination).
+    metric : one of :data:`METRICS`
+        ``"dp"`` demographic parity (Eq. 1), ``"eo"`` equal opportunity (Eq. 2), or the
+        difference of ``"fnr"``, ``"fpr"``, ``"tnr"``, ``"accuracy"``, ``"precision"`` or
+        ``"npv"``; signed: group a minus group b.
     num_resamples : int
         B >= 2.
     rng : np.random.Generator
     max_redraws : int, optional
         Most resamples that may be discarded in total (default 10 B); beyond it
         :class:`InsufficientGroupData` is raised.
+    comparison : (int, int)
+        (a, b), two different groups >= 0 (default (0, 1)); :func:`reference_comparisons`
+        lists every group against a reference.
 
     Raises
     ------
     InsufficientGroupData
-        The test set has one group only (for ``"eo"``: a group without positives), or more
-        than ``max_redraws`` resamples lacked a group: the client cannot take part.
+        Group a or group b has no row the metric averages over (for ``"eo"``: a group without
+        positives), or more than ``max_redraws`` resamples lacked one: the client cannot
+        take part.
 
     References
     ----------
@@ -454,31 +593,40 @@ def bootstrap_disparity(
     num_resamples = check_int_at_least("num_resamples", num_resamples, 2)
     max_redraws = 10 * num_resamples if max_redraws is None else max_redraws
     max_redraws = check_int_at_least("max_redraws", max_redraws, 0)
+    comparison = _check_comparison(comparison)
     check_generator("rng", rng)
     predictions = check_binary_array(predictions, "predictions")
-    groups = check_binary_array(groups, "groups")
+    groups = _check_group_labels(groups)
     if groups.shape != predictions.shape:
         raise ValueError(
             f"groups must have one entry per prediction ({predictions.size}), got {groups.size}"
         )
     if labels is None:
-        if metric == "eo":
-            raise ValueError("labels are required for metric='eo' (true positives per group)")
+        if metric != "dp":
+            raise ValueError(
+                f"labels are required for metric={metric!r} ({METRIC_NAMES[metric]}: its rows "
+                "or its successes depend on Y); only 'dp' needs none"
+            )
     else:
         labels = check_binary_array(labels, "labels")
         if labels.shape != predictions.shape:
             raise ValueError(
                 f"labels must have one entry per prediction ({predictions.size}), got {labels.size}"
             )
-    cells = _cell_codes(predictions, labels, groups, metric)
+    cells = _cell_codes(predictions, labels, groups, metric, comparison)
     counts = _cell_counts(cells)
     sizes = (int(counts[0] + counts[1]), int(counts[2] + counts[3]))
-    members = "positive (Y = 1) members" if metric == "eo" else "members"
-    for group, size in enumerate(sizes):
+    members = _RATE_RULES[metric].members
+    sizes_text = (
+        f"group sizes {sizes[0]} and {sizes[1]}"
+        if comparison == (0, 1)
+        else f"sizes {sizes[0]} of group {comparison[0]} and {sizes[1]} of group {comparison[1]}"
+    )
+    for group, size in zip(comparison, sizes, strict=True):
         if size == 0:
             raise InsufficientGroupData(
                 f"groups: the test set has no {members} of group {group} "
-                f"(group sizes {sizes[0]} and {sizes[1]} of {predictions.size} rows), so "
+                f"({sizes_text} of {predictions.size} rows), so "
                 f"its {metric} disparity is undefined and the client cannot take part"
             )
     num_rows = int(predictions.size)
@@ -494,7 +642,7 @@ def bootstrap_disparity(
             if redraws + discarded > max_redraws:
                 raise InsufficientGroupData(
                     f"max_redraws: more than {max_redraws} bootstrap resamples lacked {members} "
-                    f"of a group (group sizes {sizes[0]} and {sizes[1]} of {num_rows} rows); "
+                    f"of a group ({sizes_text} of {num_rows} rows); "
                     "the test set is too small or too unbalanced and the client cannot take part"
                 )
             redraws += discarded
@@ -510,6 +658,7 @@ def bootstrap_disparity(
         group_sizes=sizes,
         num_samples=num_rows,
         cell_counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3])),
+        comparison=comparison,
     )
 
 
@@ -1239,7 +1388,16 @@ def tau2_high_text(high: float | None) -> str:
 
 
 #: The metrics' names in summaries and reports.
-METRIC_NAMES = {"dp": "Demographic parity", "eo": "Equal opportunity"}
+METRIC_NAMES: dict[str, str] = {
+    "dp": "Demographic parity",
+    "eo": "Equal opportunity",
+    "fnr": "False negative rate parity",
+    "fpr": "False positive rate parity",
+    "tnr": "True negative rate parity",
+    "accuracy": "Accuracy parity",
+    "precision": "Predictive parity",
+    "npv": "Negative predictive value parity",
+}
 #: Why the rows of mode "paper" are not evidence (printed beside them).
 PAPER_MODE_WARNING = (
     "the 'paper' mode rows follow FedEvalFair (anonymous, 2024) as published and are not "
@@ -1684,6 +1842,7 @@ __all__ = [
     "fedevalfair",
     "homogeneity_test",
     "random_effects_release",
+    "reference_comparisons",
     "report_from_sums",
     "stage1_statistic",
     "stage1_term",
