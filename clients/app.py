@@ -409,15 +409,17 @@ def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], M
         sessions=_sessions(config),
         dp=config.fef_holder_dp,
         ledger_path=lambda node: node_ledger_file(node, config),
+        layout=config.fef_layout,
     )
 
 
 def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
-    """Bootstrap dp/eo on the holder's test set (seeded, so the simulation harness recomputes
-    the same statistics); reply with one ciphertext signed with the node's identity key. In
-    the holder-level DP mode (``fef-dp-epsilon``) the node's policy is checked before the
-    data is read, the test rows' users are kept for the charge at the commitment, and a holder
-    that can compute no metric takes part with weight 0 instead of refusing."""
+    """Bootstrap the run's fef-metrics on the holder's test set (seeded, so the simulation
+    harness recomputes the same statistics); reply with one ciphertext signed with the node's
+    identity key. In the holder-level DP mode (``fef-dp-epsilon``) the node's policy is
+    checked before the data is read, the test rows' users are kept for the charge at the
+    commitment, and a holder that can compute no metric takes part with weight 0 instead of
+    refusing."""
     holder_identity(context)
     dp = config.fef_holder_dp
     if dp is not None:
@@ -433,7 +435,8 @@ def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
         log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
         if dp is None:
             raise CannotTakePart from None
-        statistics = ClientStatistics.empty()  # DP: weight 0, the same reply as anyone's
+        # DP: weight 0, the same reply as anyone's
+        statistics = ClientStatistics.empty(config.fef_layout)
     return round1_reply(
         msg,
         context,

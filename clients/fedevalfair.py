@@ -5,9 +5,10 @@ Evaluation Framework", anonymous authors, ACM Multimedia 2024 submission (anonym
 version); the calibrated mode is fedparity's correction
 (:mod:`fedparity.mechanisms.fairness_tests.fedevalfair`).
 
-One protocol run tests both disparities (dp, eo) in both modes (calibrated, paper): the four
-(metric, mode) *blocks* travel side by side in one CKKS ciphertext per message, so a client
-sends at most one ciphertext per round.
+One protocol run tests every (metric, comparison) of its
+:class:`~fedparity.mechanisms.protocol.FedEvalFairLayout` (default: dp and eo, group 0 vs group
+1) in both modes (calibrated, paper): the (metric, comparison, mode) *blocks* travel side by
+side in one CKKS ciphertext per message, so a client sends at most one ciphertext per round.
 
 * Round 1 -- :func:`round1_vector`: per block the contribution
   ``[w_i, w_i Ybar_i, w_i Ybar_i^2, w_i^2 Var_i, 1]`` of
@@ -70,10 +71,11 @@ from ..mechanisms.fairness_tests.fedevalfair import (
 )
 from ..mechanisms.protocol import (
     BLOCK_WIDTH,
-    BLOCKS,
     CORRUPT_SUM_MARKER,
+    DEFAULT_LAYOUT,
     RANDOM_EFFECTS_WIDTH,
     STAGE1_WIDTH,
+    FedEvalFairLayout,
 )
 from .shards import UserShard
 
@@ -107,19 +109,30 @@ class CorruptSumError(ValueError):
 
 @dataclass(frozen=True)
 class ClientStatistics:
-    """A client's summaries per block (None where it cannot take part) and why not."""
+    """A client's summaries per block of ``layout`` (None where it cannot take part) and why
+    not."""
 
     summaries: tuple[ClientSummary | None, ...]
     reasons: tuple[str, ...]
-    #: The dp and eo bootstraps (None where impossible); kept on the node, never sent.
+    #: The bootstraps per (metric, comparison) of the layout (None where impossible); kept on
+    #: the node, never sent.
     bootstraps: tuple[BootstrapDisparity | None, ...] = ()
+    #: The run's tests (which blocks the summaries are).
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT
+
+    def __post_init__(self) -> None:
+        if len(self.summaries) != len(self.layout.blocks):
+            raise ValueError(
+                f"summaries must have one entry per block of the layout "
+                f"({len(self.layout.blocks)}), got {len(self.summaries)}"
+            )
 
     @classmethod
-    def empty(cls) -> ClientStatistics:
+    def empty(cls, layout: FedEvalFairLayout = DEFAULT_LAYOUT) -> ClientStatistics:
         """No block can be computed: what a holder in the holder-level DP mode takes part with
         (weight 0 everywhere) instead of refusing, so whether it answers says nothing about
         its data."""
-        return cls((None,) * len(BLOCKS), ())
+        return cls((None,) * len(layout.blocks), (), layout=layout)
 
     def contribution(
         self, *, mu0: float, tolerance: float | None, dp: HolderDP | None = None
@@ -131,8 +144,8 @@ class ClientStatistics:
         (not released in that mode)."""
         if dp is not None:
             parts = []
-            for summary, (_, mode) in zip(self.summaries, BLOCKS, strict=True):
-                if mode == "calibrated":
+            for summary, block in zip(self.summaries, self.layout.blocks, strict=True):
+                if block.mode == "calibrated":
                     parts.append(
                         dp_block(summary, max_weight=dp.max_weight, mu0=mu0, tolerance=tolerance)
                     )
@@ -142,8 +155,8 @@ class ClientStatistics:
         parts = [
             np.zeros(BLOCK_WIDTH)
             if summary is None
-            else client_contribution(summary, mode, mu0=mu0, tolerance=tolerance)
-            for summary, (_, mode) in zip(self.summaries, BLOCKS, strict=True)
+            else client_contribution(summary, block.mode, mu0=mu0, tolerance=tolerance)
+            for summary, block in zip(self.summaries, self.layout.blocks, strict=True)
         ]
         return np.concatenate(parts)
 
@@ -159,7 +172,10 @@ class ClientStatistics:
         return np.asarray(rows, dtype=np.float64)
 
     @classmethod
-    def from_array(cls, array: np.ndarray) -> ClientStatistics:
+    def from_array(
+        cls, array: np.ndarray, layout: FedEvalFairLayout = DEFAULT_LAYOUT
+    ) -> ClientStatistics:
+        """The statistics :meth:`to_array` wrote, for the blocks of ``layout``."""
         summaries: list[ClientSummary | None] = []
         for row in np.asarray(array, dtype=np.float64):
             if not np.isfinite(row[:3]).all():
@@ -167,7 +183,7 @@ class ClientStatistics:
                 continue
             margins = None if not np.isfinite(row[3:]).all() else tuple(int(v) for v in row[3:])
             summaries.append(ClientSummary(row[0], row[1], int(row[2]), margins))  # type: ignore[arg-type]
-        return cls(tuple(summaries), ())
+        return cls(tuple(summaries), (), layout=layout)
 
 
 def bootstrap_seed(seed: int, partition_id: int) -> np.random.SeedSequence:
@@ -201,6 +217,7 @@ def client_statistics(
     num_resamples: int,
     rng: np.random.Generator,
     min_cell_count: int,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> ClientStatistics:
     """:func:`rows_statistics` of a :class:`~fedparity.clients.shards.UserShard` (every row's
     group is its user's group)."""
@@ -211,6 +228,7 @@ def client_statistics(
         num_resamples=num_resamples,
         rng=rng,
         min_cell_count=min_cell_count,
+        layout=layout,
     )
 
 
@@ -222,8 +240,10 @@ def rows_statistics(
     num_resamples: int,
     rng: np.random.Generator,
     min_cell_count: int,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> ClientStatistics:
-    """Bootstrap dp and eo on the holder's test set; summaries for both modes.
+    """Bootstrap every (metric, comparison) of ``layout`` (default dp and eo, group 0 vs
+    group 1) on the holder's test set, in the layout's order; summaries for both modes.
 
     A metric whose smallest margin (:attr:`BootstrapDisparity.smallest_margin`: the two group
     sizes and the numbers of rows predicted positive and negative, among the rows it averages
@@ -237,7 +257,7 @@ def rows_statistics(
     summaries: list[ClientSummary | None] = []
     reasons: list[str] = []
     bootstraps: list[BootstrapDisparity | None] = []
-    for metric in ("dp", "eo"):
+    for metric, comparison in layout.tests:
         boot = None
         try:
             boot = bootstrap_disparity(
@@ -245,6 +265,7 @@ def rows_statistics(
                 labels,
                 groups,
                 metric=metric,
+                comparison=comparison,
                 num_resamples=num_resamples,
                 rng=rng,
             )
@@ -256,12 +277,13 @@ def rows_statistics(
             pair: list[ClientSummary | None] = [boot.summary("calibrated"), boot.summary("paper")]
         except InsufficientGroupData as error:
             pair = [None, None]
-            reasons.append(f"{metric}: {error}")
+            which = metric if layout.num_groups == 2 else f"{metric} {comparison}"
+            reasons.append(f"{which}: {error}")
         summaries.extend(pair)
         bootstraps.append(boot)
     if all(summary is None for summary in summaries):
         raise InsufficientGroupData("cannot take part: " + "; ".join(reasons))
-    return ClientStatistics(tuple(summaries), tuple(reasons), tuple(bootstraps))
+    return ClientStatistics(tuple(summaries), tuple(reasons), tuple(bootstraps), layout)
 
 
 def holder_statistics(
@@ -273,6 +295,7 @@ def holder_statistics(
     variant: str,
     num_resamples: int,
     min_cell_count: int,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> ClientStatistics:
     """A holder's round-1 statistics from the global model: predictions (``variant``) and
     the bootstrap, both from the holder's seeded stream (:func:`bootstrap_seed`). The
@@ -286,6 +309,7 @@ def holder_statistics(
         num_resamples=num_resamples,
         rng=rng,
         min_cell_count=min_cell_count,
+        layout=layout,
     )
 
 
@@ -330,8 +354,8 @@ def open_sum(
         ) from None
 
 
-def _blocks(vector: np.ndarray) -> list[np.ndarray]:
-    return [vector[i * BLOCK_WIDTH : (i + 1) * BLOCK_WIDTH] for i in range(len(BLOCKS))]
+def _blocks(vector: np.ndarray, layout: FedEvalFairLayout) -> list[np.ndarray]:
+    return [vector[i * BLOCK_WIDTH : (i + 1) * BLOCK_WIDTH] for i in range(len(layout.blocks))]
 
 
 def round2_vector(
@@ -347,13 +371,14 @@ def round2_vector(
     variance sums, and stage 1 comes from the released sums) and the contribution is the DP
     one."""
     parts = []
-    for summary, totals, (_, mode) in zip(
-        statistics.summaries, _blocks(round1_sum), BLOCKS, strict=True
+    layout = statistics.layout
+    for summary, totals, block in zip(
+        statistics.summaries, _blocks(round1_sum, layout), layout.blocks, strict=True
     ):
         usable = summary is not None and totals[-1] >= 1.5 and totals[0] > 0 and totals[3] > 0
         usable = usable and dp is None  # DP: stage 1 comes from the released sums
         parts.append(
-            stage1_term(summary, totals, mode)
+            stage1_term(summary, totals, block.mode)
             if usable and summary is not None
             else np.zeros(STAGE1_WIDTH)
         )
@@ -361,7 +386,7 @@ def round2_vector(
     return append_count_slot(np.concatenate([*parts, fresh]))
 
 
-def round2_scales(round1_sum: np.ndarray) -> np.ndarray:
+def round2_scales(round1_sum: np.ndarray, layout: FedEvalFairLayout = DEFAULT_LAYOUT) -> np.ndarray:
     """The factor of every round-2 slot (count slot excluded) before encryption.
 
     Per block, with ``a`` the binary exponent of the block's round-1 sum of weights (every
@@ -376,8 +401,8 @@ def round2_scales(round1_sum: np.ndarray) -> np.ndarray:
     """
     precision = 2.0**ROUND2_PRECISION_BITS
     parts, contributions = [], []
-    totals_per_block = _blocks(np.asarray(round1_sum, dtype=np.float64))
-    for totals, (_, mode) in zip(totals_per_block, BLOCKS, strict=True):
+    totals_per_block = _blocks(np.asarray(round1_sum, dtype=np.float64), layout)
+    for totals, (_, mode, _) in zip(totals_per_block, layout.blocks, strict=True):
         exponent = _exponent(float(totals[0]))
         full, half = 2.0**-exponent, 2.0 ** -(exponent // 2)
         # The paper's T1 grows with its weights n_i / S_i^2 (often 1e3-1e4): it needs relative
@@ -421,14 +446,14 @@ def round2_payload(
     """What a holder encrypts in round 2: :func:`round2_vector` scaled by
     :func:`round2_scales` (count slot 1)."""
     vector = round2_vector(statistics, round1_sum, mu0=mu0, tolerance=tolerance, dp=dp)
-    return np.append(vector[:-1] * round2_scales(round1_sum), vector[-1])
+    return np.append(vector[:-1] * round2_scales(round1_sum, statistics.layout), vector[-1])
 
 
-def _count_slots() -> np.ndarray:
+def _count_slots(layout: FedEvalFairLayout = DEFAULT_LAYOUT) -> np.ndarray:
     """Mask of the per-block count slots (the clients, and those that sent group counts) in a
     round-2 sum without its count slot."""
-    mask = np.zeros(len(BLOCKS) * (STAGE1_WIDTH + BLOCK_WIDTH), dtype=bool)
-    split = len(BLOCKS) * STAGE1_WIDTH
+    mask = np.zeros(len(layout.blocks) * (STAGE1_WIDTH + BLOCK_WIDTH), dtype=bool)
+    split = len(layout.blocks) * STAGE1_WIDTH
     mask[split + BLOCK_WIDTH - 1 :: BLOCK_WIDTH] = True
     mask[split + _COUNTED_SLOT :: BLOCK_WIDTH] = True
     return mask
@@ -442,6 +467,7 @@ def flooded_round2_sum(
     parameters: CkksParameters,
     key: bytes,
     message: bytes,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> np.ndarray:
     """The round-2 sum a key holder may release from, in natural units.
 
@@ -454,7 +480,7 @@ def flooded_round2_sum(
     divided by its :func:`round2_scales` factor.
     """
     raw = np.asarray(scaled_round2_sum, dtype=np.float64)
-    counts = _count_slots()
+    counts = _count_slots(layout)
     bound = decryption_error_bound(
         parameters, num_ciphertexts=num_ciphertexts, max_magnitude=float(np.max(np.abs(raw)))
     )
@@ -462,7 +488,7 @@ def flooded_round2_sum(
     result = raw.copy()
     result[~counts] = flood(raw[~counts], std=std, key=key, message=message)
     result[counts] = np.round(raw[counts])
-    return result / round2_scales(round1_sum)
+    return result / round2_scales(round1_sum, layout)
 
 
 def dp_release_vector(
@@ -472,22 +498,28 @@ def dp_release_vector(
     dp: HolderDP,
     key: bytes,
     message: bytes,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> np.ndarray:
     """Round 3 (key holder) in the holder-level DP mode: from the (flooded, natural-unit)
     round-2 sum, the calibrated blocks' sums of the DP contributions with the keyed Gaussian
     noise of :func:`~fedparity.mechanisms.crypto.ckks.holder_dp.dp_release`; NaN where nothing is
     released. ``num_holders``: the round-2 holders (public)."""
-    split = len(BLOCKS) * STAGE1_WIDTH
+    split = len(layout.blocks) * STAGE1_WIDTH
     return dp_release(
         np.asarray(round2_sum, dtype=np.float64)[split:],
         num_holders=num_holders,
         dp=dp,
         key=key,
         message=message,
+        layout=layout,
     )
 
 
-def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray:
+def release_vector(
+    round1_sum: np.ndarray,
+    round2_sum: np.ndarray,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
+) -> np.ndarray:
     """Round 3 (key holder): per block [stage-1 statistic, round-2 sums of the contribution,
     random-effects summary].
 
@@ -497,12 +529,13 @@ def release_vector(round1_sum: np.ndarray, round2_sum: np.ndarray) -> np.ndarray
     its Q-profile interval, the random-effects mean and its sum of weights) comes from the
     round-2 grid sums, which are never released themselves; NaN where there is none.
     """
-    split = len(BLOCKS) * STAGE1_WIDTH
-    parts = [round2_sum[i * STAGE1_WIDTH : (i + 1) * STAGE1_WIDTH] for i in range(len(BLOCKS))]
-    fresh = _blocks(round2_sum[split:])
-    reference = _blocks(round1_sum)
+    num_blocks = len(layout.blocks)
+    split = num_blocks * STAGE1_WIDTH
+    parts = [round2_sum[i * STAGE1_WIDTH : (i + 1) * STAGE1_WIDTH] for i in range(num_blocks)]
+    fresh = _blocks(round2_sum[split:], layout)
+    reference = _blocks(round1_sum, layout)
     released = []
-    for index, (_, mode) in enumerate(BLOCKS):
+    for index, (_, mode, _) in enumerate(layout.blocks):
         now, before = fresh[index], reference[index]
         changed = abs(now[-1] - before[-1]) > 0.5
         if mode == "paper" and changed:

@@ -52,6 +52,7 @@ returns its bound methods.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -96,11 +97,11 @@ from ..mechanisms.privacy.basic_ledger import LedgerFileError, PrivacyBudgetExce
 from ..mechanisms.privacy.user_ledger import ApproximateDPRelease
 from ..mechanisms.protocol import (
     BLOCK_WIDTH,
+    DEFAULT_LAYOUT,
     FEF_IDENTITY_REFUSAL,
     FEF_KEY,
-    ROUND1_SIZE,
-    ROUND2_SIZE,
     UNABLE_REPLY,
+    FedEvalFairLayout,
     MessageError,
 )
 from ..mechanisms.protocol.fedevalfair import (
@@ -204,7 +205,8 @@ Handler = Callable[[Message, Context], Message]
 @dataclass(frozen=True)
 class HolderRows:
     """A holder's test rows for the received model: true labels, 0/1 predictions and the
-    binary protected group (0/1) of every row."""
+    protected group of every row (0/1 for a binary attribute; 0 .. d - 1 for d groups, with
+    the holder's ``num_groups = d``)."""
 
     labels: np.ndarray
     predictions: np.ndarray
@@ -219,7 +221,10 @@ class HolderRows:
             array = np.asarray(getattr(self, name))
             if array.ndim != 1:
                 raise ValueError(f"{name} must be a 1-d array (one value per row)")
-            if array.size and not np.isin(array, (0, 1)).all():
+            if name == "groups":
+                if array.size and (array.dtype.kind not in "biu" or int(array.min()) < 0):
+                    raise ValueError("groups must hold integers 0 .. d - 1 (or booleans)")
+            elif array.size and not np.isin(array, (0, 1)).all():
                 raise ValueError(f"{name} must hold only 0/1 (or booleans)")
             arrays[name] = array.astype(np.int64)
         sizes = {name: array.size for name, array in arrays.items()}
@@ -302,15 +307,20 @@ class HolderState:
     user_ids: np.ndarray | None = None
 
     @classmethod
-    def load(cls, state: RecordDict, session: str) -> HolderState:
-        """The session's state as the records of ``state`` hold it (empty: a new session)."""
+    def load(
+        cls, state: RecordDict, session: str, layout: FedEvalFairLayout = DEFAULT_LAYOUT
+    ) -> HolderState:
+        """The session's state as the records of ``state`` hold it (empty: a new session), its
+        statistics for the blocks of ``layout``."""
         arrays = state.array_records.get(session_state_key(FEF_STATE_KEY, session))
         steps = state.config_records.get(session_state_key(FEF_STEPS_KEY, session))
         commitment = state.config_records.get(session_state_key(FEF_COMMITMENT_KEY, session))
         users = state.array_records.get(session_state_key(FEF_USERS_KEY, session))
         return cls(
             statistics=(
-                None if arrays is None else ClientStatistics.from_array(arrays["summaries"].numpy())
+                None
+                if arrays is None
+                else ClientStatistics.from_array(arrays["summaries"].numpy(), layout)
             ),
             steps=set() if steps is None else {step for step in steps if steps[step]},
             commitment=None if commitment is None else bytes(commitment["digest"]),  # type: ignore[arg-type]
@@ -409,7 +419,7 @@ def round1_reply(
     session, run_id = _session(msg, context, sessions)
     if dp is not None and user_ids is None:
         raise NodeRefusal(DP_NEEDS_USER_IDS)
-    state = HolderState.load(context.state, session)
+    state = HolderState.load(context.state, session, statistics.layout)
     state.take("round1")
     state.statistics = statistics
     if dp is not None:
@@ -456,6 +466,7 @@ class FedEvalFairHolder:
         sessions: Collection[str] = ("",),
         dp: HolderDP | None = None,
         ledger_path: Callable[[Context], Path | None] | None = None,
+        layout: FedEvalFairLayout = DEFAULT_LAYOUT,
     ) -> None:
         num_resamples = check_int("num_resamples", num_resamples, minimum=2)
         min_cell_count = check_int("min_cell_count", min_cell_count, minimum=0)
@@ -467,6 +478,11 @@ class FedEvalFairHolder:
             raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
         if dp is not None and not isinstance(dp, HolderDP):
             raise TypeError(f"dp must be a HolderDP or None, got {type(dp).__name__}")
+        if not isinstance(layout, FedEvalFairLayout):
+            raise TypeError(f"layout must be a FedEvalFairLayout, got {type(layout).__name__}")
+        if dp is not None:  # the noise covers every calibrated block the layout releases
+            dp = dataclasses.replace(dp, num_blocks=len(layout.dp_blocks))
+        self.layout = layout
         self.holder_rows = holder_rows
         self.secret_context = secret_context
         self.num_resamples = num_resamples
@@ -496,9 +512,9 @@ class FedEvalFairHolder:
         return limits
 
     def terms(self) -> bytes:
-        """What the commitment binds besides the sets: the DP mode's parameters (empty when
-        it is off: the commitment of a plain release)."""
-        return b"" if self.dp is None else self.dp.terms()
+        """What the commitment binds besides the sets: the layout's terms (empty for the
+        default) and the DP mode's parameters (empty when it is off)."""
+        return self.layout.terms() + (b"" if self.dp is None else self.dp.terms())
 
     def charge(
         self, context: Context, limits: NodePrivacyPolicy, state: HolderState, session: str
@@ -597,7 +613,9 @@ class FedEvalFairHolder:
     # -- the messages ---------------------------------------------------------------------------
 
     def round1(self, msg: Message, context: Context) -> Message:
-        """Bootstrap dp/eo on the holder's rows; reply with one signed ciphertext. In the DP
+        """Bootstrap the layout's metrics and comparisons on the holder's rows; reply with one
+        signed ciphertext. A group value beyond the layout's ``num_groups`` is refused (the
+        holder's own rows disagree with its own setting). In the DP
         mode the policy is checked first (before the rows are read), and a holder that can
         compute no metric takes part with weight 0 instead of refusing."""
         self._identity(context)
@@ -609,6 +627,12 @@ class FedEvalFairHolder:
         rows = self.holder_rows(msg.content.array_records["arrays"], context)
         if not isinstance(rows, HolderRows):
             raise TypeError(f"holder_rows must return HolderRows, got {type(rows).__name__}")
+        if rows.groups.size and int(rows.groups.max()) >= self.layout.num_groups:
+            raise ValueError(
+                f"HolderRows.groups must be in [0, {self.layout.num_groups - 1}] for "
+                f"num_groups = {self.layout.num_groups}: this holder's rows name group "
+                f"{int(rows.groups.max())}"
+            )
         rng = np.random.default_rng() if self.bootstrap_rng is None else self.bootstrap_rng(context)
         try:
             statistics = rows_statistics(
@@ -618,13 +642,15 @@ class FedEvalFairHolder:
                 num_resamples=self.num_resamples,
                 rng=rng,
                 min_cell_count=self.min_cell_count,
+                layout=self.layout,
             )
         except InsufficientGroupData as error:
             # The detailed reason holds this node's cell counts: it stays in the node's log.
             log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
             if self.dp is None:
                 raise CannotTakePart from None
-            statistics = ClientStatistics.empty()  # DP: weight 0, the same reply as anyone's
+            # DP: weight 0, the same reply as anyone's
+            statistics = ClientStatistics.empty(self.layout)
         return round1_reply(
             msg,
             context,
@@ -651,7 +677,7 @@ class FedEvalFairHolder:
             round_number=1,
             min_holders=self.limits(context).min_holders,
         )
-        total = _sum(self.secret(context), request.round1, ROUND1_SIZE)
+        total = _sum(self.secret(context), request.round1, self.layout.round1_size)
         signature = key.sign(
             endorsement_transcript(run_id, 1, hashlib.sha256(total).digest(), contributors)
         )
@@ -673,13 +699,13 @@ class FedEvalFairHolder:
             min_holders=self.dp_limits(context).min_holders,
             own_key=own.public_bytes(),
         )
-        state = HolderState.load(context.state, session)
+        state = HolderState.load(context.state, session, self.layout)
         if state.statistics is None:
             raise ValueError("round 2 before round 1: this node has no bootstrap statistics")
         state.take("round2")
         state.save(context.state, session)
         key = self.secret(context)
-        round1_sum = open_sum(key, request.round1_sum, ROUND1_SIZE, len(contributors))
+        round1_sum = open_sum(key, request.round1_sum, self.layout.round1_size, len(contributors))
         vector = round2_payload(
             state.statistics, round1_sum, mu0=self.mu0, tolerance=self.tolerance, dp=self.dp
         )
@@ -712,7 +738,7 @@ class FedEvalFairHolder:
         first, second = set_digest(request.round1), set_digest(request.round2)
         terms = self.terms()
         digest = commitment_digest(run_id, first, second, terms)
-        state = HolderState.load(context.state, session)
+        state = HolderState.load(context.state, session, self.layout)
         state.check_commitment(digest)
         journal, path = self._journal(context, limits)
         journal.check_commit(run_id, digest)
@@ -751,7 +777,7 @@ class FedEvalFairHolder:
             terms=terms,
         )
         digest = commitment_digest(run_id, first, second, terms)
-        state = HolderState.load(context.state, session)
+        state = HolderState.load(context.state, session, self.layout)
         state.check_commitment(digest)
         state.take("release")
         journal, path = self._journal(context, limits)
@@ -760,13 +786,12 @@ class FedEvalFairHolder:
             raise PolicyRefusal(RELEASE_CAP_RULE)
         state.save(context.state, session)
         key = self.secret(context)
-        round1_sum = open_sum(
-            key, _sum(key, request.round1, ROUND1_SIZE), ROUND1_SIZE, len(round1_keys)
-        )
+        sizes = self.layout.round1_size, self.layout.round2_size
+        round1_sum = open_sum(key, _sum(key, request.round1, sizes[0]), sizes[0], len(round1_keys))
         scaled = open_sum(
             key,
-            _sum(key, request.round2, ROUND2_SIZE),
-            ROUND2_SIZE,
+            _sum(key, request.round2, sizes[1]),
+            sizes[1],
             len(round2_keys),
             max_magnitude=MAX_MAGNITUDE * 2.0**ROUND2_PRECISION_BITS,
         )
@@ -778,9 +803,10 @@ class FedEvalFairHolder:
             parameters=CkksParameters.from_context(key),
             key=noise_key,
             message=transcript(FLOOD_LABEL, run_id, first, second),
+            layout=self.layout,
         )
         if self.dp is None:
-            released = release_vector(_release_reference(round1_sum), round2_sum)
+            released = release_vector(_release_reference(round1_sum), round2_sum, self.layout)
         else:
             released = dp_release_vector(
                 round2_sum,
@@ -788,8 +814,9 @@ class FedEvalFairHolder:
                 dp=self.dp,
                 key=noise_key,
                 message=transcript(HOLDER_DP_LABEL, run_id, digest),
+                layout=self.layout,
             )
-        reply = ReleaseReply.from_fields({"release": released})  # checks the size
+        reply = ReleaseReply.from_fields({"release": released}, self.layout)  # checks the size
         journal.record_release(run_id, digest)
         self._save_journal(context, journal, path)  # counted before the release leaves
         return _reply(msg, reply.to_fields())
@@ -824,6 +851,7 @@ def fedevalfair_handlers(
     sessions: Collection[str] = ("",),
     dp: HolderDP | None = None,
     ledger_path: Callable[[Context], Path | None] | None = None,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> dict[str, Handler]:
     """The FedEvalFair handlers, keyed by the action to register with ``app.query``
     (``fef_round1``, ``fef_endorse``, ``fef_round2``, ``fef_commit``, ``fef_round3``): the
@@ -872,6 +900,12 @@ def fedevalfair_handlers(
         ``user-ledger.json`` in :func:`~fedparity.clients.ledger.node_ledger_dir`; None: the
         run state, if the policy allows an ephemeral ledger). Pass the one the node's LDP
         audit and FPFL handlers charge.
+    layout : FedEvalFairLayout, optional
+        The run's tests: the metrics, the number of groups d (``HolderRows.groups`` in
+        0 .. d - 1) and the reference group the others are compared with (default: dp and eo,
+        groups 0 and 1). The server's protocol must use the same (it is bound into every
+        commitment); in the DP mode the noise is calibrated to the calibrated blocks it
+        releases (:attr:`HolderDP.num_blocks` is set from it).
 
     The key's journal of commitments and releases lives in the node's ledger folder (node
     config ``ledger-dir``; outside simulation ``~/.fedparity/ledgers`` by default).
@@ -889,4 +923,5 @@ def fedevalfair_handlers(
         sessions=sessions,
         dp=dp,
         ledger_path=ledger_path,
+        layout=layout,
     ).handlers()

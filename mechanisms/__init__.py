@@ -29,8 +29,11 @@ Grounded Federated Fairness Evaluation Framework", anonymous authors, ACM Multim
 submission), with a calibrated default mode where the paper's test is miscalibrated (see
 :mod:`fedparity.mechanisms.fairness_tests.fedevalfair`):
 
-* :func:`bootstrap_disparity`: a client's B bootstrap disparities (dp / eo) and its
-  :class:`ClientSummary` in mode "paper" or "calibrated";
+* :func:`bootstrap_disparity`: a client's B bootstrap disparities (any rate metric: dp, eo,
+  fnr, fpr, tnr, accuracy, precision, npv; any two of d groups) and its
+  :class:`ClientSummary` in mode "paper" or "calibrated"; :class:`FedEvalFairLayout`: which
+  metrics and groups one run tests (:func:`reference_comparisons`: each group against a
+  reference);
 * :func:`fedevalfair`: stage 1 (T1 or Cochran's Q), stage 2 (W*) and TOST in a
   :class:`FairnessReport`; :func:`client_contribution`, :func:`stage1_term`,
   :func:`stage1_statistic` and :func:`report_from_sums` are the same computation as sums over

@@ -14,10 +14,12 @@ from .fairness_tests.fedevalfair import equivalence_test as equivalence_test
 from .fairness_tests.fedevalfair import fedevalfair as fedevalfair
 from .fairness_tests.fedevalfair import homogeneity_test as homogeneity_test
 from .fairness_tests.fedevalfair import random_effects_release as random_effects_release
+from .fairness_tests.fedevalfair import reference_comparisons as reference_comparisons
 from .fairness_tests.fedevalfair import report_from_sums as report_from_sums
 from .fairness_tests.fedevalfair import stage1_statistic as stage1_statistic
 from .fairness_tests.fedevalfair import stage1_term as stage1_term
 from .fairness_tests.fedevalfair import stage_statistics as stage_statistics
+from .fairness_tests.fedevalfair_layout import FedEvalFairLayout as FedEvalFairLayout
 from .fpfl.mmdm import AggregateStatistics as AggregateStatistics
 from .fpfl.mmdm import CohortMetrics as CohortMetrics
 from .fpfl.mmdm import ConstraintEvaluation as ConstraintEvaluation

@@ -36,7 +36,6 @@ from ..mechanisms.crypto.ckks import (
     context_has_secret_key,
     load_public_context,
 )
-from ..mechanisms.protocol import BLOCKS
 from ..strategies.fedevalfair import FedEvalFairOutcome, FedEvalFairProtocol
 from ..strategies.release_series import (
     DurableReleases,
@@ -70,30 +69,37 @@ from .run_record import RunRecord, open_run_record
 
 
 def fedevalfair_table(outcome: FedEvalFairOutcome, primary_mode: str) -> str:
-    """One row per (metric, mode): both stages, decisions and the common disparity."""
+    """One row per (metric, comparison, mode): both stages, decisions and the common
+    disparity; the groups compared follow the metric when the run has more than two."""
+    names = [
+        block.metric
+        + ("" if block.comparison == (0, 1) else f" {block.comparison[0]}v{block.comparison[1]}")
+        for block in outcome.blocks
+    ]
+    width = max([6, *map(len, names)])
     header = (
-        f"{'metric':>6} {'mode':>10} {'k':>3} {'stage1 stat':>11} {'dof':>3} {'p1':>9} "
+        f"{'metric':>{width}} {'mode':>10} {'k':>3} {'stage1 stat':>11} {'dof':>3} {'p1':>9} "
         f"{'rej1':>4} {'W*':>8} {'p2':>9} {'rej2':>4} {'mu_hat':>8} {'stderr':>8}"
     )
     lines = [header, "-" * len(header)]
-    for block in outcome.blocks:
+    for name, block in zip(names, outcome.blocks, strict=True):
         mark = "*" if block.mode == primary_mode else " "
         if block.report is None:
-            lines.append(f"{block.metric:>6} {block.mode:>10}{mark}  unavailable: {block.reason}")
+            lines.append(f"{name:>{width}} {block.mode:>10}{mark}  unavailable: {block.reason}")
             continue
         report = block.report
         first, second = report.homogeneity, report.common_disparity
         reject1 = "yes" if report.reject_homogeneity else "no"
         reject2 = "yes" if report.reject_fairness else "no"
         lines.append(
-            f"{block.metric:>6} {block.mode:>10}{mark}{report.k:>3} {first.statistic:>11.4f} "
+            f"{name:>{width}} {block.mode:>10}{mark}{report.k:>3} {first.statistic:>11.4f} "
             f"{first.dof:>3} {first.pvalue:>9.3g} {reject1:>4} "
             f"{second.statistic:>8.3f} {second.pvalue:>9.3g} {reject2:>4} "
             f"{report.estimate:>8.4f} {report.stderr:>8.4f}"
         )
         if report.equivalence is not None:
             lines.append(
-                f"{'':>18} equivalence |mu| < {report.tolerance:g}: p = "
+                f"{'':>{width + 12}} equivalence |mu| < {report.tolerance:g}: p = "
                 f"{report.equivalence.pvalue:.3g}, certified fair: "
                 f"{'yes' if report.certified_fair else 'no'}"
             )
@@ -104,16 +110,19 @@ def fedevalfair_table(outcome: FedEvalFairOutcome, primary_mode: str) -> str:
 
 
 def plot_bootstrap_distributions(path: Path, truth: FedEvalFairTruth) -> str | None:
-    """Histograms of every holder's bootstrap disparities, dp and eo (paper Figures 4/5)."""
+    """Histograms of every holder's bootstrap disparities per metric (paper Figures 4/5: dp
+    and eo)."""
     plt = load_pyplot()
     if plt is None:
         return PLOT_NEEDS_MATPLOTLIB
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for axis, metric in zip(axes, ("dp", "eo"), strict=True):
+    metrics = list(truth.resamples)
+    figure, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+    for axis, metric in zip(axes[0], metrics, strict=True):
         for partition, values in truth.resamples[metric]:
             axis.hist(values, bins=30, alpha=0.5, label=f"holder {partition}")
         axis.axvline(0.0, color="black", linewidth=0.8)
-        axis.set_title(f"bootstrap {'ΔDP' if metric == 'dp' else 'ΔEO'} per holder (harness)")
+        name = {"dp": "ΔDP", "eo": "ΔEO"}.get(metric, f"Δ{metric}")
+        axis.set_title(f"bootstrap {name} per holder (harness)")
         axis.set_xlabel("signed disparity, group 0 (White) minus group 1")
         axis.set_ylabel("bootstrap resamples")
         plain_tick_labels(axis)
@@ -137,7 +146,7 @@ def compare_with_plaintext(outcome: FedEvalFairOutcome, truth: FedEvalFairTruth)
     """Largest |p_encrypted - p_plaintext| over every test both computed (None if none)."""
     differences = []
     for block in outcome.blocks:
-        plain = truth.reports.get((block.metric, block.mode))
+        plain = truth.reports.get((block.metric, block.mode, block.comparison))
         if block.report is None or plain is None:
             continue
         for mine, theirs in (
@@ -236,6 +245,7 @@ def fedevalfair_protocol(
         timeout=config.reply_timeout,
         session=session,
         dp=config.fef_holder_dp,
+        layout=config.fef_layout,
     )
 
 
@@ -382,7 +392,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         elapsed_seconds=time.perf_counter() - started,
     )
     _report_test(config, output_dir, results, outcome, truth)
-    assert len(outcome.blocks) in (0, len(BLOCKS))
+    assert len(outcome.blocks) in (0, len(config.fef_layout.blocks))
     if outcome.error:
         record.fail(f"FedEvalFair gave no result: {outcome.error}")
     else:

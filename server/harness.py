@@ -113,13 +113,14 @@ def rate_truth(
 class FedEvalFairTruth:
     """The plaintext FedEvalFair computation on the same data (simulation harness only).
 
-    ``reports`` maps (metric, mode) to the plaintext
+    ``reports`` maps (metric, mode, comparison) to the plaintext
     :class:`~fedparity.mechanisms.fairness_tests.fedevalfair.FairnessReport`
     (None if fewer than 2 holders could compute the metric); ``resamples`` maps metric to
-    each holder's bootstrap disparities (for the distribution plot, paper Figures 4/5).
+    each holder's bootstrap disparities of the layout's first comparison (for the
+    distribution plot, paper Figures 4/5).
     """
 
-    reports: dict[tuple[str, str], FairnessReport | None]
+    reports: dict[tuple[str, str, tuple[int, int]], FairnessReport | None]
     resamples: dict[str, list[tuple[int, np.ndarray]]]
 
     def to_dict(self) -> dict[str, object]:
@@ -129,9 +130,10 @@ class FedEvalFairTruth:
                 {
                     "metric": metric,
                     "mode": mode,
+                    "comparison": list(comparison),
                     "report": None if report is None else report.to_dict(),
                 }
-                for (metric, mode), report in self.reports.items()
+                for (metric, mode, comparison), report in self.reports.items()
             ],
         }
 
@@ -143,10 +145,12 @@ def fedevalfair_truth(
     :func:`~fedparity.clients.project.evaluation.holder_statistics_for`, same seeds) and run
     :func:`fedparity.mechanisms.fairness_tests.fedevalfair.fedevalfair` in plaintext."""
     from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData, fedevalfair
-    from ..mechanisms.protocol import BLOCKS
 
-    per_block: dict[tuple[Metric, Mode], list[ClientSummary]] = {block: [] for block in BLOCKS}
-    resamples: dict[str, list[tuple[int, np.ndarray]]] = {"dp": [], "eo": []}
+    layout = config.fef_layout
+    per_block: dict[tuple[Metric, Mode, tuple[int, int]], list[ClientSummary]] = {
+        block: [] for block in layout.blocks
+    }
+    resamples: dict[str, list[tuple[int, np.ndarray]]] = {m: [] for m in layout.metrics}
     for partition_id, num_partitions in sorted(partitions):
         shard = load_shard_for(config, partition_id, num_partitions, "test")
         model = received_model(shard, arrays, config)
@@ -154,15 +158,15 @@ def fedevalfair_truth(
             statistics = holder_statistics_for(config, shard, model, partition_id)
         except InsufficientGroupData:
             continue
-        for block, summary in zip(BLOCKS, statistics.summaries, strict=True):
+        for block, summary in zip(layout.blocks, statistics.summaries, strict=True):
             if summary is not None:
                 per_block[block].append(summary)
-        for metric, boot in zip(("dp", "eo"), statistics.bootstraps, strict=True):
-            if boot is not None:
+        for (metric, comparison), boot in zip(layout.tests, statistics.bootstraps, strict=True):
+            if boot is not None and comparison == layout.comparisons[0]:
                 resamples[metric].append((partition_id, np.asarray(boot.resamples)))
-    reports: dict[tuple[str, str], FairnessReport | None] = {}
-    for (metric, mode), summaries in per_block.items():
-        reports[(metric, mode)] = (
+    reports: dict[tuple[str, str, tuple[int, int]], FairnessReport | None] = {}
+    for (metric, mode, comparison), summaries in per_block.items():
+        reports[(metric, mode, comparison)] = (
             fedevalfair(
                 summaries,
                 alpha=config.fef_alpha,

@@ -212,7 +212,9 @@ def _side_by_side(results: PipelineResults) -> Table:
             [p and p["gap"] for p in plans],
         )
         row("reports", [audit.num_reports for audit in audits])
-    for fef_metric, name in FEDEVALFAIR_METRICS.items():
+    tested = dict.fromkeys(test["metric"] for model in models for test in _tests(model))
+    for fef_metric in tested:
+        name = FEDEVALFAIR_METRICS.get(fef_metric, fef_metric)
         row(f"FedEvalFair {name}: verdict", [_fef_cell(m, fef_metric, "verdict") for m in models])
         row("  common disparity", [_fef_cell(m, fef_metric, "estimate") for m in models])
         row("  stage 1 p (holders differ)", [_fef_cell(m, fef_metric, "stage1") for m in models])

@@ -499,6 +499,19 @@ def holder_dp_line(holder_dp: Mapping[str, Any]) -> str:
     )
 
 
+def _comparison(test: Mapping[str, Any]) -> tuple[int, int]:
+    """The groups a test compared (results written before d >= 2 groups: 0 vs 1)."""
+    first, second = test.get("comparison", (0, 1))
+    return int(first), int(second)
+
+
+def _test_name(test: Mapping[str, Any]) -> str:
+    """The metric, and the groups compared when not 0 vs 1 (the table's first column)."""
+    comparison = _comparison(test)
+    suffix = "" if comparison == (0, 1) else " (group {} vs {})".format(*comparison)
+    return str(test["metric"]) + suffix
+
+
 def _ordered_tests(results: FedEvalFairResults) -> list[Mapping[str, Any]]:
     primary = results.primary_mode
     tests = results.tests
@@ -516,8 +529,9 @@ def fedevalfair_findings(results: FedEvalFairResults | Mapping[str, Any]) -> lis
         findings.append(Finding((f"FedEvalFair gave no result: {error}",), "bad"))
     for test in _ordered_tests(results):
         metric, mode = test["metric"], test["mode"]
-        key = f"{metric}-{mode}"
-        label = block_label(metric, mode)
+        comparison = _comparison(test)
+        key = f"{metric}-{mode}" + ("" if comparison == (0, 1) else "-{}-{}".format(*comparison))
+        label = block_label(metric, mode, comparison)
         report = test["report"]
         if report is None:
             findings.append(Finding((f"{label}: unavailable: {test['unavailable']}",), "warn"))
@@ -664,12 +678,12 @@ def fedevalfair_report(
     for test in _ordered_tests(results):
         report = test["report"]
         if report is None:
-            rows.append([test["metric"], test["mode"], *([None] * 10), test["unavailable"]])
+            rows.append([_test_name(test), test["mode"], *([None] * 10), test["unavailable"]])
             continue
         equivalence = report["equivalence"]
         rows.append(
             [
-                test["metric"],
+                _test_name(test),
                 test["mode"] + (" (not evidence)" if test["mode"] == "paper" else ""),
                 report["k"],
                 report["homogeneity"]["statistic"],

@@ -46,6 +46,7 @@ report; the server then withholds the result and says so -- it does not list the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -60,7 +61,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms.crypto.ckks import (
-    DP_BLOCKS,
     HolderDP,
     NoValidCiphertextError,
     SignedCiphertext,
@@ -77,7 +77,6 @@ from ..mechanisms.crypto.ckks import (
 )
 from ..mechanisms.crypto.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES, verify_signature
 from ..mechanisms.fairness_tests.fedevalfair import (
-    METRIC_NAMES,
     PAPER_MODE_WARNING,
     FairnessReport,
     RandomEffects,
@@ -85,16 +84,15 @@ from ..mechanisms.fairness_tests.fedevalfair import (
 )
 from ..mechanisms.protocol import (
     BLOCK_WIDTH,
-    BLOCKS,
     CORRUPT_SUM_MARKER,
+    DEFAULT_LAYOUT,
     FEF_ENDORSE_MESSAGE_TYPE,
     FEF_KEY,
     FEF_ROUND_MESSAGE_TYPES,
-    RELEASE_SIZE,
     RELEASE_WIDTH,
-    ROUND1_SIZE,
-    ROUND2_SIZE,
     UNABLE_MARKER,
+    FedEvalFairBlock,
+    FedEvalFairLayout,
 )
 from ..mechanisms.protocol.fedevalfair import (
     FEF_COMMIT_MESSAGE_TYPE,
@@ -110,26 +108,27 @@ from .replies import RejectedReply, send_and_receive, session_records, short_rea
 AGREEMENT_TOLERANCE = 1e-6
 
 
-def block_label(metric: str, mode: str) -> str:
-    """A test's label in summaries and reports: the metric's name and the mode; mode "paper"
-    says it is not evidence."""
-    name = METRIC_NAMES.get(metric, metric)
-    return f"{name} ({mode} mode" + (", not evidence)" if mode == "paper" else ")")
+def block_label(metric: str, mode: str, comparison: tuple[int, int] = (0, 1)) -> str:
+    """A test's label in summaries and reports: the metric's name, the groups compared (when
+    not 0 vs 1) and the mode; mode "paper" says it is not evidence."""
+    return FedEvalFairBlock(metric, mode, comparison).label  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class BlockResult:
-    """The test of one (metric, mode) block, or why there is none."""
+    """The test of one (metric, mode, comparison) block, or why there is none."""
 
     metric: str
     mode: str
     report: FairnessReport | None
     reason: str | None = None
+    #: The groups compared: the disparity is the rate of the first minus that of the second.
+    comparison: tuple[int, int] = (0, 1)
 
     @property
     def label(self) -> str:
-        """The metric's name and the mode (:func:`block_label`)."""
-        return block_label(self.metric, self.mode)
+        """The metric's name, the groups and the mode (:func:`block_label`)."""
+        return block_label(self.metric, self.mode, self.comparison)
 
     def summary(self) -> str:
         """The verdict lines of this block (or why there is none)."""
@@ -138,12 +137,17 @@ class BlockResult:
         return self.report.summary(self.label)
 
     def __repr__(self) -> str:
-        return f"BlockResult(metric={self.metric!r}, mode={self.mode!r}, report={self.report!r})"
+        groups = "" if self.comparison == (0, 1) else f", comparison={self.comparison!r}"
+        return (
+            f"BlockResult(metric={self.metric!r}, mode={self.mode!r}{groups}, "
+            f"report={self.report!r})"
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {
             "metric": self.metric,
             "mode": self.mode,
+            "comparison": list(self.comparison),
             "report": None if self.report is None else self.report.to_dict(),
             "unavailable": self.reason,
         }
@@ -173,8 +177,25 @@ class FedEvalFairOutcome:
     #: The holder-level DP mode's parameters and noise (``HolderDP.to_dict``), or None (off).
     holder_dp: dict[str, float | str] | None = None
 
-    def block(self, metric: str, mode: str) -> BlockResult:
-        return next(b for b in self.blocks if b.metric == metric and b.mode == mode)
+    def block(
+        self, metric: str, mode: str, comparison: tuple[int, int] | None = None
+    ) -> BlockResult:
+        """The block of ``metric`` and ``mode`` (and ``comparison``: required when the run
+        compared more than two groups)."""
+        found = [
+            b
+            for b in self.blocks
+            if b.metric == metric
+            and b.mode == mode
+            and (comparison is None or b.comparison == tuple(comparison))
+        ]
+        if len(found) != 1:
+            tests = [(b.metric, b.mode, b.comparison) for b in self.blocks]
+            raise KeyError(
+                f"no single block for metric={metric!r}, mode={mode!r}, comparison="
+                f"{comparison!r}: the run has {tests}"
+            )
+        return found[0]
 
     def summary(self) -> str:
         """The verdicts (mode "calibrated" first, "paper" after it, labelled as not evidence),
@@ -272,7 +293,11 @@ class FedEvalFairProtocol:
         (:func:`~fedparity.mechanisms.crypto.ckks.session_id`). ``""``: the run's only test.
     dp : HolderDP, optional
         The holder-level DP mode (the holders' must be the same: the commitment binds it).
-        None (default): the plain release.
+        None (default): the plain release. Its noise covers the layout's calibrated blocks
+        (:attr:`HolderDP.num_blocks` is set from ``layout``).
+    layout : FedEvalFairLayout, optional
+        The run's tests (metrics, number of groups, reference group); the holders' must be
+        the same (the commitment binds it). Default: dp and eo, groups 0 and 1.
     """
 
     def __init__(
@@ -287,6 +312,7 @@ class FedEvalFairProtocol:
         timeout: float = 600.0,
         session: str = "",
         dp: HolderDP | None = None,
+        layout: FedEvalFairLayout = DEFAULT_LAYOUT,
     ) -> None:
         if context_has_secret_key(public_context):
             raise ValueError(
@@ -301,6 +327,11 @@ class FedEvalFairProtocol:
             raise ValueError(f"min_clients must be >= 2, got {min_clients!r}")
         if dp is not None and not isinstance(dp, HolderDP):
             raise TypeError(f"dp must be a HolderDP or None, got {type(dp).__name__}")
+        if not isinstance(layout, FedEvalFairLayout):
+            raise TypeError(f"layout must be a FedEvalFairLayout, got {type(layout).__name__}")
+        if dp is not None:
+            dp = dataclasses.replace(dp, num_blocks=len(layout.dp_blocks))
+        self.layout = layout
         self.public_context = public_context
         self.alpha = float(alpha)
         self.mu0 = float(mu0)
@@ -466,7 +497,7 @@ class FedEvalFairProtocol:
             except Exception as error:  # noqa: BLE001 - any malformed reply is rejected
                 rejected.append(RejectedReply(node, f"malformed release: {error!r}"))
                 continue
-            if release.shape != (RELEASE_SIZE,):
+            if release.shape != (self.layout.release_size,):
                 rejected.append(RejectedReply(node, f"release of shape {release.shape}"))
                 continue
             releases.append(release)
@@ -565,7 +596,7 @@ class FedEvalFairProtocol:
         with and the signature verifies for this run and these sets (the key holders check
         it again against their rosters)."""
         expected = {node: entry.signer for node, entry in zip(senders, round2, strict=True)}
-        terms = b"" if self.dp is None else self.dp.terms()
+        terms = self.layout.terms() + (b"" if self.dp is None else self.dp.terms())
         message = commitment_transcript(run_id, set_digest(round1), set_digest(round2), terms)
         found: dict[int, tuple[bytes, bytes]] = {}
         rejected: list[RejectedReply] = []
@@ -611,18 +642,18 @@ class FedEvalFairProtocol:
         if self.dp is not None:
             return self.dp_reports(released)
         results = []
-        for index, (metric, mode) in enumerate(BLOCKS):
+        for index, (metric, mode, comparison) in enumerate(self.layout.blocks):
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
             stage1, totals = block[0], block[1 : 1 + BLOCK_WIDTH]
             effects = block[1 + BLOCK_WIDTH :]
             clients = int(round(totals[-1]))
             if clients < 2:
                 reason = f"only {clients} node(s) could compute {metric}"
-                results.append(BlockResult(metric, mode, None, reason))
+                results.append(BlockResult(metric, mode, None, reason, comparison))
                 continue
             if not math.isfinite(stage1):
                 reason = "a node dropped between rounds; the paper's T1 cannot be corrected"
-                results.append(BlockResult(metric, mode, None, reason))
+                results.append(BlockResult(metric, mode, None, reason, comparison))
                 continue
             report = report_from_sums(
                 totals,
@@ -634,7 +665,7 @@ class FedEvalFairProtocol:
                 num_clients=clients,
                 random_effects=_random_effects(effects) if mode == "calibrated" else None,
             )
-            results.append(BlockResult(metric, mode, report))
+            results.append(BlockResult(metric, mode, report, None, comparison))
         return tuple(results)
 
     def dp_reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
@@ -642,13 +673,13 @@ class FedEvalFairProtocol:
         (:func:`~fedparity.mechanisms.crypto.ckks.dp_report`); the paper blocks are not released."""
         assert self.dp is not None
         results = []
-        for index, (metric, mode) in enumerate(BLOCKS):
-            if index not in DP_BLOCKS:
+        for index, (metric, mode, comparison) in enumerate(self.layout.blocks):
+            if index not in self.layout.dp_blocks:
                 reason = (
                     "not released in the holder-level DP mode (the paper's weights have no "
                     "bounded sensitivity)"
                 )
-                results.append(BlockResult(metric, mode, None, reason))
+                results.append(BlockResult(metric, mode, None, reason, comparison))
                 continue
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
             count = block[BLOCK_WIDTH]  # the contribution's count slot
@@ -663,9 +694,9 @@ class FedEvalFairProtocol:
                     tolerance=self.tolerance,
                 )
             except ValueError as error:
-                results.append(BlockResult(metric, mode, None, str(error)))
+                results.append(BlockResult(metric, mode, None, str(error), comparison))
                 continue
-            results.append(BlockResult(metric, mode, report))
+            results.append(BlockResult(metric, mode, report, None, comparison))
         return tuple(results)
 
     def start(self, grid: Grid, arrays: ArrayRecord, node_ids: Sequence[int]) -> FedEvalFairOutcome:
@@ -699,7 +730,7 @@ class FedEvalFairProtocol:
         replies = self._send(
             grid, FEF_ROUND_MESSAGE_TYPES[0], node_ids, self.round1_content(arrays)
         )
-        first = self.collect_round(1, node_ids, replies, ROUND1_SIZE, run_id=run_id)
+        first = self.collect_round(1, node_ids, replies, self.layout.round1_size, run_id=run_id)
         round1 = list(first.accepted)
         progress.unable = list(first.unable)
         progress.rejected += [(1, item) for item in first.rejected]
@@ -747,7 +778,7 @@ class FedEvalFairProtocol:
             2,
             round1,
             replies,
-            ROUND2_SIZE,
+            self.layout.round2_size,
             run_id=run_id,
             reference=contributors_digest(contributors),
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from ...mechanisms.fairness_tests.fedevalfair import METRICS as FEF_METRICS
 from ...mechanisms.fairness_tests.fedevalfair import Mode
 from ...mechanisms.fpfl.mmdm import CONSTRAINT_ACTIVATIONS as FPFL_CONSTRAINT_ACTIVATIONS
 from ...mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint
@@ -23,6 +24,7 @@ from ...mechanisms.ldp.frequency_oracle import ORACLES
 from ...mechanisms.ldp.metrics import METRIC_NAMES
 from ...mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ...mechanisms.privacy.opacus_accounting import AccountantName
+from ...mechanisms.protocol import FedEvalFairLayout
 from ...mechanisms.validation import parse_int
 from .data import DATASETS
 
@@ -147,6 +149,17 @@ def _as_epsilons(key: str, value: Any) -> tuple[float, ...]:
     return epsilons
 
 
+def _as_fef_metrics(key: str, value: Any) -> str:
+    names = [part.strip() for part in str(value).split(",") if part.strip()]
+    unknown = [name for name in names if name not in FEF_METRICS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise ConfigError(
+            f"{key} must list distinct metrics from {', '.join(FEF_METRICS)}, comma-separated; "
+            f"got {value!r}"
+        )
+    return ",".join(names)
+
+
 def _as_model_file(key: str, value: Any) -> str:
     """``""`` (train with FedAvg), or the absolute path of a ``.npz`` file (read by the server
     only: a node never opens it)."""
@@ -208,6 +221,7 @@ def _choice(allowed: tuple[str, ...]) -> Parser:
 _boolean = Parser(_as_bool, "boolean", "true | false")
 _text = Parser(lambda key, value: str(value), "string", "any")
 _epsilon_list = Parser(_as_epsilons, "string", "comma-separated numbers > 0")
+_fef_metrics = Parser(_as_fef_metrics, "string", "comma-separated FedEvalFair metrics")
 _model_file = Parser(_as_model_file, "string", '"" or an absolute path ending in .npz')
 
 
@@ -425,6 +439,14 @@ class RunConfig:
     fef_public_context: str = _key("", _text, "server's public TenSEAL context file")
     fef_key_holders: int = _key(2, _integer(1), "holders that decrypt the final sums")
     fef_min_cell: int = _key(5, _integer(0), "fewest rows per group and prediction")
+    fef_metrics: str = _key(
+        "dp,eo",
+        _fef_metrics,
+        "the rate metrics tested: dp, eo (TPR), fnr, fpr, tnr, accuracy, precision, npv",
+    )
+    fef_reference_group: int = _key(
+        0, _integer(0), "FedEvalFair compares every other group with this one"
+    )
     fef_dirichlet_alpha: float = _key(
         1.0, _number(0.0, math.inf), "Adult dirichlet split: concentration (smaller = skew)"
     )
@@ -497,7 +519,19 @@ class RunConfig:
             return None
         from ...mechanisms.crypto.ckks.holder_dp import HolderDP
 
-        return HolderDP(self.fef_dp_epsilon, self.fef_dp_delta, self.fef_dp_max_weight)
+        return HolderDP.for_layout(
+            self.fef_dp_epsilon, self.fef_dp_delta, self.fef_dp_max_weight, self.fef_layout
+        )
+
+    @property
+    def fef_layout(self) -> FedEvalFairLayout:
+        """FedEvalFair's tests: ``fef-metrics`` for every group against
+        ``fef-reference-group`` (``num-groups`` groups)."""
+        return FedEvalFairLayout(
+            tuple(self.fef_metrics.split(",")),  # type: ignore[arg-type]
+            self.num_groups,
+            self.fef_reference_group,
+        )
 
     @property
     def fpfl_uses_mmdm(self) -> bool:
@@ -544,6 +578,10 @@ class RunConfig:
                 f"{config.task!r} (its training is its own: FPFL with user-level DP)"
             )
         _check_fpfl(config)
+        try:
+            config.fef_layout  # noqa: B018 - validates fef-metrics with the group count
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if config.fef_dp_epsilon is not None and config.task != "fedevalfair":
             raise ConfigError(
                 f'fef-dp-epsilon is for task = "fedevalfair", got task = {config.task!r} (the '

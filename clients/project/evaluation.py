@@ -107,4 +107,5 @@ def holder_statistics_for(
         variant=config.fef_variant,
         num_resamples=config.fef_resamples,
         min_cell_count=config.fef_min_cell,
+        layout=config.fef_layout,
     )

@@ -1,4 +1,5 @@
-"""Fairness tests: FedEvalFair's two-stage test (:mod:`.fedevalfair`).
+"""Fairness tests: FedEvalFair's two-stage test (:mod:`.fedevalfair`) and the layout of its
+runs (which metrics and groups one run tests, :mod:`.fedevalfair_layout`).
 
 The module was ``fedparity.mechanisms.fairtest``. The room is ``fairness_tests`` and the module
 is named after the paper it implements (FedEvalFair, ACM Multimedia 2024 submission), as its

@@ -9,12 +9,16 @@ a server strategy and a strategy never imports a client module.
 
 from __future__ import annotations
 
-from ..fairness_tests.fedevalfair import (
-    RANDOM_EFFECTS_FIELDS,
-    ROUND1_FIELDS,
-    STAGE1_FIELDS,
-    Metric,
-    Mode,
+from ..fairness_tests.fedevalfair import Metric, Mode
+from ..fairness_tests.fedevalfair_layout import (
+    BLOCK_WIDTH,
+    DEFAULT_LAYOUT,
+    MAX_VECTOR_SIZE,
+    RANDOM_EFFECTS_WIDTH,
+    RELEASE_WIDTH,
+    STAGE1_WIDTH,
+    FedEvalFairBlock,
+    FedEvalFairLayout,
 )
 from ..validation import check_int, integer_range
 
@@ -24,6 +28,7 @@ __all__ = [
     "BLOCK_WIDTH",
     "CONTRIBUTION_SIZE",
     "CORRUPT_SUM_MARKER",
+    "DEFAULT_LAYOUT",
     "EPSILON_SPENT_BASIC_DELTA_KEY",
     "EPSILON_SPENT_BASIC_KEY",
     "EPSILON_SPENT_DELTA_KEY",
@@ -33,6 +38,8 @@ __all__ = [
     "FEF_IDENTITY_REFUSAL",
     "FEF_KEY",
     "FEF_ROUND_MESSAGE_TYPES",
+    "FedEvalFairBlock",
+    "FedEvalFairLayout",
     "FPFL_KEY",
     "FPFL_CONFIRM_MESSAGE_TYPE",
     "FPFL_KEYS_MESSAGE_TYPE",
@@ -40,6 +47,7 @@ __all__ = [
     "FPFL_ROUND_MESSAGE_TYPE",
     "FPFL_SETUP_MESSAGE_TYPE",
     "GROUPS_KEY",
+    "MAX_VECTOR_SIZE",
     "METRICS_KEY",
     "MessageError",
     "RANDOM_EFFECTS_WIDTH",
@@ -121,23 +129,15 @@ FEF_IDENTITY_REFUSAL = (
     "identity-key and roster (files made by fedparity identity or fedparity keys --holders), "
     "or FEDPARITY_IDENTITY_DIR in a simulation's environment"
 )
-#: (metric, mode) of each block, in message order.
-BLOCKS: tuple[tuple[Metric, Mode], ...] = (
-    ("dp", "calibrated"),
-    ("dp", "paper"),
-    ("eo", "calibrated"),
-    ("eo", "paper"),
+#: The default layout's (metric, mode) blocks, in message order (a run's own blocks:
+#: :attr:`FedEvalFairLayout.blocks`; the sizes below are the default layout's too).
+BLOCKS: tuple[tuple[Metric, Mode], ...] = tuple(
+    (block.metric, block.mode) for block in DEFAULT_LAYOUT.blocks
 )
-BLOCK_WIDTH = len(ROUND1_FIELDS)  # [sum w, sum w Ybar, ..., group counts, count]
-STAGE1_WIDTH = len(STAGE1_FIELDS)  # [stage-1 parts, sum u^2, random-effects grid sums]
-CONTRIBUTION_SIZE = len(BLOCKS) * BLOCK_WIDTH
-ROUND1_SIZE = CONTRIBUTION_SIZE + 1
-ROUND2_SIZE = len(BLOCKS) * STAGE1_WIDTH + CONTRIBUTION_SIZE + 1
-#: Width of a block's random-effects summary in the release (after the contribution sums).
-RANDOM_EFFECTS_WIDTH = len(RANDOM_EFFECTS_FIELDS)
-#: [stage-1 statistic, the block's contribution sums (its count last), random-effects summary]
-RELEASE_WIDTH = 1 + BLOCK_WIDTH + RANDOM_EFFECTS_WIDTH
-RELEASE_SIZE = len(BLOCKS) * RELEASE_WIDTH
+CONTRIBUTION_SIZE = DEFAULT_LAYOUT.contribution_size
+ROUND1_SIZE = DEFAULT_LAYOUT.round1_size
+ROUND2_SIZE = DEFAULT_LAYOUT.round2_size
+RELEASE_SIZE = DEFAULT_LAYOUT.release_size
 #: Error-reply markers the server sorts replies by.
 UNABLE_MARKER = "cannot take part"
 CORRUPT_SUM_MARKER = "encrypted sum is corrupt"

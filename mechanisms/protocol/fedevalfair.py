@@ -30,7 +30,8 @@ import numpy as np
 
 from ..crypto.ckks.signing import SignedCiphertext, SignedDigest
 from ..crypto.identity import IDENTITY_KEY_BYTES, SIGNATURE_BYTES
-from . import RELEASE_SIZE, MessageError
+from ..fairness_tests.fedevalfair_layout import DEFAULT_LAYOUT, FedEvalFairLayout
+from . import MessageError
 
 __all__ = [
     "DIGEST_BYTES",
@@ -315,10 +316,15 @@ class ReleaseReply:
         return {"release": np.asarray(self.release, dtype=np.float64)}
 
     @classmethod
-    def from_fields(cls, fields: Mapping[str, np.ndarray]) -> ReleaseReply:
+    def from_fields(
+        cls, fields: Mapping[str, np.ndarray], layout: FedEvalFairLayout = DEFAULT_LAYOUT
+    ) -> ReleaseReply:
+        """The release of a run of ``layout`` (its :attr:`~FedEvalFairLayout.release_size`
+        numbers)."""
+        size = layout.release_size
         array = fields.get("release")
-        if not isinstance(array, np.ndarray) or array.shape != (RELEASE_SIZE,):
-            raise MessageError(f"message field 'release' must hold {RELEASE_SIZE} numbers")
+        if not isinstance(array, np.ndarray) or array.shape != (size,):
+            raise MessageError(f"message field 'release' must hold {size} numbers")
         if array.dtype.kind != "f":
             raise MessageError("message field 'release' must hold floating-point numbers")
         return cls(array.astype(np.float64))

@@ -37,6 +37,10 @@ a holder's two blocks (dp and eo can both be extreme) by
 
     Delta = sqrt(4 + 4) = 2 sqrt(2)      (:data:`SENSITIVITY`).
 
+A run whose layout tests more (metric, comparison) pairs releases one calibrated block per pair,
+each of which one holder can move by 2: Delta = 2 sqrt(b) for b released blocks
+(:attr:`HolderDP.num_blocks`, from the layout on both ends; bound into the commitment).
+
 The bound is attained by real holders: a holder of N rows whose group 0 is all predicted
 positive and group 1 all negative has Ybar = 1 and V(0) = 1 / (N - 1), so w~ = 1 once
 N - 1 >= ``max_weight``; its mirror has Ybar = -1.
@@ -113,7 +117,7 @@ from ...fairness_tests.fedevalfair import (
     _report,
     disparity_variance,
 )
-from ...protocol import BLOCK_WIDTH, BLOCKS, RELEASE_WIDTH
+from ...protocol import BLOCK_WIDTH, DEFAULT_LAYOUT, RELEASE_WIDTH, FedEvalFairLayout
 from .flooding import keyed_gaussian
 
 __all__ = [
@@ -137,13 +141,15 @@ HOLDER_DP_LABEL = "fedparity/fedevalfair/holder-dp/v1"
 #: Label of the DP parameters bound into the commitment.
 DP_TERMS_LABEL = b"fedparity/fedevalfair/holder-dp-terms/v1"
 #: Indices (in :data:`~fedparity.mechanisms.protocol.BLOCKS`) of the blocks the DP mode
-#: releases: the calibrated ones (dp, eo).
-DP_BLOCKS: tuple[int, ...] = tuple(i for i, (_, mode) in enumerate(BLOCKS) if mode == "calibrated")
+#: releases in the default layout: the calibrated ones (dp, eo); a run's own:
+#: :attr:`~fedparity.mechanisms.protocol.FedEvalFairLayout.dp_blocks`.
+DP_BLOCKS: tuple[int, ...] = DEFAULT_LAYOUT.dp_blocks
 #: The sums released per DP block, in order (the first three slots of a round-1 block).
 DP_SUMS: tuple[str, ...] = ("sum_weights", "sum_weighted_means", "sum_weighted_squared_means")
 #: One block's squared L2 sensitivity (module docstring).
 BLOCK_SENSITIVITY_SQUARED = 4.0
-#: L2 sensitivity of one holder's contribution to everything released: 2 sqrt(2).
+#: L2 sensitivity of one holder's contribution to everything released in the default layout
+#: (two calibrated blocks): 2 sqrt(2).
 SENSITIVITY = math.sqrt(BLOCK_SENSITIVITY_SQUARED * len(DP_BLOCKS))
 #: The noisy sums are rounded to the power-of-two grid at sigma / 2^GRID_BITS (post-processing).
 GRID_BITS = 10
@@ -181,11 +187,15 @@ class HolderDP:
     max_weight : float
         The cap on the calibrated weight 1 / V (a floor v_min = 1 / max_weight on the
         variance); every weight is divided by it, so each is in [0, 1].
+    num_blocks : int
+        The calibrated blocks released (one per metric and comparison of the run's layout;
+        2 for dp and eo): the sensitivity is 2 sqrt(num_blocks).
     """
 
     epsilon: float
     delta: float
     max_weight: float = 100.0
+    num_blocks: int = len(DP_BLOCKS)
 
     def __post_init__(self) -> None:
         for name in ("epsilon", "delta", "max_weight"):
@@ -199,6 +209,19 @@ class HolderDP:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
         if not (math.isfinite(self.max_weight) and self.max_weight > 0):
             raise ValueError(f"max_weight must be a finite number > 0, got {self.max_weight!r}")
+        if (
+            isinstance(self.num_blocks, bool)
+            or not isinstance(self.num_blocks, int)
+            or self.num_blocks < 1
+        ):
+            raise ValueError(f"num_blocks must be an integer >= 1, got {self.num_blocks!r}")
+
+    @classmethod
+    def for_layout(
+        cls, epsilon: float, delta: float, max_weight: float, layout: FedEvalFairLayout
+    ) -> HolderDP:
+        """The parameters for a run of ``layout`` (its calibrated blocks are released)."""
+        return cls(epsilon, delta, max_weight, len(layout.dp_blocks))
 
     @property
     def min_variance(self) -> float:
@@ -207,19 +230,23 @@ class HolderDP:
 
     @property
     def sensitivity(self) -> float:
-        """L2 sensitivity of one holder's contribution (:data:`SENSITIVITY`)."""
-        return SENSITIVITY
+        """L2 sensitivity of one holder's contribution: 2 sqrt(num_blocks)
+        (:data:`SENSITIVITY` for the default two)."""
+        return math.sqrt(BLOCK_SENSITIVITY_SQUARED * self.num_blocks)
 
     @property
     def noise_std(self) -> float:
         """sigma of the Gaussian noise on every released sum (:func:`noise_std`)."""
-        return noise_std(self.epsilon, self.delta, SENSITIVITY)
+        return noise_std(self.epsilon, self.delta, self.sensitivity)
 
     def terms(self) -> bytes:
         """The parameters as bytes, bound into the commitment every round-2 holder signs, so
         that holders given different parameters (a split view) sign different commitments and
         no key holder releases."""
-        return DP_TERMS_LABEL + struct.pack(">3d", self.epsilon, self.delta, self.max_weight)
+        terms = DP_TERMS_LABEL + struct.pack(">3d", self.epsilon, self.delta, self.max_weight)
+        return terms + (
+            b"" if self.num_blocks == len(DP_BLOCKS) else struct.pack(">q", self.num_blocks)
+        )
 
     def to_dict(self) -> dict[str, float | str]:
         """JSON-ready, for the outcome and the report."""
@@ -227,7 +254,8 @@ class HolderDP:
             "epsilon": self.epsilon,
             "delta": self.delta,
             "max_weight": self.max_weight,
-            "sensitivity": SENSITIVITY,
+            "sensitivity": self.sensitivity,
+            "released_blocks": self.num_blocks,
             "noise_std": self.noise_std,
             "neighbouring": "replace one holder's data (so also one user's)",
             "released_per_block": ", ".join(DP_SUMS),
@@ -279,12 +307,16 @@ def dp_block(
     return block
 
 
-def released_blocks(round2_contributions: np.ndarray) -> np.ndarray:
-    """The exact sums the DP mode releases, (len(DP_BLOCKS), 3), from the round-2 sum's
+def released_blocks(
+    round2_contributions: np.ndarray, layout: FedEvalFairLayout = DEFAULT_LAYOUT
+) -> np.ndarray:
+    """The exact sums the DP mode releases, (len(layout.dp_blocks), 3), from the round-2 sum's
     contribution part (one block of :data:`~fedparity.mechanisms.protocol.BLOCK_WIDTH` per
-    block of :data:`~fedparity.mechanisms.protocol.BLOCKS`)."""
+    block of the layout)."""
     values = np.asarray(round2_contributions, dtype=np.float64)
-    return np.stack([values[i * BLOCK_WIDTH : i * BLOCK_WIDTH + len(DP_SUMS)] for i in DP_BLOCKS])
+    return np.stack(
+        [values[i * BLOCK_WIDTH : i * BLOCK_WIDTH + len(DP_SUMS)] for i in layout.dp_blocks]
+    )
 
 
 def add_noise(values: np.ndarray, *, std: float, key: bytes, message: bytes) -> np.ndarray:
@@ -306,6 +338,7 @@ def dp_release(
     dp: HolderDP,
     key: bytes,
     message: bytes,
+    layout: FedEvalFairLayout = DEFAULT_LAYOUT,
 ) -> np.ndarray:
     """The release of the DP mode, laid out as the plain release (per block
     ``[stage 1, the contribution's sums, random-effects summary]``): per DP block
@@ -314,11 +347,16 @@ def dp_release(
     slot; every other block NaN (not released). The group counts of the pooled disparity and
     the random-effects summary are not released in this mode (their sensitivity is not in
     :data:`SENSITIVITY`)."""
+    if dp.num_blocks != len(layout.dp_blocks):
+        raise ValueError(
+            f"dp.num_blocks ({dp.num_blocks}) must be the layout's calibrated blocks "
+            f"({len(layout.dp_blocks)}): the noise is calibrated to what is released"
+        )
     noisy = add_noise(
-        released_blocks(round2_contributions), std=dp.noise_std, key=key, message=message
+        released_blocks(round2_contributions, layout), std=dp.noise_std, key=key, message=message
     )
-    release = np.full(len(BLOCKS) * RELEASE_WIDTH, np.nan)
-    for row, index in enumerate(DP_BLOCKS):
+    release = np.full(layout.release_size, np.nan)
+    for row, index in enumerate(layout.dp_blocks):
         start = index * RELEASE_WIDTH
         release[start + 1 : start + 1 + len(DP_SUMS)] = noisy[row]
         release[start + BLOCK_WIDTH] = float(num_holders)  # the contribution's count slot
