@@ -21,6 +21,7 @@ from fedparity.clients.fedevalfair import bootstrap_seed, client_statistics, hol
 from fedparity.clients.identity import IDENTITY_DIR_ENV, identity_key_file
 from fedparity.clients.project.config import RunConfig
 from fedparity.clients.project.task import build_model
+from fedparity.mechanisms import FedEvalFairLayout
 from fedparity.mechanisms.crypto.ckks import (
     SECRET_CONTEXT_ENV,
     KeyPaths,
@@ -104,6 +105,36 @@ def test_python_api_runs_the_encrypted_test(
     # The synthetic task is harder for group 1: equal opportunity is clearly violated.
     assert tests[("eo", "calibrated")]["report"]["reject_fairness"] is True
     assert (tmp_path / "run" / "bootstrap_disparities.png").read_bytes()[:4] == b"\x89PNG"
+    assert_report_matches_results(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_the_run_tests_the_metrics_fef_metrics_names(
+    ckks_keys: KeyPaths, environment: dict[str, str], tmp_path: Path
+) -> None:
+    """``fef-metrics`` reaches every holder (the ClientApp builds its layout from the run
+    config) and the server alike: the outcome holds exactly the named metrics' blocks, each
+    equal to the plaintext harness's test of the same holders."""
+    results = run_simulation_job(
+        {
+            "task": "fedevalfair",
+            "fef-public-context": str(ckks_keys.public),
+            "fef-metrics": "fpr,accuracy,precision",
+            "users-per-node": 1500,
+            "num-server-rounds": 2,
+            "output-dir": str(tmp_path / "run"),
+        },
+        num_supernodes=3,
+        environment=environment,
+    )
+    assert_matches_plaintext(results)
+    outcome = results["fedevalfair"]
+    assert outcome["error"] is None
+    layout = FedEvalFairLayout(("fpr", "accuracy", "precision"))
+    assert [(t["metric"], t["mode"], tuple(t["comparison"])) for t in outcome["tests"]] == [
+        (block.metric, block.mode, block.comparison) for block in layout.blocks
+    ]
+    assert all(t["report"] is not None and t["report"]["k"] == 3 for t in outcome["tests"])
     assert_report_matches_results(tmp_path / "run")
 
 

@@ -1283,6 +1283,7 @@ def _without_new_keys(outcome: dict) -> dict:
     """A FedEvalFair outcome without the report keys issue 28 added."""
     copied = json.loads(json.dumps(outcome))
     for test in copied["tests"]:
+        test.pop("comparison")  # the groups compared (d >= 2 groups), also issue 28
         if test["report"] is not None:
             test["report"].pop("pooled")
             test["report"].pop("random_effects")

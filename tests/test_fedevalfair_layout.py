@@ -1,0 +1,269 @@
+"""FedEvalFair for any rate metric and d >= 2 groups: the run's layout
+(:class:`fedparity.mechanisms.protocol.FedEvalFairLayout`), end to end over real TenSEAL
+ciphertexts with the real handlers and the server's protocol (an in-process grid), and the
+split view on the layout that the commitment stops.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Context, RecordDict
+
+from fedparity.clients import HolderRows, fedevalfair_handlers
+from fedparity.clients.fedevalfair import rows_statistics
+from fedparity.clients.identity import NodeIdentity
+from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.mechanisms.crypto.ckks import HolderDP, KeyPaths, load_public_context
+from fedparity.mechanisms.crypto.ckks.holder_dp import SENSITIVITY
+from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
+from fedparity.mechanisms.fairness_tests.fedevalfair import METRICS, fedevalfair
+from fedparity.mechanisms.protocol import (
+    BLOCKS,
+    DEFAULT_LAYOUT,
+    MAX_VECTOR_SIZE,
+    RELEASE_SIZE,
+    ROUND1_SIZE,
+    ROUND2_SIZE,
+    FedEvalFairLayout,
+)
+from fedparity.strategies.fedevalfair import FedEvalFairProtocol
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+RUN_ID = 11
+NAMES = ("a", "b", "c", "d")
+#: Three groups whose selection rates and precisions differ, so every comparison has its own
+#: disparity (a block read at the wrong place would not match its plaintext test).
+THREE_GROUPS = FedEvalFairLayout(("dp", "precision"), num_groups=3)
+
+
+# --- the layout ---------------------------------------------------------------------------------
+
+
+def test_the_default_layout_is_the_protocol_before_layouts() -> None:
+    assert (
+        [(b.metric, b.mode) for b in DEFAULT_LAYOUT.blocks]
+        == list(BLOCKS)
+        == [
+            ("dp", "calibrated"),
+            ("dp", "paper"),
+            ("eo", "calibrated"),
+            ("eo", "paper"),
+        ]
+    )
+    assert (DEFAULT_LAYOUT.round1_size, DEFAULT_LAYOUT.round2_size) == (53, 1253)
+    assert (ROUND1_SIZE, ROUND2_SIZE, RELEASE_SIZE) == (53, 1253, DEFAULT_LAYOUT.release_size)
+    assert DEFAULT_LAYOUT.terms() == b""  # its commitments are those of the old protocol
+    assert HolderDP(1.0, 1e-8).sensitivity == pytest.approx(SENSITIVITY)
+
+
+def test_blocks_are_metric_then_comparison_then_mode() -> None:
+    layout = FedEvalFairLayout(("fpr", "accuracy"), num_groups=3, reference=1)
+    assert layout.comparisons == ((1, 0), (1, 2))
+    assert [(b.metric, b.comparison, b.mode) for b in layout.blocks] == [
+        (metric, comparison, mode)
+        for metric in ("fpr", "accuracy")
+        for comparison in ((1, 0), (1, 2))
+        for mode in ("calibrated", "paper")
+    ]
+    assert layout.dp_blocks == (0, 2, 4, 6)
+    assert layout.round2_size == 2 * DEFAULT_LAYOUT.round2_size - 1
+    assert "group 1 vs group 2" in layout.blocks[2].label
+    assert "vs" not in DEFAULT_LAYOUT.blocks[0].label  # 0 vs 1: as before
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"metrics": ("dp", "tpr")}, "fef-metrics must name one or more of dp, eo"),
+        ({"metrics": ()}, "fef-metrics must name"),
+        ({"metrics": ("dp", "dp")}, "names a metric twice"),
+        ({"num_groups": 1}, "fef-num-groups"),
+        ({"num_groups": 3, "reference": 3}, r"fef-reference-group must be in \[0, 2\]"),
+        ({"metrics": ("dp", "eo"), "num_groups": 5}, "at most 6 per run"),
+    ],
+)
+def test_a_bad_layout_is_refused_naming_the_key(arguments: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FedEvalFairLayout(**arguments)
+
+
+def test_the_largest_layout_fits_one_ciphertext() -> None:
+    most = FedEvalFairLayout(tuple(METRICS[:6]), num_groups=2)
+    assert most.round2_size <= MAX_VECTOR_SIZE
+    assert FedEvalFairLayout(("dp", "eo", "fpr"), num_groups=3).round2_size <= MAX_VECTOR_SIZE
+
+
+def test_layouts_of_equal_size_have_different_terms() -> None:
+    """The commitment tells apart what the vector sizes cannot."""
+    one, other = FedEvalFairLayout(("dp", "eo")), FedEvalFairLayout(("fpr", "accuracy"))
+    assert one.round2_size == other.round2_size
+    assert one.terms() != other.terms()
+    assert FedEvalFairLayout(("dp",), 3, 0).terms() != FedEvalFairLayout(("dp",), 3, 1).terms()
+
+
+def test_the_dp_mode_noise_covers_every_released_block() -> None:
+    """Each calibrated block can move by 2 in L2 when one holder is replaced, so b blocks by
+    2 sqrt(b); the analytic Gaussian's sigma grows with the sensitivity."""
+    layout = FedEvalFairLayout(("dp", "eo", "fpr"), num_groups=2)
+    dp = HolderDP.for_layout(1.0, 1e-8, 100.0, layout)
+    assert dp.num_blocks == 3
+    assert dp.sensitivity == pytest.approx(2 * math.sqrt(3))
+    assert dp.noise_std == pytest.approx(HolderDP(1.0, 1e-8).noise_std * math.sqrt(3 / 2), 1e-6)
+    assert dp.terms() != HolderDP(1.0, 1e-8).terms()
+
+
+# --- end to end over real ciphertexts -----------------------------------------------------------
+
+
+def holder_rows(node_id: int, num_groups: int = 3) -> HolderRows:
+    """Holder ``node_id``'s 900 rows over 3 groups (or the first ``num_groups``): selection
+    rates 0.30, 0.36, 0.60 and labels that depend on the prediction differently per group (so
+    the precisions differ too)."""
+    rng = np.random.default_rng(500 + node_id)
+    groups = np.arange(900) % num_groups
+    predictions = (rng.random(900) < np.array([0.30, 0.36, 0.60])[groups]).astype(int)
+    precision = np.array([0.7, 0.6, 0.45])[groups]
+    labels = np.where(predictions == 1, rng.random(900) < precision, rng.random(900) < 0.2)
+    return HolderRows(labels=labels.astype(int), predictions=predictions, groups=groups)
+
+
+def bootstrap_rng(context: Context) -> np.random.Generator:
+    return np.random.default_rng(context.node_id)
+
+
+class Holders:
+    """Nodes 1..4 as holders a..d with their real handlers, each with its own layout."""
+
+    def __init__(self, keys: KeyPaths, layouts: dict[str, FedEvalFairLayout], ledgers: Path):
+        identities = {name: IdentityKey.generate() for name in NAMES}
+        roster = Roster.from_keys(identities)
+        self.handlers = {
+            name: fedevalfair_handlers(
+                lambda arrays, context, d=layouts[name].num_groups: holder_rows(context.node_id, d),
+                secret_context=keys.secret,
+                num_resamples=40,
+                bootstrap_rng=bootstrap_rng,
+                policy=NodePrivacyPolicy(),
+                identity=lambda context, name=name: NodeIdentity(identities[name], roster),
+                layout=layouts[name],
+            )
+            for name in NAMES
+        }
+        self.contexts = {
+            name: Context(
+                run_id=RUN_ID,
+                node_id=index + 1,
+                node_config={"ledger-dir": str(ledgers / name)},
+                state=RecordDict(),
+                run_config={},
+            )
+            for index, name in enumerate(NAMES)
+        }
+
+
+class Grid:
+    """A Flower grid whose nodes are the :class:`Holders` in this process (a refusal becomes
+    an error reply, as Flower sends it)."""
+
+    def __init__(self, holders: Holders) -> None:
+        from types import SimpleNamespace
+
+        self.holders = holders
+        self.run = SimpleNamespace(run_id=RUN_ID)
+        self.replies: dict[str, object] = {}
+        self.count = 0
+
+    def push_messages(self, messages: list) -> list[str]:
+        from flwr.app import Error, Message
+
+        ids = []
+        for message in messages:
+            message_id = str(self.count)
+            self.count += 1
+            message.metadata.__dict__["_message_id"] = message_id
+            name = NAMES[int(message.metadata.dst_node_id) - 1]
+            action = message.metadata.message_type.removeprefix("query.")
+            try:
+                reply = self.holders.handlers[name][action](message, self.holders.contexts[name])
+            except Exception as refusal:  # noqa: BLE001 - Flower sends any error back
+                reply = Message(Error(code=0, reason=str(refusal)), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+            self.replies[message_id] = reply
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: set[str]) -> list:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def run(  # noqa: ANN201
+    keys: KeyPaths, server: FedEvalFairLayout, holders: dict[str, FedEvalFairLayout], tmp: Path
+):
+    """The server's protocol with ``server``'s layout over holders with their own layouts."""
+    protocol = FedEvalFairProtocol(load_public_context(keys.public), timeout=5.0, layout=server)
+    return protocol.start(Grid(Holders(keys, holders, tmp)), ArrayRecord(), [1, 2, 3, 4])  # type: ignore[arg-type]
+
+
+def test_three_groups_and_two_metrics_match_the_plaintext_test(
+    ckks_keys: KeyPaths, tmp_path: Path
+) -> None:
+    """Every (metric, comparison, mode) block of the encrypted run equals FedEvalFair computed
+    in plaintext from the holders' own statistics (same seeds). The released sums carry the
+    key holders' flooding noise (relative size about 1e-5 on a sum in CI, module
+    ``fedparity.mechanisms.crypto.ckks.flooding``): estimates agree to 1e-4, p-values to
+    1e-3, far below the differences between the blocks (dp 0 vs 1 is about -0.06, 0 vs 2
+    about -0.30)."""
+    outcome = run(ckks_keys, THREE_GROUPS, dict.fromkeys(NAMES, THREE_GROUPS), tmp_path)
+    assert outcome.error is None and not outcome.rejected, outcome.summary()
+    assert len(outcome.blocks) == len(THREE_GROUPS.blocks) == 8
+    statistics = [
+        rows_statistics(
+            *(lambda r: (r.labels, r.predictions, r.groups))(holder_rows(node)),
+            num_resamples=40,
+            rng=np.random.default_rng(node),
+            min_cell_count=5,
+            layout=THREE_GROUPS,
+        )
+        for node in (1, 2, 3, 4)
+    ]
+    estimates = {}
+    for index, block in enumerate(THREE_GROUPS.blocks):
+        result = outcome.block(block.metric, block.mode, block.comparison)
+        assert result.report is not None, result.summary()
+        plain = fedevalfair([s.summaries[index] for s in statistics], mode=block.mode)
+        assert result.report.estimate == pytest.approx(plain.estimate, abs=1e-4)
+        assert result.report.homogeneity.pvalue == pytest.approx(plain.homogeneity.pvalue, abs=1e-3)
+        assert result.report.common_disparity.pvalue == pytest.approx(
+            plain.common_disparity.pvalue, abs=1e-3
+        )
+        if block.mode == "calibrated":  # signed (the paper mode's disparities are |.|)
+            estimates[(block.metric, block.comparison)] = result.report.estimate
+    assert estimates[("dp", (0, 2))] < estimates[("dp", (0, 1))] - 0.15
+    assert estimates[("precision", (0, 2))] > estimates[("precision", (0, 1))] + 0.05
+    assert "group 0 vs group 2" in outcome.summary()
+
+
+def test_a_split_view_on_the_layout_is_stopped_at_the_commitment(
+    ckks_keys: KeyPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server tells holder d to test other metrics with vectors of the same size: the
+    sums still add up, so without the layout in the commitment a key holder would release
+    a mixture whose blocks mean different things at different holders (shown first, with the
+    binding switched off); with it, d's commitment does not verify and nothing is
+    released."""
+    same = FedEvalFairLayout(("dp", "eo"))
+    other = FedEvalFairLayout(("fpr", "accuracy"))
+    assert same.round2_size == other.round2_size
+    split = {**dict.fromkeys(NAMES[:3], same), "d": other}
+    with monkeypatch.context() as patch:
+        patch.setattr(FedEvalFairLayout, "terms", lambda self: b"")
+        unbound = run(ckks_keys, same, split, tmp_path / "unbound")
+    assert unbound.error is None and len(unbound.released) == same.release_size
+    bound = run(ckks_keys, same, split, tmp_path / "bound")
+    assert bound.error is not None and "did not commit" in bound.error, bound.error
+    assert not bound.released
