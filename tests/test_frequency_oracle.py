@@ -162,6 +162,26 @@ def subsets(reports: np.ndarray) -> list[tuple[int, ...]]:
     return [tuple(int(j) for j in np.flatnonzero(row)) for row in reports]
 
 
+def sampler_stream(oracle: FrequencyOracle, user_words: list[int]) -> list[int]:
+    """The words a scripted generator must hand out for the users' 64-bit words to be
+    ``user_words``: with the lookup table, the users' top 16 bits packed four to a word (in the
+    order of the words' 16-bit pieces in memory), then, for each user whose bucket straddles
+    two shapes (the table's sentinel), a word whose top 48 bits are that user's low 48 bits;
+    without it (the division for every word), the words themselves."""
+    module = frequency_oracle_module
+    layout = module._layout(oracle.threshold, *oracle._shape_counts())
+    if layout.shapes_in + layout.shapes_out > module.MAX_LOOKUP_SHAPES:
+        return list(user_words)
+    table = module._shape_lookup(layout)
+    tops = [word >> 48 for word in user_words]
+    pieces = np.zeros(-(-len(tops) // 4) * 4, dtype=np.uint16)
+    pieces[: len(tops)] = tops
+    stream = [int(word) for word in pieces.view(np.uint64)]
+    low = (1 << 48) - 1
+    stream += [(word & low) << 16 for word in user_words if table[word >> 48] == table[-1]]
+    return stream
+
+
 @pytest.fixture(params=["lookup", "divide"])
 def mapping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a word becomes a report shape: the table of the word's top bits (with the
@@ -208,6 +228,88 @@ def test_the_lookup_table_gives_the_shape_the_division_gives(epsilon: float, k: 
                 assert not leftover[direct].any(), oracle
 
 
+@pytest.mark.parametrize("epsilon", [0.01, 1.0, 8.0, 20.0, 50.0])
+@pytest.mark.parametrize("k", [2, 3, 5, 8])
+def test_a_bucket_from_a_16_bit_piece_and_48_fresh_bits_realise_the_accounted_shapes(
+    epsilon: float, k: int
+) -> None:
+    # The lookup path gives a user the top 16 bits of its word (its bucket) from a 16-bit
+    # piece of a shared word, and reads 48 fresh bits only when the bucket straddles two
+    # shapes' ranges: the user's word is still uniform on the 2^64 grid. Exact enumeration
+    # over the 2^16 buckets, weighing each 2^48 words, of what the sampler gives (the table's
+    # shape for a bucket inside one range, the ranges' overlap with a straddling bucket, the
+    # left-over words' uniform redraw): every shape's probability is the one the privacy
+    # accounting uses, p / A for a shape holding the user's category, (1 - p) / B for the others.
+    module = frequency_oracle_module
+    bucket = 1 << 48
+    for oracle in all_oracles(epsilon, k):
+        if oracle.name == "oue":
+            continue
+        layout = module._layout(oracle.threshold, *oracle._shape_counts())
+        table = module._shape_lookup(layout)
+        sentinel = int(table[-1])
+        inner, outer, p = layout.shapes_in, layout.shapes_out, oracle.threshold
+        # each shape's range of words, and the left-over ranges (shape None)
+        ranges = [(i * layout.step_in, (i + 1) * layout.step_in, True) for i in range(inner)]
+        ranges += [(inner * layout.step_in, p, True)]
+        ranges += [
+            (p + j * layout.step_out, p + (j + 1) * layout.step_out, False) for j in range(outer)
+        ]
+        ranges += [(p + outer * layout.step_out, TWO_64, False)]
+        straddling = np.flatnonzero(table == sentinel).tolist()
+        left = {inner: 0, inner + 1 + outer: 0}  # left-over words below P, from P on
+        mass: dict[int, int] = {}
+        for index, (low, high, _) in enumerate(ranges):
+            if low >= high:
+                continue
+            # the 48 fresh bits: a straddling bucket's words in this range
+            words = sum(
+                max(0, min(high, (t + 1) * bucket) - max(low, t * bucket)) for t in straddling
+            )
+            if index in left:
+                left[index] = words
+                continue
+            shapes, leftover = module._map_words(np.array([low, high - 1], np.uint64), layout)
+            assert shapes[0] == shapes[1] and (leftover is None or not leftover.any())
+            shape = int(shapes[0])
+            # the table: a bucket it gives this shape lies wholly inside the range
+            inside = np.flatnonzero(table == shape)
+            if inside.size:
+                assert low <= int(inside[0]) * bucket, oracle
+                assert (int(inside[-1]) + 1) * bucket <= high, oracle
+            mass[shape] = words + inside.size * bucket
+        assert sum(mass.values()) + sum(left.values()) == TWO_64, oracle
+        exact_p, _ = oracle._exact_probabilities()
+        for index, (low, high, included) in enumerate(ranges):
+            if index in left:
+                continue
+            # an empty range (a step of 0 words, at a saturated epsilon): the redraw alone
+            shape = int(module._map_words(np.array([low], np.uint64), layout)[0][0])
+            words = mass[shape] if low < high else 0
+            if included:
+                realised = Fraction(words + Fraction(left[inner], inner), TWO_64)
+                assert realised == exact_p / inner, oracle
+            else:
+                realised = Fraction(words + Fraction(left[inner + 1 + outer], outer), TWO_64)
+                assert realised == (1 - exact_p) / outer, oracle
+
+
+def test_four_users_share_a_word_when_their_buckets_lie_inside_one_shape() -> None:
+    # GRR, k = 4, epsilon 1: words in the middle of the kept range and of each other
+    # category's range; eight users take two words, and get what the division gives.
+    oracle = FrequencyOracle("grr", 1.0, 4, 1)
+    p = oracle.threshold
+    step = (TWO_64 - p) // 3
+    middles = [p // 2, *(p + s * step + step // 2 for s in range(3))] * 2
+    stream = sampler_stream(oracle, middles)
+    assert len(stream) == 2
+    rng, used = scripted_generator(stream)
+    reports = oracle.perturb(np.full(8, 1), rng)
+    assert len(used) == 2
+    assert reports[:4].tolist() == reports[4:].tolist()
+    assert reports[0] == 1 and sorted(reports[:4].tolist()) == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("epsilon,k", [(1.0, 5), (0.01, 3), (8.0, 2), (20.0, 8)])
 def test_grr_keeps_a_word_below_its_threshold_and_cuts_the_rest_in_equal_cells(
     epsilon: float, k: int, mapping: str
@@ -220,9 +322,10 @@ def test_grr_keeps_a_word_below_its_threshold_and_cuts_the_rest_in_equal_cells(
     assert oracle.support_probability == p / TWO_64
     step = (TWO_64 - p) // (k - 1)
     words = [0, p - 1] + [p + s * step + end for s in range(k - 1) for end in (0, step - 1)]
-    rng, used = scripted_generator(words)
+    stream = sampler_stream(oracle, words)
+    rng, used = scripted_generator(stream)
     reports = oracle.perturb(np.full(len(words), value), rng)
-    assert len(used) == len(words)  # one word per user, no redraw
+    assert len(used) == len(stream)  # no redraw
     assert reports[:2].tolist() == [value, value]
     cells = reports[2:].reshape(k - 1, 2)
     assert np.all(cells[:, 0] == cells[:, 1])
@@ -240,13 +343,14 @@ def test_a_left_over_word_draws_the_other_category_with_a_bounded_integer(
     p = oracle.threshold
     assert (TWO_64 - p) % (k - 1) != 0, "pick parameters with left-over words"
     follow = [0x0123456789ABCDEF, 0xFEDCBA9876543210]
+    stream = sampler_stream(oracle, [TWO_64 - 1])
     for value in range(k):
-        rng, used = scripted_generator([TWO_64 - 1, *follow])
+        rng, used = scripted_generator([*stream, *follow])
         report = int(oracle.perturb(np.array([value]), rng)[0])
         reference, _ = scripted_generator(follow)
         fresh = int(reference.integers(0, np.array([k - 1]))[0])
         assert report == (value + 1 + fresh) % k != value
-        assert len(used) == 2  # the word, then one for the bounded draw
+        assert len(used) == len(stream) + 1  # the word, then one for the bounded draw
 
 
 @pytest.mark.parametrize("epsilon", [0.3, 4.0])
@@ -262,9 +366,10 @@ def test_subset_selection_cuts_the_words_into_one_cell_per_subset(
     inside, outside = p // math.comb(k - 1, w - 1), (TWO_64 - p) // math.comb(k - 1, w)
     words = [s * inside + end for s in range(4) for end in (0, inside - 1)]
     words += [p + s * outside + end for s in range(6) for end in (0, outside - 1)]
-    rng, used = scripted_generator(words)
+    stream = sampler_stream(oracle, words)
+    rng, used = scripted_generator(stream)
     reports = subsets(oracle.perturb(np.full(len(words), value), rng))
-    assert len(used) == len(words)
+    assert len(used) == len(stream)
     cells = [reports[i] for i in range(0, len(reports), 2)]
     assert reports[::2] == reports[1::2]
     with_value = [s for s in itertools.combinations(range(k), w) if value in s]
@@ -280,10 +385,11 @@ def test_subset_selection_at_a_saturated_epsilon_redraws_the_single_excluded_wor
     # category and fewer words than subsets lie above P; it redraws a subset without it.
     oracle = FrequencyOracle("ss", 50.0, 6, 2)
     assert oracle.threshold == TWO_64 - 1
-    rng, used = scripted_generator([0, TWO_64 - 2, TWO_64 - 1, 0x0123456789ABCDEF])
+    stream = sampler_stream(oracle, [0, TWO_64 - 2, TWO_64 - 1])
+    rng, used = scripted_generator([*stream, 0x0123456789ABCDEF])
     reports = subsets(oracle.perturb(np.array([4, 4, 4]), rng))
     assert 4 in reports[0] and 4 in reports[1] and 4 not in reports[2]
-    assert len(used) == 4
+    assert len(used) == len(stream) + 1
 
 
 def test_oue_sets_a_bit_below_its_threshold_and_the_true_bit_below_half_the_words() -> None:
@@ -552,6 +658,23 @@ def test_floyds_counting_path_counts_omega_categories_per_user(
     values = np.random.default_rng(1).integers(0, 12, 2 * CHUNK + 5)
     counted = oracle.perturb_and_count(values, np.random.default_rng(2))
     assert counted.sum() == oracle.subset_size * values.shape[0]
+
+
+@pytest.mark.parametrize("k,omega,dtype", [(8, 1, np.int16), (12, 2, np.uint8), (20, 5, np.int64)])
+def test_subset_counting_matches_its_reports_across_chunks(
+    k: int, omega: int, dtype: type, mapping: str
+) -> None:
+    # Several counting chunks (straddling buckets in each): the counts of the pairs (value,
+    # shape), kept in int16 where k x shapes fits (k = 8, 12; from uint8 values too, whose
+    # x S would overflow a byte) and in int64 where not (k = 20, omega = 5: 15,505 shapes),
+    # fold to the support counts of perturb's reports.
+    oracle = FrequencyOracle("ss", 1.0, k, omega)
+    size = 3 * frequency_oracle_module.COUNT_CHUNK + 17
+    values = np.random.default_rng(6).integers(0, k, size).astype(dtype)
+    counted = oracle.perturb_and_count(values, np.random.default_rng(7))
+    reports = oracle.perturb(values, np.random.default_rng(7))
+    np.testing.assert_array_equal(counted, oracle.support_counts(reports))
+    assert counted.sum() == omega * size
 
 
 def test_grr_counting_matches_its_reports_across_chunks() -> None:

@@ -50,8 +50,11 @@ omega - 1) cells of floor(P / A) words, one per report that holds the user's cat
 on it is uniform on [P, D), cut into B = C(k - 1, omega) cells of floor((D - P) / B) words, one
 per report that does not (GRR: A = 1, B = k - 1 other categories); with up to 256 shapes a
 table indexed by the word's top 16 bits gives the same map faster, sending the words of the
-buckets that straddle two ranges to the division. The fewer than A (B) words left over at
-the end of a range draw the report afresh with numpy's bounded
+buckets that straddle two ranges to the division. The table needs no more of a user's word
+than those 16 bits, so they are the 16-bit pieces of shared words, four users to a word, and
+a user whose bucket straddles reads the low 48 bits of its word from a fresh word: every
+user's word is still uniform on the 2^64 grid and independent of the others'. The fewer
+than A (B) words left over at the end of a range draw the report afresh with numpy's bounded
 ``rng.integers(0, A)`` (``(0, B)``), so each report has probability exactly P / (A D) or
 (D - P) / (B D). numpy's ``Generator.integers`` (since 1.17; checked in 2.4) always uses
 Lemire's multiply-and-reject method (``numpy/random/_generator.pyx``: ``_masked = False``;
@@ -131,8 +134,9 @@ CHUNK = 1 << 16
 UNARY_WORDS = 1 << 16
 
 #: Users per chunk of the one-word paths (GRR, small-domain subset selection): the arrays of a
-#: chunk stay in the CPU cache. :meth:`FrequencyOracle.perturb` uses the same chunks.
-COUNT_CHUNK = 1 << 15
+#: chunk (with the lookup table, 2^14 words, one byte of shape and two of index per user) stay
+#: in the CPU cache. :meth:`FrequencyOracle.perturb` uses the same chunks.
+COUNT_CHUNK = 1 << 16
 
 #: D = 2^64, the number of values of one uniform 64-bit word: thresholds are integers out of D.
 TWO_64 = 1 << 64
@@ -305,6 +309,9 @@ def _map_words(
 #: Bits of a word's top that index :func:`_shape_lookup`'s table (buckets of 2^48 words).
 LOOKUP_BITS = 16
 _LOOKUP_SHIFT = np.uint64(64 - LOOKUP_BITS)
+_LOW_SHIFT = np.uint64(LOOKUP_BITS)
+#: Users whose buckets one uniform 64-bit word gives (its 16-bit pieces, in memory order).
+_PIECES = 64 // LOOKUP_BITS
 #: The lookup table is used up to this many shapes (then at most 1 bucket in 256 straddles two
 #: shapes' ranges); beyond, every word goes through :func:`_map_words`.
 MAX_LOOKUP_SHAPES = 256
@@ -592,46 +599,57 @@ class FrequencyOracle:
         return math.comb(k - 1, w - 1), math.comb(k - 1, w)
 
     def _draw_shapes(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """Report shapes (rows of :meth:`_shape_table`) of ``count`` users, one word each.
+        """Report shapes (rows of :meth:`_shape_table`) of ``count`` users, one uniform 64-bit
+        word each.
 
         With P = :attr:`threshold`, A and B the shapes that include the user's category and
         that do not: a word below P gives the included shape ``word // floor(P / A)``, a word
         from P on the excluded one ``(word - P) // floor((D - P) / B)``, so every shape takes
         the same number of words (:func:`_map_words`); the fewer than A (B) words left over at
         the end of either range draw the shape afresh with Lemire's exactly uniform bounded
-        ``rng.integers``. Shape probabilities: exactly P / (A D) and (D - P) / (B D). With few
-        shapes, a table indexed by the word's top bits (:func:`_shape_lookup`) gives the same
-        shape as :func:`_map_words` wherever its bucket of words lies inside one shape's range,
-        and sends the words of the other buckets to :func:`_map_words`.
+        ``rng.integers``. Shape probabilities: exactly P / (A D) and (D - P) / (B D).
+
+        With few shapes, a table indexed by the word's top 16 bits, its bucket
+        (:func:`_shape_lookup`), gives the shape of every word of a bucket that lies inside one
+        shape's range, so such a user needs no more than its bucket: the users' buckets are the
+        16-bit pieces of shared uniform words, four users to a word. A user whose bucket
+        straddles two ranges (the table's sentinel, about 1 in 2^16 / (A + B)) gets the low 48
+        bits of its word from a fresh word's top 48 bits, and :func:`_map_words` maps the
+        whole word. Each user's word, its bucket then its low bits, is uniform on the 2^64
+        grid, and independent of the other users' (disjoint bits of the generator's uniform
+        stream; whether the low bits are read depends on the bucket only), so the probabilities
+        are the same exact ones.
 
         Returns ``int64``, or ``uint8`` / ``uint16`` from the table.
         """
         layout = _layout(self.threshold, *self._shape_counts())
-        words = uniform_words(rng, count)
-        small = layout.shapes_in + layout.shapes_out <= MAX_LOOKUP_SHAPES
-        lookup = _shape_lookup(layout) if small else None
+        inner, outer = layout.shapes_in, layout.shapes_out
         shapes: np.ndarray
-        if lookup is None:
+        rows: np.ndarray | None = None  # the users whose words ``words`` are (None: all)
+        if inner + outer > MAX_LOOKUP_SHAPES:
+            words = uniform_words(rng, count)
             mapped, leftover = _map_words(words, layout)
             shapes = mapped.view(np.int64)  # shapes < 2^63
-            rows = np.flatnonzero(leftover) if leftover is not None and leftover.any() else None
         else:
-            shapes = lookup.take((words >> _LOOKUP_SHIFT).view(np.int64))
-            odd = shapes == lookup[-1]  # the top bucket's entry is the sentinel
-            rows = None
-            if odd.any():
-                rows = np.flatnonzero(odd)
-                exact, leftover = _map_words(words[rows], layout)
-                shapes[rows] = exact
-                rows = rows[leftover] if leftover is not None and leftover.any() else None
-        if rows is not None:
-            inner, outer = layout.shapes_in, layout.shapes_out
-            kept = words[rows] < layout.threshold
+            lookup = _shape_lookup(layout)
+            buckets = uniform_words(rng, -(-count // _PIECES)).view(np.uint16)[:count]
+            shapes = lookup.take(buckets)
+            rows = np.flatnonzero(shapes == lookup[-1])  # the sentinel: a straddling bucket
+            if not rows.size:
+                return shapes
+            words = buckets[rows].astype(np.uint64) << _LOOKUP_SHIFT
+            words |= uniform_words(rng, rows.shape[0]) >> _LOW_SHIFT
+            mapped, leftover = _map_words(words, layout)
+            shapes[rows] = mapped
+        if leftover is not None and leftover.any():
+            left = np.flatnonzero(leftover)
+            kept = words[left] < layout.threshold
             # numpy's bounded integers: Lemire's method with rejection, exactly uniform
             # (numpy/random/src/distributions/distributions.c, bounded_lemire_uint64 and
             # buffered_bounded_lemire_uint32; Generator.integers never uses the masked method)
             fresh = rng.integers(0, np.where(kept, inner, outer))
-            shapes[rows] = np.where(kept, 0, (0 if inner == 1 else inner) + 1) + fresh
+            target = left if rows is None else rows[left]
+            shapes[target] = np.where(kept, 0, (0 if inner == 1 else inner) + 1) + fresh
         return shapes
 
     def _shape_table(self) -> np.ndarray:
@@ -739,22 +757,25 @@ class FrequencyOracle:
     def _count_by_shape(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Support counts from one word per user (:meth:`_draw_shapes`), without reports.
 
-        Counts the (user value x, report shape s) pairs in chunks that stay in cache, then
-        folds them: a user in x with shape s supports x + offset (mod k) for each offset of row
-        s of :meth:`_shape_table`.
+        Counts the (user value x, report shape s) pairs, the index x S + s (S shapes) in
+        ``int16`` when k S fits, in chunks that stay in cache, then folds them: a user in x
+        with shape s supports x + offset (mod k) for each offset of row s of
+        :meth:`_shape_table`.
         """
         k = self.domain_size
         table = self._shape_table()
         shapes = table.shape[0]
         pairs = np.zeros(k * shapes, dtype=np.int64)
-        offset = np.empty(min(COUNT_CHUNK, values.shape[0]), dtype=np.int64)
+        # the pair index x * shapes + s in the smallest integer type that holds it
+        dtype = np.int16 if k * shapes <= np.iinfo(np.int16).max else np.int64
+        index = np.empty(min(COUNT_CHUNK, values.shape[0]), dtype=dtype)
         for start in range(0, values.shape[0], COUNT_CHUNK):
             chunk = values[start : start + COUNT_CHUNK]
             drawn = self._draw_shapes(chunk.shape[0], rng)
-            index = offset[: chunk.shape[0]]
-            np.multiply(chunk, shapes, out=index, dtype=np.int64)
-            np.add(index, drawn, out=index)
-            pairs += np.bincount(index, minlength=k * shapes)
+            part = index[: chunk.shape[0]]
+            np.multiply(chunk, shapes, out=part, dtype=dtype, casting="unsafe")  # x < k
+            np.add(part, drawn, out=part, casting="unsafe")
+            pairs += np.bincount(part, minlength=k * shapes)
         relative = pairs.reshape(k, shapes) @ table  # [x, offset]
         counts = np.zeros(k, dtype=np.int64)
         for x in range(k):
