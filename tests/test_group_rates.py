@@ -255,6 +255,39 @@ def test_cells_and_the_undefined_category_are_encoded_per_group() -> None:
     assert rates.by_group["accuracy"][1].value == 1.0
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.int64, np.float64])
+@pytest.mark.parametrize("undefined", [False, True])
+def test_cells_are_encoded_alike_from_every_label_dtype(dtype, undefined: bool) -> None:
+    # 1-byte labels (bool, int8, uint8) take a fast path (one check, viewed as bytes): it
+    # gives the codes g c + cell of the definition, as every other dtype does, leaves the
+    # inputs as they were, and refuses what the shared check refuses.
+    rng = np.random.default_rng(11)
+    groups = rng.integers(0, 3, 1000).astype(np.int16)
+    truth, pred = rng.integers(0, 2, 1000), rng.integers(0, 2, 1000)
+    flag = rng.integers(0, 2, 1000).astype(bool) if undefined else None
+    cells = 5 if undefined else 4
+    expected = groups * cells + (3 - 2 * pred - truth)
+    if flag is not None:
+        expected[flag] = groups[flag] * cells + 4
+    y_true, y_pred = truth.astype(dtype), pred.astype(dtype)
+    codes = encode_cells(groups, y_true, y_pred, 3, undefined=flag)
+    assert codes.dtype == np.int16
+    assert codes.tolist() == expected.tolist()
+    assert y_true.tolist() == truth.astype(dtype).tolist()
+    assert y_pred.tolist() == pred.astype(dtype).tolist()
+
+
+@pytest.mark.parametrize(
+    "bad", [np.array([0, 1, -1], np.int8), np.array([0, 2, 1], np.uint8), np.array([0, 1, 2.0])]
+)
+def test_labels_other_than_0_and_1_are_refused_whatever_their_dtype(bad) -> None:
+    for name, args in (("y_true", (bad, [0, 1, 1])), ("y_pred", ([0, 1, 1], bad))):
+        with pytest.raises(ValueError, match=f"{name} must hold only 0 and 1; found"):
+            encode_cells([0, 1, 0], *args, 2)
+    with pytest.raises(ValueError, match="y_true must be a 1-D array"):
+        encode_cells([0, 1], np.zeros((2, 1), np.int8), [0, 1], 2)
+
+
 def test_intersectional_groups_encode_and_decode_with_labels() -> None:
     groups = IntersectionalGroups.from_categories({"sex": ["F", "M"], "age": [1, 2, 3]})
     assert groups.num_groups == 6
