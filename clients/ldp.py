@@ -269,9 +269,21 @@ def ldp_audit_handler(
             raise TypeError(f"local_users must return LocalUsers, got {type(users).__name__}")
         if users.num_users and (users.groups.min() < 0 or users.groups.max() >= num_groups):
             raise ValueError(f"a user's group is outside [0, {num_groups})")
-        reply = _perturbed_reply(
-            request, mechanism, users, num_groups, limits, ledger_path, context
-        )
+        selected = None
+        if request.sequential_batch is not None:
+            selected, sizes = _sequential_users(request, users, limits, context)
+            if selected is None:  # batch 0: the node's number of users only
+                empty = np.zeros(0, dtype=np.int64)
+                reply = LdpAuditReply(empty, np.zeros(0), sizes)
+            else:
+                reply = _perturbed_reply(
+                    request, mechanism, users, num_groups, limits, ledger_path, context, selected
+                )
+                reply = LdpAuditReply(reply.groups, reply.values, {**reply.counts, **sizes})
+        else:
+            reply = _perturbed_reply(
+                request, mechanism, users, num_groups, limits, ledger_path, context
+            )
         content = RecordDict(
             {
                 REPORTS_KEY: ArrayRecord(
@@ -323,6 +335,52 @@ def _requested_mechanism(request: LdpAuditRequest, num_groups: int) -> GapMechan
     return mechanism
 
 
+#: Node run-state record (prefix; the audit id follows) of the users a sequential audit asked.
+ASKED_STATE_PREFIX = "ldp-sequential-asked/"
+#: What a node with fewer than its policy's min-users-for-counts users answers a sequential
+#: audit (which needs each node's number of users; a fixed sentence).
+SEQUENTIAL_TOO_FEW_USERS = (
+    "ldp_audit: a sequential audit tells the server this node's number of users, and this "
+    "node has fewer than its policy's min-users-for-counts; refusing"
+)
+
+
+def _sequential_users(
+    request: LdpAuditRequest,
+    users: LocalUsers,
+    limits: NodePrivacyPolicy,
+    context: Context,
+) -> tuple[NDArray[np.bool_] | None, dict[str, int | float]]:
+    """A sequential audit's batch on this node: (which users to ask now, the sizes to send).
+
+    The node draws ``request.sequential_batch`` of its users not asked before in this audit
+    (``audit-id``), uniformly at random with its own secure generator (the server names a
+    number, never a user), and records them in its run state before anything is computed: a
+    user is asked at most once per audit, whatever the server sends. Batch 0 asks nobody (the
+    server's first message: how many users the node has, sent only by a node with at least
+    its ``min-users-for-counts`` users)."""
+    if users.num_users < limits.min_users_for_counts:
+        raise NodeRefusal(SEQUENTIAL_TOO_FEW_USERS)
+    ids = users.user_ids if users.user_ids is not None else np.arange(users.num_users)
+    key = ASKED_STATE_PREFIX + request.audit_id
+    record = context.state.array_records.get(key)
+    asked = np.zeros(0, dtype=np.int64) if record is None else record["asked"].numpy()
+    unasked = ids[~np.isin(ids, asked)]
+    wanted = int(request.sequential_batch or 0)
+    if wanted == 0:
+        return None, {"num-users": users.num_users, "num-unasked": int(unasked.size)}
+    chosen = secure_generator().choice(unasked, size=min(wanted, unasked.size), replace=False)
+    context.state.array_records[key] = ArrayRecord(
+        {"asked": Array(np.concatenate([asked, chosen]).astype(np.int64))}
+    )
+    sizes: dict[str, int | float] = {
+        "num-users": users.num_users,
+        "num-unasked": int(unasked.size - chosen.size),
+        "num-asked": int(chosen.size),
+    }
+    return np.isin(ids, chosen), sizes
+
+
 def _perturbed_reply(
     request: LdpAuditRequest,
     mechanism: GapMechanismType,
@@ -331,9 +389,11 @@ def _perturbed_reply(
     limits: NodePrivacyPolicy,
     ledger_path: LedgerPathFn,
     context: Context,
+    selected: NDArray[np.bool_] | None = None,
 ) -> LdpAuditReply:
     """Charge the answering users' ledger (saved before anything is released), perturb their
-    pairs with a generator keyed by the OS, and count."""
+    pairs with a generator keyed by the OS, and count. ``selected``: only these users are
+    asked (a sequential audit's batch); the others are neither charged nor reported."""
     metric, undefined_category = request.metric, request.undefined_category
     defined = np.isfinite(users.metrics)
     rng = secure_generator()  # AES-CTR keyed by the OS: never a server-known seed
@@ -361,9 +421,17 @@ def _perturbed_reply(
             mechanism, job="ldp_audit", label=f"audit of {metric}"
         )
         answering, totals = charge_users(
-            context, ledger_path(context), limits, release, users.num_users, users.user_ids
+            context,
+            ledger_path(context),
+            limits,
+            release,
+            users.num_users,
+            users.user_ids,
+            selected=selected,
         )
-        refused = int((~answering).sum())
+        refused = (
+            int((~answering).sum()) if selected is None else int((selected & ~answering).sum())
+        )
         # an undefined metric is the undefined category with the value 0 (m = 1/2)
         user_groups = np.where(defined, users.groups, num_groups)
         user_values = np.where(defined, metric_to_value(np.nan_to_num(metrics)), 0.0)
@@ -388,9 +456,12 @@ def charge_users(
     release: Release,
     num_users: int,
     user_ids: NDArray[np.int64] | None,
+    *,
+    selected: NDArray[np.bool_] | None = None,
 ) -> tuple[NDArray[np.bool_], dict[str, float]]:
     """Charge ``release`` to the users who can afford it in the node's ledger at ``path`` and
     save it (atomically) before anything is released; (who answers, the ledger's totals).
+    ``selected``: only these users are asked (the others are not charged and do not answer).
 
     Users by id leave the ledger's other users (e.g. of another split) untouched; without ids
     the ledger holds exactly these users, by position. Refused without a persistent ledger
@@ -412,11 +483,13 @@ def charge_users(
         )
     try:
         ledger = open_node_ledger(context, path, limits, num_users, user_ids=user_ids)
-        if user_ids is None:  # by position: every user reports, or refuses
-            answering = ledger.can_afford(release)
+        asked = np.ones(num_users, dtype=bool) if selected is None else np.asarray(selected)
+        if user_ids is None:  # by position: every asked user reports, or refuses
+            answering = ledger.can_afford(release) & asked
             ledger.charge(release, answering)
         else:
-            answering = ledger.can_afford(release, user_ids=user_ids)
+            answering = np.zeros(num_users, dtype=bool)
+            answering[asked] = ledger.can_afford(release, user_ids=user_ids[asked])
             ledger.charge(release, user_ids=user_ids[answering])
         save_node_ledger(context, path, ledger)
     except LedgerFileError as error:

@@ -78,6 +78,7 @@ from .ldp.reports import PerturbedReports as PerturbedReports
 from .ldp.reports import ReportMoments as ReportMoments
 from .ldp.reports import ReportSummary as ReportSummary
 from .ldp.sequential import SequentialGapResult as SequentialGapResult
+from .ldp.sequential import allocate_batch as allocate_batch
 from .ldp.sequential import fixed_audit_size as fixed_audit_size
 from .ldp.sequential import sequential_gap_audit as sequential_gap_audit
 from .ldp.streaming import summarize_stream as summarize_stream

@@ -1,7 +1,9 @@
 """Server side of fedparity's protocols, in the shape of ``flwr.serverapp.strategy``: objects
 with explicit keyword arguments and a ``start(grid, ...)`` method that returns a result.
 
-* :class:`LdpGapAudit` -- the LDP gap audit (returns an ``AuditOutcome``);
+* :class:`LdpGapAudit` -- the LDP gap audit (returns an ``AuditOutcome``), and
+  :class:`SequentialLdpAudit` -- the sequential one (fresh users in batches until the question
+  is answered; ``SequentialAuditOutcome``);
 * :class:`FedEvalFairProtocol` -- the encrypted FedEvalFair test (``FedEvalFairOutcome``);
 * :class:`FPFLProtocol` -- one FPFL training round as a masked secure sum, over the run's
   :class:`FPFLRunParameters` (agreed with every node at setup), and :class:`FPFLTraining` --

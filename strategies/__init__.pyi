@@ -23,3 +23,5 @@ from .release_series import SeriesObserver as SeriesObserver
 from .release_series import SeriesResult as SeriesResult
 from .release_series import StopAfterFailures as StopAfterFailures
 from .robust_fedavg import RobustFedAvg as RobustFedAvg
+from .sequential_audit import SequentialAuditOutcome as SequentialAuditOutcome
+from .sequential_audit import SequentialLdpAudit as SequentialLdpAudit

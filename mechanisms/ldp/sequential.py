@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 
 from ..validation import (
+    check_generator,
     check_group_fractions,
     check_groups_array,
     check_int_at_least,
@@ -94,6 +95,7 @@ from .reports import PerturbedReports
 
 __all__ = [
     "STOP_REASONS",
+    "allocate_batch",
     "SequentialBatch",
     "SequentialGapAudit",
     "SequentialGapResult",
@@ -103,8 +105,17 @@ __all__ = [
 ]
 
 #: Why a sequential audit stopped: the gap's interval excludes 0, every pairwise interval is
-#: narrower than the target, the cap on users was reached.
-STOP_REASONS = ("the groups differ", "target width reached", "user cap reached")
+#: narrower than the target, the cap on users was reached; and in a federated audit
+#: (:class:`fedparity.strategies.SequentialLdpAudit`), a batch that did not come back whole
+#: (its reports are left out: the intervals stand at the batch before) or a population with
+#: too few users left to ask the next batch.
+STOP_REASONS = (
+    "the groups differ",
+    "target width reached",
+    "user cap reached",
+    "a batch came back incomplete",
+    "too few users left to ask",
+)
 
 #: The default strength c of the beta mixture's prior in :func:`beta_mixture_interval`.
 PRIOR_STRENGTH = 1.0
@@ -395,6 +406,22 @@ class SequentialGapAudit:
         estimate = float("nan") if any(math.isnan(g) for g in gaps) else float(max(gaps))
         return estimate, interval, differences
 
+    def stop_reason(self, *, target_width: float, max_users: int) -> str | None:
+        """Why the audit stops after its latest batch (one of :data:`STOP_REASONS`), or None
+        to ask the next batch: the largest gap's interval excludes 0, every pairwise
+        interval is narrower than ``target_width``, or ``max_users`` users were asked."""
+        if not self.batches:
+            return None
+        state = self.batches[-1]
+        _, _, differences = self._gap(state.group_intervals)
+        if state.interval.low > 0:
+            return STOP_REASONS[0]
+        if max(ci.width for ci in differences) < target_width:
+            return STOP_REASONS[1]
+        if self.users >= max_users:
+            return STOP_REASONS[2]
+        return None
+
     def result(self, stopped_because: str) -> SequentialGapResult:
         """The outcome so far, stopped for ``stopped_because``."""
         if stopped_because not in STOP_REASONS:
@@ -418,6 +445,27 @@ class SequentialGapAudit:
             epsilon=self.mechanism.epsilon,
             confidence=self.confidence,
         )
+
+
+def allocate_batch(
+    size: int, population_sizes: Sequence[int], rng: np.random.Generator
+) -> np.ndarray:
+    """How many of a batch's ``size`` users to ask at each node: a multinomial draw with the
+    nodes' shares ``population_sizes / sum``, so that each asked user is at node k with
+    probability N_k / N independently of everything else. With each node's users independent
+    draws from its own distribution, every asked user is then an independent draw from the
+    mixture of the nodes' distributions -- the population they hold -- and the confidence
+    sequence's argument (module docstring, step 2) holds for the population's means, however
+    different the nodes are. (A fixed split, e.g. equal numbers per node, would target another
+    mixture.)"""
+    size = check_int_at_least("size", size, 0)
+    sizes = np.asarray(population_sizes, dtype=np.float64)
+    if sizes.ndim != 1 or sizes.size == 0 or not np.all(sizes >= 0) or not sizes.sum() > 0:
+        raise ValueError(
+            "population_sizes must be a non-empty sequence of user counts >= 0, not all 0"
+        )
+    check_generator("rng", rng)
+    return rng.multinomial(size, sizes / sizes.sum())
 
 
 def sequential_gap_audit(
@@ -466,14 +514,10 @@ def sequential_gap_audit(
                 f"next_batch({asked}) must return PerturbedReports with {asked} reports, one "
                 "per asked user"
             )
-        state = audit.update(reports)
-        _, _, differences = audit._gap(state.group_intervals)
-        if state.interval.low > 0:
-            return audit.result(STOP_REASONS[0])
-        if max(ci.width for ci in differences) < target_width:
-            return audit.result(STOP_REASONS[1])
-        if audit.users >= max_users:
-            return audit.result(STOP_REASONS[2])
+        audit.update(reports)
+        reason = audit.stop_reason(target_width=target_width, max_users=max_users)
+        if reason is not None:
+            return audit.result(reason)
 
 
 def fixed_audit_size(

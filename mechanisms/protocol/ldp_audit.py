@@ -106,6 +106,10 @@ class LdpAuditRequest:
         The mechanism's last category is "metric undefined" (absent: false).
     grid_size : int
         M_N's grid G, in [1, 1023] (sent as ``grid-size`` for M_N only; 1 for the others).
+    sequential_batch : int or None
+        A sequential audit (:class:`~fedparity.strategies.SequentialLdpAudit`, M_N only, with
+        an ``audit_id``): how many of its users never asked in this audit the node asks now
+        (0: only its number of users); None (absent): an ordinary audit of every user.
     """
 
     mechanism: Literal["R", "L", "P", "N"]
@@ -117,6 +121,7 @@ class LdpAuditRequest:
     audit_id: str = ""
     undefined_category: bool = False
     grid_size: int = 1
+    sequential_batch: int | None = None
 
     def to_fields(self) -> dict[str, int | float | str | bool]:
         """The ``ConfigRecord`` values, in the wire's order."""
@@ -132,6 +137,8 @@ class LdpAuditRequest:
         }
         if self.mechanism == "N":
             fields["grid-size"] = int(self.grid_size)
+        if self.sequential_batch is not None:
+            fields["sequential-batch"] = int(self.sequential_batch)
         return fields
 
     @classmethod
@@ -160,6 +167,16 @@ class LdpAuditRequest:
         audit_id = record.get("audit-id", "")
         if not isinstance(audit_id, str):
             raise MessageError("message field 'audit-id' must be a string")
+        sequential_batch = None
+        if "sequential-batch" in record:
+            sequential_batch = _int(record, "sequential-batch")
+            if sequential_batch < 0:
+                raise MessageError("message field 'sequential-batch' must be >= 0")
+            if mechanism != "N" or not audit_id:
+                raise MessageError(
+                    "message field 'sequential-batch' applies only to mechanism N with an "
+                    "audit-id (the sequential audit's session)"
+                )
         return cls(
             mechanism=mechanism,
             epsilon_group=epsilon_group,
@@ -170,6 +187,7 @@ class LdpAuditRequest:
             audit_id=audit_id,
             undefined_category=undefined_category,
             grid_size=grid_size,
+            sequential_batch=sequential_batch,
         )
 
 
