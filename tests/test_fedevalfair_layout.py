@@ -31,6 +31,7 @@ from fedparity.mechanisms.protocol import (
     FedEvalFairLayout,
 )
 from fedparity.strategies.fedevalfair import FedEvalFairProtocol
+from tests.support.handler_grid import HandlerGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -136,69 +137,35 @@ def bootstrap_rng(context: Context) -> np.random.Generator:
     return np.random.default_rng(context.node_id)
 
 
-class Holders:
+def holder_grid(
+    keys: KeyPaths, layouts: dict[str, FedEvalFairLayout], ledgers: Path
+) -> HandlerGrid:
     """Nodes 1..4 as holders a..d with their real handlers, each with its own layout."""
-
-    def __init__(self, keys: KeyPaths, layouts: dict[str, FedEvalFairLayout], ledgers: Path):
-        identities = {name: IdentityKey.generate() for name in NAMES}
-        roster = Roster.from_keys(identities)
-        self.handlers = {
-            name: fedevalfair_handlers(
-                lambda arrays, context, d=layouts[name].num_groups: holder_rows(context.node_id, d),
-                secret_context=keys.secret,
-                num_resamples=40,
-                bootstrap_rng=bootstrap_rng,
-                policy=NodePrivacyPolicy(),
-                identity=lambda context, name=name: NodeIdentity(identities[name], roster),
-                layout=layouts[name],
-            )
-            for name in NAMES
-        }
-        self.contexts = {
-            name: Context(
-                run_id=RUN_ID,
-                node_id=index + 1,
-                node_config={"ledger-dir": str(ledgers / name)},
-                state=RecordDict(),
-                run_config={},
-            )
-            for index, name in enumerate(NAMES)
-        }
-
-
-class Grid:
-    """A Flower grid whose nodes are the :class:`Holders` in this process (a refusal becomes
-    an error reply, as Flower sends it)."""
-
-    def __init__(self, holders: Holders) -> None:
-        from types import SimpleNamespace
-
-        self.holders = holders
-        self.run = SimpleNamespace(run_id=RUN_ID)
-        self.replies: dict[str, object] = {}
-        self.count = 0
-
-    def push_messages(self, messages: list) -> list[str]:
-        from flwr.app import Error, Message
-
-        ids = []
-        for message in messages:
-            message_id = str(self.count)
-            self.count += 1
-            message.metadata.__dict__["_message_id"] = message_id
-            name = NAMES[int(message.metadata.dst_node_id) - 1]
-            action = message.metadata.message_type.removeprefix("query.")
-            try:
-                reply = self.holders.handlers[name][action](message, self.holders.contexts[name])
-            except Exception as refusal:  # noqa: BLE001 - Flower sends any error back
-                reply = Message(Error(code=0, reason=str(refusal)), reply_to=message)
-            reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
-            self.replies[message_id] = reply
-            ids.append(message_id)
-        return ids
-
-    def pull_messages(self, message_ids: set[str]) -> list:
-        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+    identities = {name: IdentityKey.generate() for name in NAMES}
+    roster = Roster.from_keys(identities)
+    handlers = {
+        index + 1: fedevalfair_handlers(
+            lambda arrays, context, d=layouts[name].num_groups: holder_rows(context.node_id, d),
+            secret_context=keys.secret,
+            num_resamples=40,
+            bootstrap_rng=bootstrap_rng,
+            policy=NodePrivacyPolicy(),
+            identity=lambda context, name=name: NodeIdentity(identities[name], roster),
+            layout=layouts[name],
+        )
+        for index, name in enumerate(NAMES)
+    }
+    contexts = {
+        index + 1: Context(
+            run_id=RUN_ID,
+            node_id=index + 1,
+            node_config={"ledger-dir": str(ledgers / name)},
+            state=RecordDict(),
+            run_config={},
+        )
+        for index, name in enumerate(NAMES)
+    }
+    return HandlerGrid(lambda node, action: handlers[node][action], contexts, run_id=RUN_ID)
 
 
 def run(  # noqa: ANN201
@@ -206,7 +173,8 @@ def run(  # noqa: ANN201
 ):
     """The server's protocol with ``server``'s layout over holders with their own layouts."""
     protocol = FedEvalFairProtocol(load_public_context(keys.public), timeout=5.0, layout=server)
-    return protocol.start(Grid(Holders(keys, holders, tmp)), ArrayRecord(), [1, 2, 3, 4])  # type: ignore[arg-type]
+    grid = holder_grid(keys, holders, tmp)
+    return protocol.start(grid, ArrayRecord(), [1, 2, 3, 4])  # type: ignore[arg-type]
 
 
 def test_three_groups_and_two_metrics_match_the_plaintext_test(
