@@ -24,16 +24,18 @@ from typing import Any
 from ..strategies.fedevalfair import FedEvalFairOutcome
 from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.rate_report import RateReportOutcome
+from ..strategies.sequential_audit import SequentialAuditOutcome
 from .html_report import Finding, Report, Section, Table, write_report
 from .report import holder_dp_line, write_json
 
 __all__ = ["Outcome", "OutcomeReportFiles", "write_outcome_report"]
 
 #: What :func:`write_outcome_report` renders.
-Outcome = AuditOutcome | RateReportOutcome | FedEvalFairOutcome
+Outcome = AuditOutcome | RateReportOutcome | FedEvalFairOutcome | SequentialAuditOutcome
 
 _TYPES: tuple[tuple[type, str], ...] = (
     (AuditOutcome, "ldp-audit"),
+    (SequentialAuditOutcome, "sequential-audit"),
     (RateReportOutcome, "rate-report"),
     (FedEvalFairOutcome, "fedevalfair"),
 )
@@ -52,8 +54,9 @@ def _type(outcome: object) -> str:
         if isinstance(outcome, cls):
             return name
     raise TypeError(
-        "outcomes must be AuditOutcome, RateReportOutcome or FedEvalFairOutcome objects "
-        f"(what LdpGapAudit, RateReportAudit and FedEvalFairProtocol return), got "
+        "outcomes must be AuditOutcome, SequentialAuditOutcome, RateReportOutcome or "
+        "FedEvalFairOutcome objects (what LdpGapAudit, SequentialLdpAudit, RateReportAudit and "
+        f"FedEvalFairProtocol return), got "
         f"{type(outcome).__name__}"
     )
 
@@ -63,6 +66,8 @@ def _label(outcome: Outcome) -> str:
         return f"LDP audit of {outcome.metric or 'metric'}"
     if isinstance(outcome, RateReportOutcome):
         return f"Rate report ({outcome.oracle}, epsilon {outcome.epsilon:.4g})"
+    if isinstance(outcome, SequentialAuditOutcome):
+        return f"Sequential LDP audit (epsilon {outcome.epsilon:.4g})"
     return "FedEvalFair"
 
 
@@ -87,6 +92,12 @@ def _finding(label: str, outcome: Outcome) -> Finding:
         )
         tone = "bad" if bad or outcome.error else "info"
         return Finding((f"{label}: {text}",), tone)
+    if isinstance(outcome, SequentialAuditOutcome):
+        result = outcome.result
+        bad = result is None or result.interval.low > 0
+        return Finding(
+            (f"{label}: {lines[0].removeprefix('sequential audit: ')}",), "bad" if bad else "info"
+        )
     if isinstance(outcome, AuditOutcome):
         estimate = outcome.estimate
         verdict = lines[1].strip() if len(lines) > 1 else ""
@@ -199,7 +210,9 @@ def write_outcome_report(
     for label, outcome in zip(labels, outcomes, strict=True):
         lines = outcome.summary().splitlines()
         # the LDP and rate summaries open with the label, which is the section's title here
-        blocks: list[Any] = lines if isinstance(outcome, FedEvalFairOutcome) else lines[1:]
+        # (the sequential audit's first line is its verdict, kept)
+        opens_with_label = not isinstance(outcome, FedEvalFairOutcome | SequentialAuditOutcome)
+        blocks: list[Any] = lines[1:] if opens_with_label else lines
         if isinstance(outcome, FedEvalFairOutcome) and outcome.holder_dp is not None:
             blocks.append(holder_dp_line(outcome.holder_dp))
         table = _group_table(outcome)

@@ -16,8 +16,12 @@ import pytest
 
 from fedparity.mechanisms.ldp.frequency_oracle import frequency_oracle
 from fedparity.mechanisms.ldp.group_rates import encode_cells, group_rates
+from fedparity.mechanisms.ldp.nprr import nprr_for_budget
+from fedparity.mechanisms.ldp.reports import PerturbedReports
+from fedparity.mechanisms.ldp.sequential import sequential_gap_audit
 from fedparity.server.outcome_report import write_outcome_report
 from fedparity.strategies.rate_report import RateReportOutcome
+from fedparity.strategies.sequential_audit import SequentialAuditOutcome
 from tests.test_outcome_summaries import audit_outcome, fairness_block, fedevalfair_outcome
 
 
@@ -75,6 +79,43 @@ def test_every_outcome_is_in_results_json_and_its_verdict_heads_the_page(tmp_pat
     assert "Run config" in page and "learning-rate" in page
 
 
+def sequential_outcome(gap: float) -> SequentialAuditOutcome:
+    """A real sequential audit's statistics (simulated users, M_N at epsilon 2) in the
+    outcome the strategy returns."""
+    mechanism = nprr_for_budget(2.0, 2)
+    rng = np.random.default_rng(9)
+
+    def ask(n: int) -> PerturbedReports:
+        groups = rng.integers(0, 2, n)
+        metric = (rng.random(n) < np.where(groups == 0, 0.5 + gap, 0.5)).astype(float)
+        return mechanism.perturb(groups, 2 * metric - 1, rng)
+
+    result = sequential_gap_audit(
+        mechanism, ask, batch_size=2000, max_users=20_000, target_width=0.05
+    )
+    return SequentialAuditOutcome(
+        result,
+        {1: 30_000},
+        {1: result.users_asked},
+        result.stopped_because,
+        epsilon=mechanism.epsilon,
+        batches_sent=len(result.batches),
+    )
+
+
+def test_a_sequential_audit_is_reported_with_its_verdict(tmp_path: Path) -> None:
+    found, none = sequential_outcome(0.3), sequential_outcome(0.0)
+    files = write_outcome_report(tmp_path, [found, none])
+    results = json.loads(files.results_json.read_text(encoding="utf-8"))
+    assert [o["type"] for o in results["outcomes"]] == ["sequential-audit"] * 2
+    assert results["outcomes"][0]["users_asked"] == found.users_asked
+    page = files.report_html.read_text(encoding="utf-8")
+    headline = page.split('<div class="headline">')[1].split("</div>")[0]
+    assert "the groups differ" in headline and "no gap shown" in headline
+    assert headline.count('class="bad"') == 1  # the gap found, not the other
+    assert "each charged epsilon" in page
+
+
 def test_a_fair_outcome_is_not_shown_in_red(tmp_path: Path) -> None:
     files = write_outcome_report(tmp_path, [audit_outcome(0.0)])
     page = files.report_html.read_text(encoding="utf-8")
@@ -86,7 +127,7 @@ def test_a_fair_outcome_is_not_shown_in_red(tmp_path: Path) -> None:
     ("outcomes", "extra", "message"),
     [
         ([], None, "outcomes must hold at least one outcome"),
-        (["an audit"], None, "outcomes must be AuditOutcome, RateReportOutcome or"),
+        (["an audit"], None, "outcomes must be AuditOutcome, SequentialAuditOutcome, Rate"),
         (None, {"outcomes": []}, "extra must not set ['outcomes']"),
     ],
 )

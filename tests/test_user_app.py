@@ -22,6 +22,7 @@ from fedparity.clients.fedevalfair import rows_statistics
 from fedparity.clients.identity import IDENTITY_DIR_ENV
 from fedparity.mechanisms.crypto.ckks import generate_keys
 from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
+from fedparity.mechanisms.ldp.sequential import STOP_REASONS
 from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
 from fedparity.mechanisms.protocol import BLOCKS
 from fedparity.server.cli.identity import write_node_identities
@@ -107,6 +108,20 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
     ldp = results["ldp"]
     assert ldp["nodes_replied"] == NUM_NODES and ldp["rejected"] == 0
     assert abs(ldp["difference"] - true_gap) < 5 * ldp["stderr"]
+
+    # The sequential audit went through Flower: node sizes, whole batches, a stop by its rules,
+    # and every asked user counted (each node asks a user at most once per audit).
+    sequential = results["sequential"]
+    # (not "a batch came back incomplete": every node answered every batch whole)
+    assert sequential["stopped_because"] != STOP_REASONS[3], sequential["summary"]
+    assert sorted(sequential["users_by_node"].values()) == sorted(
+        len(np.unique(r["user"])) for r in rows
+    )
+    assert sum(sequential["asked_by_node"].values()) == sequential["users_asked"]
+    assert sequential["result"]["users_asked"] == sequential["users_asked"]
+    assert sequential["users_asked"] % 150 == 0 and sequential["users_asked"] <= 1200
+    low, high = sequential["result"]["interval"]
+    assert low <= sequential["result"]["estimate"] <= high
 
     # FedEvalFair: the encrypted protocol's report equals the plaintext FedEvalFair of the
     # same holders' statistics (same bootstrap seeds as the app's client.py).

@@ -12,7 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from task import build_model, trained_arrays
 
 from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
-from fedparity.mechanisms import mechanism_for_budget
+from fedparity.mechanisms import mechanism_for_budget, nprr_for_budget
 from fedparity.mechanisms.crypto.ckks import load_public_context
 from fedparity.mechanisms.fpfl.mmdm import MMDMConfig
 from fedparity.strategies import (
@@ -21,6 +21,7 @@ from fedparity.strategies import (
     FPFLRunParameters,
     FPFLTraining,
     LdpGapAudit,
+    SequentialLdpAudit,
 )
 
 app = ServerApp()
@@ -39,6 +40,17 @@ def main(grid: Grid, context: Context) -> None:
     epsilon = float(config["audit-epsilon"])
     audit = LdpGapAudit(mechanism_for_budget("R", epsilon), budget=epsilon, metric="accuracy")
     gap = audit.start(grid, arrays, timeout=120)
+    # The sequential audit: fresh users in batches until the gap is answered.
+    sequential = SequentialLdpAudit(
+        nprr_for_budget(epsilon, num_groups=2),
+        budget=epsilon,
+        batch_size=150,
+        max_users=int(config["fpfl-population"]),
+        target_width=0.3,
+        audit_id="sequential",
+        timeout=120,
+        seed=0,
+    ).start(grid, arrays, node_ids=node_ids)
 
     protocol = FedEvalFairProtocol(
         load_public_context(str(config["public-context"])), key_holders=2, timeout=120
@@ -89,6 +101,10 @@ def main(grid: Grid, context: Context) -> None:
             "rounds_released": trained.history[-1]["rounds_released_total"],
             "noise_multiplier": parameters.noise_multiplier,
             "population": population,
+        },
+        "sequential": {
+            **sequential.to_dict(),
+            "summary": sequential.summary(),
         },
         "fedevalfair": {
             "error": test.error,
