@@ -18,9 +18,10 @@ from fedparity.clients.fedevalfair import rows_statistics
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.policy import NodePrivacyPolicy
 from fedparity.mechanisms.crypto.ckks import HolderDP, KeyPaths, load_public_context
-from fedparity.mechanisms.crypto.ckks.holder_dp import SENSITIVITY
+from fedparity.mechanisms.crypto.ckks.holder_dp import SENSITIVITY, noise_std
 from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
 from fedparity.mechanisms.fairness_tests.fedevalfair import METRICS, fedevalfair
+from fedparity.mechanisms.privacy.user_ledger import UserLedger
 from fedparity.mechanisms.protocol import (
     BLOCKS,
     DEFAULT_LAYOUT,
@@ -130,7 +131,12 @@ def holder_rows(node_id: int, num_groups: int = 3) -> HolderRows:
     predictions = (rng.random(900) < np.array([0.30, 0.36, 0.60])[groups]).astype(int)
     precision = np.array([0.7, 0.6, 0.45])[groups]
     labels = np.where(predictions == 1, rng.random(900) < precision, rng.random(900) < 0.2)
-    return HolderRows(labels=labels.astype(int), predictions=predictions, groups=groups)
+    return HolderRows(
+        labels=labels.astype(int),
+        predictions=predictions,
+        groups=groups,
+        user_ids=10_000 * node_id + np.arange(900),
+    )
 
 
 def bootstrap_rng(context: Context) -> np.random.Generator:
@@ -138,7 +144,10 @@ def bootstrap_rng(context: Context) -> np.random.Generator:
 
 
 def holder_grid(
-    keys: KeyPaths, layouts: dict[str, FedEvalFairLayout], ledgers: Path
+    keys: KeyPaths,
+    layouts: dict[str, FedEvalFairLayout],
+    ledgers: Path,
+    dp: HolderDP | None = None,
 ) -> HandlerGrid:
     """Nodes 1..4 as holders a..d with their real handlers, each with its own layout."""
     identities = {name: IdentityKey.generate() for name in NAMES}
@@ -152,6 +161,7 @@ def holder_grid(
             policy=NodePrivacyPolicy(),
             identity=lambda context, name=name: NodeIdentity(identities[name], roster),
             layout=layouts[name],
+            dp=dp,
         )
         for index, name in enumerate(NAMES)
     }
@@ -169,11 +179,17 @@ def holder_grid(
 
 
 def run(  # noqa: ANN201
-    keys: KeyPaths, server: FedEvalFairLayout, holders: dict[str, FedEvalFairLayout], tmp: Path
+    keys: KeyPaths,
+    server: FedEvalFairLayout,
+    holders: dict[str, FedEvalFairLayout],
+    tmp: Path,
+    dp: HolderDP | None = None,
 ):
     """The server's protocol with ``server``'s layout over holders with their own layouts."""
-    protocol = FedEvalFairProtocol(load_public_context(keys.public), timeout=5.0, layout=server)
-    grid = holder_grid(keys, holders, tmp)
+    protocol = FedEvalFairProtocol(
+        load_public_context(keys.public), timeout=5.0, layout=server, dp=dp
+    )
+    grid = holder_grid(keys, holders, tmp, dp)
     return protocol.start(grid, ArrayRecord(), [1, 2, 3, 4])  # type: ignore[arg-type]
 
 
@@ -235,3 +251,31 @@ def test_a_split_view_on_the_layout_is_stopped_at_the_commitment(
     bound = run(ckks_keys, same, split, tmp_path / "bound")
     assert bound.error is not None and "did not commit" in bound.error, bound.error
     assert not bound.released
+
+
+def test_the_dp_mode_releases_every_calibrated_block_of_the_layout_with_its_noise(
+    ckks_keys: KeyPaths, tmp_path: Path
+) -> None:
+    """Holder-level DP with three groups and two metrics: the four calibrated blocks are
+    released, with the noise of sensitivity 2 sqrt(4) = 4 on both ends (HolderDP.num_blocks set
+    from the layout, whatever the caller passed), the paper blocks are not, and every holder
+    charged its users the release's epsilon once. (Had a holder kept num_blocks = 2, its
+    commitment would bind other terms and nothing would be released.)"""
+    dp = HolderDP(1.0, 1e-8)  # num_blocks 2: the holders' and the server's own layouts set it
+    outcome = run(ckks_keys, THREE_GROUPS, dict.fromkeys(NAMES, THREE_GROUPS), tmp_path, dp)
+    assert outcome.error is None, outcome.summary()
+    assert outcome.holder_dp is not None
+    assert outcome.holder_dp["released_blocks"] == 4
+    assert outcome.holder_dp["sensitivity"] == pytest.approx(4.0)
+    expected = HolderDP.for_layout(1.0, 1e-8, 100.0, THREE_GROUPS).noise_std
+    assert outcome.holder_dp["noise_std"] == pytest.approx(expected)
+    assert expected == pytest.approx(noise_std(1.0, 1e-8, 4.0))
+    for block in outcome.blocks:
+        if block.mode == "paper":
+            assert block.report is None and "not released" in str(block.reason)
+        else:  # released; with four holders the noise may swamp a sum of weights (at most 4)
+            assert block.report is not None or "DP noise" in str(block.reason), block.summary()
+    for name in NAMES:
+        ledger = UserLedger.load(tmp_path / name / "user-ledger.json")
+        spent = ledger.epsilon_spent()
+        assert spent.size == 900 and np.allclose(spent, spent[0]) and 0 < spent[0] <= 1.0 + 1e-9
