@@ -192,23 +192,38 @@ def check_group_fractions(fractions: Iterable[float] | None, num_groups: int) ->
     return array
 
 
-def check_groups_array(groups: np.ndarray, num_groups: int, name: str = "groups") -> np.ndarray:
-    """Integer group labels in [0, num_groups)."""
+def check_groups_array(
+    groups: np.ndarray, num_groups: int | None, name: str = "groups"
+) -> np.ndarray:
+    """Integer group labels in [0, num_groups) (bool, integer or integral float arrays;
+    ``num_groups`` None: any label >= 0, returned as int64)."""
     array = np.asarray(groups)
     if array.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array, got shape {array.shape}")
+    labels = "labels >= 0" if num_groups is None else f"labels in [0, {num_groups - 1}]"
+    if array.dtype == np.bool_:
+        array = array.astype(np.int64)
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        if not np.issubdtype(array.dtype, np.floating) or not np.all(np.mod(array, 1) == 0):
-            raise ValueError(f"{name} must hold integer labels in [0, {num_groups - 1}]")
+        if not np.issubdtype(array.dtype, np.floating):
+            raise ValueError(f"{name} must hold integer {labels}, got dtype {array.dtype}")
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(array) | (np.mod(array, 1) != 0)
+        if bad.any():
+            raise ValueError(
+                f"{name} must hold integer {labels}; found {array[np.flatnonzero(bad)[0]].item()!r}"
+            )
         array = array.astype(np.int64)
     if array.size:
         low, high = int(array.min()), int(array.max())
-        if low < 0 or high >= num_groups:
-            bad = low if low < 0 else high
+        if low < 0 or (num_groups is not None and high >= num_groups):
+            bad_label = low if low < 0 else high
+            if num_groups is None:
+                raise ValueError(f"{name} must hold {labels}; found {bad_label}")
             raise ValueError(
-                f"{name} must be in [0, {num_groups - 1}] (num_groups={num_groups}); found {bad}"
+                f"{name} must be in [0, {num_groups - 1}] (num_groups={num_groups}); "
+                f"found {bad_label}"
             )
-    return array
+    return array if num_groups is not None else array.astype(np.int64)
 
 
 def check_unit_values(values: np.ndarray, name: str = "values") -> np.ndarray:

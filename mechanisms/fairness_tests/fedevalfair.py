@@ -110,6 +110,7 @@ from ..validation import (
     check_choice,
     check_finite,
     check_generator,
+    check_groups_array,
     check_int,
     check_int_at_least,
     check_nonnegative_finite,
@@ -476,31 +477,6 @@ def _check_comparison(comparison: object) -> tuple[int, int]:
     return first, second
 
 
-def _check_group_labels(groups: object) -> np.ndarray:
-    """Group labels 0, 1, ..., d - 1: non-negative integers (bool, integer or integral float
-    arrays), returned as int64."""
-    array = np.asarray(groups)
-    if array.ndim != 1:
-        raise ValueError(f"groups must be a 1-D array, got shape {array.shape}")
-    if array.dtype == np.bool_:
-        return array.astype(np.int64)
-    if array.size and not (
-        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
-    ):
-        raise ValueError(
-            f"groups must hold integer group labels 0, 1, ..., d - 1, got dtype {array.dtype}"
-        )
-    if array.size:
-        with np.errstate(invalid="ignore"):
-            bad = ~np.isfinite(array) | (array < 0) | (np.mod(array, 1) != 0)
-        if bad.any():
-            raise ValueError(
-                "groups must hold integer group labels 0, 1, ..., d - 1 (>= 0); found "
-                f"{array[np.flatnonzero(bad)[0]].item()!r}"
-            )
-    return array.astype(np.int64)
-
-
 def reference_comparisons(num_groups: int, reference: int = 0) -> tuple[tuple[int, int], ...]:
     """The comparisons of every group against ``reference``: ((reference, g) for every other
     group g = 0, ..., num_groups - 1, in increasing order), one
@@ -596,7 +572,7 @@ def bootstrap_disparity(
     comparison = _check_comparison(comparison)
     check_generator("rng", rng)
     predictions = check_binary_array(predictions, "predictions")
-    groups = _check_group_labels(groups)
+    groups = check_groups_array(groups, None)
     if groups.shape != predictions.shape:
         raise ValueError(
             f"groups must have one entry per prediction ({predictions.size}), got {groups.size}"
