@@ -7,13 +7,16 @@ arXiv:2109.08604, 2021 (Rodriguez-Galvez et al. 2021, "the paper" below).
 
 One run trains with one of the six algorithms of the paper's Table 2 (``fpfl-algorithm``):
 ``fl`` (FederatedSGD), ``fl-clip``, ``pfl`` (clip + Gaussian noise), ``ffl`` (MMDM),
-``ffl-clip`` and ``fpfl`` (MMDM + clip + noise). Every round (FedSGD structure: one update,
-no local epochs) the nodes return the secure sum of their cohort users' statistic vectors
-(:class:`fedparity.strategies.fpfl.FPFLProtocol`); the server splits it
+``ffl-clip`` and ``fpfl`` (MMDM + clip + noise), or with ``fedfb`` (clip + noise as ``fpfl``,
+FedFB's group reweighting on the same sums: Yuchen Zeng, Hongxu Chen and Kangwook Lee,
+"Improving Fairness via Federated Learning", arXiv:2110.15545, 2021). Every round (FedSGD
+structure: one update, no local epochs) the nodes return the secure sum of their cohort users'
+statistic vectors (:class:`fedparity.strategies.fpfl.FPFLProtocol`); the server splits it
 (:class:`fedparity.mechanisms.fpfl.mmdm.StatisticsLayout`), offers the model that produced it to the
 model
 selector (best cohort accuracy among the models fair on cohort statistics; Section 4.1) and
-applies :func:`fedparity.mechanisms.fpfl.mmdm.mmdm_update` or
+applies :func:`fedparity.mechanisms.fpfl.mmdm.mmdm_update`,
+:func:`fedparity.mechanisms.fpfl.fedfb.fedfb_update` or
 :func:`fedparity.mechanisms.fpfl.mmdm.sgd_update`.
 
 Privacy: ``sigma`` is calibrated with Opacus for (``fpfl-epsilon``, ``fpfl-delta``,
@@ -77,6 +80,7 @@ from ..clients.fpfl_task import (
 from ..clients.process import freeze_warm_heap, thaw_heap
 from ..clients.project.config import ConfigError, RunConfig
 from ..clients.project.fpfl_node import population
+from ..mechanisms.fpfl.fedfb import FedFBConfig
 from ..mechanisms.fpfl.mmdm import FairnessGaps, MMDMConfig, SelectionCandidate, fairness_gaps
 from ..mechanisms.privacy.opacus_accounting import NoiseCalibration, calibrate_noise, sample_rate
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
@@ -338,6 +342,11 @@ def _build(grid: Grid, config: RunConfig, session: str) -> _Built:
             error_surrogate=config.fpfl_constraint == "fnr",
         ),
         use_mmdm=config.fpfl_uses_mmdm,
+        fedfb=(
+            FedFBConfig(step=config.fpfl_fedfb_step, learning_rate=config.fpfl_learning_rate)
+            if config.fpfl_update_rule == "fedfb"
+            else None
+        ),
         smoothing=config.fpfl_statistics_smoothing,
         central_noise_multiplier=sigma if central else 0.0,
         clipping_bound=config.fpfl_clipping_bound,

@@ -173,7 +173,14 @@ def paper_row(config: RunConfig) -> dict[str, Any] | None:
 
 #: The unconstrained algorithm of the paper's Table 2 for each constrained one (same clipping
 #: and noise, no MMDM).
-UNCONSTRAINED_COUNTERPART = {"ffl": "fl", "ffl-clip": "fl-clip", "fpfl": "pfl"}
+UNCONSTRAINED_COUNTERPART = {"ffl": "fl", "ffl-clip": "fl-clip", "fpfl": "pfl", "fedfb": "pfl"}
+
+#: How the report says an algorithm was trained, where it is not the paper's constrained or
+#: unconstrained training (FedFB: Zeng, Chen and Lee, "Improving Fairness via Federated
+#: Learning", arXiv:2110.15545, 2021).
+TRAINED_WITH = {
+    "fedfb": "trained with FedFB's group reweighting (Zeng, Chen and Lee 2021), not with",
+}
 
 #: The FairnessGaps field that each fpfl-constraint bounds by alpha, and its name.
 CONSTRAINT_GAPS = {"fnr": ("fnr_gap", "FNR gap"), "accuracy": ("accuracy_gap", "accuracy gap")}
@@ -239,6 +246,7 @@ def fpfl_findings(results: FPFLResults | Mapping[str, Any]) -> list[Finding]:
         reason = f" ({results.stop_reason})" if results.stop_reason else ""
         findings.append(Finding((f"Training {results.status}{reason}",), "warn"))
     trained = "trained with" if constraint["trained_with_constraint"] else "trained without"
+    trained = TRAINED_WITH.get(str(algorithm), trained)
     if constraint["test_gap"] is None:
         findings.append(
             Finding(

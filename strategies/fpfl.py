@@ -68,6 +68,7 @@ from ..mechanisms.crypto.secure_sum import (
     noise_share_std,
     unmask_sum,
 )
+from ..mechanisms.fpfl.fedfb import FedFBConfig, fedfb_update
 from ..mechanisms.fpfl.mmdm import (
     MMDMConfig,
     ModelSelector,
@@ -717,7 +718,9 @@ class FPFLTrainingResult:
 class FPFLTraining:
     """The server's training loop of FPFL (Rodriguez-Galvez et al. 2021, Algorithm 1): each
     round releases the (noisy, masked) sum of the cohort's statistic vectors through an
-    :class:`FPFLProtocol`, and the server takes an MMDM step (FPFL Eq. 10; FFL, FPFL) or a
+    :class:`FPFLProtocol`, and the server takes an MMDM step (FPFL Eq. 10; FFL, FPFL), a
+    FedFB step (Zeng, Chen and Lee, "Improving Fairness via Federated Learning", 2021:
+    :func:`~fedparity.mechanisms.fpfl.fedfb.fedfb_update`, on the same sums) or a
     FederatedSGD step (FL, PFL) and keeps the best model on cohort statistics (Section 4.1).
 
     :meth:`start` is the one training loop, of the library and of the FPFL job alike; what a
@@ -735,11 +738,16 @@ class FPFLTraining:
         Step sizes, damping, tolerance ``alpha`` and the constraint's activation.
     use_mmdm : bool
         MMDM updates with the fairness constraint (True) or plain FederatedSGD (False).
+    fedfb : FedFBConfig, optional
+        FedFB's group-reweighting updates instead (needs ``use_mmdm=False``); its group
+        weights ``q`` are kept in ``multipliers`` (zeros until the first update, which starts
+        them at the first released counts), so checkpoints and the history carry them.
     smoothing : float
         ``beta`` in [0, 1): the constraint terms and the selection read an exponential moving
         average of the released sums (0: this round's sum).
     require_fair_selection : bool or None
-        The selector prefers models fair on their cohort (default: ``use_mmdm``).
+        The selector prefers models fair on their cohort (default: True with MMDM or FedFB,
+        the fairness-aware rules; False with FederatedSGD).
     central_noise_multiplier : float
         ``sigma`` of central noise the server adds to each recovered sum (0: none, e.g. with
         the nodes' distributed noise); needs ``clipping_bound``.
@@ -761,7 +769,10 @@ class FPFLTraining:
         central_noise_multiplier: float = 0.0,
         clipping_bound: float | None = None,
         central_noise_rng: Callable[[int], np.random.Generator] | None = None,
+        fedfb: FedFBConfig | None = None,
     ) -> None:
+        if fedfb is not None and use_mmdm:
+            raise ValueError("use_mmdm must be False with fedfb: one update rule per training")
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
         if central_noise_multiplier < 0:
@@ -775,15 +786,24 @@ class FPFLTraining:
         self.multipliers = np.zeros(layout.num_groups)
         self.mmdm = mmdm
         self.use_mmdm = use_mmdm
+        self.fedfb = fedfb
         self.smoothing = float(smoothing)
         self.smoothed_total: NDArray[np.float64] | None = None
-        fair = use_mmdm if require_fair_selection is None else require_fair_selection
+        fair_aware = use_mmdm or fedfb is not None
+        fair = fair_aware if require_fair_selection is None else require_fair_selection
         self.selector = ModelSelector(require_fair=fair)
         self.central_noise_multiplier = float(central_noise_multiplier)
         self.clipping_bound = clipping_bound
         self.central_noise_rng = central_noise_rng
         #: One entry per round trained (by :meth:`start`, or restored from a checkpoint).
         self.history: list[dict[str, Any]] = []
+
+    @property
+    def update_rule(self) -> str:
+        """``"mmdm"``, ``"fedfb"`` or ``"sgd"`` (FederatedSGD)."""
+        if self.use_mmdm:
+            return "mmdm"
+        return "sgd" if self.fedfb is None else "fedfb"
 
     def update(self, round_number: int, total: NDArray[np.floating]) -> dict[str, Any]:
         """One step from round ``round_number``'s released sum (the statistics of the weights
@@ -817,6 +837,13 @@ class FPFLTraining:
                 self.weights, self.multipliers, with_constraint_terms(stats, smoothed), self.mmdm
             )
             self.weights, self.multipliers = step.weights, step.multipliers
+        elif self.fedfb is not None:
+            # Zeros: no group weights yet (they start at the first released counts).
+            current = self.multipliers if self.multipliers.any() else None
+            fedfb_step = fedfb_update(
+                self.weights, current, with_constraint_terms(stats, smoothed), self.fedfb
+            )
+            self.weights, self.multipliers = fedfb_step.weights, fedfb_step.group_weights
         else:
             self.weights = sgd_update(
                 self.weights, stats, self.mmdm.learning_rate, min_count=min_count

@@ -41,7 +41,8 @@ FEDAVG_TASKS = ("ldp-audit", "rate-report", "fedevalfair")
 PIPELINE_SESSIONS = ("fpfl", "pfl")
 #: The audited metric that matches each FPFL constraint (the pipeline audits what it trains for).
 PIPELINE_METRIC = {"fnr": "fnr", "accuracy": "accuracy"}
-#: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2: (MMDM?, clip?, noise?).
+#: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2, and FedFB (Zeng, Chen and
+#: Lee 2021) on the same private sums: (MMDM?, clip?, noise?).
 FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
     "fl": (False, False, False),
     "fl-clip": (False, True, False),
@@ -49,6 +50,19 @@ FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
     "ffl": (True, False, False),
     "ffl-clip": (True, True, False),
     "fpfl": (True, True, True),
+    "fedfb": (False, True, True),
+}
+#: The server's update rule of each algorithm: FederatedSGD, MMDM (FPFL Eq. 10) or FedFB's
+#: group reweighting (:func:`fedparity.mechanisms.fpfl.fedfb.fedfb_update`). The nodes never
+#: read it: what they compute, clip and charge depends on (clip?, noise?) only.
+FPFL_UPDATE_RULES: dict[str, str] = {
+    "fl": "sgd",
+    "fl-clip": "sgd",
+    "pfl": "sgd",
+    "ffl": "mmdm",
+    "ffl-clip": "mmdm",
+    "fpfl": "mmdm",
+    "fedfb": "fedfb",
 }
 FPFL_ARCHITECTURES = ("shallow", "deep", "cnn")
 #: Data sets of the FPFL job only (unfair digits: 3 writer groups, 10 classes, images).
@@ -460,13 +474,18 @@ class RunConfig:
         100.0, _number(0.0, math.inf), "holder-level DP: cap on a holder's weight 1 / V"
     )
     # --- FPFL -----------------------------------------------------------------------------
-    fpfl_algorithm: str = _key("fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm")
+    fpfl_algorithm: str = _key(
+        "fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm, or FedFB"
+    )
     fpfl_architecture: str = _key("shallow", _choice(FPFL_ARCHITECTURES), "the model")
     fpfl_constraint: Constraint = _key("fnr", _choice(FPFL_CONSTRAINTS), "FNR or accuracy parity")
     fpfl_alpha: float = _key(0.02, _number(0.0, math.inf, open_low=False), "tolerance alpha")
     fpfl_learning_rate: float = _key(0.1, _number(0.0, math.inf), "eta")
     fpfl_multiplier_learning_rate: float = _key(0.01, _number(0.0, math.inf), "gamma")
     fpfl_damping: float = _key(2.0, _number(0.0, math.inf, open_low=False), "c")
+    fpfl_fedfb_step: float = _key(
+        0.005, _number(0.0, 1.0), "FedFB: alpha, the group weights' step per round"
+    )
     fpfl_statistics_smoothing: float = _key(
         0.0, _number(0.0, 1.0, open_low=False), "beta: EMA of the released sums (0 = off)"
     )
@@ -537,6 +556,11 @@ class RunConfig:
     def fpfl_uses_mmdm(self) -> bool:
         """MMDM (FFL, FFL + Clip, FPFL) rather than plain FederatedSGD."""
         return FPFL_ALGORITHMS[self.fpfl_algorithm][0]
+
+    @property
+    def fpfl_update_rule(self) -> str:
+        """The server's update: ``"sgd"``, ``"mmdm"`` or ``"fedfb"`` (:data:`FPFL_UPDATE_RULES`)."""
+        return FPFL_UPDATE_RULES[self.fpfl_algorithm]
 
     @property
     def fpfl_clips(self) -> bool:
