@@ -9,7 +9,8 @@ multipliers", NeurIPS 2021 Workshop on Privacy in Machine Learning, arXiv:2109.0
     python -m benchmarks.fpfl_adult --table --seeds 0 --algorithms fl fpfl --rounds 20
     python -m benchmarks.fpfl_adult --timing --json
 
-``--table``: each of the six named configs configs/adult-{fl,fl-clip,pfl,ffl,ffl-clip,fpfl}.toml
+``--table``: each of the named configs configs/adult-{fl,fl-clip,pfl,ffl,ffl-clip,fpfl}.toml
+(the paper's Table 2) and configs/adult-fedfb.toml (FedFB under FPFL's privacy)
 (as they are, ``--rounds`` overrides T for a quick check) runs once per seed through
 :func:`fedparity.server.api.run_simulation_job` with 10 simulated nodes. Run-config ``seed`` (data
 split,
@@ -64,7 +65,7 @@ from fedparity.server.run_record import read_status
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-ALGORITHMS = ("fl", "fl-clip", "pfl", "ffl", "ffl-clip", "fpfl")
+ALGORITHMS = ("fl", "fl-clip", "pfl", "ffl", "ffl-clip", "fpfl", "fedfb")
 LABELS = {
     "fl": "FL",
     "fl-clip": "FL + Clip",
@@ -72,6 +73,23 @@ LABELS = {
     "ffl": "FFL",
     "ffl-clip": "FFL + Clip",
     "fpfl": "FPFL",
+    "fedfb": "FedFB",
+}
+#: What the table says about rows that are not the paper's own.
+ROW_NOTES = {
+    "fl": (
+        "FL is FederatedSGD (one step per round on the cohort's summed gradient, no clipping, "
+        "no noise): the issue's FedAvg row (FedAvg with one local gradient step, McMahan et "
+        "al. 2017, 'Communication-Efficient Learning of Deep Networks from Decentralized "
+        "Data'); it runs the paper's 1000 rounds."
+    ),
+    "fedfb": (
+        "FedFB (Zeng, Chen and Lee 2021, 'Improving Fairness via Federated Learning') is "
+        "configs/adult-fedfb.toml: the same users, cohort, rounds, clipping, noise and "
+        "accountant as FPFL, so the same epsilon per user; the server reweights the groups' "
+        "surrogate risks (FedFB's lambda) instead of taking MMDM steps. One gradient step per "
+        "round (no local epochs) and no alpha constraint."
+    ),
 }
 METRICS = ("accuracy", "fnr_gap", "eo_gap", "demp_gap", "pp_gap")
 NUM_SUPERNODES = 10
@@ -257,6 +275,7 @@ def table_markdown(
             f"| {_pm(e['seconds_wall'], 0)} | {_pm(e['seconds_per_round_mean'], 3)} "
             f"| {paper_acc} | {paper_fnr} |"
         )
+    lines += ["", *(ROW_NOTES[e["algorithm"]] for e in summary if e["algorithm"] in ROW_NOTES)]
     lines += [
         "",
         "Paper numbers: PAPER_TABLE2 in server/fpfl_report.py (Rodriguez-Galvez et al. 2021, "
