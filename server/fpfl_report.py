@@ -85,7 +85,7 @@ def plot_training(path: Path, history: list[dict[str, Any]], alpha: float) -> st
     multipliers = np.array([entry["multipliers"] for entry in history])
     for group in range(multipliers.shape[1] if multipliers.ndim == 2 else 0):
         axes[1, 0].plot(rounds, multipliers[:, group], label=f"group {group}")
-    axes[1, 0].set_ylabel("multiplier lambda")
+    axes[1, 0].set_ylabel("multiplier lambda (FedFB: group weight q)")
     axes[1, 0].legend()
     axes[1, 1].plot(rounds, series("epsilon_spent"))
     axes[1, 1].set_ylabel("epsilon spent")
