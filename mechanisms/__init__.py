@@ -50,7 +50,9 @@ Machine Learning, arXiv:2109.08604, 2021):
 
 * :class:`StatisticsLayout` / :class:`AggregateStatistics`: the sufficient-statistic vector
   (FPFL Eq. 17) and its cohort sum; :func:`evaluate_constraints`, :func:`mmdm_update`
-  (FPFL Eq. 9-11), :func:`sgd_update`; :func:`privatize_sum` (Gaussian noise on a clipped sum);
+  (FPFL Eq. 9-11), :func:`sgd_update`, :func:`fedfb_update` (FedFB's group reweighting on the
+  same sums: Zeng, Chen and Lee, "Improving Fairness via Federated Learning", 2021);
+  :func:`privatize_sum` (Gaussian noise on a clipped sum);
 * :func:`cohort_metrics` / :class:`ModelSelector`: model selection on cohort statistics;
 * :func:`fairness_gaps`: accuracy and FNR / EO / DemP / PP gaps of hard predictions.
 

@@ -20,6 +20,9 @@ from .fairness_tests.fedevalfair import stage1_statistic as stage1_statistic
 from .fairness_tests.fedevalfair import stage1_term as stage1_term
 from .fairness_tests.fedevalfair import stage_statistics as stage_statistics
 from .fairness_tests.fedevalfair_layout import FedEvalFairLayout as FedEvalFairLayout
+from .fpfl.fedfb import FedFBConfig as FedFBConfig
+from .fpfl.fedfb import FedFBUpdate as FedFBUpdate
+from .fpfl.fedfb import fedfb_update as fedfb_update
 from .fpfl.mmdm import AggregateStatistics as AggregateStatistics
 from .fpfl.mmdm import CohortMetrics as CohortMetrics
 from .fpfl.mmdm import ConstraintEvaluation as ConstraintEvaluation
