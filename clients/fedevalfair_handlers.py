@@ -69,6 +69,7 @@ from flwr.common import log
 from ..mechanisms.crypto.ckks import (
     CkksParameters,
     CommitmentConflict,
+    KeyMaterialError,
     ReleaseJournal,
     SignedCiphertext,
     UnverifiedSumError,
@@ -145,11 +146,13 @@ __all__ = [
     "DP_LEDGER_REFUSAL",
     "DP_LEDGER_UNUSABLE",
     "DP_NEEDS_USER_IDS",
+    "FEF_SECRET_CONTEXT_REFUSAL",
     "FEF_STATE_KEY",
     "FLOOD_LABEL",
     "JOURNAL_UNUSABLE_REPLY",
     "RELEASE_CAP_RULE",
     "CannotTakePart",
+    "SecretContextRefusal",
     "FedEvalFairHolder",
     "HolderIdentityRefusal",
     "HolderRows",
@@ -193,6 +196,12 @@ DP_NEEDS_USER_IDS = (
 RELEASE_CAP_RULE = (
     "this key holder has made fef-max-releases-per-key releases with its secret key; new keys "
     "are needed (fedparity keys)"
+)
+#: What a holder without a usable secret TenSEAL context answers (a fixed sentence, no path).
+FEF_SECRET_CONTEXT_REFUSAL = (
+    "FedEvalFair needs this holder's secret TenSEAL context (made by fedparity keys; "
+    "fedevalfair_handlers' secret_context, or node config fef-secret-context): it is missing "
+    "or unreadable here (the node's log says where)"
 )
 #: What a holder whose key journal is lost or damaged answers (the detail stays in its log).
 JOURNAL_UNUSABLE_REPLY = (
@@ -265,9 +274,27 @@ def _cached_secret_context(path: str) -> ts.Context:
     return load_secret_context(path)
 
 
+class SecretContextRefusal(KeyMaterialError):
+    """This holder's secret TenSEAL context is missing or unreadable (text:
+    :data:`FEF_SECRET_CONTEXT_REFUSAL`, a fixed sentence; the path and the cause are in the
+    node's log, one line)."""
+
+    fixed_text = True
+
+    def __init__(self) -> None:
+        super().__init__(FEF_SECRET_CONTEXT_REFUSAL)
+
+
 def load_secret_context_cached(path: str | os.PathLike[str]) -> ts.Context:
-    """The secret context at ``path``, loaded once per process (loading takes ~40 ms)."""
-    return _cached_secret_context(os.fspath(Path(path)))
+    """The secret context at ``path``, loaded once per process (loading takes ~40 ms).
+
+    Raises :class:`SecretContextRefusal` (a fixed sentence the server may read) when it is
+    missing or unreadable, after logging the path and the cause on the node in one line."""
+    try:
+        return _cached_secret_context(os.fspath(Path(path)))
+    except KeyMaterialError as error:
+        log(logging.ERROR, "FedEvalFair: this holder's secret context: %s", error)
+        raise SecretContextRefusal from None
 
 
 @functools.lru_cache(maxsize=4)

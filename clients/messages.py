@@ -21,6 +21,7 @@ from flwr.app import Message
 from flwr.common import log
 
 from ..mechanisms.protocol import SESSION_KEY, MessageError, message_int
+from ..mechanisms.protocol.refusal_log import install_refusal_filter
 from ..mechanisms.validation import check_int
 
 __all__ = [
@@ -68,6 +69,10 @@ def fixed_error_texts(handler: Handler) -> Handler:
             raise NodeRefusal(INTERNAL_ERROR_TEXT) from None
 
     return guarded  # type: ignore[return-value]
+
+
+# A refusal is one log line, not Flower's traceback (the ClientApp's process).
+install_refusal_filter()
 
 
 def _get(record: Mapping[str, Any], key: str) -> Any:

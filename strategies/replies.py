@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from ..mechanisms.protocol import (
     SESSION_KEY,
 )
 from ..mechanisms.protocol.object_pulls import PromptObjectPulls
+from ..mechanisms.protocol.refusal_log import install_refusal_filter
 
 __all__ = [
     "LedgerTotals",
@@ -49,13 +51,32 @@ __all__ = [
     "sort_replies",
 ]
 
+# A node's refusal is one log line, not Flower's traceback (the ServerApp's process, which in
+# Flower's simulation logs its nodes' errors).
+install_refusal_filter()
+
 MAX_REASON_LENGTH = 240
 
 
+#: Flower's error reason for what a ClientApp raised: ``<class 'X'>:<'message'>``.
+_FLOWER_REASON = re.compile(r"^<class '[^']*'>:<'(?P<message>.*)'>$", re.S)
+#: How the simulation engine wraps a ClientApp's exception message.
+_SIMULATION_WRAPPER = "occurred. Message: "
+
+
 def short_reason(text: str | None) -> str:
-    """A client's error text for logs and results: no colour codes, one line, the end kept
-    (where Python puts the exception message of a long remote traceback)."""
-    flat = " ".join(strip_ansi(str(text)).split())
+    """A client's error text for logs and results: the exception's message out of Flower's
+    wrapping (``<class '...'>:<'...'>``, and the simulation engine's "Exception ... occurred.
+    Message: ..."), no colour codes, one line, and when still longer than
+    :data:`MAX_REASON_LENGTH` its end (where Python puts the exception message of a long remote
+    traceback). A node's fixed refusal sentence arrives whole."""
+    raw = strip_ansi(str(text)).strip()
+    wrapped = _FLOWER_REASON.match(raw)
+    if wrapped is not None:
+        raw = wrapped["message"]
+    if _SIMULATION_WRAPPER in raw:
+        raw = raw.rsplit(_SIMULATION_WRAPPER, 1)[1]
+    flat = " ".join(raw.split())
     if len(flat) <= MAX_REASON_LENGTH:
         return flat
     return "..." + flat[-MAX_REASON_LENGTH:]

@@ -19,6 +19,7 @@ import pytest
 
 from fedparity.clients import LocalUsers
 from fedparity.clients.fedevalfair import rows_statistics
+from fedparity.clients.fedevalfair_handlers import FEF_SECRET_CONTEXT_REFUSAL
 from fedparity.clients.identity import IDENTITY_DIR_ENV
 from fedparity.mechanisms.crypto.ckks import generate_keys
 from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
@@ -177,3 +178,35 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
         delta=1 / fpfl["population"],
     )
     assert fpfl["epsilon"] == pytest.approx(expected.epsilon, rel=1e-9)
+
+
+def test_a_holder_without_its_key_is_one_line_on_the_node_and_a_whole_sentence_on_the_server(
+    tmp_path: Path,
+) -> None:
+    """Issue 28: forgetting the FedEvalFair keys in simulation printed about 290 lines of
+    tracebacks and the server's warning clipped at both ends. Now each refusal is one line and
+    the server's outcome carries the holders' fixed sentence whole."""
+    task = user_task()
+    data = tmp_path / "data"
+    data.mkdir()
+    task.write_population(data, NUM_NODES)
+    keys = generate_keys(tmp_path / "keys")
+    identities = write_node_identities(tmp_path / "identity", NUM_NODES)
+    env = {
+        "USERAPP_DATA_DIR": str(data),
+        "USERAPP_SECRET_CONTEXT": str(tmp_path / "no-such-key.tenseal"),  # the mistake
+        IDENTITY_DIR_ENV: str(identities),
+    }
+    output = tmp_path / "out"
+    with local_simulation(APP, NUM_NODES, tmp_path / "flwr-home", env=env) as simulation:
+        run = simulation.run(
+            {"public-context": str(keys.public), "output-dir": str(output), "num-nodes": NUM_NODES},
+            timeout=600,
+        )
+    assert run.status == "finished:completed", run.output[-3000:]
+    fef = json.loads((output / "results.json").read_text())["fedevalfair"]
+    assert fef["error"] is not None and "round 1" in fef["error"]
+    assert fef["rejected"] and set(fef["rejected"]) == {FEF_SECRET_CONTEXT_REFUSAL}
+    assert "Traceback" not in run.output, run.output[-3000:]
+    assert f"a ClientApp refused: {FEF_SECRET_CONTEXT_REFUSAL}" in run.output
+    assert len(run.output.splitlines()) < 120  # 276 before, 23 of them the job's own lines

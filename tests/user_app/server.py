@@ -109,6 +109,7 @@ def main(grid: Grid, context: Context) -> None:
         "fedevalfair": {
             "error": test.error,
             "participants": [list(p) for p in test.round_participants],
+            "rejected": [item.reason for _, item in test.rejected],
             "blocks": [block.to_dict() for block in test.blocks],
         },
     }
