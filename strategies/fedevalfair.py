@@ -177,6 +177,11 @@ class FedEvalFairOutcome:
     #: The holder-level DP mode's parameters and noise (``HolderDP.to_dict``), or None (off).
     holder_dp: dict[str, float | str] | None = None
 
+    @property
+    def tests(self) -> tuple[BlockResult, ...]:
+        """The blocks, under the name ``to_dict()`` and results.json give them (``"tests"``)."""
+        return self.blocks
+
     def block(
         self, metric: str, mode: str, comparison: tuple[int, int] | None = None
     ) -> BlockResult:

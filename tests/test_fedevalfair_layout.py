@@ -230,6 +230,11 @@ def test_three_groups_and_two_metrics_match_the_plaintext_test(
     assert estimates[("dp", (0, 2))] < estimates[("dp", (0, 1))] - 0.15
     assert estimates[("precision", (0, 2))] > estimates[("precision", (0, 1))] + 0.05
     assert "group 0 vs group 2" in outcome.summary()
+    # one name for the tests on the object and in its dictionary (results.json)
+    assert outcome.tests is outcome.blocks
+    assert [
+        (t["metric"], t["mode"], tuple(t["comparison"])) for t in outcome.to_dict()["tests"]
+    ] == [(b.metric, b.mode, b.comparison) for b in outcome.tests]
 
 
 def test_a_split_view_on_the_layout_is_stopped_at_the_commitment(

@@ -148,6 +148,10 @@ def test_intervals_cover_the_true_rates_differences_and_ratios(cells_by_group) -
         "true_positive_rate[1]": (lambda r: r.by_group["true_positive_rate"][1]),
         "false_positive_rate[0]": (lambda r: r.by_group["false_positive_rate"][0]),
         "precision[0]": (lambda r: r.by_group["precision"][0]),
+        "false_negative_rate[1]": (lambda r: r.by_group["false_negative_rate"][1]),
+        "true_negative_rate[0]": (lambda r: r.by_group["true_negative_rate"][0]),
+        "accuracy[1]": (lambda r: r.by_group["accuracy"][1]),
+        "negative_predictive_value[0]": (lambda r: r.by_group["negative_predictive_value"][0]),
         "demographic_parity_difference": (lambda r: r.demographic_parity_difference()),
         "demographic_parity_ratio": (lambda r: r.demographic_parity_ratio()),
     }
@@ -160,7 +164,7 @@ def test_intervals_cover_the_true_rates_differences_and_ratios(cells_by_group) -
             estimate = get(rates)
             covered[name] += estimate.lower <= true_values[name] <= estimate.upper
     # Each coverage count is Binomial(R, 0.95) if the intervals are right; the band is
-    # two-sided at a family-wise level of 0.001 over the six quantities (about +-0.041).
+    # two-sided at a family-wise level of 0.001 over the ten quantities (about +-0.043).
     z = stats.norm.ppf(1 - FAMILY_ALPHA / (2 * len(targets)))
     half_width = z * math.sqrt(0.95 * 0.05 / repetitions)
     rates_covered = {name: count / repetitions for name, count in covered.items()}
