@@ -11,6 +11,7 @@ check) and nothing in the grid mechanism.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,12 @@ from scipy import stats
 
 from fedparity.mechanisms.crypto.secure_random import is_secure_generator, secure_generator
 from fedparity.mechanisms.ldp.discrete_laplace import (
+    DiscreteLaplaceNoise,
     discrete_laplace_noise,
     uniform_index,
     uniform_words,
 )
-from fedparity.mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
+from fedparity.mechanisms.ldp.laplace import GRID_STEP, ROUNDING_BITS, LaplaceMechanism
 
 # --- the distinguisher on the low mantissa bits --------------------------------------------------
 
@@ -274,3 +276,196 @@ def test_the_packed_table_draws_what_the_alias_formula_draws() -> None:
     for draws in (thresholds, edge, edge - (edge > 0).astype(np.uint64)):
         reference = noise.alias_value[index] + (draws < edge) * noise.own_offset[index]
         np.testing.assert_array_equal(noise.sample(columns, draws), reference)
+
+
+# --- the packed sampler: fewer bits where they decide, the same realised table --------------
+
+
+class FixedWords:
+    """A stand-in generator whose next 64-bit words are given (``uniform_words`` reads them with
+    ``integers``); it records how many it gave."""
+
+    bit_generator = None
+
+    def __init__(self, words: list[int]) -> None:
+        self.words = list(words)
+        self.given = 0
+
+    def integers(self, low: int, high: int, size: int, dtype: type) -> np.ndarray:
+        assert (low, high, dtype) == (0, 1 << 64, np.uint64)
+        taken, self.words = self.words[:size], self.words[size:]
+        self.given += size
+        return np.array(taken, dtype=np.uint64)
+
+
+def packed_output(
+    noise: DiscreteLaplaceNoise, word: int, free_bits: int, fresh: int | None = None
+) -> tuple[int, bool]:
+    """(Z, whether a fresh word was read) of :meth:`sample_packed` on one word."""
+    rng = FixedWords([] if fresh is None else [fresh])
+    z = noise.sample_packed(np.array([word], dtype=np.uint64), free_bits, rng)
+    assert z.dtype == np.float64 and z[0] == round(z[0])
+    return int(z[0]), rng.given == 1
+
+
+def enumerated_packed_pmf(noise: DiscreteLaplaceNoise, free_bits: int) -> dict[int, Fraction]:
+    """The distribution :meth:`sample_packed` realises, by enumerating every column and every
+    value of the threshold bits it reads (its other low bits at both extremes must not
+    matter); where those bits tie, the redraw's 64 - t bits are searched for the point where
+    the output changes (one comparison: below it one output, from it on the other)."""
+    column_bits = 64 - noise.column_shift
+    prefix_bits = 64 - column_bits - free_bits
+    suffix_bits = 64 - prefix_bits
+    pmf: dict[int, Fraction] = {}
+    cell = Fraction(1, 2 ** (column_bits + prefix_bits))
+    for column in range(2**column_bits):
+        for prefix in range(2**prefix_bits):
+            base = (column << noise.column_shift) | (prefix << free_bits)
+            z, redrawn = packed_output(noise, base, free_bits, fresh=0)
+            for low in (0, (1 << free_bits) - 1):  # the caller's bits do not matter
+                assert packed_output(noise, base | low, free_bits, fresh=0) == (z, redrawn)
+            if not redrawn:
+                pmf[z] = pmf.get(z, Fraction(0)) + cell
+                continue
+            first = z  # the redraw's suffix 0
+            last, _ = packed_output(noise, base, free_bits, fresh=2**64 - 1)
+            low_end, high_end = 0, 2**suffix_bits  # the first suffix giving ``last``
+            while low_end < high_end:
+                middle = (low_end + high_end) // 2
+                if packed_output(noise, base, free_bits, fresh=middle << prefix_bits)[0] == last:
+                    high_end = middle
+                else:
+                    low_end = middle + 1
+            below = Fraction(low_end, 2**suffix_bits) if first != last else Fraction(1)
+            pmf[first] = pmf.get(first, Fraction(0)) + cell * below
+            pmf[last] = pmf.get(last, Fraction(0)) + cell * (1 - below)
+    return {z: p for z, p in pmf.items() if p}
+
+
+def exact_table_pmf(noise: DiscreteLaplaceNoise) -> dict[int, Fraction]:
+    """The alias table's distribution in exact arithmetic: column j (1 / 2^k) gives j - cap with
+    probability threshold[j] / 2^64, else alias[j] - cap."""
+    columns = noise.threshold.shape[0]
+    pmf: dict[int, Fraction] = {}
+    for column in range(columns):
+        kept = Fraction(int(noise.threshold[column]), 2**64)
+        alias = int(noise.pairs[column, 1])
+        for z, p in ((column - noise.cap, kept), (alias - noise.cap, 1 - kept)):
+            pmf[z] = pmf.get(z, Fraction(0)) + p / columns
+    return {z: p for z, p in pmf.items() if p}
+
+
+def test_the_packed_sampler_realises_the_tables_probabilities_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every (column, threshold bits) cell of a small table (2^3 columns; 8 threshold bits, 53
+    left to the caller), enumerated: the realised probabilities are exactly the alias table's,
+    so the privacy loss computed from :meth:`pmf` is the sampler's. Power check: one key's
+    threshold bits off by one, or one value wrong, and the enumeration differs."""
+    from fedparity.mechanisms.ldp import discrete_laplace as module
+
+    noise = discrete_laplace_noise(2.5, 3)
+    assert noise.column_shift == 61
+    expected = exact_table_pmf(noise)
+    assert enumerated_packed_pmf(noise, 53) == expected
+    np.testing.assert_allclose(
+        [float(expected.get(z, 0)) for z in range(-3, 4)], noise.pmf(), rtol=1e-15
+    )
+    # power checks: a deliberately wrong table is seen
+    table = module.packed_table(noise, 53)
+    wrong_key = table.keys.copy()
+    wrong_key[2] += np.uint64(1 << 53)  # column 2 keeps one more 2^-8 of its draws
+    wrong_value = table.values.copy()
+    wrong_value[5] += 1.0  # column 2's own value
+    for wrong in (table._replace(keys=wrong_key), table._replace(values=wrong_value)):
+        monkeypatch.setattr(module, "packed_table", lambda *_, wrong=wrong: wrong)
+        assert enumerated_packed_pmf(noise, 53) != expected
+
+
+@pytest.mark.parametrize("epsilon_value", [1.0, 0.02, 12.0])
+def test_the_m_l_layout_decides_as_the_full_64_bit_comparison(epsilon_value: float) -> None:
+    """M_L's words (columns up to 2^20, 18 low bits for the rounding): for every column, words
+    whose threshold bits are just below, at and just above the threshold's top bits, and
+    redraws at the threshold's edge, give what :meth:`sample` gives for the full 64-bit
+    threshold draw (the redraw read only at the tie)."""
+    noise = LaplaceMechanism(1.0, epsilon_value)._noise  # noqa: SLF001 - the table under test
+    free_bits = ROUNDING_BITS
+    prefix_bits = noise.column_shift - free_bits
+    assert prefix_bits >= 26
+    suffix_bits = 64 - prefix_bits
+    columns = np.arange(noise.threshold.shape[0], dtype=np.uint64)
+    threshold = noise.threshold
+    top = threshold >> np.uint64(suffix_bits)
+    edge = threshold & np.uint64((1 << suffix_bits) - 1)  # the tie's suffix boundary
+    prefix_mask = np.uint64((1 << prefix_bits) - 1)
+    rng = np.random.default_rng(3)
+    for shift in (-1, 0, 1):
+        prefix = (top.astype(np.int64) + shift).astype(np.uint64) & prefix_mask
+        low = rng.integers(0, 1 << free_bits, columns.shape[0], dtype=np.uint64)
+        words = (columns << np.uint64(noise.column_shift)) | (prefix << np.uint64(free_bits)) | low
+        tie = prefix == top
+        for suffix in (edge - (edge > 0).astype(np.uint64), edge):
+            fresh = suffix << np.uint64(prefix_bits)  # the redraw's top bits are the suffix
+            generator = FixedWords([int(x) for x in fresh[tie]])
+            z = noise.sample_packed(words, free_bits, generator)
+            assert generator.given == int(tie.sum())
+            draw = (prefix << np.uint64(suffix_bits)) | np.where(
+                tie, suffix, rng.integers(0, 1 << suffix_bits, columns.shape[0], dtype=np.uint64)
+            )
+            np.testing.assert_array_equal(z, noise.sample(words, draw))
+
+
+def test_packed_samples_follow_the_realised_distribution() -> None:
+    """Seeded chi-square of 2,000,000 packed draws against :meth:`pmf` (false failure 1e-4),
+    and the power check of :func:`test_samples_follow_the_realised_distribution`."""
+    noise = discrete_laplace_noise(3.0, 40)
+    words = np.random.default_rng(12).bit_generator.random_raw(2_000_000)
+    rng = np.random.default_rng(13)
+    z = noise.sample_packed(words, ROUNDING_BITS, rng).astype(np.int64)
+    counts = np.bincount(z + noise.cap, minlength=2 * noise.cap + 1)
+    expected = noise.pmf() * words.shape[0]
+    keep = expected > 20
+    expected_cells = np.append(expected[keep], expected[~keep].sum())
+    observed = np.append(counts[keep], counts[~keep].sum())
+    assert stats.chisquare(observed, expected_cells).pvalue > 1e-4
+    wrong = discrete_laplace_noise(3.3, 40).sample_packed(words, ROUNDING_BITS, rng)
+    observed = np.bincount(wrong.astype(np.int64) + 40, minlength=81)
+    observed = np.append(observed[keep], observed[~keep].sum())
+    assert stats.chisquare(observed, expected_cells).pvalue < 1e-10
+
+
+def test_packed_table_refuses_a_layout_without_threshold_bits() -> None:
+    noise = discrete_laplace_noise(2.5, 3)  # 2^3 columns: up to 60 bits for the caller
+    with pytest.raises(ValueError, match=r"free_bits must be in \[0, 60\]"):
+        noise.sample_packed(np.zeros(2, dtype=np.uint64), 61, FixedWords([]))
+
+
+@pytest.mark.parametrize(("eps1", "num_groups"), [(1.0, 2), (0.5, 2), (3.0, 5), (0.01, 3)])
+def test_the_group_decision_keeps_with_exactly_the_realised_probability(
+    eps1: float, num_groups: int
+) -> None:
+    """All 2^16 pieces, and for the one that ties every one of the 2^10 redrawn low bits: the
+    keep probability M_L realises is exactly ``numerator / 2^26``, the one its epsilon and
+    moments use. Power check: a plan whose piece threshold is one off is seen."""
+    from fedparity.mechanisms.ldp import laplace as module
+
+    mechanism = LaplaceMechanism(eps1, 1.0, num_groups)
+    numerator, bits = mechanism.group_keep_fraction
+    plan = module._sampler_plan(eps1, 1.0, num_groups)  # noqa: SLF001 - the sampler under test
+
+    def kept_words(plan: module._SamplerPlan) -> int:  # noqa: SLF001
+        pieces = np.arange(1 << 16, dtype=np.uint16)
+        low_bits = bits - module.GROUP_PIECE_BITS
+        tie = int(plan.top)
+        generator = FixedWords([0])
+        kept = module._keep_decisions(pieces, plan, generator)  # noqa: SLF001
+        assert generator.given == 1  # only the tying piece reads a fresh word
+        total = (int(kept.sum()) - int(kept[tie])) << low_bits
+        ties = np.full(1 << low_bits, tie, dtype=np.uint16)
+        fresh = [low << (64 - low_bits) for low in range(1 << low_bits)]
+        redrawn = module._keep_decisions(ties, plan, FixedWords(fresh))  # noqa: SLF001
+        return total + int(redrawn.sum())
+
+    assert kept_words(plan) == numerator
+    wrong = plan._replace(top=np.uint16(int(plan.top) + 1))
+    assert kept_words(wrong) != numerator

@@ -34,18 +34,28 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 from randomgen import AESCounter
 
-__all__ = ["DiscreteLaplaceNoise", "discrete_laplace_noise", "uniform_index", "uniform_words"]
+__all__ = [
+    "DiscreteLaplaceNoise",
+    "PackedTable",
+    "discrete_laplace_noise",
+    "packed_table",
+    "uniform_index",
+    "uniform_words",
+]
 
 _TWO_64 = float(2**64)
 #: Largest table: 2^20 columns (the column is read from the top 20 bits of a draw).
 MAX_COLUMN_BITS = 20
 _LOW32 = np.uint64(0xFFFFFFFF)
 _SHIFT32 = np.uint64(32)
+_SIGN = np.uint64(63)
+_SIGN_SHIFT = np.int64(63)
 
 
 #: Bit generators whose ``random_raw`` words are their ``next_uint64`` outputs (the words
@@ -134,6 +144,82 @@ class DiscreteLaplaceNoise:
         value = np.where(own, column, pair[:, 1].view(np.int64))
         value -= self.cap
         return value
+
+    def sample_packed(
+        self, words: NDArray[np.uint64], free_bits: int, rng: np.random.Generator
+    ) -> NDArray[np.float64]:
+        """``Z`` (float64, exact integers) from one raw 64-bit word per sample, leaving the
+        word's low ``free_bits`` bits to the caller.
+
+        The same alias method as :meth:`sample`, reading fewer bits where they decide: the
+        word's top ``k`` bits are the column ``j`` (``k = 64 - column_shift``), the next
+        ``t = 64 - k - free_bits`` bits the top of the threshold draw ``u``. They decide
+        ``u < threshold[j]`` unless they equal the threshold's top ``t`` bits (probability
+        ``2^-t``: ``t >= 26`` for tables of up to 2^20 columns and ``free_bits <= 18``); such a
+        sample reads the low ``64 - t`` bits of ``u`` from a fresh word's top bits. So ``u`` is
+        uniform on the 2^64 grid and independent of the column and of the caller's bits, and
+        the realised probabilities are exactly :meth:`pmf`. Two gathers per sample: the
+        column's key, then the value of (column, decision) (:func:`packed_table`).
+        """
+        table = packed_table(self, free_bits)
+        column = (words >> table.shift).view(np.int64)
+        # words and keys share the column bits, so |word - key| < 2^63: the difference wraps
+        # past 2^63 exactly when word < key (own), and is below 2^free_bits exactly when the
+        # threshold bits tie
+        difference = words - table.keys.take(column)
+        if difference.size and difference.min() < table.tie_bound:
+            ties = np.flatnonzero(difference < table.tie_bound)
+            prefix_bits = table.prefix_bits
+            prefix = (words[ties] >> np.uint64(free_bits)) & np.uint64((1 << prefix_bits) - 1)
+            draw = prefix << np.uint64(64 - prefix_bits)
+            draw |= uniform_words(rng, ties.shape[0]) >> np.uint64(prefix_bits)
+            # redrawn: the top bit set exactly when the full threshold draw is below
+            difference[ties] = (draw < self.threshold[column[ties]]).astype(np.uint64) << _SIGN
+        own = difference.view(np.int64)
+        own >>= _SIGN_SHIFT  # -1 where own, else 0
+        column += column  # 2 j: the alias's value; 2 j + 1: the column's own
+        column -= own
+        return table.values.take(column)
+
+
+class PackedTable(NamedTuple):
+    """A :class:`DiscreteLaplaceNoise` table packed for
+    :meth:`DiscreteLaplaceNoise.sample_packed` (:func:`packed_table`)."""
+
+    #: One uint64 per column ``j``: ``j`` in the column bits, the threshold's top
+    #: ``prefix_bits`` bits below them, zeros in the caller's ``free_bits``.
+    keys: NDArray[np.uint64]
+    #: ``alias[j] - cap`` at ``2 j`` and ``j - cap`` at ``2 j + 1`` (float64).
+    values: NDArray[np.float64]
+    prefix_bits: int
+    shift: np.uint64  # the column is ``word >> shift``
+    tie_bound: np.uint64  # 2^free_bits
+
+
+@functools.lru_cache(maxsize=64)
+def packed_table(noise: DiscreteLaplaceNoise, free_bits: int) -> PackedTable:
+    """The tables of :meth:`DiscreteLaplaceNoise.sample_packed` for words whose low
+    ``free_bits`` bits are the caller's. A word of column ``j`` is below key ``j`` when its
+    threshold bits are below the threshold's top bits and above it when they are above; they
+    tie exactly when ``word ^ key < 2^free_bits``."""
+    column_bits = 64 - noise.column_shift
+    prefix_bits = 64 - column_bits - free_bits
+    if not 0 <= free_bits or prefix_bits < 1:
+        raise ValueError(
+            f"free_bits must be in [0, {63 - column_bits}] for a table of 2^{column_bits} "
+            f"columns, got {free_bits}"
+        )
+    columns = np.arange(noise.threshold.shape[0], dtype=np.uint64)
+    top = noise.threshold >> np.uint64(64 - prefix_bits)
+    keys = (columns << np.uint64(noise.column_shift)) | (top << np.uint64(free_bits))
+    values = np.empty(2 * columns.shape[0])
+    values[0::2] = noise.alias_value
+    values[1::2] = columns.astype(np.float64) - noise.cap
+    for array in (keys, values):
+        array.setflags(write=False)
+    return PackedTable(
+        keys, values, prefix_bits, np.uint64(noise.column_shift), np.uint64(1 << free_bits)
+    )
 
 
 def _alias_table(

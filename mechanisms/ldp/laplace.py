@@ -16,12 +16,18 @@ discrete Laplace on the grid with the same scale ``2 / eps2`` (Canonne, Kamath a
 mechanism's :attr:`~LaplaceMechanism.epsilon` is computed from the probabilities the integer
 sampler actually realises, not assumed.
 
-Draws: raw 64-bit words of the generator's bit generator, two per client for d = 2 (one holds
-the noise column in its top 20 bits, the group decision in the next 26 and the rounding in
-its low 18; the other the noise threshold) and three for d > 2 (the other group). The keep
-probability is realised as the multiple of ``2^-26`` just below ``a``; the computed epsilon
-and the report moments (so the estimators) use that realised value. The rounding goes up
-with probability ``floor(frac 2^18) / 2^18``: a downward bias below ``2^-18`` grid steps
+Draws: raw 64-bit words of the generator's bit generator, all integer comparisons. Per client
+one word for the value step (from the top: the noise table's column, the top bits of its
+threshold draw, and in the low 18 bits the rounding) and a 16-bit piece of a shared word for
+the group decision (four clients to a word); for d > 2 one more word for the other group. Each
+decision reads only the bits that decide it and, where those tie with the threshold's (about
+2^-16 of the group decisions, at most 2^-26 of the noise draws), the rest of its draw from a
+fresh word, so every draw is still uniform on its full grid and the realised probabilities are
+exactly the tables' (:func:`_keep_decisions`,
+:meth:`~fedparity.mechanisms.ldp.discrete_laplace.DiscreteLaplaceNoise.sample_packed`). The
+keep probability is realised as the multiple of ``2^-26`` just below ``a``; the computed
+epsilon and the report moments (so the estimators) use that realised value. The rounding goes
+up with probability ``floor(frac 2^18) / 2^18``: a downward bias below ``2^-18`` grid steps
 (1.5e-8 on the [-1, 1] scale, far below any standard error the estimators report). Clients
 are processed in blocks of :data:`BLOCK` (cache-sized).
 
@@ -34,7 +40,7 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -59,11 +65,15 @@ SCALE_SLACKS = (1e-6, 1e-5, 1e-4, 1e-3)
 #: entries, and its smallest probabilities are ~e^-(20 + eps2) of the largest.
 MIN_EPSILON_VALUE = 0.02
 MAX_EPSILON_VALUE = 12.0
-#: Layout of the first 64-bit draw of a client, from the top: the noise table's column (the
-#: top bits of a 20-bit field: tables have at most 2^20 columns), the group decision, the
-#: randomised rounding.
+#: Tables have at most 2^COLUMN_FIELD_BITS columns (the top bits of a client's value word).
 COLUMN_FIELD_BITS = 20
+#: The keep probability is realised on the grid of 2^-GROUP_BITS.
 GROUP_BITS = 26
+#: The group decision's top bits, read from a 16-bit piece of a shared word (four clients to
+#: a word); the rest of the draw only when they tie with the numerator's.
+GROUP_PIECE_BITS = 16
+GROUP_PIECES = 64 // GROUP_PIECE_BITS
+#: The randomised rounding reads the low ROUNDING_BITS bits of a client's value word.
 ROUNDING_BITS = 18
 #: Clients per block inside :meth:`LaplaceMechanism.perturb` (the arrays stay in cache).
 BLOCK = 8192
@@ -176,6 +186,48 @@ def _grid_noise(epsilon_value: float) -> tuple[DiscreteLaplaceNoise, int, float]
     raise ValueError(  # pragma: no cover - the widest slack leaves a margin of ~1e-3
         f"no grid table for epsilon_value {epsilon_value!r} keeps the realised epsilon below it"
     )
+
+
+class _SamplerPlan(NamedTuple):
+    """What :meth:`LaplaceMechanism._draw` needs of the tables, built once per mechanism."""
+
+    noise: DiscreteLaplaceNoise
+    cap: float
+    clamp: float
+    numerator: int  # of the keep probability, over 2^GROUP_BITS
+    top: np.uint16  # the numerator's top GROUP_PIECE_BITS bits
+    rounding_mask: np.uint64
+
+
+@functools.lru_cache(maxsize=64)
+def _sampler_plan(epsilon_group: float, epsilon_value: float, num_groups: int) -> _SamplerPlan:
+    noise, clamp, _ = _grid_noise(epsilon_value)
+    numerator, _ = keep_fraction(grr_keep_probability(epsilon_group, num_groups))
+    return _SamplerPlan(
+        noise,
+        float(noise.cap),
+        float(clamp),
+        numerator,
+        np.uint16(numerator >> (GROUP_BITS - GROUP_PIECE_BITS)),
+        np.uint64(2**ROUNDING_BITS - 1),
+    )
+
+
+def _keep_decisions(
+    pieces: NDArray[np.uint16], plan: _SamplerPlan, rng: np.random.Generator
+) -> NDArray[np.bool_]:
+    """Whether each client keeps its group: ``x < numerator`` for a uniform
+    :data:`GROUP_BITS`-bit draw ``x`` whose top 16 bits are the client's piece. The piece
+    decides unless it equals the numerator's top 16 bits (probability 2^-16); such a client
+    reads the low bits of ``x`` from a fresh word's top bits, so ``x`` is uniform on its grid
+    and the keep probability is exactly ``numerator / 2^GROUP_BITS``."""
+    kept = pieces < plan.top
+    ties = np.flatnonzero(pieces == plan.top)
+    if ties.size:
+        low_bits = GROUP_BITS - GROUP_PIECE_BITS
+        low = uniform_words(rng, ties.shape[0]) >> np.uint64(64 - low_bits)
+        kept[ties] = ((int(plan.top) << low_bits) | low) < np.uint64(plan.numerator)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -320,32 +372,35 @@ class LaplaceMechanism(GroupValueMechanism):
     ) -> tuple[NDArray[np.bool_], NDArray[np.bool_] | NDArray[np.int64], NDArray[np.float64]]:
         """(kept, reported group, report) of a block, from raw 64-bit draws only; for d = 2
         the reported group is a boolean (group 1). ``in_steps``: the report in grid steps
-        (exact integers as float64), not yet multiplied by :data:`GRID_STEP`."""
+        (exact integers as float64), not yet multiplied by :data:`GRID_STEP`.
+
+        Words: one per client for the noise and the rounding, a 16-bit piece of a shared word
+        for the group decision (four clients to a word), and for d > 2 one more for the other
+        group, all from one call to the generator; rare ties read a fresh word
+        (:func:`_keep_decisions`, :meth:`DiscreteLaplaceNoise.sample_offsets`).
+        """
+        plan = _sampler_plan(self.epsilon_group, self.epsilon_value, self.num_groups)
         count = groups.shape[0]
-        words = 3 if self.num_groups > 2 else 2
-        raw = uniform_words(rng, (words, count))
-        noise = self._noise
-        # word 0, from the top: the noise column, the group decision, the rounding dither;
-        # word 1: the noise column's threshold; word 2 (d > 2): the other group
-        numerator, bits = self.group_keep_fraction
-        field = np.uint64((2**bits - 1) << ROUNDING_BITS)  # the group bits, in place
-        kept = (raw[0] & field) < np.uint64(numerator << ROUNDING_BITS)
+        pieces = -(-count // GROUP_PIECES)
+        raw = uniform_words(rng, count + pieces + (count if self.num_groups > 2 else 0))
+        words = raw[:count]
+        kept = _keep_decisions(raw[count : count + pieces].view(np.uint16)[:count], plan, rng)
         if self.num_groups == 2:
-            out_groups = (groups != 0) == kept  # reported group 1
+            out_groups = np.equal(groups, kept)  # reported group 1 (groups are 0 or 1)
         else:
-            other = uniform_index(raw[2], self.num_groups - 1).astype(np.int64)
+            other = uniform_index(raw[count + pieces :], self.num_groups - 1).astype(np.int64)
             other += other >= groups
             out_groups = np.where(kept, groups, other)
         # randomised rounding to the grid: floor(v / step + u) with u uniform on the multiples
-        # of 2^-18 in [0, 1): up with probability floor(frac 2^18) / 2^18
-        dither = (raw[0] & np.uint64(2**ROUNDING_BITS - 1)).astype(np.float64)
-        dither *= 2.0**-ROUNDING_BITS
-        dither += values * (1.0 / GRID_STEP)
-        report = np.floor(dither, out=dither)
+        # of 2^-18 in [0, 1) (the word's low bits): up with probability floor(frac 2^18) / 2^18;
+        # a flipped client's report is floor(0 + u) + Z = Z
+        report = np.multiply(values, 1.0 / GRID_STEP)
         report *= kept
-        report += noise.sample(raw[0], raw[1])
-        clamp = float(self.clamp_steps)
-        np.clip(report, -clamp, clamp, out=report)
+        report += np.multiply((words & plan.rounding_mask).view(np.int64), 2.0**-ROUNDING_BITS)
+        np.floor(report, out=report)
+        report += plan.noise.sample_packed(words, ROUNDING_BITS, rng)
+        if report.size and (report.max() > plan.clamp or report.min() < -plan.clamp):
+            np.clip(report, -plan.clamp, plan.clamp, out=report)
         if not in_steps:
             report *= GRID_STEP
         return kept, out_groups, report
