@@ -377,7 +377,7 @@ class LaplaceMechanism(GroupValueMechanism):
         Words: one per client for the noise and the rounding, a 16-bit piece of a shared word
         for the group decision (four clients to a word), and for d > 2 one more for the other
         group, all from one call to the generator; rare ties read a fresh word
-        (:func:`_keep_decisions`, :meth:`DiscreteLaplaceNoise.sample_offsets`).
+        (:func:`_keep_decisions`, :meth:`DiscreteLaplaceNoise.sample_packed`).
         """
         plan = _sampler_plan(self.epsilon_group, self.epsilon_value, self.num_groups)
         count = groups.shape[0]
