@@ -7,6 +7,7 @@ split view on the layout that the commitment stops.
 from __future__ import annotations
 
 import math
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from fedparity.clients import HolderRows, fedevalfair_handlers
 from fedparity.clients.fedevalfair import rows_statistics
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.clients.project.config import ConfigError, RunConfig
 from fedparity.mechanisms.crypto.ckks import HolderDP, KeyPaths, load_public_context
 from fedparity.mechanisms.crypto.ckks.holder_dp import SENSITIVITY, noise_std
 from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
@@ -284,3 +286,25 @@ def test_the_dp_mode_releases_every_calibrated_block_of_the_layout_with_its_nois
         ledger = UserLedger.load(tmp_path / name / "user-ledger.json")
         spent = ledger.epsilon_spent()
         assert spent.size == 900 and np.allclose(spent, spent[0]) and 0 < spent[0] <= 1.0 + 1e-9
+
+
+def test_a_hostile_group_count_is_refused_from_the_counts_without_building_the_blocks() -> None:
+    """num-groups = 10^9 (a run config is hostile input): refused from the arithmetic alone;
+    building the 2 x 10^9 blocks first took 19 GB and an out-of-memory kill in CI."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="do not fit one ciphertext"):
+            FedEvalFairLayout(("dp", "eo"), num_groups=10**9)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+
+
+def test_only_the_fedevalfair_tasks_check_the_layout() -> None:
+    """Five groups do not fit dp and eo in one ciphertext: a FedEvalFair run is refused, naming
+    the keys; an LDP audit or FPFL run with five groups is not FedEvalFair's business."""
+    with pytest.raises(ConfigError, match="fef-metrics x"):
+        RunConfig.from_mapping({"task": "fedevalfair", "num-groups": 5})
+    assert RunConfig.from_mapping({"task": "ldp-audit", "num-groups": 5}).num_groups == 5
+    assert RunConfig.from_mapping({"task": "fedevalfair", "num-groups": 5, "fef-metrics": "dp"})

@@ -602,10 +602,11 @@ class RunConfig:
                 f"{config.task!r} (its training is its own: FPFL with user-level DP)"
             )
         _check_fpfl(config)
-        try:
-            config.fef_layout  # noqa: B018 - validates fef-metrics with the group count
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+        if config.task in ("fedevalfair", "pipeline"):  # the tasks that run FedEvalFair
+            try:
+                config.fef_layout  # noqa: B018 - validates fef-metrics with the group count
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
         if config.fef_dp_epsilon is not None and config.task != "fedevalfair":
             raise ConfigError(
                 f'fef-dp-epsilon is for task = "fedevalfair", got task = {config.task!r} (the '

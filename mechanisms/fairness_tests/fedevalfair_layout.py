@@ -118,6 +118,7 @@ class FedEvalFairLayout:
                 f"{num_groups}), got {reference}"
             )
         object.__setattr__(self, "reference", reference)
+        # from the counts alone: a huge num_groups must not build its blocks first
         if self.round2_size > MAX_VECTOR_SIZE:
             per_test = len(_MODES) * (STAGE1_WIDTH + BLOCK_WIDTH)
             most = (MAX_VECTOR_SIZE - 1) // per_test
@@ -149,6 +150,11 @@ class FedEvalFairLayout:
         return tuple((m, c) for m in self.metrics for c in self.comparisons)
 
     @property
+    def num_blocks(self) -> int:
+        """Blocks of a run: (metrics) x (num_groups - 1) x 2 modes."""
+        return len(self.metrics) * (self.num_groups - 1) * len(_MODES)
+
+    @property
     def dp_blocks(self) -> tuple[int, ...]:
         """Indices of the blocks the holder-level DP mode releases (the calibrated ones)."""
         return tuple(i for i, block in enumerate(self.blocks) if block.mode == "calibrated")
@@ -156,7 +162,7 @@ class FedEvalFairLayout:
     @property
     def contribution_size(self) -> int:
         """A holder's round-1 contribution: one :data:`BLOCK_WIDTH` block per block."""
-        return len(self.blocks) * BLOCK_WIDTH
+        return self.num_blocks * BLOCK_WIDTH
 
     @property
     def round1_size(self) -> int:
@@ -166,12 +172,12 @@ class FedEvalFairLayout:
     @property
     def round2_size(self) -> int:
         """The round-2 vector: the stage-1 parts per block, the contribution again, a count."""
-        return len(self.blocks) * STAGE1_WIDTH + self.contribution_size + 1
+        return self.num_blocks * STAGE1_WIDTH + self.contribution_size + 1
 
     @property
     def release_size(self) -> int:
         """A key holder's release: :data:`RELEASE_WIDTH` numbers per block."""
-        return len(self.blocks) * RELEASE_WIDTH
+        return self.num_blocks * RELEASE_WIDTH
 
     def terms(self) -> bytes:
         """The layout as bytes, bound into every holder's commitment beside the DP mode's
