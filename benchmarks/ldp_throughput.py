@@ -18,7 +18,7 @@ grid mechanism with its integer-only sampler; ``--generator pcg64`` measures the
 NumPy's statistical generator for comparison. ``--seed`` seeds only the synthetic clients.
 
 Targets (the project's requirements): with the secure generator, M_R >= 100 M clients/s and
-M_L >= 50 M clients/s at 10^7 on a 2-core machine, 10^8 clients under 1 GB peak memory,
+M_L >= 100 M clients/s (issue 30; about 77 reached) at 10^7 on a 2-core machine, 10^8 clients under 1 GB peak memory,
 throughput flat from 10^6 to 10^8.
 """
 
