@@ -21,7 +21,7 @@ from fedparity.clients import LocalUsers
 from fedparity.clients.fedevalfair import rows_statistics
 from fedparity.clients.fedevalfair_handlers import FEF_SECRET_CONTEXT_REFUSAL
 from fedparity.clients.identity import IDENTITY_DIR_ENV
-from fedparity.mechanisms.crypto.ckks import generate_keys
+from fedparity.mechanisms.crypto.ckks import KeyPaths, generate_keys
 from fedparity.mechanisms.fairness_tests.fedevalfair import fedevalfair
 from fedparity.mechanisms.ldp.sequential import STOP_REASONS
 from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
@@ -59,21 +59,29 @@ def test_the_user_app_imports_only_the_public_api() -> None:
             assert ".app" not in module and "._" not in module and "config" not in module, line
 
 
-@pytest.mark.slow
-def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path) -> None:
+def federation(tmp_path: Path, secret: Path | None = None) -> tuple[ModuleType, KeyPaths, dict]:
+    """The user's task, the CKKS keys and the nodes' environment: their data, the secret
+    context (``secret``, default the generated one) and the holders' identity keys and roster
+    (FedEvalFair against an active server)."""
     task = user_task()
     data = tmp_path / "data"
     data.mkdir()
     task.write_population(data, NUM_NODES)
     keys = generate_keys(tmp_path / "keys")
     identities = write_node_identities(tmp_path / "identity", NUM_NODES)
-    output = tmp_path / "out"
     env = {
         "USERAPP_DATA_DIR": str(data),
-        "USERAPP_SECRET_CONTEXT": str(keys.secret),
-        # the holders' identity keys and roster (FedEvalFair against an active server)
+        "USERAPP_SECRET_CONTEXT": str(keys.secret if secret is None else secret),
         IDENTITY_DIR_ENV: str(identities),
     }
+    return task, keys, env
+
+
+@pytest.mark.slow
+def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path) -> None:
+    task, keys, env = federation(tmp_path)
+    data = tmp_path / "data"
+    output = tmp_path / "out"
     with local_simulation(APP, NUM_NODES, tmp_path / "flwr-home", env=env) as simulation:
         run = simulation.run(
             {
@@ -180,23 +188,14 @@ def test_user_app_runs_the_audit_and_fedevalfair_through_flwr_run(tmp_path: Path
     assert fpfl["epsilon"] == pytest.approx(expected.epsilon, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_holder_without_its_key_is_one_line_on_the_node_and_a_whole_sentence_on_the_server(
     tmp_path: Path,
 ) -> None:
     """Issue 28: forgetting the FedEvalFair keys in simulation printed about 290 lines of
     tracebacks and the server's warning clipped at both ends. Now each refusal is one line and
     the server's outcome carries the holders' fixed sentence whole."""
-    task = user_task()
-    data = tmp_path / "data"
-    data.mkdir()
-    task.write_population(data, NUM_NODES)
-    keys = generate_keys(tmp_path / "keys")
-    identities = write_node_identities(tmp_path / "identity", NUM_NODES)
-    env = {
-        "USERAPP_DATA_DIR": str(data),
-        "USERAPP_SECRET_CONTEXT": str(tmp_path / "no-such-key.tenseal"),  # the mistake
-        IDENTITY_DIR_ENV: str(identities),
-    }
+    _, keys, env = federation(tmp_path, secret=tmp_path / "no-such-key.tenseal")  # the mistake
     output = tmp_path / "out"
     with local_simulation(APP, NUM_NODES, tmp_path / "flwr-home", env=env) as simulation:
         run = simulation.run(

@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..validation import check_positive_finite
-from .mmdm import AggregateStatistics
+from .mmdm import AggregateStatistics, _check_vector
 
 __all__ = [
     "FedFBConfig",
@@ -141,15 +141,6 @@ def project_to_simplex(values: NDArray[np.floating], mass: float = 1.0) -> Float
     rho = int(np.nonzero(u - cumulative / index > 0)[0][-1])
     theta = cumulative[rho] / (rho + 1)
     return np.maximum(v - theta, 0.0)
-
-
-def _check_vector(name: str, value: NDArray[np.floating], length: int) -> FloatArray:
-    array = np.asarray(value, dtype=np.float64)
-    if array.shape != (length,):
-        raise ValueError(f"{name} must have shape ({length},), got {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must be finite (found NaN or infinity)")
-    return array
 
 
 def _check_group_weights(group_weights: NDArray[np.floating], num_groups: int) -> FloatArray:
