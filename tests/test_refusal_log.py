@@ -58,6 +58,13 @@ def test_a_fixed_refusal_with_its_traceback_becomes_its_sentence() -> None:
     assert refusal.filter(item)
     assert item.getMessage() == "a ClientApp refused: the sentence"
     assert not refusal.filter(record(formatted(SecretContextRefusal())))
+    # the ServerApp's own fixed-text errors (a run config refused) are not a node's refusal
+    try:
+        raise NodeRefusal("a server-side sentence")
+    except NodeRefusal as error:
+        item = record("ServerApp raised an exception", error)
+    assert refusal.filter(item) and item.exc_info is not None
+    assert item.getMessage() == "ServerApp raised an exception"
 
 
 def test_other_errors_keep_their_tracebacks() -> None:

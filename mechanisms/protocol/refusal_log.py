@@ -33,7 +33,10 @@ class OneLineRefusals(logging.Filter):
             return True
         error = record.exc_info[1] if record.exc_info else None
         if error is not None:
-            if not getattr(type(error), "fixed_text", False):
+            # a ClientApp's only: the ServerApp's own errors have their handler (server.app)
+            if not getattr(type(error), "fixed_text", False) or not record.getMessage().startswith(
+                "ClientApp"
+            ):
                 return True
             record.msg, record.args = "a ClientApp refused: %s", (str(error),)
             record.exc_info, record.exc_text = None, None
