@@ -5,9 +5,11 @@ one rate report per epsilon from the project's own ClientApp, results.json and r
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedparity.server.api import run_simulation_job
@@ -22,14 +24,28 @@ def test_the_rate_report_job_measures_every_rate_and_charges_each_user_once(
     tmp_path: Path,
 ) -> None:
     """Two reports (epsilon 1 and 4) over 3 nodes of 2,000 synthetic users each. Every
-    derived metric's private estimate lies within 5 standard errors of the harness's true
+    derived metric's private estimate lies within 5 standard deviations of the harness's true
     value (a false failure per value has probability ~6e-7; the LDP noise comes from OS
-    entropy and cannot be seeded); the nodes' ledgers hold one charge per report per user."""
+    entropy and cannot be seeded); the nodes' ledgers hold one charge per report per user.
+
+    The harness's truth is the expectation over each user's randomly drawn row (a user with
+    several rows reports one of them); the row a user draws adds at most 1/4 to the variance
+    of a count (a Bernoulli per user), which the report's standard error, given the reported
+    cells, does not include: the deviation is sqrt(stderr^2 + 1 / (4 denominator)). (With
+    the stderr alone, a 5.07-stderr miss came up once in CI at epsilon 4, where the LDP noise
+    is small beside the row draw.)"""
     config = tomllib.loads((REPO / "configs" / "rate-report.toml").read_text())
     config.update({"users-per-node": 2000, "output-dir": str(tmp_path)})
     results = run_simulation_job(config, num_supernodes=3)
     assert results["task"] == "rate-report"
     truth = results["ground_truth"]["rates"]
+    # per group [TP, FP, FN, TN] (encode_cells' order), as the harness's expected counts
+    cells = np.asarray(results["ground_truth"]["cell_counts"]).reshape(2, -1)[:, :4]
+    denominators = {
+        "selection_rate": cells.sum(axis=1),
+        "true_positive_rate": cells[:, 0] + cells[:, 2],
+        "false_positive_rate": cells[:, 1] + cells[:, 3],
+    }
     assert len(results["reports"]) == 2
     for report in results["reports"]:
         assert report["num_reports"] == 6000 and report["accepted_nodes"] == 3
@@ -38,7 +54,9 @@ def test_the_rate_report_job_measures_every_rate_and_charges_each_user_once(
             for group in ("0", "1"):
                 estimate = rates["by_group"][metric][group]
                 true_value = truth["by_group"][metric][group]["value"]
-                assert abs(estimate["value"] - true_value) < 5 * estimate["stderr"], (
+                row_draw = 0.25 / denominators[metric][int(group)]
+                deviation = math.sqrt(estimate["stderr"] ** 2 + row_draw)
+                assert abs(estimate["value"] - true_value) < 5 * deviation, (
                     metric,
                     group,
                     estimate,
