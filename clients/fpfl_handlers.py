@@ -95,10 +95,12 @@ from ..mechanisms.crypto.secure_sum import (
     share_self_seed,
     share_threshold,
 )
+from ..mechanisms.fpfl.fairfed import release_size
 from ..mechanisms.privacy.basic_ledger import LedgerFileError, PrivacyBudgetExceeded
 from ..mechanisms.privacy.user_ledger import SubsampledGaussianRelease
 from ..mechanisms.protocol import FPFL_KEY, METRICS_KEY
 from ..mechanisms.protocol.fpfl import (
+    RELEASE_ARRAY,
     FPFLConfirmReply,
     FPFLConfirmRequest,
     FPFLKeysReply,
@@ -112,7 +114,7 @@ from ..mechanisms.protocol.fpfl import (
     FPFLSetupRequest,
 )
 from .fpfl_data import FPFLShard
-from .fpfl_node import FPFLNodeSettings, cohort_contribution, round_rng
+from .fpfl_node import FPFLNodeSettings, cohort_contribution, fairfed_contribution, round_rng
 from .identity import NodeIdentity, node_identity
 from .ledger import default_ledger_path, ledger_totals, open_node_ledger, save_node_ledger
 from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
@@ -375,7 +377,7 @@ class FPFLNode:
                 parameters.population_size,
                 num_members,
                 colluders=limits.tolerated_colluders,
-                sigma=parameters.noise_multiplier,
+                sigma=parameters.sum_noise_multiplier,
             )
         except ValueError:
             raise PolicyRefusal(
@@ -397,7 +399,7 @@ class FPFLNode:
         return contribution_codec(
             per_user_bound=parameters.clipping_bound,
             population_size=parameters.population_size,
-            noise_std=(parameters.clipping_bound or 0.0) * parameters.noise_multiplier
+            noise_std=(parameters.clipping_bound or 0.0) * parameters.sum_noise_multiplier
             if parameters.noisy_shares
             else 0.0,
             num_nodes=num_members,
@@ -604,6 +606,8 @@ class FPFLNode:
             raise NodeRefusal("fpfl: this round number was masked already; refusing a replay")
         if parameters.epsilon is not None and state.answered >= parameters.rounds:
             raise PolicyRefusal("the training's rounds are all spent")
+        if request.node_scale != 1.0 and not parameters.fairfed:
+            raise NodeRefusal("fpfl: node-scale is for FairFed runs only; refusing")
         limits.check_weights(float(np.max(np.abs(request.weights), initial=0.0)))
         members = state.members
         share_std = self.noise_share_std(parameters, len(members), limits)
@@ -639,13 +643,16 @@ class FPFLNode:
             state.own_share = shares[own_id]
         self.save_round(context, session, state)  # one write, before anything is computed
         set_flat_parameters(model, request.weights)
-        total = self._contribution(model, shard, parameters, share_std, context, request.round)
+        total, release = self._contribution(
+            model, shard, parameters, share_std, context, request.round, request.node_scale
+        )
         extra = {METRICS_KEY: MetricRecord({**state.totals})} if state.totals else {}
+        released = {} if release is None else {RELEASE_ARRAY: Array(release)}
         if not parameters.masking:
             reply = FPFLRoundReply(total)
             return Message(
                 content=RecordDict(
-                    {FPFL_KEY: ArrayRecord({reply.array_name(): Array(total)}), **extra}
+                    {FPFL_KEY: ArrayRecord({reply.array_name(): Array(total), **released}), **extra}
                 ),
                 reply_to=msg,
             )
@@ -663,7 +670,7 @@ class FPFLNode:
         return Message(
             content=RecordDict(
                 {
-                    FPFL_KEY: ArrayRecord({reply.array_name(): Array(masked)}),
+                    FPFL_KEY: ArrayRecord({reply.array_name(): Array(masked), **released}),
                     "shares": ConfigRecord(reply.to_fields()),
                     **extra,
                 }
@@ -679,11 +686,27 @@ class FPFLNode:
         share_std: float,
         context: Context,
         round_number: int,
-    ) -> np.ndarray:
-        """The round's noised sum. A failure while computing it (after the round was counted)
-        becomes a sum of zeros plus the noise share: the reply never depends on the data."""
+        scale: float = 1.0,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The round's noised sum, and in a FairFed run the node's own noised release (None
+        otherwise). A failure while computing them (after the round was counted) becomes
+        zeros plus the noise: the reply never depends on the data."""
         rng = round_rng(self.settings.client_seed, self.stream(context), round_number)
+        release_std = (parameters.clipping_bound or 0.0) * parameters.release_noise_multiplier
         try:
+            if parameters.fairfed:
+                both = fairfed_contribution(
+                    model,
+                    shard,
+                    constraint=parameters.constraint,  # type: ignore[arg-type]
+                    clipping_bound=parameters.clipping_bound,
+                    sample_rate=parameters.sample_rate,
+                    noise_share_std=share_std,
+                    release_std=release_std,
+                    scale=scale,
+                    rng=rng,
+                )
+                return both.total, both.release
             return cohort_contribution(
                 model,
                 shard,
@@ -693,7 +716,7 @@ class FPFLNode:
                 sample_rate=parameters.sample_rate,
                 noise_share_std=share_std,
                 rng=rng,
-            )
+            ), None
         except Exception as error:  # noqa: BLE001 - a data-dependent failure is no refusal
             log(
                 logging.ERROR,
@@ -701,8 +724,12 @@ class FPFLNode:
                 round_number,
                 error,
             )
-            zeros = np.zeros(parameters.vector_size)
-            return zeros + rng.normal(0.0, share_std, size=zeros.shape) if share_std else zeros
+            return (
+                _noise(rng, parameters.vector_size, share_std),
+                _noise(rng, release_size(parameters.num_groups), release_std)
+                if parameters.fairfed
+                else None,
+            )
 
     # -- unmask -------------------------------------------------------------------------------
 
@@ -862,6 +889,11 @@ class FPFLNode:
             "fpfl_reveal": self.reveal,
         }
         return {action: fixed_error_texts(method) for action, method in methods.items()}
+
+
+def _noise(rng: np.random.Generator, size: int, std: float) -> np.ndarray:
+    """``N(0, std^2 I)`` of length ``size`` (zeros when ``std`` is 0)."""
+    return rng.normal(0.0, std, size=size) if std else np.zeros(size)
 
 
 def _arrays(record: ArrayRecord | None) -> dict[str, np.ndarray]:

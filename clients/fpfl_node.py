@@ -56,7 +56,14 @@ from .fpfl_data import FPFLShard
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FPFLNodeSettings", "cohort_contribution", "round_rng"]
+__all__ = [
+    "FPFLNodeSettings",
+    "FairFedContribution",
+    "cohort_contribution",
+    "cohort_sum",
+    "fairfed_contribution",
+    "round_rng",
+]
 
 #: ``spawn_key`` tags of the seeded (reproducible, not private) streams.
 _COHORT_AND_NOISE_TAG = 41
@@ -109,6 +116,9 @@ class FPFLNodeSettings:
         ``rho`` in [0, 1): the shares are sized for ``n_min = ceil((1 - rho) n)`` survivors.
     client_seed : int or None
         None: OS entropy for the cohort and the noise; an integer is reproducible, NOT private.
+    fairfed_release_share : float
+        ``phi`` in [0, 1): FairFed's per-node release takes this share of ``1 / sigma^2``
+        (0: not FairFed; :mod:`fedparity.mechanisms.fpfl.fairfed`).
     """
 
     constraint: Constraint
@@ -122,6 +132,7 @@ class FPFLNodeSettings:
     masking: bool = True
     dropout_tolerance: float = 0.2
     client_seed: int | None = None
+    fairfed_release_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.constraint not in CONSTRAINTS:
@@ -141,6 +152,10 @@ class FPFLNodeSettings:
             raise ValueError(f"delta must be in (0, 1) or None, got {self.delta!r}")
         if not 0.0 <= self.dropout_tolerance < 1.0:
             raise ValueError(f"dropout_tolerance must be in [0, 1), got {self.dropout_tolerance!r}")
+        if not 0.0 <= self.fairfed_release_share < 1.0:  # NaN fails too
+            raise ValueError(
+                f"fairfed_release_share must be in [0, 1), got {self.fairfed_release_share!r}"
+            )
 
     def mismatch(self, parameters: FPFLRunParameters) -> str | None:
         """The name of the first run parameter that is not this node's setting (None: all
@@ -157,6 +172,11 @@ class FPFLNodeSettings:
             ("noise placement", self.distributed_noise, parameters.distributed_noise),
             ("secure sum", self.masking, parameters.masking),
             ("dropout tolerance", self.dropout_tolerance, parameters.dropout_tolerance),
+            (
+                "FairFed release share",
+                self.fairfed_release_share,
+                parameters.fairfed_release_share,
+            ),
         )
         for name, own, run in pairs:
             if own != run:
@@ -222,6 +242,86 @@ def cohort_contribution(
     holding the round's weights): the sum of its cohort users' statistic vectors (clipped to
     ``clipping_bound`` unless None) plus its noise share ``N(0, noise_share_std^2 I)``
     (FPFL Algorithm 1, ``UserStatistics``; Poisson cohort with rate ``sample_rate``)."""
+    if not math.isfinite(noise_share_std) or noise_share_std < 0:
+        raise ValueError(f"noise_share_std must be a finite number >= 0, got {noise_share_std!r}")
+    total = cohort_sum(
+        model,
+        shard,
+        constraint=constraint,
+        clipping_bound=clipping_bound,
+        sample_rate=sample_rate,
+        rng=rng,
+    )
+    if noise_share_std > 0:
+        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
+    return np.asarray(total, dtype=np.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class FairFedContribution:
+    """A FairFed node's round: ``total`` (its scaled clipped sum plus its noise share, for the
+    secure sum) and ``release`` (the counting block of the unscaled sum plus its own noise)."""
+
+    total: NDArray[np.float64]
+    release: NDArray[np.float64]
+
+
+def fairfed_contribution(
+    model: torch.nn.Module,
+    shard: FPFLShard,
+    *,
+    constraint: Constraint,
+    clipping_bound: float | None,
+    sample_rate: float,
+    noise_share_std: float,
+    release_std: float,
+    scale: float,
+    rng: np.random.Generator,
+) -> FairFedContribution:
+    """FairFed on FPFL's round (:mod:`fedparity.mechanisms.fpfl.fairfed`): the clipped cohort
+    sum ``S`` of :func:`cohort_sum`, ``scale * S + N(0, noise_share_std^2 I)`` for the secure
+    sum and ``S[release blocks] + N(0, release_std^2 I)`` released on its own. ``scale`` in
+    [0, 1] keeps each user's part of the sum within ``C``."""
+    from ..mechanisms.fpfl.fairfed import release_indices
+    from .fpfl_task import statistics_layout
+
+    if not 0.0 <= scale <= 1.0:
+        raise ValueError(f"scale must be in [0, 1], got {scale!r}")
+    for name, value in (("noise_share_std", noise_share_std), ("release_std", release_std)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    indices = release_indices(statistics_layout(model, shard.num_groups))
+    raw = cohort_sum(
+        model,
+        shard,
+        constraint=constraint,
+        clipping_bound=clipping_bound,
+        sample_rate=sample_rate,
+        rng=rng,
+    )
+    total = scale * raw
+    if noise_share_std > 0:
+        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
+    release = raw[indices]
+    if release_std > 0:
+        release = release + rng.normal(0.0, release_std, size=release.shape)
+    return FairFedContribution(
+        np.asarray(total, dtype=np.float64), np.asarray(release, dtype=np.float64)
+    )
+
+
+def cohort_sum(
+    model: torch.nn.Module,
+    shard: FPFLShard,
+    *,
+    constraint: Constraint,
+    clipping_bound: float | None,
+    sample_rate: float,
+    rng: np.random.Generator,
+) -> NDArray[np.float64]:
+    """The sum of the node's cohort users' statistic vectors for ``model``, clipped to
+    ``clipping_bound`` unless None (Poisson cohort with rate ``sample_rate``, drawn from
+    ``rng``), without noise."""
     # torch's modules are loaded by the round itself, not by a node's other messages (a
     # deployed SuperNode starts a process for each).
     from .fpfl_task import (
@@ -233,8 +333,6 @@ def cohort_contribution(
 
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if not math.isfinite(noise_share_std) or noise_share_std < 0:
-        raise ValueError(f"noise_share_std must be a finite number >= 0, got {noise_share_std!r}")
     layout = statistics_layout(model, shard.num_groups)
     cohort = np.flatnonzero(rng.random(shard.num_users) < sample_rate)
     if cohort.size == 0:
@@ -260,8 +358,6 @@ def cohort_contribution(
             .sum(dim=0)
             .numpy()
         )
-    if noise_share_std > 0:
-        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
     return np.asarray(total, dtype=np.float64)
 
 

@@ -51,7 +51,10 @@ Machine Learning, arXiv:2109.08604, 2021):
 * :class:`StatisticsLayout` / :class:`AggregateStatistics`: the sufficient-statistic vector
   (FPFL Eq. 17) and its cohort sum; :func:`evaluate_constraints`, :func:`mmdm_update`
   (FPFL Eq. 9-11), :func:`sgd_update`, :func:`fedfb_update` (FedFB's group reweighting on the
-  same sums: Zeng, Chen and Lee, "Improving Fairness via Federated Learning", 2021);
+  same sums: Zeng, Chen and Lee, "Improving Fairness via Federated Learning", 2021),
+  :func:`fairfed_step` / :func:`node_scales` / :func:`release_noise_multipliers` (FairFed's
+  node weights from per-node releases under the same epsilon: Ezzeldin et al., "FairFed:
+  Enabling Group Fairness in Federated Learning", AAAI 2023);
   :func:`privatize_sum` (Gaussian noise on a clipped sum);
 * :func:`cohort_metrics` / :class:`ModelSelector`: model selection on cohort statistics;
 * :func:`fairness_gaps`: accuracy and FNR / EO / DemP / PP gaps of hard predictions.

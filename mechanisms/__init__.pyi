@@ -20,6 +20,11 @@ from .fairness_tests.fedevalfair import stage1_statistic as stage1_statistic
 from .fairness_tests.fedevalfair import stage1_term as stage1_term
 from .fairness_tests.fedevalfair import stage_statistics as stage_statistics
 from .fairness_tests.fedevalfair_layout import FedEvalFairLayout as FedEvalFairLayout
+from .fpfl.fairfed import FairFedConfig as FairFedConfig
+from .fpfl.fairfed import FairFedStep as FairFedStep
+from .fpfl.fairfed import fairfed_step as fairfed_step
+from .fpfl.fairfed import node_scales as node_scales
+from .fpfl.fairfed import release_noise_multipliers as release_noise_multipliers
 from .fpfl.fedfb import FedFBConfig as FedFBConfig
 from .fpfl.fedfb import FedFBUpdate as FedFBUpdate
 from .fpfl.fedfb import fedfb_update as fedfb_update

@@ -80,6 +80,7 @@ from ..clients.fpfl_task import (
 from ..clients.process import freeze_warm_heap, thaw_heap
 from ..clients.project.config import ConfigError, RunConfig
 from ..clients.project.fpfl_node import population
+from ..mechanisms.fpfl.fairfed import FairFedConfig
 from ..mechanisms.fpfl.fedfb import FedFBConfig
 from ..mechanisms.fpfl.mmdm import FairnessGaps, MMDMConfig, SelectionCandidate, fairness_gaps
 from ..mechanisms.privacy.opacus_accounting import NoiseCalibration, calibrate_noise, sample_rate
@@ -316,6 +317,7 @@ def _build(grid: Grid, config: RunConfig, session: str) -> _Built:
         masking=config.fpfl_secure_sum == "masking",
         dropout_tolerance=config.fpfl_dropout_tolerance,
         session=session,
+        fairfed_release_share=config.fpfl_release_share,
     )
     active = [node for node in node_ids if node in nodes.users_by_node]
     protocol = FPFLProtocol(
@@ -347,8 +349,13 @@ def _build(grid: Grid, config: RunConfig, session: str) -> _Built:
             if config.fpfl_update_rule == "fedfb"
             else None
         ),
+        fairfed=(
+            FairFedConfig(beta=config.fpfl_fairfed_beta)
+            if config.fpfl_update_rule == "fairfed"
+            else None
+        ),
         smoothing=config.fpfl_statistics_smoothing,
-        central_noise_multiplier=sigma if central else 0.0,
+        central_noise_multiplier=parameters.sum_noise_multiplier if central else 0.0,
         clipping_bound=config.fpfl_clipping_bound,
         central_noise_rng=lambda round_number: round_rng(
             config.fpfl_client_seed, 0, round_number, central=True

@@ -51,8 +51,13 @@ def progress_line(entry: dict[str, Any]) -> str:
     return (
         f"round {entry['round']:>4}: cohort loss {_fmt(entry.get('cohort_loss'))} acc "
         f"{_fmt(entry.get('cohort_accuracy'))} | constraint gap {_fmt(gaps)} "
-        f"(group rates {', '.join(_fmt(r) for r in rates)}) | lambda "
-        f"{', '.join(f'{m:.3f}' for m in entry['multipliers'])} | eps spent "
+        f"(group rates {', '.join(_fmt(r) for r in rates)}) | "
+        + (
+            f"node weights {', '.join(f'{w:.3f}' for w in entry['fairfed_weights'])}"
+            if "fairfed_weights" in entry
+            else f"lambda {', '.join(f'{m:.3f}' for m in entry['multipliers'])}"
+        )
+        + " | eps spent "
         f"{_fmt(entry.get('epsilon_spent'))} | nodes {entry['replied']}/{entry['members']}"
         + (f" | LOST: {entry['lost']}" if entry.get("lost") else "")
     )
@@ -173,13 +178,21 @@ def paper_row(config: RunConfig) -> dict[str, Any] | None:
 
 #: The unconstrained algorithm of the paper's Table 2 for each constrained one (same clipping
 #: and noise, no MMDM).
-UNCONSTRAINED_COUNTERPART = {"ffl": "fl", "ffl-clip": "fl-clip", "fpfl": "pfl", "fedfb": "pfl"}
+UNCONSTRAINED_COUNTERPART = {
+    "ffl": "fl",
+    "ffl-clip": "fl-clip",
+    "fpfl": "pfl",
+    "fedfb": "pfl",
+    "fairfed": "pfl",
+}
 
 #: How the report says an algorithm was trained, where it is not the paper's constrained or
 #: unconstrained training (FedFB: Zeng, Chen and Lee, "Improving Fairness via Federated
-#: Learning", arXiv:2110.15545, 2021).
+#: Learning", arXiv:2110.15545, 2021; FairFed: Ezzeldin, Yan, He, Ferrara and Avestimehr,
+#: "FairFed: Enabling Group Fairness in Federated Learning", AAAI 2023).
 TRAINED_WITH = {
     "fedfb": "trained with FedFB's group reweighting (Zeng, Chen and Lee 2021), not with",
+    "fairfed": "trained with FairFed's node weights (Ezzeldin et al. 2023), not with",
 }
 
 #: The FairnessGaps field that each fpfl-constraint bounds by alpha, and its name.

@@ -68,6 +68,14 @@ from ..mechanisms.crypto.secure_sum import (
     noise_share_std,
     unmask_sum,
 )
+from ..mechanisms.fpfl.fairfed import (
+    FairFedConfig,
+    fairfed_step,
+    initial_node_weights,
+    node_scales,
+    release_size,
+    release_statistics,
+)
 from ..mechanisms.fpfl.fedfb import FedFBConfig, fedfb_update
 from ..mechanisms.fpfl.mmdm import (
     MMDMConfig,
@@ -127,6 +135,8 @@ class RoundOutcome:
 
     round: int
     total: NDArray[np.float64] | None
+    #: FairFed: each replying node's own noisy statistics (empty otherwise).
+    releases: dict[int, NDArray[np.float64]] = field(default_factory=dict)
     replied: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
     # (node, reason); the reason is None for a Flower error without one
@@ -366,13 +376,15 @@ class FPFLProtocol:
             return 0.0
         if self.clipping_bound is None:
             raise ValueError("distributed noise needs a clipping bound (clipping_bound is None)")
-        return noise_share_std(self.clipping_bound, self.noise_multiplier, self.min_survivors())
+        return noise_share_std(
+            self.clipping_bound, self.parameters.sum_noise_multiplier, self.min_survivors()
+        )
 
     def _codec(self, num_members: int) -> FixedPointCodec:
         return contribution_codec(
             per_user_bound=self.clipping_bound,
             population_size=self.population_size,
-            noise_std=(self.clipping_bound or 0.0) * self.noise_multiplier
+            noise_std=(self.clipping_bound or 0.0) * self.parameters.sum_noise_multiplier
             if self.parameters.noisy_shares
             else 0.0,
             num_nodes=num_members,
@@ -387,20 +399,30 @@ class FPFLProtocol:
 
     # -- one round -------------------------------------------------------------------------
 
-    def run_round(self, round_number: int, weights: NDArray[np.float64]) -> RoundOutcome:
-        """Send the weights, collect the (masked) node sums and recover their total."""
-        request = FPFLRoundRequest(
-            round_number, self.run_digest, np.asarray(weights, dtype=np.float64)
-        )
-        arrays = ArrayRecord({WEIGHTS_ARRAY: Array(request.weights)})
-        messages = [
-            self._message(
-                FPFL_ROUND_MESSAGE_TYPE,
-                node,
-                {FPFL_KEY: arrays, "config": ConfigRecord(request.to_fields())},
+    def run_round(
+        self,
+        round_number: int,
+        weights: NDArray[np.float64],
+        scales: dict[int, float] | None = None,
+    ) -> RoundOutcome:
+        """Send the weights (and in a FairFed run each node's scale, default 1), collect the
+        (masked) node sums and recover their total, and the nodes' own releases."""
+        if scales and not self.parameters.fairfed:
+            raise ValueError("scales are for FairFed runs only (fairfed_release_share > 0)")
+        weights = np.asarray(weights, dtype=np.float64)
+        arrays = ArrayRecord({WEIGHTS_ARRAY: Array(weights)})
+        messages = []
+        for node in self.members:
+            request = FPFLRoundRequest(
+                round_number, self.run_digest, weights, (scales or {}).get(node, 1.0)
             )
-            for node in self.members
-        ]
+            messages.append(
+                self._message(
+                    FPFL_ROUND_MESSAGE_TYPE,
+                    node,
+                    {FPFL_KEY: arrays, "config": ConfigRecord(request.to_fields())},
+                )
+            )
         outcome = RoundOutcome(round=round_number, total=None)
         received: dict[int, FPFLRoundReply] = {}
         for reply in send_and_receive(self.grid, messages, self.reply_timeout):
@@ -419,6 +441,8 @@ class FPFLProtocol:
                 outcome.rejected.append((node, f"malformed reply: {error}"))
                 continue
             received[node] = answer
+            if answer.release is not None:
+                outcome.releases[node] = answer.release
             self.ledgers.record(node, totals, new)
         outcome.replied = sorted(received)
         outcome.missing = sorted(set(self.members) - set(received))
@@ -456,6 +480,7 @@ class FPFLProtocol:
             arrays,
             masked=self.masking,
             vector_size=self.vector_size,
+            release_size=release_size(self.parameters.num_groups) if self.parameters.fairfed else 0,
         )
         if self.masking:
             if sorted(answer.recipients) != sorted(set(self.members) - {node}):
@@ -755,6 +780,13 @@ class FPFLTraining:
         ``C`` (for central noise).
     central_noise_rng : callable, optional
         ``central_noise_rng(round) -> numpy Generator`` (default: OS entropy).
+    fairfed : FairFedConfig, optional
+        FairFed's node weights instead (Ezzeldin et al., "FairFed: Enabling Group Fairness in
+        Federated Learning", AAAI 2023; :mod:`fedparity.mechanisms.fpfl.fairfed`; needs
+        ``use_mmdm=False`` and a protocol whose run has ``fairfed_release_share > 0``): each
+        round sends the nodes their scales, takes a FederatedSGD step on the weighted sum and
+        moves the weights from the nodes' own releases; the history, the selection and the
+        smoothing read the releases (the unweighted cohort).
     """
 
     def __init__(
@@ -770,9 +802,12 @@ class FPFLTraining:
         clipping_bound: float | None = None,
         central_noise_rng: Callable[[int], np.random.Generator] | None = None,
         fedfb: FedFBConfig | None = None,
+        fairfed: FairFedConfig | None = None,
     ) -> None:
-        if fedfb is not None and use_mmdm:
-            raise ValueError("use_mmdm must be False with fedfb: one update rule per training")
+        if sum((use_mmdm, fedfb is not None, fairfed is not None)) > 1:
+            raise ValueError(
+                "use_mmdm, fedfb and fairfed are exclusive: one update rule per training"
+            )
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
         if central_noise_multiplier < 0:
@@ -787,9 +822,16 @@ class FPFLTraining:
         self.mmdm = mmdm
         self.use_mmdm = use_mmdm
         self.fedfb = fedfb
+        self.fairfed = fairfed
+        #: FairFed: the nodes (the protocol's members), their weights ``omega``, the weights'
+        #: start ``omega^0`` and the (smoothed) releases, one row per node (NaN: none yet).
+        self.fairfed_nodes: list[int] = []
+        self.node_weights: NDArray[np.float64] | None = None
+        self.base_weights: NDArray[np.float64] | None = None
+        self.smoothed_releases: NDArray[np.float64] | None = None
         self.smoothing = float(smoothing)
         self.smoothed_total: NDArray[np.float64] | None = None
-        fair_aware = use_mmdm or fedfb is not None
+        fair_aware = use_mmdm or fedfb is not None or fairfed is not None
         fair = fair_aware if require_fair_selection is None else require_fair_selection
         self.selector = ModelSelector(require_fair=fair)
         self.central_noise_multiplier = float(central_noise_multiplier)
@@ -800,14 +842,86 @@ class FPFLTraining:
 
     @property
     def update_rule(self) -> str:
-        """``"mmdm"``, ``"fedfb"`` or ``"sgd"`` (FederatedSGD)."""
+        """``"mmdm"``, ``"fedfb"``, ``"fairfed"`` or ``"sgd"`` (FederatedSGD)."""
         if self.use_mmdm:
             return "mmdm"
+        if self.fairfed is not None:
+            return "fairfed"
         return "sgd" if self.fedfb is None else "fedfb"
 
-    def update(self, round_number: int, total: NDArray[np.floating]) -> dict[str, Any]:
+    def node_scales(self) -> dict[int, float] | None:
+        """FairFed: each node's scale for the next round (None before the first weights, and
+        outside FairFed: every scale 1)."""
+        if self.fairfed is None or self.node_weights is None or self.base_weights is None:
+            return None
+        scales = node_scales(self.node_weights, self.base_weights)
+        return {node: float(scale) for node, scale in zip(self.fairfed_nodes, scales, strict=True)}
+
+    def _fairfed_update(
+        self,
+        round_number: int,
+        stats: Any,
+        releases: dict[int, NDArray[np.float64]],
+    ) -> dict[str, Any]:
+        """FairFed's round: a FederatedSGD step on the weighted sum (the loss gradient over
+        the equally weighted count is the weights' mean of the nodes' mean gradients), then new
+        node weights from the nodes' (smoothed) releases; the history and the selection read
+        the releases' sum."""
+        assert self.fairfed is not None
+        config, layout = self.fairfed, self.layout
+        width = release_size(layout.num_groups)
+        rows = np.full((len(self.fairfed_nodes), width), np.nan)
+        for index, node in enumerate(self.fairfed_nodes):
+            if node in releases:
+                rows[index] = releases[node]
+        present = np.all(np.isfinite(rows), axis=1)
+        if self.smoothed_releases is None:
+            self.smoothed_releases = np.full_like(rows, np.nan)
+        for row in np.flatnonzero(present):
+            previous = self.smoothed_releases[row]
+            self.smoothed_releases[row] = exponential_average(
+                previous if np.all(np.isfinite(previous)) else None, rows[row], self.smoothing
+            )
+        if self.node_weights is None:
+            self.base_weights = initial_node_weights(rows, config, layout)
+            self.node_weights = self.base_weights.copy()
+        min_count = self.mmdm.min_count
+        pooled_now = release_statistics(layout, rows[present].sum(axis=0))
+        smoothed_rows = self.smoothed_releases
+        usable = np.all(np.isfinite(smoothed_rows), axis=1)
+        pooled = release_statistics(layout, smoothed_rows[usable].sum(axis=0))
+        raw_metrics = cohort_metrics(pooled_now, self.mmdm.alpha, min_count=min_count)
+        metrics = cohort_metrics(pooled, self.mmdm.alpha, min_count=min_count)
+        self.selector.consider(round_number, self.weights, metrics)
+        self.weights = sgd_update(self.weights, stats, self.mmdm.learning_rate, min_count=min_count)
+        step = fairfed_step(self.node_weights, smoothed_rows, config, layout)
+        self.node_weights = step.weights
+        entry: dict[str, Any] = {
+            "cohort_loss": _finite(pooled_now.loss_sum / max(pooled_now.num_samples, min_count)),
+            "cohort_accuracy": _finite(raw_metrics.accuracy),
+            "cohort_gap": _finite(raw_metrics.gap),
+            "group_error_rates": [_finite(r) for r in raw_metrics.group_error_rates],
+            "surrogate_gap": _finite(
+                evaluate_constraints(pooled, self.mmdm.alpha, min_count=min_count).max_gap
+            ),
+            "cohort_size_noisy": _finite(pooled_now.num_samples),
+            "fairfed_weights": [float(w) for w in step.weights],
+            "fairfed_distances": [_finite(d) for d in step.distances],
+        }
+        if self.smoothing:
+            entry["smoothed_cohort_accuracy"] = _finite(metrics.accuracy)
+            entry["smoothed_cohort_gap"] = _finite(metrics.gap)
+        return entry
+
+    def update(
+        self,
+        round_number: int,
+        total: NDArray[np.floating],
+        releases: dict[int, NDArray[np.float64]] | None = None,
+    ) -> dict[str, Any]:
         """One step from round ``round_number``'s released sum (the statistics of the weights
-        sent in that round); returns the round's cohort metrics for the history."""
+        sent in that round) and, with FairFed, the nodes' own releases; returns the round's
+        cohort metrics for the history."""
         alpha, min_count = self.mmdm.alpha, self.mmdm.min_count
         if self.central_noise_multiplier:
             rng = (
@@ -822,6 +936,8 @@ class FPFLTraining:
                 rng=rng,
             ).values
         stats = self.layout.split(total)
+        if self.fairfed is not None:
+            return self._fairfed_update(round_number, stats, releases or {})
         raw_metrics = cohort_metrics(stats, alpha, min_count=min_count)
         # Selection and the constraint terms read the smoothed sums (smoothing > 0) or this
         # round's sum; the loss gradient always comes from this round's sum.
@@ -914,6 +1030,15 @@ class FPFLTraining:
         last = num_rounds if stop_after is None else min(num_rounds, first - 1 + stop_after)
         if protocol.table is None:
             protocol.setup()
+        if self.fairfed is not None:
+            if not protocol.parameters.fairfed:
+                raise ValueError(
+                    "FairFed needs a run whose nodes release their own statistics "
+                    "(FPFLRunParameters.fairfed_release_share > 0)"
+                )
+            if self.fairfed_nodes and self.fairfed_nodes != list(protocol.members):
+                raise ValueError("the restored FairFed weights are for other member nodes")
+            self.fairfed_nodes = list(protocol.members)
         for observer in observers:
             observer.begin(self, protocol, range(first, last + 1))
         stop_reason = ""
@@ -924,7 +1049,7 @@ class FPFLTraining:
                 break
             for observer in observers:
                 observer.before_release(round_number)
-            outcome = protocol.run_round(round_number, self.weights)
+            outcome = protocol.run_round(round_number, self.weights, self.node_scales())
             entry = self._entry(round_number, protocol, outcome)
             self.history.append(entry)
             trained_to = round_number
@@ -979,7 +1104,7 @@ class FPFLTraining:
         if outcome.total is None:
             entry["lost"] = outcome.reason
         else:
-            entry.update(self.update(round_number, outcome.total))
+            entry.update(self.update(round_number, outcome.total, outcome.releases))
         entry["multipliers"] = [float(m) for m in self.multipliers]
         return entry
 

@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from flwr.common import log
 
 from ..mechanisms._files import DEFAULT_RUNS_DIR, new_run_folder
@@ -266,9 +267,19 @@ class DurableTraining(FPFLObserver):
     def checkpoint(self, round_number: int) -> None:
         """Write the training's state after round ``round_number``."""
         training = self._trained
-        arrays = {"weights": training.weights, "multipliers": training.multipliers}
+        arrays: dict[str, np.ndarray] = {
+            "weights": training.weights,
+            "multipliers": training.multipliers,
+        }
         if training.smoothed_total is not None:
             arrays["smoothed_total"] = training.smoothed_total
+        fairfed = (training.node_weights, training.base_weights, training.smoothed_releases)
+        if all(array is not None for array in fairfed):
+            arrays["fairfed_nodes"] = np.asarray(training.fairfed_nodes, dtype=np.uint64)
+            for name, array in zip(
+                ("node_weights", "base_weights", "smoothed_releases"), fairfed, strict=True
+            ):
+                arrays[name] = np.asarray(array)
         state: dict[str, Any] = {"round": round_number, "history": training.history}
         best = training.selector.best
         if best is not None:
@@ -292,6 +303,11 @@ class DurableTraining(FPFLObserver):
         training.weights = arrays["weights"]
         training.multipliers = arrays["multipliers"]
         training.smoothed_total = arrays.get("smoothed_total")
+        if "node_weights" in arrays:  # FairFed
+            training.fairfed_nodes = [int(node) for node in arrays["fairfed_nodes"]]
+            training.node_weights = arrays["node_weights"]
+            training.base_weights = arrays["base_weights"]
+            training.smoothed_releases = arrays["smoothed_releases"]
         training.history = state["history"]
         if "best_weights" in arrays:
             training.selector.consider(

@@ -41,8 +41,9 @@ FEDAVG_TASKS = ("ldp-audit", "rate-report", "fedevalfair")
 PIPELINE_SESSIONS = ("fpfl", "pfl")
 #: The audited metric that matches each FPFL constraint (the pipeline audits what it trains for).
 PIPELINE_METRIC = {"fnr": "fnr", "accuracy": "accuracy"}
-#: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2, and FedFB (Zeng, Chen and
-#: Lee 2021) on the same private sums: (MMDM?, clip?, noise?).
+#: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2, FedFB (Zeng, Chen and Lee
+#: 2021) on the same private sums, and FairFed (Ezzeldin et al. 2023), whose nodes also
+#: release their own statistics: (MMDM?, clip?, noise?).
 FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
     "fl": (False, False, False),
     "fl-clip": (False, True, False),
@@ -51,10 +52,13 @@ FPFL_ALGORITHMS: dict[str, tuple[bool, bool, bool]] = {
     "ffl-clip": (True, True, False),
     "fpfl": (True, True, True),
     "fedfb": (False, True, True),
+    "fairfed": (False, True, True),
 }
-#: The server's update rule of each algorithm: FederatedSGD, MMDM (FPFL Eq. 10) or FedFB's
-#: group reweighting (:func:`fedparity.mechanisms.fpfl.fedfb.fedfb_update`). The nodes never
-#: read it: what they compute, clip and charge depends on (clip?, noise?) only.
+#: The server's update rule of each algorithm: FederatedSGD, MMDM (FPFL Eq. 10), FedFB's
+#: group reweighting (:func:`fedparity.mechanisms.fpfl.fedfb.fedfb_update`) or FairFed's node
+#: weights (:mod:`fedparity.mechanisms.fpfl.fairfed`). The nodes read only whether it is
+#: FairFed (they then release their own statistics and take scales); what they compute, clip
+#: and charge depends on (clip?, noise?) only.
 FPFL_UPDATE_RULES: dict[str, str] = {
     "fl": "sgd",
     "fl-clip": "sgd",
@@ -63,6 +67,7 @@ FPFL_UPDATE_RULES: dict[str, str] = {
     "ffl-clip": "mmdm",
     "fpfl": "mmdm",
     "fedfb": "fedfb",
+    "fairfed": "fairfed",
 }
 FPFL_ARCHITECTURES = ("shallow", "deep", "cnn")
 #: Data sets of the FPFL job only (unfair digits: 3 writer groups, 10 classes, images).
@@ -475,7 +480,7 @@ class RunConfig:
     )
     # --- FPFL -----------------------------------------------------------------------------
     fpfl_algorithm: str = _key(
-        "fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm, or FedFB"
+        "fpfl", _choice(tuple(FPFL_ALGORITHMS)), "FPFL Table 2 algorithm, FedFB or FairFed"
     )
     fpfl_architecture: str = _key("shallow", _choice(FPFL_ARCHITECTURES), "the model")
     fpfl_constraint: Constraint = _key("fnr", _choice(FPFL_CONSTRAINTS), "FNR or accuracy parity")
@@ -485,6 +490,14 @@ class RunConfig:
     fpfl_damping: float = _key(2.0, _number(0.0, math.inf, open_low=False), "c")
     fpfl_fedfb_step: float = _key(
         0.005, _number(0.0, 1.0), "FedFB: alpha, the group weights' step per round"
+    )
+    fpfl_fairfed_beta: float = _key(
+        0.1, _number(0.0, math.inf), "FairFed: beta, the node weights' step per round"
+    )
+    fpfl_fairfed_release_share: float = _key(
+        0.25,
+        _number(0.0, 1.0),
+        "FairFed: share of 1/sigma^2 for each node's own release (the sum keeps the rest)",
     )
     fpfl_statistics_smoothing: float = _key(
         0.0, _number(0.0, 1.0, open_low=False), "beta: EMA of the released sums (0 = off)"
@@ -559,8 +572,14 @@ class RunConfig:
 
     @property
     def fpfl_update_rule(self) -> str:
-        """The server's update: ``"sgd"``, ``"mmdm"`` or ``"fedfb"`` (:data:`FPFL_UPDATE_RULES`)."""
+        """The server's update: ``"sgd"``, ``"mmdm"``, ``"fedfb"`` or ``"fairfed"``
+        (:data:`FPFL_UPDATE_RULES`)."""
         return FPFL_UPDATE_RULES[self.fpfl_algorithm]
+
+    @property
+    def fpfl_release_share(self) -> float:
+        """FairFed's ``phi`` (``fpfl-fairfed-release-share``); 0 for the other algorithms."""
+        return self.fpfl_fairfed_release_share if self.fpfl_algorithm == "fairfed" else 0.0
 
     @property
     def fpfl_clips(self) -> bool:

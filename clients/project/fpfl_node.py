@@ -130,6 +130,7 @@ def node_settings(config: RunConfig) -> FPFLNodeSettings:
         masking=config.fpfl_secure_sum == "masking",
         dropout_tolerance=config.fpfl_dropout_tolerance,
         client_seed=config.fpfl_client_seed,
+        fairfed_release_share=config.fpfl_release_share,
     )
 
 

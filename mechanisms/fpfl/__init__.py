@@ -3,6 +3,7 @@
 * :mod:`.mmdm`: the sufficient statistics, constraints, the modified method of differential
   multipliers update and model selection (FPFL Eq. 9-11 and 17);
 * :mod:`.fedfb`: FedFB's group reweighting, another update rule on the same released sums;
+* :mod:`.fairfed`: FairFed's node weights, from each node's own noisy release beside the sum;
 * :mod:`.training_state`: what a training keeps on disk, the durable release ledger and
   the checkpoint.
 

@@ -59,6 +59,7 @@ __all__ = [
     "FPFLSetupReply",
     "FPFLSetupRequest",
     "MASKED_ARRAY",
+    "RELEASE_ARRAY",
     "SUM_ARRAY",
     "WEIGHTS_ARRAY",
 ]
@@ -67,6 +68,8 @@ __all__ = [
 WEIGHTS_ARRAY = "weights"
 MASKED_ARRAY = "masked"
 SUM_ARRAY = "sum"
+#: A FairFed node's own noisy statistics (float64, ``3 G + 3``), beside its share of the sum.
+RELEASE_ARRAY = "fairness-release"
 
 _PARAMETERS_LABEL = b"fedparity/fpfl/v1/run-parameters"
 _RUN_LABEL = b"fedparity/fpfl/v1/run"
@@ -211,6 +214,10 @@ class FPFLRunParameters:
         ``rho`` in [0, 1).
     session : str
         The training's label when a run trains more than once (``""``: the only one).
+    fairfed_release_share : float
+        ``phi`` in [0, 1): FairFed's per-node releases take this share of ``1 / sigma^2``
+        (:func:`~fedparity.mechanisms.fpfl.fairfed.release_noise_multipliers`); 0: no per-node
+        release and every node scale is 1 (FPFL, FedFB and the baselines).
     """
 
     population_size: int
@@ -228,6 +235,7 @@ class FPFLRunParameters:
     masking: bool
     dropout_tolerance: float
     session: str = ""
+    fairfed_release_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -259,6 +267,10 @@ class FPFLRunParameters:
                 )
         if not 0.0 <= self.dropout_tolerance < 1.0:
             raise ValueError(f"dropout_tolerance must be in [0, 1), got {self.dropout_tolerance!r}")
+        if not 0.0 <= self.fairfed_release_share < 1.0:  # NaN fails too
+            raise ValueError(
+                f"fairfed_release_share must be in [0, 1), got {self.fairfed_release_share!r}"
+            )
         for name in ("accountant", "constraint", "session"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
@@ -281,6 +293,7 @@ class FPFLRunParameters:
         masking: bool = True,
         dropout_tolerance: float = 0.2,
         session: str = "",
+        fairfed_release_share: float = 0.0,
     ) -> FPFLRunParameters:
         """The parameters of a training, with sigma calibrated for ``(epsilon, delta)`` after
         ``rounds`` rounds at ``q = m / K``
@@ -315,12 +328,39 @@ class FPFLRunParameters:
             masking=masking,
             dropout_tolerance=dropout_tolerance,
             session=session,
+            fairfed_release_share=fairfed_release_share,
         )
 
     @property
     def sample_rate(self) -> float:
         """``q = min(1, m / K)``: each user's chance of joining a round."""
         return min(1.0, self.cohort_size / self.population_size)
+
+    @property
+    def fairfed(self) -> bool:
+        """Whether the nodes release their own noisy statistics and take node scales
+        (FairFed)."""
+        return self.fairfed_release_share > 0
+
+    @property
+    def sum_noise_multiplier(self) -> float:
+        """The noise multiplier of the secure sum: ``sigma``, or in a FairFed run with noise
+        ``sigma / sqrt(1 - phi)`` (the per-node releases take the rest)."""
+        if not (self.fairfed and self.noise_multiplier):
+            return self.noise_multiplier
+        from ..fpfl.fairfed import release_noise_multipliers
+
+        return release_noise_multipliers(self.noise_multiplier, self.fairfed_release_share)[0]
+
+    @property
+    def release_noise_multiplier(self) -> float:
+        """The noise multiplier of a FairFed node's own release: ``sigma / sqrt(phi)`` (0
+        without noise or outside FairFed)."""
+        if not (self.fairfed and self.noise_multiplier):
+            return 0.0
+        from ..fpfl.fairfed import release_noise_multipliers
+
+        return release_noise_multipliers(self.noise_multiplier, self.fairfed_release_share)[1]
 
     @property
     def noisy_shares(self) -> bool:
@@ -350,6 +390,8 @@ class FPFLRunParameters:
                     str(self.masking),
                     self.dropout_tolerance,
                     self.session,
+                    # only in a FairFed run: the other runs' digests stay what they were
+                    *((self.fairfed_release_share,) if self.fairfed else ()),
                 )
             ),
         )
@@ -369,6 +411,8 @@ class FPFLRunParameters:
             "dropout-tolerance": float(self.dropout_tolerance),
             "session": self.session,
         }
+        if self.fairfed:
+            fields["fairfed-release-share"] = float(self.fairfed_release_share)
         for key, value in (
             ("clipping-bound", self.clipping_bound),
             ("epsilon", self.epsilon),
@@ -397,6 +441,7 @@ class FPFLRunParameters:
                 masking=_bool(record, "masking"),
                 dropout_tolerance=_float(record, "dropout-tolerance"),
                 session=_str(record, "session"),
+                fairfed_release_share=_optional_float(record, "fairfed-release-share") or 0.0,
             )
         except ValueError as error:
             if isinstance(error, MessageError):
@@ -555,14 +600,28 @@ class FPFLKeysReply:
 @dataclass(frozen=True)
 class FPFLRoundRequest:
     """``query.fpfl_round``: the round number, the run digest the node pinned (it refuses any
-    other), and the weights (array :data:`WEIGHTS_ARRAY`)."""
+    other), the weights (array :data:`WEIGHTS_ARRAY`) and, in a FairFed run, the node's scale
+    (``node-scale`` in [0, 1]: the factor of its clipped sum,
+    :func:`~fedparity.mechanisms.fpfl.fairfed.node_scales`; 1 when absent)."""
 
     round: int
     run_digest: bytes
     weights: NDArray[np.float64] = field(compare=False, repr=False)
+    node_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        scale = self.node_scale
+        if isinstance(scale, bool) or not isinstance(scale, int | float):
+            raise MessageError("message field 'node-scale' must be a number in [0, 1]")
+        if not 0.0 <= float(scale) <= 1.0:  # NaN fails too
+            raise MessageError("message field 'node-scale' must be a number in [0, 1]")
+        object.__setattr__(self, "node_scale", float(scale))
 
     def to_fields(self) -> dict[str, ConfigValue]:
-        return {"round": self.round, "run-digest": self.run_digest}
+        fields: dict[str, ConfigValue] = {"round": self.round, "run-digest": self.run_digest}
+        if self.node_scale != 1.0:
+            fields["node-scale"] = self.node_scale
+        return fields
 
     @classmethod
     def from_fields(
@@ -580,6 +639,7 @@ class FPFLRoundRequest:
             round=_int(record, "round", 0),
             run_digest=_bytes(record, "run-digest", DIGEST_BYTES),
             weights=np.asarray(weights, dtype=np.float64),
+            node_scale=record.get("node-scale", 1.0),
         )
 
 
@@ -593,6 +653,8 @@ class FPFLRoundReply:
     recipients: tuple[int, ...] = ()
     sealed: tuple[bytes, ...] = ()
     threshold: int = 0
+    #: A FairFed node's own noisy statistics (array :data:`RELEASE_ARRAY`); None otherwise.
+    release: NDArray[np.float64] | None = field(default=None, compare=False, repr=False)
 
     @property
     def masked(self) -> bool:
@@ -618,23 +680,39 @@ class FPFLRoundReply:
         *,
         masked: bool,
         vector_size: int,
+        release_size: int = 0,
     ) -> FPFLRoundReply:
+        """``release_size`` > 0: a FairFed run, whose replies carry the node's release."""
         name, dtype = (MASKED_ARRAY, np.uint64) if masked else (SUM_ARRAY, np.float64)
         vector = arrays.get(name)
         if not isinstance(vector, np.ndarray) or vector.dtype != dtype:
             raise MessageError(f"message array {name!r} must be a {np.dtype(dtype).name} array")
         if vector.shape != (vector_size,):
             raise MessageError(f"message array {name!r} must have shape ({vector_size},)")
+        release = None
+        if release_size:
+            release = arrays.get(RELEASE_ARRAY)
+            if (
+                not isinstance(release, np.ndarray)
+                or release.dtype != np.float64
+                or release.shape != (release_size,)
+                or not np.isfinite(release).all()
+            ):
+                raise MessageError(
+                    f"message array {RELEASE_ARRAY!r} must hold {release_size} finite float64 "
+                    "values"
+                )
         if not masked:
             if not np.isfinite(vector).all():
                 raise MessageError(f"message array {name!r} must hold finite values")
-            return cls(vector)
+            return cls(vector, release=release)
         recipients = _ints(record, "recipients", distinct=True)
         return cls(
             vector,
             recipients,
             _bytes_list(record, "sealed", len(recipients)),
             _int(record, "threshold", 2),
+            release,
         )
 
 

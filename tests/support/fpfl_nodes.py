@@ -137,6 +137,7 @@ def run_parameters(
         masking=settings.masking,
         dropout_tolerance=settings.dropout_tolerance,
         session=session,
+        fairfed_release_share=settings.fairfed_release_share,
     )
 
 
