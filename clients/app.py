@@ -51,6 +51,7 @@ from .fedevalfair_handlers import (
 )
 from .fpfl_data import FPFLShard, users_as_fpfl_shard
 from .fpfl_handlers import fpfl_handlers
+from .fpfl_node import FPFLNodeSettings
 from .identity import node_identity
 from .ldp import LocalUsers, ldp_audit_handler
 from .ledger import node_ledger_dir
@@ -382,6 +383,19 @@ def rate_report(msg: Message, context: Context, config: RunConfig) -> Message:
 # --- FedEvalFair (task = "fedevalfair"): three rounds over CKKS ciphertexts ---------------
 
 
+def _session_settings(config: RunConfig) -> dict[str, FPFLNodeSettings]:
+    """The node's FPFL settings per session: the pipeline's fair training (its
+    ``fpfl-algorithm``) and its PFL twin, else the run's one training."""
+    if config.task != "pipeline":
+        return {"": node_settings(config)}
+    return {
+        session: node_settings(
+            config if session == "fpfl" else replace(config, fpfl_algorithm=session)
+        )
+        for session in PIPELINE_SESSIONS
+    }
+
+
 def _sessions(config: RunConfig) -> tuple[str, ...]:
     """The protocol sessions this node's run config defines: the pipeline's two models, else
     the run's only one."""
@@ -512,7 +526,7 @@ def _fpfl_handler(action: str) -> Callable[[Message, Context, RunConfig], Messag
         handlers = fpfl_handlers(
             make_model,
             users,
-            node_settings(config),
+            _session_settings(config),
             stream=lambda _: partition_id,
             ledger_path=lambda node: node_ledger_file(node, config),
             sessions=_sessions(config),

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -267,7 +267,7 @@ class FPFLNode:
         self,
         make_model: Callable[[], torch.nn.Module],
         node_users: Callable[[Context], FPFLShard],
-        settings: FPFLNodeSettings,
+        settings: Mapping[str, FPFLNodeSettings],
         *,
         stream: Callable[[Context], int],
         policy: NodePrivacyPolicy | None,
@@ -277,7 +277,11 @@ class FPFLNode:
     ) -> None:
         self.make_model = make_model
         self.node_users = node_users
-        self.settings = settings
+        self.settings_by_session = dict(settings)
+        #: The first session's settings: what the policy checks (every session's epsilon,
+        #: delta, masking, noise placement and seed are the run's; only the FairFed share of a
+        #: pipeline's twin differs).
+        self.settings = next(iter(self.settings_by_session.values()))
         self.stream = stream
         self.policy = policy
         self.identity = identity
@@ -340,7 +344,7 @@ class FPFLNode:
         sentences naming the parameter or the policy key), before anything is computed."""
         if parameters.session != session:
             raise NodeRefusal("fpfl: the run parameters name another session")
-        mismatch = self.settings.mismatch(parameters)
+        mismatch = self.settings_by_session[session].mismatch(parameters)
         if mismatch is not None:
             raise NodeRefusal(f"fpfl: the run's {mismatch} is not this node's setting; refusing")
         limits.check_population(parameters.population_size)
@@ -373,7 +377,7 @@ class FPFLNode:
         if not parameters.noisy_shares:
             return 0.0
         try:
-            return self.settings.noise_share_std(
+            return self.settings_by_session.get(parameters.session, self.settings).noise_share_std(
                 parameters.population_size,
                 num_members,
                 colluders=limits.tolerated_colluders,
@@ -912,7 +916,7 @@ def _arrays(record: ArrayRecord | None) -> dict[str, np.ndarray]:
 def fpfl_handlers(
     make_model: Callable[[], torch.nn.Module],
     node_users: Callable[[Context], FPFLShard],
-    settings: FPFLNodeSettings,
+    settings: FPFLNodeSettings | Mapping[str, FPFLNodeSettings],
     *,
     stream: Callable[[Context], int] = lambda context: int(context.node_id),
     policy: NodePrivacyPolicy | None = None,
@@ -932,8 +936,10 @@ def fpfl_handlers(
         may be built once and returned every time (the project's app does).
     node_users : callable
         ``node_users(context) -> FPFLShard``: this node's users and their samples.
-    settings : FPFLNodeSettings
-        The node's own privacy and training parameters; the run's must equal them.
+    settings : FPFLNodeSettings or mapping of session to FPFLNodeSettings
+        The node's own privacy and training parameters; the run's must equal them. A mapping
+        gives each session its own (the pipeline's FairFed training and its PFL twin differ
+        in the FairFed release share); every session of ``sessions`` needs one.
     stream : callable, optional
         The node's stream id for a seeded run (``settings.client_seed``); default its node id.
     policy : NodePrivacyPolicy, optional
@@ -952,14 +958,23 @@ def fpfl_handlers(
         once (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own
         parameters, keys, rounds and replay state, and is charged to the users' ledger in full.
     """
-    if not isinstance(settings, FPFLNodeSettings):
-        raise TypeError(f"settings must be FPFLNodeSettings, got {type(settings).__name__}")
+    by_session = (
+        dict(settings)
+        if isinstance(settings, Mapping)
+        else {session: settings for session in sessions}
+    )
+    for session in sessions:
+        if not isinstance(by_session.get(session), FPFLNodeSettings):
+            raise TypeError(
+                f"settings must be FPFLNodeSettings (or one per session); session {session!r} "
+                f"has {type(by_session.get(session)).__name__}"
+            )
     if policy is not None and not isinstance(policy, NodePrivacyPolicy):
         raise TypeError(f"policy must be a NodePrivacyPolicy, got {type(policy).__name__}")
     node = FPFLNode(
         make_model,
         node_users,
-        settings,
+        by_session,
         stream=stream,
         policy=policy,
         identity=identity,

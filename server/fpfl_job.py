@@ -347,6 +347,7 @@ def _build(grid: Grid, config: RunConfig, session: str) -> _Built:
         fedfb=(
             FedFBConfig(step=config.fpfl_fedfb_step, learning_rate=config.fpfl_learning_rate)
             if config.fpfl_update_rule == "fedfb"
+            or (config.fpfl_update_rule == "fairfed" and config.fpfl_fairfed_debiasing == "fedfb")
             else None
         ),
         fairfed=(

@@ -193,6 +193,8 @@ UNCONSTRAINED_COUNTERPART = {
 TRAINED_WITH = {
     "fedfb": "trained with FedFB's group reweighting (Zeng, Chen and Lee 2021), not with",
     "fairfed": "trained with FairFed's node weights (Ezzeldin et al. 2023), not with",
+    "fairfed+fedfb": "trained with FairFed's node weights (Ezzeldin et al. 2023) and FedFB's "
+    "group reweighting (Zeng, Chen and Lee 2021), not with",
 }
 
 #: The FairnessGaps field that each fpfl-constraint bounds by alpha, and its name.
@@ -259,7 +261,10 @@ def fpfl_findings(results: FPFLResults | Mapping[str, Any]) -> list[Finding]:
         reason = f" ({results.stop_reason})" if results.stop_reason else ""
         findings.append(Finding((f"Training {results.status}{reason}",), "warn"))
     trained = "trained with" if constraint["trained_with_constraint"] else "trained without"
-    trained = TRAINED_WITH.get(str(algorithm), trained)
+    debiased = (results.run_config or {}).get("fpfl_fairfed_debiasing") == "fedfb"
+    trained = TRAINED_WITH.get(
+        f"{algorithm}+fedfb" if algorithm == "fairfed" and debiased else str(algorithm), trained
+    )
     if constraint["test_gap"] is None:
         findings.append(
             Finding(

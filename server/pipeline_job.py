@@ -2,10 +2,13 @@
 
 One ``flwr run`` with ``task = "pipeline"`` does, over the same users and nodes:
 
-1. **Train** two models with user-level DP: FPFL (MMDM under the ``fpfl-constraint``, with
-   clipping and noise; Rodriguez-Galvez et al. 2021, Algorithm 1) and its PFL twin (the same
-   clipping, noise, cohort and rounds, without the constraint). Each training is a session of
-   the masked secure sum (:class:`~fedparity.strategies.fpfl.FPFLProtocol`).
+1. **Train** two models with user-level DP: a fairness-aware one, by ``fpfl-algorithm``: FPFL
+   (MMDM under the ``fpfl-constraint``, with clipping and noise; Rodriguez-Galvez et al. 2021,
+   Algorithm 1; the default), FedFB (Zeng, Chen and Lee 2021) or FairFed (Ezzeldin et al.
+   2023), and its PFL twin (the same clipping, noise, cohort and rounds, without the fairness
+   update). Each training is a session of the masked secure sum
+   (:class:`~fedparity.strategies.fpfl.FPFLProtocol`); the fair one keeps the session label
+   ``"fpfl"`` whatever its algorithm.
 2. **Audit** both models' ``metric`` gap with the LDP audit over all users (M_R / M_L of Juarez
    and Korolova 2022 at their true epsilon), once per value of ``epsilons`` and model, and
    compare the two gaps from the private estimates alone
@@ -38,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +51,7 @@ from flwr.app import Array, ArrayRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..clients.project.config import PIPELINE_SESSIONS, RunConfig
+from ..clients.project.config import FAIR_ALGORITHM_LABELS, PIPELINE_SESSIONS, RunConfig
 from ..mechanisms.ldp.calibration import MechanismChoice
 from ..mechanisms.ldp.estimators import compare_gaps
 from ..mechanisms.ldp.power import (
@@ -86,11 +90,25 @@ from .results import (
 )
 from .run_record import RunRecord, open_run_record
 
-#: What each model of the pipeline is.
-MODEL_NAMES = {
+#: What each model of the pipeline is (the fair session's by its ``fpfl-algorithm``).
+FAIR_MODEL_NAMES = {
     "fpfl": "FPFL (fairness constraint, clipping, noise)",
-    "pfl": "PFL (clipping, noise; no fairness constraint)",
+    "fedfb": "FedFB (group reweighting, clipping, noise)",
+    "fairfed": "FairFed (fairness-aware node weights, clipping, noise)",
 }
+PFL_MODEL_NAME = "PFL (clipping, noise; no fairness constraint)"
+
+
+def model_names(config: RunConfig) -> dict[str, str]:
+    """``{session: name}`` of the pipeline's two models."""
+    return {"fpfl": FAIR_MODEL_NAMES[config.fpfl_algorithm], "pfl": PFL_MODEL_NAME}
+
+
+def model_label(config: RunConfig, session: str) -> str:
+    """The short name of session ``session``'s model: FPFL, FedFB, FairFed or PFL."""
+    return FAIR_ALGORITHM_LABELS[config.fpfl_algorithm] if session == "fpfl" else "PFL"
+
+
 #: The power the planner's statements are made at.
 PLANNED_POWER = 0.8
 
@@ -131,9 +149,10 @@ def _comparison(
     confidence: float,
     planned_for: float,
     mechanism: MechanismChoice,
+    labels: Mapping[str, str],
 ) -> list[dict[str, Any]]:
-    """Per budget: FPFL's gap against PFL's, from the two private estimates alone, what the
-    two audits could detect, and what they would need to detect a difference of
+    """Per budget: the fair model's gap against PFL's, from the two private estimates alone,
+    what the two audits could detect, and what they would need to detect a difference of
     ``planned_for`` (``pipeline-plan-difference``): planned on the run's public parameters,
     never on the noisy estimates."""
     rows: list[dict[str, Any]] = []
@@ -141,7 +160,7 @@ def _comparison(
         reference, other = audits["pfl"][index].estimate, audits["fpfl"][index].estimate
         if reference is None or other is None:
             failed = [
-                f"the {session.upper()} audit gave no estimate ({audits[session][index].error})"
+                f"the {labels[session]} audit gave no estimate ({audits[session][index].error})"
                 for session in ("fpfl", "pfl")
                 if audits[session][index].estimate is None
             ]
@@ -226,14 +245,16 @@ def _train_models(
     for session in PIPELINE_SESSIONS:
         tick = time.perf_counter()
         sub_config = replace(
-            config, fpfl_algorithm=session, output_dir=str(record.folder / f"train-{session}")
+            config,
+            fpfl_algorithm=config.fpfl_algorithm if session == "fpfl" else session,
+            output_dir=str(record.folder / f"train-{session}"),
         )
         record.add_release(
-            what=f"{session.upper()} training ({config.fpfl_rounds} rounds)",
+            what=f"{model_label(config, session)} training ({config.fpfl_rounds} rounds)",
             kind="fpfl-training",
             session=session,
         )
-        log(logging.INFO, "[PIPELINE 1/3] training %s", MODEL_NAMES[session])
+        log(logging.INFO, "[PIPELINE 1/3] training %s", model_names(config)[session])
         trainings[session] = train_fpfl(
             grid,
             sub_config,
@@ -286,7 +307,7 @@ def _audit_models(
                 )
                 for index, budget in enumerate(config.epsilons)
             ],
-            what=f"LDP audit of the {session.upper()} model (epsilon {{epsilon:.4g}})",
+            what=f"LDP audit of the {model_label(config, session)} model (epsilon {{epsilon:.4g}})",
         )
         audit_log = AuditLog(
             config, f"[PIPELINE 2/3] LDP audit of {session} at epsilon {{budget:g}}"
@@ -320,7 +341,8 @@ def _test_models(
             FedEvalFairTest(
                 protocol,
                 _model_arrays(trainings[session].weights),
-                what=f"FedEvalFair test statistics of the {session.upper()} model (decrypted "
+                what=f"FedEvalFair test statistics of the {model_label(config, session)} model "
+                "(decrypted "
                 "aggregates)",
             )
             for protocol, session in zip(protocols, sessions, strict=True)
@@ -348,11 +370,12 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     require_fedevalfair_holders(nodes, node_ids)  # before training: the holders have their keys
     log(
         logging.INFO,
-        "fedparity pipeline: %d node(s), %d user(s), dataset %s; steps: train FPFL and PFL, "
+        "fedparity pipeline: %d node(s), %d user(s), dataset %s; steps: train %s and PFL, "
         "audit both, test both",
         len(node_ids),
         nodes.num_users,
         config.dataset,
+        FAIR_ALGORITHM_LABELS[config.fpfl_algorithm],
     )
     seconds: dict[str, float] = {}
     # (1) The two trainings, each in its own folder with its own results and report.
@@ -406,7 +429,7 @@ def _pipeline_results(
     for session in PIPELINE_SESSIONS:
         trained = trainings[session].results
         models[session] = PipelineModel(
-            name=MODEL_NAMES[session],
+            name=model_names(config)[session],
             training=_training_summary(trainings[session]),
             harness={
                 "label": HARNESS_LABEL,
@@ -447,6 +470,7 @@ def _pipeline_results(
             config.confidence,
             config.pipeline_plan_difference,
             config.mechanism,
+            {session: model_label(config, session) for session in PIPELINE_SESSIONS},
         ),
         privacy=_pipeline_privacy(config, trainings, audits),
     )
@@ -471,7 +495,7 @@ def _pipeline_privacy(
     return PipelinePrivacy(
         per_user_steps=[
             {
-                "step": f"{session.upper()} training",
+                "step": f"{model_label(config, session)} training",
                 "epsilon": trainings[session].results.epsilon,
                 "delta": trainings[session].results.delta,
                 "how": "Opacus accountant of the Poisson-subsampled Gaussian rounds",
@@ -480,7 +504,7 @@ def _pipeline_privacy(
         ]
         + [
             {
-                "step": f"LDP audit of {session.upper()} at budget {budget:g}",
+                "step": f"LDP audit of {model_label(config, session)} at budget {budget:g}",
                 "epsilon": outcome.estimate.epsilon if outcome.estimate is not None else None,
                 "delta": 0.0,
                 "how": "the mechanism's true epsilon (pure local DP)",
@@ -490,7 +514,7 @@ def _pipeline_privacy(
         ]
         + [
             {
-                "step": f"FedEvalFair test of {session.upper()}",
+                "step": f"FedEvalFair test of {model_label(config, session)}",
                 "epsilon": None,
                 "delta": None,
                 "how": "not differentially private: aggregates over at least the holders' "

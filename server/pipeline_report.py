@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..clients.project.config import FAIR_ALGORITHM_LABELS
 from .harness import HARNESS_LABEL
 from .html_report import Finding, Report, Section, Table, Value
 from .report import FEDEVALFAIR_METRICS, PAPER_MODE_WARNING, privacy_ledger_text
@@ -15,8 +16,9 @@ from .results import PipelineAudit, PipelineModel, PipelinePrivacy, PipelineResu
 MODELS = ("fpfl", "pfl")
 
 
-def _label(session: str) -> str:
-    return session.upper()
+def _label(results: PipelineResults, session: str) -> str:
+    """The model's short name: the fair training's algorithm (FPFL, FedFB, FairFed) or PFL."""
+    return _fair(results) if session == "fpfl" else session.upper()
 
 
 def _first_estimate(model: PipelineModel) -> tuple[PipelineAudit, Any] | None:
@@ -25,6 +27,25 @@ def _first_estimate(model: PipelineModel) -> tuple[PipelineAudit, Any] | None:
         if audit.estimate is not None:
             return audit, audit.estimate
     return None
+
+
+#: How each fair training pursues the constraint, for the report's sentence.
+_FAIR_AIMS = {
+    "fpfl": "enforces",
+    "fedfb": "reweights the groups toward",
+    "fairfed": "weights the nodes toward",
+}
+
+
+def _algorithm(results: PipelineResults) -> str:
+    """The fair training's ``fpfl-algorithm`` (``"fpfl"`` in results written before it was
+    recorded)."""
+    return str((results.run_config or {}).get("fpfl_algorithm", "fpfl"))
+
+
+def _fair(results: PipelineResults) -> str:
+    """The fair training's name: FPFL, FedFB or FairFed."""
+    return FAIR_ALGORITHM_LABELS.get(_algorithm(results), "FPFL")
 
 
 def _tests(model: PipelineModel) -> list[Mapping[str, Any]]:
@@ -43,7 +64,7 @@ def _comparison_finding(results: PipelineResults, row: Mapping[str, Any]) -> Fin
     parts: list[str | Value] = [
         "At epsilon = ",
         budget,
-        f" per audit, FPFL's {metric} gap is smaller than PFL's by ",
+        f" per audit, {_fair(results)}'s {metric} gap is smaller than PFL's by ",
         Value(f"compare-{row['budget']:g}-difference", compared["statistic"]),
         f" ({100 * compared['confidence']:g}% interval [",
         Value(f"compare-{row['budget']:g}-low", low),
@@ -52,7 +73,7 @@ def _comparison_finding(results: PipelineResults, row: Mapping[str, Any]) -> Fin
         "]): ",
     ]
     if compared["resolved"]:
-        parts.append("the private estimates alone show that FPFL's gap is smaller.")
+        parts.append(f"the private estimates alone show that {_fair(results)}'s gap is smaller.")
         return Finding(tuple(parts), "good")
     parts.append("the audits cannot resolve the difference at this budget")
     key = f"compare-{row['budget']:g}"
@@ -92,14 +113,16 @@ def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Find
         model = models[session]
         found = _first_estimate(model)
         if found is None:
-            findings.append(Finding((f"{_label(session)}: the LDP audit gave no estimate",), "bad"))
+            findings.append(
+                Finding((f"{_label(results, session)}: the LDP audit gave no estimate",), "bad")
+            )
         else:
             audit, estimate = found
             low, high = estimate["max_gap_interval"]
             findings.append(
                 Finding(
                     (
-                        f"{_label(session)}: private {metric} gap ",
+                        f"{_label(results, session)}: private {metric} gap ",
                         Value(f"{session}-gap", estimate["max_gap"]),
                         f" at epsilon = {audit.budget:g}, "
                         f"{100 * estimate['confidence']:g}% interval [",
@@ -118,7 +141,7 @@ def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Find
             if report is None:
                 findings.append(
                     Finding(
-                        (f"{_label(session)}, FedEvalFair {name}: unavailable",),
+                        (f"{_label(results, session)}, FedEvalFair {name}: unavailable",),
                         "warn",
                     )
                 )
@@ -126,7 +149,7 @@ def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Find
             findings.append(
                 Finding(
                     (
-                        f"{_label(session)}, FedEvalFair {name} ({test['mode']} mode): ",
+                        f"{_label(results, session)}, FedEvalFair {name} ({test['mode']} mode): ",
                         Value(
                             f"{key}-reject-fairness",
                             report["reject_fairness"],
@@ -144,7 +167,7 @@ def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Find
             )
         error = (model.fedevalfair or {}).get("error")
         if error:
-            findings.append(Finding((f"{_label(session)}, FedEvalFair: {error}",), "bad"))
+            findings.append(Finding((f"{_label(results, session)}, FedEvalFair: {error}",), "bad"))
     findings += [_comparison_finding(results, row) for row in results.comparison or []]
     for session in MODELS:
         harness = models[session].harness
@@ -153,7 +176,7 @@ def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Find
             findings.append(
                 Finding(
                     (
-                        f"{_label(session)}: true {metric} gap of the audited users "
+                        f"{_label(results, session)}: true {metric} gap of the audited users "
                         "(simulation harness only, not private): ",
                         Value(f"{session}-true-gap", truth["max_gap"]),
                     ),
@@ -252,8 +275,9 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
                 f"{results.num_nodes} node(s), {results.num_users} user(s); dataset "
                 f"{config['dataset']}. Both models trained with user-level DP for "
                 f"{config['fpfl_rounds']} rounds (cohort {config['fpfl_cohort_size']}, clipping "
-                f"bound {config['fpfl_clipping_bound']:g}); FPFL enforces "
-                f"{results.constraint} parity within alpha = {results.alpha:g}.",
+                f"bound {config['fpfl_clipping_bound']:g}); {_fair(results)} "
+                f"{_FAIR_AIMS[_algorithm(results)]} {results.constraint} parity (alpha = "
+                f"{results.alpha:g}).",
                 _side_by_side(results),
                 "The FedEvalFair rows are the "
                 f"{results.primary_mode} mode; each training's own report "
@@ -280,7 +304,7 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
     return Report(
         title="fedparity pipeline: train fair under DP, measure privately, test",
         question=(
-            f"Does the model trained under the {results.constraint} constraint (FPFL) serve "
+            f"Does the model trained for {results.constraint} parity ({_fair(results)}) serve "
             "the groups more equally than the model trained without it (PFL), by the private "
             "gap estimates and the holders' test?"
         ),

@@ -78,6 +78,7 @@ from ..mechanisms.fpfl.fairfed import (
 )
 from ..mechanisms.fpfl.fedfb import FedFBConfig, fedfb_update
 from ..mechanisms.fpfl.mmdm import (
+    AggregateStatistics,
     MMDMConfig,
     ModelSelector,
     StatisticsLayout,
@@ -781,12 +782,12 @@ class FPFLTraining:
     central_noise_rng : callable, optional
         ``central_noise_rng(round) -> numpy Generator`` (default: OS entropy).
     fairfed : FairFedConfig, optional
-        FairFed's node weights instead (Ezzeldin et al., "FairFed: Enabling Group Fairness in
-        Federated Learning", AAAI 2023; :mod:`fedparity.mechanisms.fpfl.fairfed`; needs
-        ``use_mmdm=False`` and a protocol whose run has ``fairfed_release_share > 0``): each
-        round sends the nodes their scales, takes a FederatedSGD step on the weighted sum and
-        moves the weights from the nodes' own releases; the history, the selection and the
-        smoothing read the releases (the unweighted cohort).
+        FairFed's node weights (Ezzeldin et al., "FairFed: Enabling Group Fairness in
+        Federated Learning", AAAI 2023; :mod:`fedparity.mechanisms.fpfl.fairfed`; needs a
+        protocol whose run has ``fairfed_release_share > 0``): each round sends the nodes their
+        scales, takes the model's step (FederatedSGD, or FedFB's or MMDM's with ``fedfb`` or
+        ``use_mmdm``) on the weighted sum and moves the weights from the nodes' own releases;
+        the history and the selection read the releases (the unweighted cohort).
     """
 
     def __init__(
@@ -804,10 +805,8 @@ class FPFLTraining:
         fedfb: FedFBConfig | None = None,
         fairfed: FairFedConfig | None = None,
     ) -> None:
-        if sum((use_mmdm, fedfb is not None, fairfed is not None)) > 1:
-            raise ValueError(
-                "use_mmdm, fedfb and fairfed are exclusive: one update rule per training"
-            )
+        if use_mmdm and fedfb is not None:
+            raise ValueError("use_mmdm must be False with fedfb: one update rule per training")
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
         if central_noise_multiplier < 0:
@@ -842,12 +841,12 @@ class FPFLTraining:
 
     @property
     def update_rule(self) -> str:
-        """``"mmdm"``, ``"fedfb"``, ``"fairfed"`` or ``"sgd"`` (FederatedSGD)."""
-        if self.use_mmdm:
-            return "mmdm"
-        if self.fairfed is not None:
-            return "fairfed"
-        return "sgd" if self.fedfb is None else "fedfb"
+        """The model's update: ``"mmdm"``, ``"fedfb"`` or ``"sgd"`` (FederatedSGD), prefixed
+        ``"fairfed+"`` on FairFed's node-weighted sums (``"fairfed"`` alone: FederatedSGD)."""
+        rule = "mmdm" if self.use_mmdm else "sgd" if self.fedfb is None else "fedfb"
+        if self.fairfed is None:
+            return rule
+        return "fairfed" if rule == "sgd" else f"fairfed+{rule}"
 
     def node_scales(self) -> dict[int, float] | None:
         """FairFed: each node's scale for the next round (None before the first weights, and
@@ -857,20 +856,15 @@ class FPFLTraining:
         scales = node_scales(self.node_weights, self.base_weights)
         return {node: float(scale) for node, scale in zip(self.fairfed_nodes, scales, strict=True)}
 
-    def _fairfed_update(
-        self,
-        round_number: int,
-        stats: Any,
-        releases: dict[int, NDArray[np.float64]],
-    ) -> dict[str, Any]:
-        """FairFed's round: a FederatedSGD step on the weighted sum (the loss gradient over
-        the equally weighted count is the weights' mean of the nodes' mean gradients), then new
-        node weights from the nodes' (smoothed) releases; the history and the selection read
-        the releases' sum."""
+    def _pooled_releases(
+        self, releases: dict[int, NDArray[np.float64]]
+    ) -> tuple[AggregateStatistics, AggregateStatistics]:
+        """FairFed: keep the nodes' (smoothed) releases and start the node weights at the
+        first; the pooled releases of this round and their smoothed pool (the unweighted
+        cohort, which the history and the selection describe)."""
         assert self.fairfed is not None
-        config, layout = self.fairfed, self.layout
-        width = release_size(layout.num_groups)
-        rows = np.full((len(self.fairfed_nodes), width), np.nan)
+        layout = self.layout
+        rows = np.full((len(self.fairfed_nodes), release_size(layout.num_groups)), np.nan)
         for index, node in enumerate(self.fairfed_nodes):
             if node in releases:
                 rows[index] = releases[node]
@@ -883,35 +877,13 @@ class FPFLTraining:
                 previous if np.all(np.isfinite(previous)) else None, rows[row], self.smoothing
             )
         if self.node_weights is None:
-            self.base_weights = initial_node_weights(rows, config, layout)
+            self.base_weights = initial_node_weights(rows, self.fairfed, layout)
             self.node_weights = self.base_weights.copy()
-        min_count = self.mmdm.min_count
-        pooled_now = release_statistics(layout, rows[present].sum(axis=0))
-        smoothed_rows = self.smoothed_releases
-        usable = np.all(np.isfinite(smoothed_rows), axis=1)
-        pooled = release_statistics(layout, smoothed_rows[usable].sum(axis=0))
-        raw_metrics = cohort_metrics(pooled_now, self.mmdm.alpha, min_count=min_count)
-        metrics = cohort_metrics(pooled, self.mmdm.alpha, min_count=min_count)
-        self.selector.consider(round_number, self.weights, metrics)
-        self.weights = sgd_update(self.weights, stats, self.mmdm.learning_rate, min_count=min_count)
-        step = fairfed_step(self.node_weights, smoothed_rows, config, layout)
-        self.node_weights = step.weights
-        entry: dict[str, Any] = {
-            "cohort_loss": _finite(pooled_now.loss_sum / max(pooled_now.num_samples, min_count)),
-            "cohort_accuracy": _finite(raw_metrics.accuracy),
-            "cohort_gap": _finite(raw_metrics.gap),
-            "group_error_rates": [_finite(r) for r in raw_metrics.group_error_rates],
-            "surrogate_gap": _finite(
-                evaluate_constraints(pooled, self.mmdm.alpha, min_count=min_count).max_gap
-            ),
-            "cohort_size_noisy": _finite(pooled_now.num_samples),
-            "fairfed_weights": [float(w) for w in step.weights],
-            "fairfed_distances": [_finite(d) for d in step.distances],
-        }
-        if self.smoothing:
-            entry["smoothed_cohort_accuracy"] = _finite(metrics.accuracy)
-            entry["smoothed_cohort_gap"] = _finite(metrics.gap)
-        return entry
+        usable = np.all(np.isfinite(self.smoothed_releases), axis=1)
+        return (
+            release_statistics(layout, rows[present].sum(axis=0)),
+            release_statistics(layout, self.smoothed_releases[usable].sum(axis=0)),
+        )
 
     def update(
         self,
@@ -921,7 +893,12 @@ class FPFLTraining:
     ) -> dict[str, Any]:
         """One step from round ``round_number``'s released sum (the statistics of the weights
         sent in that round) and, with FairFed, the nodes' own releases; returns the round's
-        cohort metrics for the history."""
+        cohort metrics for the history.
+
+        With FairFed the sum is node-weighted: the model's update reads it as it is (the
+        weighted mean gradient, FairFed's aggregate), while the history, the selection and the
+        constraint's report read the pooled releases (the unweighted cohort); the node weights
+        then move with the nodes' (smoothed) releases."""
         alpha, min_count = self.mmdm.alpha, self.mmdm.min_count
         if self.central_noise_multiplier:
             rng = (
@@ -936,18 +913,20 @@ class FPFLTraining:
                 rng=rng,
             ).values
         stats = self.layout.split(total)
-        if self.fairfed is not None:
-            return self._fairfed_update(round_number, stats, releases or {})
-        raw_metrics = cohort_metrics(stats, alpha, min_count=min_count)
-        # Selection and the constraint terms read the smoothed sums (smoothing > 0) or this
-        # round's sum; the loss gradient always comes from this round's sum.
+        # The constraint terms read the smoothed sums (smoothing > 0) or this round's sum; the
+        # loss gradient always comes from this round's sum.
         smoothed = stats
         if self.smoothing:
             self.smoothed_total = exponential_average(self.smoothed_total, total, self.smoothing)
             smoothed = self.layout.split(self.smoothed_total)
-        metrics = cohort_metrics(smoothed, alpha, min_count=min_count)
+        if self.fairfed is not None:
+            observed_now, observed = self._pooled_releases(releases or {})
+        else:
+            observed_now, observed = stats, smoothed
+        raw_metrics = cohort_metrics(observed_now, alpha, min_count=min_count)
+        metrics = cohort_metrics(observed, alpha, min_count=min_count)
         self.selector.consider(round_number, self.weights, metrics)
-        constraints = evaluate_constraints(smoothed, alpha, min_count=min_count)
+        constraints = evaluate_constraints(observed, alpha, min_count=min_count)
         if self.use_mmdm:
             step = mmdm_update(
                 self.weights, self.multipliers, with_constraint_terms(stats, smoothed), self.mmdm
@@ -965,16 +944,26 @@ class FPFLTraining:
                 self.weights, stats, self.mmdm.learning_rate, min_count=min_count
             )
         entry: dict[str, Any] = {
-            "cohort_loss": _finite(stats.loss_sum / max(stats.num_samples, min_count)),
+            "cohort_loss": _finite(
+                observed_now.loss_sum / max(observed_now.num_samples, min_count)
+            ),
             "cohort_accuracy": _finite(raw_metrics.accuracy),
             "cohort_gap": _finite(raw_metrics.gap),
             "group_error_rates": [_finite(r) for r in raw_metrics.group_error_rates],
             "surrogate_gap": _finite(constraints.max_gap),
-            "cohort_size_noisy": _finite(stats.num_samples),
+            "cohort_size_noisy": _finite(observed_now.num_samples),
         }
         if self.smoothing:
             entry["smoothed_cohort_accuracy"] = _finite(metrics.accuracy)
             entry["smoothed_cohort_gap"] = _finite(metrics.gap)
+        if self.fairfed is not None:
+            assert self.node_weights is not None and self.smoothed_releases is not None
+            moved = fairfed_step(
+                self.node_weights, self.smoothed_releases, self.fairfed, self.layout
+            )
+            self.node_weights = moved.weights
+            entry["fairfed_weights"] = [float(w) for w in moved.weights]
+            entry["fairfed_distances"] = [_finite(d) for d in moved.distances]
         return entry
 
     def start(

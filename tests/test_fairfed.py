@@ -443,6 +443,42 @@ def test_a_fairfed_training_sends_scales_reads_releases_and_moves_the_weights(
         assert not np.array_equal(result.weights, nodes.weights)
 
 
+@pytest.mark.parametrize(
+    ("fedfb", "mmdm", "rule"), [(True, False, "fairfed+fedfb"), (False, True, "fairfed+mmdm")]
+)
+def test_fairfeds_weights_combine_with_fedfb_or_mmdm_steps(
+    fedfb: bool, mmdm: bool, rule: str
+) -> None:
+    """The node weights pair with another update rule on the weighted sums (the FairFed
+    paper pairs them with local debiasing): FedFB's group weights stay on the simplex, MMDM's
+    multipliers are >= 0."""
+    from fedparity.mechanisms.fpfl.fedfb import FedFBConfig
+
+    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
+    protocol = FPFLProtocol(
+        _grid(nodes),  # type: ignore[arg-type]
+        node_ids=nodes.ids,
+        parameters=nodes.parameters,
+        reply_timeout=5.0,
+    )
+    training = FPFLTraining(
+        statistics_layout(make_model(), 2),
+        nodes.weights,
+        mmdm=MMDMConfig(alpha=0.0, learning_rate=0.5, multiplier_learning_rate=0.5),
+        use_mmdm=mmdm,
+        fedfb=FedFBConfig(step=0.1) if fedfb else None,
+        fairfed=FairFedConfig(),
+    )
+    result = training.start(protocol, 3, observers=[])
+    assert training.update_rule == rule
+    multipliers = np.array(result.history[-1]["multipliers"])
+    if fedfb:
+        assert multipliers.min() >= 0 and multipliers.sum() == pytest.approx(1.0)
+    else:
+        assert multipliers.min() >= 0 and multipliers.max() > 0
+    assert all(len(entry["fairfed_weights"]) == 3 for entry in result.history)
+
+
 def test_the_server_refuses_fairfed_on_a_run_without_releases() -> None:
     nodes = MaskingNodes([1, 2], EXACT)
     protocol = FPFLProtocol(
@@ -522,6 +558,23 @@ def test_fairfed_runs_as_a_flower_job_and_charges_what_fpfl_charges(tmp_path: Pa
             num_supernodes=3,
         )
     fairfed, fpfl = runs["fairfed"], runs["fpfl"]
+    # fpfl-fairfed-debiasing = "fedfb": FedFB's group weights move on the weighted sums too
+    debiased = run_simulation_job(
+        {
+            **common,
+            "fpfl-algorithm": "fairfed",
+            "fpfl-fairfed-debiasing": "fedfb",
+            "output-dir": str(tmp_path / "fairfed-fedfb"),
+        },
+        num_supernodes=3,
+    )
+    assert debiased["epsilon"] == pytest.approx(fpfl["epsilon"])
+    for entry in debiased["history"]:
+        q = np.array(entry["multipliers"])
+        assert q.min() >= 0.0 and abs(q.sum() - 1.0) < 1e-9
+        assert len(entry["fairfed_weights"]) == 3
+    assert all(not any(entry["multipliers"]) for entry in fairfed["history"])
+    assert "FedFB" in (tmp_path / "fairfed-fedfb" / "report.html").read_text()
     assert fairfed["status"] == "completed" and fairfed["algorithm"] == "fairfed"
     assert fairfed["epsilon"] == pytest.approx(fpfl["epsilon"])
     assert fairfed["noise_multiplier"] == fpfl["noise_multiplier"]
@@ -572,3 +625,58 @@ def make_flat_weights() -> np.ndarray:
     from fedparity.clients.fpfl_task import get_flat_parameters
 
     return get_flat_parameters(make_model())
+
+
+# --------------------------------------------------------------------------------------------
+# The non-IID split FairFed is meant for
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.1, 1000.0])
+def test_the_dirichlet_split_deals_every_user_once_with_group_skew_set_by_alpha(
+    alpha: float,
+) -> None:
+    """fpfl-split = "dirichlet": the nodes' shards partition the users (each exactly once,
+    deterministic from the seed); the nodes' shares of a group follow Dirichlet(alpha): at
+    alpha = 0.1 far from equal (the largest node holds most of a group), at alpha = 1000
+    within a few percent of 1 / nodes."""
+    from fedparity.clients.project.fpfl_node import group_dirichlet_owners, node_shard
+
+    config = RunConfig.from_mapping(
+        {
+            "task": "fpfl",
+            "dataset": "synthetic",
+            "users-per-node": 400,
+            "fpfl-split": "dirichlet",
+            "fpfl-dirichlet-alpha": alpha,
+        }
+    )
+    nodes = 5
+    shards = [node_shard(config, node, nodes) for node in range(nodes)]
+    assert sum(shard.num_users for shard in shards) == 400 * nodes
+    from fedparity.clients.project.fpfl_node import population
+
+    train, _ = population(config, nodes)
+    owners = group_dirichlet_owners(train, nodes, alpha, config.seed)
+    np.testing.assert_array_equal(owners, group_dirichlet_owners(train, nodes, alpha, config.seed))
+    _, first = np.unique(train.user_index, return_index=True)
+    user_groups = train.groups[first]
+    for group in range(train.num_groups):
+        shares = np.bincount(owners[user_groups == group], minlength=nodes) / np.sum(
+            user_groups == group
+        )
+        if alpha < 1:
+            assert shares.max() > 0.5
+        else:
+            np.testing.assert_allclose(shares, 1 / nodes, atol=0.05)
+    for node, shard in enumerate(shards):
+        assert shard.num_users == int(np.sum(owners == node))
+
+
+def test_the_iid_split_is_unchanged_by_the_new_keys() -> None:
+    from fedparity.clients.project.fpfl_node import node_shard, population
+
+    config = RunConfig.from_mapping({"task": "fpfl", "dataset": "synthetic", "users-per-node": 50})
+    train, _ = population(config, 3)
+    expected = train.partition(1, 3)
+    np.testing.assert_array_equal(node_shard(config, 1, 3).features, expected.features)

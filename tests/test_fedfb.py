@@ -330,7 +330,7 @@ def test_the_training_loop_takes_fedfb_steps_and_keeps_the_weights_in_multiplier
         training.update(round_number, stats.to_vector())
         np.testing.assert_array_equal(training.weights, expected_weights)
         np.testing.assert_array_equal(training.multipliers, expected_q)
-    with pytest.raises(ValueError, match="use_mmdm, fedfb and fairfed are exclusive"):
+    with pytest.raises(ValueError, match="use_mmdm must be False with fedfb"):
         FPFLTraining(layout, weights, mmdm=MMDMConfig(), use_mmdm=True, fedfb=fedfb)
     assert FPFLTraining(layout, weights, mmdm=MMDMConfig(), use_mmdm=True).update_rule == "mmdm"
     assert FPFLTraining(layout, weights, mmdm=MMDMConfig(), use_mmdm=False).update_rule == "sgd"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedparity.clients.fpfl_data import users_as_fpfl_shard
+from fedparity.clients.fpfl_handlers import fpfl_handlers
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy
 from fedparity.clients.project.config import ConfigError, RunConfig
@@ -30,7 +32,14 @@ from fedparity.mechanisms.privacy.user_ledger import (
 )
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.server.api import fedevalfair_simulation_keys, run_simulation_job
-from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, USERS, MaskingNodes
+from tests.support.fpfl_nodes import (
+    POPULATION,
+    PRIVATE_TRAINING,
+    USERS,
+    MaskingNodes,
+    make_model,
+    node_users,
+)
 from tests.test_html_report import assert_report_matches_results
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -130,7 +139,10 @@ PIPELINE = {"task": "pipeline", "metric": "fnr", "epsilons": "1"}
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"fpfl-algorithm": "pfl"}, 'fpfl-algorithm must be "fpfl" for task = "pipeline"'),
+        (
+            {"fpfl-algorithm": "pfl"},
+            "fpfl-algorithm must be one of 'fpfl', 'fedfb', 'fairfed' for task = \"pipeline\"",
+        ),
         ({"metric": "accuracy"}, "metric must be 'fnr' for task = \"pipeline\""),
         ({"fpfl-constraint": "accuracy"}, "metric must be 'accuracy'"),
         ({"epsilons": "3,3"}, r"epsilons sum to 6 per model \(the pipeline audits two\), 12"),
@@ -141,6 +153,49 @@ PIPELINE = {"task": "pipeline", "metric": "fnr", "epsilons": "1"}
 def test_pipeline_settings_are_checked_before_any_work(overrides: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         RunConfig.from_mapping({**PIPELINE, **overrides})
+
+
+@pytest.mark.parametrize("algorithm", ["fpfl", "fedfb", "fairfed"])
+def test_the_pipeline_trains_any_fair_algorithm_beside_its_pfl_twin(algorithm: str) -> None:
+    """The fair session trains fpfl-algorithm; the twin is PFL; the nodes' settings per
+    session differ only in FairFed's release share (same clipping, noise and epsilon)."""
+    from fedparity.clients.app import _session_settings
+    from fedparity.server.pipeline_job import model_names
+
+    config = RunConfig.from_mapping({**PIPELINE, "fpfl-algorithm": algorithm})
+    settings = _session_settings(config)
+    assert set(settings) == {"fpfl", "pfl"}
+    assert settings["pfl"].fairfed_release_share == 0.0
+    assert settings["fpfl"].fairfed_release_share == (0.25 if algorithm == "fairfed" else 0.0)
+    assert replace(settings["fpfl"], fairfed_release_share=0.0) == settings["pfl"]
+    names = model_names(config)
+    assert names["fpfl"].startswith(
+        {"fpfl": "FPFL", "fedfb": "FedFB", "fairfed": "FairFed"}[algorithm]
+    )
+    assert names["pfl"].startswith("PFL")
+
+
+def test_a_pipeline_node_holds_each_session_to_its_own_settings(tmp_path: Path) -> None:
+    """A node of a FairFed pipeline takes the FairFed run in the fair session only: the PFL
+    twin's session refuses the release share (a server cannot make the twin release per-node
+    statistics), and the fair session refuses a run without it."""
+    fairfed = replace(TRAINING, fairfed_release_share=0.25)
+    nodes = pipeline_nodes(tmp_path)
+    nodes.handlers = fpfl_handlers(
+        make_model,
+        node_users,
+        {"fpfl": fairfed, "pfl": TRAINING},
+        policy=NodePrivacyPolicy(user_epsilon_budget=100.0, user_delta=USER_DELTA),
+        sessions=("fpfl", "pfl"),
+    )
+    nodes.session = "pfl"
+    with pytest.raises(NodeRefusal, match="FairFed release share"):
+        nodes.setup(replace(nodes.parameters, fairfed_release_share=0.25))
+    nodes.setup()  # the twin's own settings
+    nodes.session = "fpfl"
+    with pytest.raises(NodeRefusal, match="FairFed release share"):
+        nodes.setup()  # without the share
+    nodes.setup(replace(nodes.parameters, fairfed_release_share=0.25))
 
 
 def test_the_pipeline_trains_and_audits_the_same_users() -> None:
@@ -309,6 +364,40 @@ def test_the_pipeline_runs_the_three_steps_in_one_simulation(tmp_path: Path) -> 
         "fedevalfair",
         "fedevalfair",
     ]
+
+
+@pytest.mark.slow
+def test_the_pipeline_trains_fairfed_in_place_of_fpfl(tmp_path: Path) -> None:
+    """fpfl-algorithm = "fairfed": the fair session trains FairFed (its nodes release their own
+    statistics), the twin PFL, both at the same sigma; the report names FairFed, not FPFL, as
+    the fair model."""
+    keys = fedevalfair_simulation_keys(tmp_path / "keys", 3)
+    output = tmp_path / "run"
+    results = run_simulation_job(
+        {
+            **SMALL_PIPELINE,
+            "fpfl-algorithm": "fairfed",
+            "fef-public-context": str(keys.public_context),
+            "output-dir": str(output),
+        },
+        num_supernodes=3,
+        environment=keys.environment,
+    )
+    trainings = {
+        session: json.loads((output / f"train-{session}" / "results.json").read_text())
+        for session in ("fpfl", "pfl")
+    }
+    assert trainings["fpfl"]["algorithm"] == "fairfed" and trainings["pfl"]["algorithm"] == "pfl"
+    assert trainings["fpfl"]["noise_multiplier"] == trainings["pfl"]["noise_multiplier"]
+    assert all("fairfed_weights" in entry for entry in trainings["fpfl"]["history"])
+    assert results["models"]["fpfl"]["name"].startswith("FairFed")
+    report = (output / "report.html").read_text()
+    assert "FairFed" in report and "(FPFL)" not in report
+    assert [s["step"] for s in results["privacy"]["per_user_steps"]][:2] == [
+        "FairFed training",
+        "PFL training",
+    ]
+    assert_report_matches_results(output)
 
 
 # --- the project app's ledger files -------------------------------------------------------------

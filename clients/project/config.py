@@ -36,9 +36,16 @@ TASKS = ("ldp-audit", "rate-report", "fedevalfair", "fpfl", "pipeline")
 #: unless the server's operator supplies one (``model-file``). FedAvg's updates are not
 #: private: a node answers ``train`` only if its own policy has ``allow-non-private``.
 FEDAVG_TASKS = ("ldp-audit", "rate-report", "fedevalfair")
-#: The two trainings of ``task = "pipeline"``: FPFL and its PFL twin (same clipping, noise,
-#: rounds and cohort; no MMDM). Each is a session of the FPFL and FedEvalFair protocols.
+#: The two trainings of ``task = "pipeline"``: the fairness-aware one (session ``"fpfl"``,
+#: trained with ``fpfl-algorithm``: FPFL, FedFB or FairFed) and its PFL twin (same clipping,
+#: noise, rounds and cohort; no fairness update). Each is a session of the FPFL and
+#: FedEvalFair protocols.
 PIPELINE_SESSIONS = ("fpfl", "pfl")
+#: The fairness-aware trainings the pipeline can compare with PFL (its ``"fpfl"`` session):
+#: FPFL, FedFB and FairFed, all under the same clipping, noise and epsilon as the PFL twin.
+PIPELINE_FAIR_ALGORITHMS = ("fpfl", "fedfb", "fairfed")
+#: How reports name each of them.
+FAIR_ALGORITHM_LABELS = {"fpfl": "FPFL", "fedfb": "FedFB", "fairfed": "FairFed"}
 #: The audited metric that matches each FPFL constraint (the pipeline audits what it trains for).
 PIPELINE_METRIC = {"fnr": "fnr", "accuracy": "accuracy"}
 #: The six algorithms of Rodriguez-Galvez et al. 2021, Table 2, FedFB (Zeng, Chen and Lee
@@ -77,6 +84,12 @@ FPFL_MODEL_SELECTIONS = ("best", "last")
 FPFL_ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
 FPFL_NOISE = ("distributed", "central")
 FPFL_SECURE_SUM = ("masking", "none")
+#: How the FPFL population's users are dealt to the nodes: contiguous blocks of the shuffled
+#: users, or per group (of a user's first row) in Dirichlet shares over the nodes.
+FPFL_SPLITS = ("iid", "dirichlet")
+#: What FairFed's node weights are paired with (the FairFed paper pairs them with local
+#: debiasing): nothing, or FedFB's FairBatch reweighting on the server's weighted sums.
+FPFL_FAIRFED_DEBIASING = ("none", "fedfb")
 FEF_SPLITS = ("doctorate", "dirichlet")
 FEF_VARIANTS = ("trained", "fair")
 FEF_MODES: tuple[str, ...] = get_args(Mode)
@@ -352,11 +365,12 @@ def _check_fpfl(config: RunConfig) -> None:
 
 def _check_pipeline(config: RunConfig) -> None:
     """Cross-key rules of the pipeline (train FPFL and PFL, audit both, test both)."""
-    if config.fpfl_algorithm != "fpfl":
+    if config.fpfl_algorithm not in PIPELINE_FAIR_ALGORITHMS:
         raise ConfigError(
-            f'fpfl-algorithm must be "fpfl" for task = "pipeline", got {config.fpfl_algorithm!r}: '
-            "the pipeline trains FPFL and its PFL twin (the same clipping, noise and rounds "
-            "without MMDM)"
+            f"fpfl-algorithm must be one of {', '.join(map(repr, PIPELINE_FAIR_ALGORITHMS))} "
+            f'for task = "pipeline", got {config.fpfl_algorithm!r}: the pipeline trains a '
+            "fairness-aware model and its PFL twin (the same clipping, noise and rounds "
+            "without the fairness update)"
         )
     if config.fpfl_architecture == "cnn":
         raise ConfigError('fpfl-architecture must be "shallow" or "deep" for task = "pipeline"')
@@ -498,6 +512,17 @@ class RunConfig:
         0.25,
         _number(0.0, 1.0),
         "FairFed: share of 1/sigma^2 for each node's own release (the sum keeps the rest)",
+    )
+    fpfl_fairfed_debiasing: str = _key(
+        "none",
+        _choice(FPFL_FAIRFED_DEBIASING),
+        "FairFed: none (node weights alone) or fedfb (FedFB's group reweighting on the sums)",
+    )
+    fpfl_split: str = _key(
+        "iid", _choice(FPFL_SPLITS), "users to nodes: iid blocks, or dirichlet shares per group"
+    )
+    fpfl_dirichlet_alpha: float = _key(
+        0.5, _number(0.0, math.inf), "fpfl-split = dirichlet: concentration (smaller = skew)"
     )
     fpfl_statistics_smoothing: float = _key(
         0.0, _number(0.0, 1.0, open_low=False), "beta: EMA of the released sums (0 = off)"

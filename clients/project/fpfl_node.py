@@ -113,7 +113,31 @@ def node_shard(config: RunConfig, partition_id: int, num_partitions: int) -> FPF
     """The users of partition ``partition_id``, cached per process like the population (a
     simulated ClientApp serves every round of many nodes; nothing changes a shard)."""
     train, _ = population(config, num_partitions)
-    return train.partition(partition_id, num_partitions)
+    if config.fpfl_split == "iid":
+        return train.partition(partition_id, num_partitions)
+    owners = group_dirichlet_owners(train, num_partitions, config.fpfl_dirichlet_alpha, config.seed)
+    return train.select_users(np.flatnonzero(owners == partition_id))
+
+
+def group_dirichlet_owners(
+    users: FPFLShard, num_partitions: int, alpha: float, seed: int
+) -> np.ndarray:
+    """The node of every user under ``fpfl-split = "dirichlet"``: per group (of the user's
+    first row), shares ~ Dirichlet(``alpha``) over the nodes, deterministic from ``seed``
+    (:func:`~fedparity.clients.project.data.holders.dirichlet_owners`): the non-IID split over
+    the sensitive attribute of Ezzeldin et al., "FairFed: Enabling Group Fairness in Federated
+    Learning", AAAI 2023 (heterogeneity over the sensitive attribute)."""
+    from .data.holders import dirichlet_owners
+
+    _, first_rows = np.unique(users.user_index, return_index=True)
+    return dirichlet_owners(
+        users.groups[first_rows],
+        users.num_groups,
+        num_partitions,
+        alpha,
+        share_rng=np.random.default_rng(np.random.SeedSequence([seed, 7_341])),
+        deal_rng=np.random.default_rng(np.random.SeedSequence([seed, 7_342])),
+    )
 
 
 def node_settings(config: RunConfig) -> FPFLNodeSettings:

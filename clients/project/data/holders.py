@@ -46,15 +46,36 @@ def _dirichlet_assignment(
     The shares come from ``(seed,)`` only (the same for both splits, so a holder's train and
     test data follow the same skew); rows are dealt from a permutation seeded by the split.
     """
-    share_rng = np.random.default_rng(np.random.SeedSequence([seed, 7_331]))
-    deal_rng = np.random.default_rng(np.random.SeedSequence([seed, 7_332, SPLITS.index(split)]))
-    owner = np.empty(labels.shape[0], dtype=np.int64)
-    for label in (0, 1):
+    return dirichlet_owners(
+        labels,
+        2,
+        num_partitions,
+        alpha,
+        share_rng=np.random.default_rng(np.random.SeedSequence([seed, 7_331])),
+        deal_rng=np.random.default_rng(np.random.SeedSequence([seed, 7_332, SPLITS.index(split)])),
+    )
+
+
+def dirichlet_owners(
+    categories: NDArray[np.int64],
+    num_categories: int,
+    num_partitions: int,
+    alpha: float,
+    *,
+    share_rng: np.random.Generator,
+    deal_rng: np.random.Generator,
+) -> NDArray[np.int64]:
+    """The partition of every item: per category ``c`` in ``range(num_categories)``, shares
+    ``~ Dirichlet(alpha 1)`` over the partitions (from ``share_rng``), and the category's items
+    dealt from a permutation (``deal_rng``) in those shares (the usual non-IID split of
+    federated benchmarks; smaller ``alpha``, more skew)."""
+    owner = np.empty(categories.shape[0], dtype=np.int64)
+    for category in range(num_categories):
         shares = share_rng.dirichlet(np.full(num_partitions, alpha))
-        rows = deal_rng.permutation(np.flatnonzero(labels == label))
-        cuts = np.round(np.cumsum(shares)[:-1] * rows.size).astype(np.int64)
-        for holder, chunk in enumerate(np.split(rows, cuts)):
-            owner[chunk] = holder
+        items = deal_rng.permutation(np.flatnonzero(categories == category))
+        cuts = np.round(np.cumsum(shares)[:-1] * items.size).astype(np.int64)
+        for partition, chunk in enumerate(np.split(items, cuts)):
+            owner[chunk] = partition
     return owner
 
 
