@@ -37,7 +37,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from ..mechanisms.ldp.metrics import UNDEFINABLE_METRICS
 from ..mechanisms.ldp.nprr import NPRRMechanism
 from ..mechanisms.ldp.reports import PerturbedReports
 from ..mechanisms.ldp.sequential import (
@@ -159,8 +158,11 @@ class SequentialLdpAudit:
     target_width : float
         Stop when every pairwise difference's interval is narrower than this (metric units).
     metric : str
-        The per-user metric: one always defined (accuracy); TPR, FPR and FNR need the
-        undefined category, which the sequential statistics do not cover yet.
+        The per-user metric. For TPR, FPR and FNR (undefined for a user without positives,
+        resp. negatives) the mechanism's last category is "metric undefined"
+        (:meth:`~fedparity.strategies.LdpGapAudit.for_budget` builds it with one more
+        category): those users report it, and the groups' means are over their users with a
+        defined metric.
     confidence : float
         Level of the confidence sequences.
     audit_id : str
@@ -190,11 +192,6 @@ class SequentialLdpAudit:
         if not isinstance(mechanism, NPRRMechanism):
             raise ValueError(
                 f"mechanism must be an NPRRMechanism (M_N), got {type(mechanism).__name__}"
-            )
-        if metric in UNDEFINABLE_METRICS:
-            raise ValueError(
-                f"metric must be one that is defined for every user (accuracy), got {metric!r}: "
-                "the sequential statistics do not cover the undefined category yet"
             )
         if not audit_id:
             raise ValueError("audit_id must be a non-empty label (the audit's session)")
@@ -263,7 +260,11 @@ class SequentialLdpAudit:
                 rejected.append(RejectedReply(node, str(error)))
         users = {node: count for node, count in users.items() if count > 0}
         asked = dict.fromkeys(users, 0)
-        audit = SequentialGapAudit(self.mechanism, confidence=self.confidence)
+        audit = SequentialGapAudit(
+            self.mechanism,
+            confidence=self.confidence,
+            undefined_category=self.checker.undefined_category,
+        )
         batches_sent = 0
 
         def outcome(reason: str) -> SequentialAuditOutcome:

@@ -119,6 +119,40 @@ def test_the_confidence_sequence_covers_at_every_batch_over_many_runs(
     assert missed / runs <= 1 - level + binomial_tolerance(1 - level, runs)
 
 
+def test_with_the_undefined_category_the_sequences_cover_the_defined_users_means() -> None:
+    """TPR-like metrics: a quarter of the users report the undefined category (value 0, i.e.
+    m = 1/2, far from the groups' means); the groups' sequences cover the means over their
+    defined users at every batch, at level 0.9 over 300 runs."""
+    level, runs = 0.9, 300
+    mechanism = nprr_for_budget(1.0, 3)
+    shares = np.array([0.45, 0.3, 0.25])  # group 0, group 1, undefined
+    means = np.array([0.8, 0.6])
+    rng = np.random.default_rng(77)
+    missed = 0
+    for _ in range(runs):
+        audit = SequentialGapAudit(mechanism, confidence=level, undefined_category=True)
+        for _ in range(20):
+            groups = rng.choice(3, size=500, p=shares)
+            metric = np.where(
+                groups < 2, (rng.random(500) < means[np.minimum(groups, 1)]).astype(float), 0.5
+            )
+            batch = audit.update(mechanism.perturb(groups, 2 * metric - 1, rng))
+            covered = (
+                all(
+                    ci.low <= m <= ci.high
+                    for ci, m in zip(batch.group_intervals, means, strict=True)
+                )
+                and batch.interval.low <= 0.2 <= batch.interval.high
+            )
+            if not covered:
+                missed += 1
+                break
+    assert len(audit.pairs) == 1 and len(audit.group_means()) == 2
+    assert missed / runs <= 1 - level + binomial_tolerance(1 - level, runs)
+    with pytest.raises(ValueError, match="num_groups >= 3"):
+        SequentialGapAudit(nprr_for_budget(1.0, 2), undefined_category=True)
+
+
 def test_the_coverage_check_catches_a_fixed_n_interval_looked_at_after_every_batch() -> None:
     # Power of the check above: the fixed-n normal 0.9 interval of estimate_gap, valid at one
     # planned size, looked at after each of 24 batches (the first of 2000 users, so that both

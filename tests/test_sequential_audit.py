@@ -227,6 +227,37 @@ def test_a_clear_gap_stops_early_and_only_the_asked_users_are_charged(tmp_path: 
     assert repr(outcome).startswith("SequentialAuditOutcome(")
 
 
+def test_a_tpr_audit_carries_the_undefined_category_and_finds_the_gap(tmp_path: Path) -> None:
+    """metric = "tpr": users without positives (NaN) report the undefined category; the audit
+    compares the two groups' mean TPR over their users with a defined TPR (0.9 and 0.1 here,
+    a third of the users undefined) and stops on a clear gap, charging only the asked users."""
+    rng = np.random.default_rng(8)
+    handlers, contexts = {}, {}
+    for node, size in zip((1, 2), (3000, 2000), strict=True):
+        groups = rng.integers(0, 2, size)
+        metrics = (rng.random(size) < np.array([0.9, 0.1])[groups]).astype(np.float64)
+        metrics[rng.random(size) < 1 / 3] = np.nan
+        handlers[node] = node_handler(tmp_path, groups, metrics)
+        contexts[node] = Context(1, node, {}, RecordDict(), {})
+    grid = HandlerGrid(lambda node, action: handlers[node], contexts)
+    audit = SequentialLdpAudit(
+        nprr_for_budget(2.0, 3),  # two groups and "undefined"
+        budget=2.0,
+        metric="tpr",
+        batch_size=300,
+        max_users=5000,
+        target_width=0.05,
+        seed=2,
+    )
+    outcome = audit.start(grid, ArrayRecord())  # type: ignore[arg-type]
+    result = outcome.result
+    assert result is not None and outcome.stopped_because == STOP_REASONS[0], outcome.summary()
+    assert len(result.group_intervals) == 2 and result.pairs == ((0, 1),)
+    assert result.interval.low <= 0.8 <= result.interval.high
+    for node, asked in outcome.asked_by_node.items():
+        assert sum(charged_once(tmp_path, node).values()) == asked
+
+
 def test_a_batch_lost_mid_audit_stops_with_the_batch_before(tmp_path: Path) -> None:
     """Node 2's reply to the second batch is lost: that batch's reports are left out (the
     others would bias the sequence), the result is the first batch's, and the users node 2
@@ -260,7 +291,7 @@ def test_the_strategy_refuses_bad_settings() -> None:
     common = {"budget": 1.0, "batch_size": 10, "max_users": 100, "target_width": 0.1}
     with pytest.raises(ValueError, match="NPRRMechanism"):
         SequentialLdpAudit(object(), **common)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="metric"):
+    with pytest.raises(ValueError, match="undefined category the mechanism needs num_groups >= 3"):
         SequentialLdpAudit(mechanism, metric="tpr", **common)
     with pytest.raises(ValueError, match="batch_size"):
         SequentialLdpAudit(mechanism, **{**common, "batch_size": 0})

@@ -310,7 +310,13 @@ class SequentialGapAudit:
         *,
         confidence: float = 0.95,
         prior_strength: float = AUDIT_PRIOR_STRENGTH,
+        undefined_category: bool = False,
     ) -> None:
+        """``undefined_category``: the mechanism's last category is "metric undefined" (TPR
+        and FNR for a user without positives, FPR without negatives), which its users report
+        (with the value 0); the means, intervals and gaps are those of the other categories,
+        the groups' means over their users with a defined metric (step 1 holds for every
+        category: a report flipped to G carries a uniform value whatever its true category)."""
         if not isinstance(mechanism, NPRRMechanism):
             raise ValueError(
                 f"mechanism must be an NPRRMechanism (M_N), got {type(mechanism).__name__}"
@@ -319,14 +325,22 @@ class SequentialGapAudit:
         self.confidence = check_open_unit("confidence", confidence)
         self.prior_strength = check_positive_finite("prior_strength", prior_strength)
         d = mechanism.num_groups
+        if undefined_category and d < 3:
+            raise ValueError(
+                "undefined_category needs a mechanism with num_groups >= 3 (the protected "
+                f"groups and 'undefined'), got {d}"
+            )
+        self.undefined_category = bool(undefined_category)
+        #: The compared groups: every category, or all but the undefined one.
+        self.num_groups = d - 1 if undefined_category else d
         a, flip, _, _ = (float(x) for x in mechanism.exact_probabilities())
         #: m0 of every statistic: half of P(g' = G) = q_g + (a - q_g) / d
         self.prior_mean = 0.5 * (flip + (a - flip) / d)
         self.users = 0
         self.positive_sums = np.zeros(d)  # S of [g' = G] z
         self.negative_sums = np.zeros(d)  # S of [g' = G] (1 - z)
-        self.pairs = tuple(itertools.combinations(range(d), 2))
-        self._statistic_intervals = [ConfidenceInterval(0.0, 1.0)] * (2 * d)
+        self.pairs = tuple(itertools.combinations(range(self.num_groups), 2))
+        self._statistic_intervals = [ConfidenceInterval(0.0, 1.0)] * (2 * self.num_groups)
         self.batches: list[SequentialBatch] = []
 
     def update(self, reports: PerturbedReports) -> SequentialBatch:
@@ -349,12 +363,12 @@ class SequentialGapAudit:
         return batch
 
     def _statistic_level(self) -> float:
-        return 1.0 - (1.0 - self.confidence) / (2 * self.mechanism.num_groups)
+        return 1.0 - (1.0 - self.confidence) / (2 * self.num_groups)
 
     def _state(self) -> SequentialBatch:
-        d = self.mechanism.num_groups
+        d = self.num_groups
         level = self._statistic_level()
-        sums = [*self.positive_sums, *self.negative_sums]
+        sums = [*self.positive_sums[:d], *self.negative_sums[:d]]
         self._statistic_intervals = [
             _intersect(
                 previous,
@@ -383,7 +397,8 @@ class SequentialGapAudit:
         a, flip, _, _ = (float(x) for x in self.mechanism.exact_probabilities())
         r = self.mechanism.report_keep_probability
         t = max(self.users, 1)
-        p1, p0 = self.positive_sums / t, self.negative_sums / t
+        d = self.num_groups
+        p1, p0 = self.positive_sums[:d] / t, self.negative_sums[:d] / t
         share = p1 + p0 - flip
         with np.errstate(divide="ignore", invalid="ignore"):
             means = 0.5 + (a - flip) * (p1 - p0) / (2.0 * a * r * share)
@@ -476,6 +491,7 @@ def sequential_gap_audit(
     max_users: int,
     target_width: float,
     confidence: float = 0.95,
+    undefined_category: bool = False,
 ) -> SequentialGapResult:
     """Ask fresh users in batches until the gap is answered (module docstring).
 
@@ -494,6 +510,8 @@ def sequential_gap_audit(
         Stop when every pairwise difference's interval is narrower than this (metric units).
     confidence : float
         Level of the confidence sequences, in (0, 1).
+    undefined_category : bool
+        The mechanism's last category is "metric undefined" (:class:`SequentialGapAudit`).
 
     Stops after the first batch whose largest gap's interval excludes 0, or whose pairwise
     intervals are all narrower than ``target_width``, or once ``max_users`` users were asked.
@@ -505,7 +523,9 @@ def sequential_gap_audit(
     target_width = check_positive_finite("target_width", target_width)
     if not callable(next_batch):
         raise ValueError("next_batch must be a callable next_batch(n) -> PerturbedReports")
-    audit = SequentialGapAudit(mechanism, confidence=confidence)
+    audit = SequentialGapAudit(
+        mechanism, confidence=confidence, undefined_category=undefined_category
+    )
     while True:
         asked = min(batch_size, max_users - audit.users)
         reports = next_batch(asked)
