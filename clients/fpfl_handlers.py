@@ -114,7 +114,7 @@ from ..mechanisms.protocol.fpfl import (
     FPFLSetupRequest,
 )
 from .fpfl_data import FPFLShard
-from .fpfl_node import FPFLNodeSettings, cohort_contribution, fairfed_contribution, round_rng
+from .fpfl_node import FPFLNodeSettings, round_contribution, round_rng
 from .identity import NodeIdentity, node_identity
 from .ledger import default_ledger_path, ledger_totals, open_node_ledger, save_node_ledger
 from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
@@ -698,20 +698,7 @@ class FPFLNode:
         rng = round_rng(self.settings.client_seed, self.stream(context), round_number)
         release_std = (parameters.clipping_bound or 0.0) * parameters.release_noise_multiplier
         try:
-            if parameters.fairfed:
-                both = fairfed_contribution(
-                    model,
-                    shard,
-                    constraint=parameters.constraint,  # type: ignore[arg-type]
-                    clipping_bound=parameters.clipping_bound,
-                    sample_rate=parameters.sample_rate,
-                    noise_share_std=share_std,
-                    release_std=release_std,
-                    scale=scale,
-                    rng=rng,
-                )
-                return both.total, both.release
-            return cohort_contribution(
+            both = round_contribution(
                 model,
                 shard,
                 # a str on the wire, equal to this node's checked setting (mismatch at setup)
@@ -720,7 +707,10 @@ class FPFLNode:
                 sample_rate=parameters.sample_rate,
                 noise_share_std=share_std,
                 rng=rng,
-            ), None
+                scale=scale,
+                release_std=release_std if parameters.fairfed else None,
+            )
+            return both.total, both.release
         except Exception as error:  # noqa: BLE001 - a data-dependent failure is no refusal
             log(
                 logging.ERROR,

@@ -58,10 +58,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FPFLNodeSettings",
-    "FairFedContribution",
+    "RoundContribution",
     "cohort_contribution",
     "cohort_sum",
-    "fairfed_contribution",
+    "round_contribution",
     "round_rng",
 ]
 
@@ -242,31 +242,28 @@ def cohort_contribution(
     holding the round's weights): the sum of its cohort users' statistic vectors (clipped to
     ``clipping_bound`` unless None) plus its noise share ``N(0, noise_share_std^2 I)``
     (FPFL Algorithm 1, ``UserStatistics``; Poisson cohort with rate ``sample_rate``)."""
-    if not math.isfinite(noise_share_std) or noise_share_std < 0:
-        raise ValueError(f"noise_share_std must be a finite number >= 0, got {noise_share_std!r}")
-    total = cohort_sum(
+    return round_contribution(
         model,
         shard,
         constraint=constraint,
         clipping_bound=clipping_bound,
         sample_rate=sample_rate,
+        noise_share_std=noise_share_std,
         rng=rng,
-    )
-    if noise_share_std > 0:
-        total = total + rng.normal(0.0, noise_share_std, size=total.shape)
-    return np.asarray(total, dtype=np.float64)
+    ).total
 
 
 @dataclass(frozen=True, eq=False)
-class FairFedContribution:
-    """A FairFed node's round: ``total`` (its scaled clipped sum plus its noise share, for the
-    secure sum) and ``release`` (the counting block of the unscaled sum plus its own noise)."""
+class RoundContribution:
+    """A node's round: ``total`` (its scaled clipped sum plus its noise share, for the secure
+    sum) and, in a FairFed run, ``release`` (the counting block of the unscaled sum plus its
+    own noise; None otherwise)."""
 
     total: NDArray[np.float64]
-    release: NDArray[np.float64]
+    release: NDArray[np.float64] | None = None
 
 
-def fairfed_contribution(
+def round_contribution(
     model: torch.nn.Module,
     shard: FPFLShard,
     *,
@@ -274,23 +271,20 @@ def fairfed_contribution(
     clipping_bound: float | None,
     sample_rate: float,
     noise_share_std: float,
-    release_std: float,
-    scale: float,
     rng: np.random.Generator,
-) -> FairFedContribution:
-    """FairFed on FPFL's round (:mod:`fedparity.mechanisms.fpfl.fairfed`): the clipped cohort
-    sum ``S`` of :func:`cohort_sum`, ``scale * S + N(0, noise_share_std^2 I)`` for the secure
-    sum and ``S[release blocks] + N(0, release_std^2 I)`` released on its own. ``scale`` in
-    [0, 1] keeps each user's part of the sum within ``C``."""
-    from ..mechanisms.fpfl.fairfed import release_indices
-    from .fpfl_task import statistics_layout
-
+    scale: float = 1.0,
+    release_std: float | None = None,
+) -> RoundContribution:
+    """The clipped cohort sum ``S`` of :func:`cohort_sum`, and ``scale * S + N(0,
+    noise_share_std^2 I)`` for the secure sum; with ``release_std`` (FairFed,
+    :mod:`fedparity.mechanisms.fpfl.fairfed`) also ``S[release blocks] + N(0, release_std^2
+    I)``, released on its own. ``scale`` in [0, 1] keeps each user's part of the sum within
+    ``C``."""
     if not 0.0 <= scale <= 1.0:
         raise ValueError(f"scale must be in [0, 1], got {scale!r}")
-    for name, value in (("noise_share_std", noise_share_std), ("release_std", release_std)):
+    for name, value in (("noise_share_std", noise_share_std), ("release_std", release_std or 0.0)):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    indices = release_indices(statistics_layout(model, shard.num_groups))
     raw = cohort_sum(
         model,
         shard,
@@ -299,15 +293,19 @@ def fairfed_contribution(
         sample_rate=sample_rate,
         rng=rng,
     )
-    total = scale * raw
+    total = scale * raw if scale != 1.0 else raw
     if noise_share_std > 0:
         total = total + rng.normal(0.0, noise_share_std, size=total.shape)
-    release = raw[indices]
-    if release_std > 0:
-        release = release + rng.normal(0.0, release_std, size=release.shape)
-    return FairFedContribution(
-        np.asarray(total, dtype=np.float64), np.asarray(release, dtype=np.float64)
-    )
+    release = None
+    if release_std is not None:
+        from ..mechanisms.fpfl.fairfed import release_indices
+        from .fpfl_task import statistics_layout
+
+        release = raw[release_indices(statistics_layout(model, shard.num_groups))]
+        if release_std > 0:
+            release = release + rng.normal(0.0, release_std, size=release.shape)
+        release = np.asarray(release, dtype=np.float64)
+    return RoundContribution(np.asarray(total, dtype=np.float64), release)
 
 
 def cohort_sum(

@@ -200,13 +200,13 @@ def test_a_round_that_names_another_k_is_released_and_charged_at_the_pinned_k(
     attack = run_parameters(PRIVATE, population=10**7)
     assert attack.sample_rate < pinned.sample_rate / 1000  # what round 1 claimed
     used: list[tuple[float, float]] = []
-    real_contribution = handlers.cohort_contribution
+    real_contribution = handlers.round_contribution
 
     def recording(*args: object, **kwargs: object) -> object:
         used.append((float(kwargs["sample_rate"]), float(kwargs["noise_share_std"])))  # type: ignore[arg-type]
         return real_contribution(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(handlers, "cohort_contribution", recording)
+    monkeypatch.setattr(handlers, "round_contribution", recording)
     real_message = nodes.round_message
 
     def hostile_round_one(round_number: int, *args: object, **kwargs: object) -> RecordDict:

@@ -20,7 +20,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
 from fedparity.clients.fpfl_data import FPFLShard
-from fedparity.clients.fpfl_node import cohort_sum, fairfed_contribution
+from fedparity.clients.fpfl_node import cohort_sum, round_contribution
 from fedparity.clients.fpfl_task import statistics_layout
 from fedparity.clients.policy import NodePrivacyPolicy
 from fedparity.clients.project.config import ConfigError, RunConfig
@@ -269,7 +269,7 @@ def test_one_user_moves_the_scaled_sum_by_at_most_scale_c_and_the_release_by_at_
     indices = release_indices(statistics_layout(model, 2))
 
     def both(users: FPFLShard) -> tuple[np.ndarray, np.ndarray]:
-        out = fairfed_contribution(
+        out = round_contribution(
             model,
             users,
             constraint="fnr",
@@ -321,7 +321,7 @@ def test_the_release_noise_has_the_std_of_the_split() -> None:
     )[indices]
     draws = np.stack(
         [
-            fairfed_contribution(
+            round_contribution(
                 model,
                 shard,
                 constraint="fnr",
