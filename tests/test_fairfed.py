@@ -398,6 +398,16 @@ def _grid(nodes: MaskingNodes) -> HandlerGrid:
     return HandlerGrid(lambda node, action: nodes.handlers[action], nodes.contexts)
 
 
+def _protocol(nodes: MaskingNodes, grid: HandlerGrid | None = None) -> FPFLProtocol:
+    """The library's server protocol over ``nodes`` (through ``grid``, default theirs)."""
+    return FPFLProtocol(
+        grid or _grid(nodes),  # type: ignore[arg-type]
+        node_ids=nodes.ids,
+        parameters=nodes.parameters,
+        reply_timeout=5.0,
+    )
+
+
 @pytest.mark.parametrize("private", [False, True])
 def test_a_fairfed_training_sends_scales_reads_releases_and_moves_the_weights(
     private: bool,
@@ -411,12 +421,7 @@ def test_a_fairfed_training_sends_scales_reads_releases_and_moves_the_weights(
         [11, 12, 13], settings, **({"policy": NodePrivacyPolicy()} if private else {})
     )
     grid = _grid(nodes)
-    protocol = FPFLProtocol(
-        grid,  # type: ignore[arg-type]
-        node_ids=nodes.ids,
-        parameters=nodes.parameters,
-        reply_timeout=5.0,
-    )
+    protocol = _protocol(nodes, grid)
     layout = statistics_layout(make_model(), 2)
     training = FPFLTraining(
         layout,
@@ -455,12 +460,7 @@ def test_fairfeds_weights_combine_with_fedfb_or_mmdm_steps(
     from fedparity.mechanisms.fpfl.fedfb import FedFBConfig
 
     nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
-    protocol = FPFLProtocol(
-        _grid(nodes),  # type: ignore[arg-type]
-        node_ids=nodes.ids,
-        parameters=nodes.parameters,
-        reply_timeout=5.0,
-    )
+    protocol = _protocol(nodes)
     training = FPFLTraining(
         statistics_layout(make_model(), 2),
         nodes.weights,
@@ -481,12 +481,7 @@ def test_fairfeds_weights_combine_with_fedfb_or_mmdm_steps(
 
 def test_the_server_refuses_fairfed_on_a_run_without_releases() -> None:
     nodes = MaskingNodes([1, 2], EXACT)
-    protocol = FPFLProtocol(
-        _grid(nodes),  # type: ignore[arg-type]
-        node_ids=nodes.ids,
-        parameters=nodes.parameters,
-        reply_timeout=5.0,
-    )
+    protocol = _protocol(nodes)
     training = FPFLTraining(
         statistics_layout(make_model(), 2),
         nodes.weights,
@@ -517,12 +512,7 @@ def test_a_malformed_release_is_a_rejected_reply_not_a_crash() -> None:
 
         return broken
 
-    protocol = FPFLProtocol(
-        HandlerGrid(tamper, nodes.contexts),  # type: ignore[arg-type]
-        node_ids=nodes.ids,
-        parameters=nodes.parameters,
-        reply_timeout=5.0,
-    )
+    protocol = _protocol(nodes, HandlerGrid(tamper, nodes.contexts))
     protocol.setup()
     outcome = protocol.run_round(1, nodes.weights)
     assert [node for node, _ in outcome.rejected] == [2]
@@ -603,12 +593,7 @@ def test_a_paused_fairfed_training_resumes_with_its_node_weights(tmp_path: Path)
         )
 
     nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
-    protocol = FPFLProtocol(
-        _grid(nodes),  # type: ignore[arg-type]
-        node_ids=nodes.ids,
-        parameters=nodes.parameters,
-        reply_timeout=5.0,
-    )
+    protocol = _protocol(nodes)
     first = training()
     first.start(protocol, 4, folder=tmp_path, stop_after=2)
     assert first.node_weights is not None and first.smoothed_releases is not None
