@@ -519,6 +519,17 @@ def _privacy(
         "calibrated_epsilon_at_T": None if calibration is None else calibration.achieved.epsilon,
         "noise": config.fpfl_noise if sigma else None,
         "noise_share_std": protocol.noise_share_std(),
+        # FairFed: the run's sigma split between the sum and each node's own release (their
+        # joint noise multiplier is sigma, so epsilon is the accountant's above)
+        "fairfed_noise": None
+        if not protocol.parameters.fairfed
+        else {
+            "release_share": protocol.parameters.fairfed_release_share,
+            "sum_noise_multiplier": protocol.parameters.sum_noise_multiplier,
+            "release_noise_multiplier": protocol.parameters.release_noise_multiplier,
+            "release_noise_std": (protocol.clipping_bound or 0.0)
+            * protocol.parameters.release_noise_multiplier,
+        },
         "secure_sum": config.fpfl_secure_sum,
         "client_seed": config.fpfl_client_seed,
         # The nodes' per-user ledgers (every release they recorded, this training and

@@ -262,6 +262,7 @@ class FPFLPrivacy(Results):
     calibrated_epsilon_at_T: float | None = None  # noqa: N815 - the results.json key
     noise: str | None = None
     noise_share_std: float | None = None
+    fairfed_noise: dict[str, float] | None = None
     secure_sum: str | None = None
     client_seed: int | None = None
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None

@@ -568,6 +568,11 @@ def test_fairfed_runs_as_a_flower_job_and_charges_what_fpfl_charges(tmp_path: Pa
     assert fairfed["status"] == "completed" and fairfed["algorithm"] == "fairfed"
     assert fairfed["epsilon"] == pytest.approx(fpfl["epsilon"])
     assert fairfed["noise_multiplier"] == fpfl["noise_multiplier"]
+    split = fairfed["privacy"]["fairfed_noise"]
+    assert fpfl["privacy"]["fairfed_noise"] is None and split["release_share"] == 0.25
+    assert combined_noise_multiplier(
+        split["sum_noise_multiplier"], split["release_noise_multiplier"]
+    ) == pytest.approx(fairfed["noise_multiplier"], rel=1e-12)
     nodes = fairfed["privacy"]["ledger_totals_reported_by_nodes"]
     assert nodes is not None and nodes == fpfl["privacy"]["ledger_totals_reported_by_nodes"]
     for entry in fairfed["history"]:
