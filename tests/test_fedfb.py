@@ -336,6 +336,54 @@ def test_the_training_loop_takes_fedfb_steps_and_keeps_the_weights_in_multiplier
     assert FPFLTraining(layout, weights, mmdm=MMDMConfig(), use_mmdm=False).update_rule == "sgd"
 
 
+@pytest.mark.usefixtures("task_identity")
+def test_a_paused_fedfb_training_resumes_with_its_group_weights(tmp_path: Path) -> None:
+    """Over real nodes in this process: a FedFB training paused after 2 rounds keeps its group
+    weights q in the checkpoint and resumes at round 3 with them; the resumed run then equals
+    the uninterrupted one (every user in every round, exact sums)."""
+    from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
+    from fedparity.strategies.fpfl import FPFLProtocol
+    from fedparity.strategies.fpfl_observers import DurableTraining
+    from tests.support.fpfl_nodes import EXACT, MaskingNodes, make_model
+    from tests.support.handler_grid import HandlerGrid
+
+    def protocol() -> FPFLProtocol:
+        nodes = MaskingNodes([1, 2, 3], EXACT)
+        return FPFLProtocol(
+            HandlerGrid(lambda node, action: nodes.handlers[action], nodes.contexts),  # type: ignore[arg-type]
+            node_ids=nodes.ids,
+            parameters=nodes.parameters,
+            reply_timeout=5.0,
+        )
+
+    def training() -> FPFLTraining:
+        return FPFLTraining(
+            statistics_layout(make_model(), 2),
+            get_flat_parameters(make_model()),
+            mmdm=MMDMConfig(learning_rate=0.5),
+            use_mmdm=False,
+            fedfb=FedFBConfig(step=0.1, learning_rate=0.5),
+        )
+
+    def run(folder: Path, stops: list[int | None]) -> FPFLTraining:
+        server = protocol()
+        for stop in stops:
+            trained = training()
+            trained.start(server, 4, folder=folder, stop_after=stop)
+        return trained
+
+    paused = tmp_path / "paused"
+    q = run(paused, [2]).multipliers.copy()
+    assert q.sum() == pytest.approx(1.0) and q.min() >= 0
+    restored = training()
+    assert DurableTraining(paused).restore(restored, protocol()) == 2
+    np.testing.assert_array_equal(restored.multipliers, q)
+    resumed = run(tmp_path / "resumed", [2, None])
+    whole = run(tmp_path / "whole", [None])
+    np.testing.assert_allclose(resumed.weights, whole.weights, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(resumed.multipliers, whole.multipliers, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
