@@ -41,7 +41,12 @@ from ..mechanisms.ldp.nprr import NPRRMechanism
 from ..mechanisms.ldp.piecewise import PiecewiseMechanism
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY
-from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply, LdpAuditRequest
+from ..mechanisms.protocol.ldp_audit import (
+    CONFIG_KEY,
+    MAX_AUDIT_ID_LENGTH,
+    LdpAuditReply,
+    LdpAuditRequest,
+)
 from ..mechanisms.validation import check_int
 from .replies import (
     LedgerTotals,
@@ -279,6 +284,11 @@ class LdpGapAudit:
         self.metric = metric
         self.confidence = float(confidence)
         self.group_sizes = None if group_sizes is None else list(group_sizes)
+        if not isinstance(audit_id, str) or len(audit_id) > MAX_AUDIT_ID_LENGTH:
+            raise ValueError(
+                f"audit_id must be a string of at most {MAX_AUDIT_ID_LENGTH} characters (the "
+                f"nodes refuse longer labels), got {str(audit_id)[:40]!r}..."
+            )
         self.audit_id = audit_id
         self.users_by_node: dict[int, int] | None = None
         if users_by_node is not None:

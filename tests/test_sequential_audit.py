@@ -191,6 +191,11 @@ def test_the_node_refuses_what_a_sequential_audit_may_not_ask(tmp_path: Path) ->
         ask(handler, context, 3, mechanism=build_mechanism("R", 0.5, 0.5, 2))
     with pytest.raises(MessageError, match="sequential-batch"):
         ask(handler, context, 3, audit_id="")
+    # a label longer than 128 characters (it keys the node's record of asked users)
+    with pytest.raises(MessageError, match="'audit-id' must be a string of at most 128"):
+        ask(handler, context, 3, audit_id="x" * 129)
+    longest = LdpAuditRequest("N", 1.0, 1.0, 2, 1.0, "accuracy", audit_id="x" * 128)
+    assert LdpAuditRequest.from_fields(longest.to_fields()).audit_id == "x" * 128
 
 
 # --- the strategy over real handlers -------------------------------------------------------------
@@ -295,5 +300,7 @@ def test_the_strategy_refuses_bad_settings() -> None:
         SequentialLdpAudit(mechanism, metric="tpr", **common)
     with pytest.raises(ValueError, match="batch_size"):
         SequentialLdpAudit(mechanism, **{**common, "batch_size": 0})
+    with pytest.raises(ValueError, match="audit_id must be a string of at most 128"):
+        SequentialLdpAudit(mechanism, audit_id="a" * 129, **common)
     with pytest.raises(ValueError, match="target_width"):
         SequentialLdpAudit(mechanism, **{**common, "target_width": 0.0})

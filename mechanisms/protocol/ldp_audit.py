@@ -41,9 +41,14 @@ from . import (
 
 __all__ = [
     "CONFIG_KEY",
+    "MAX_AUDIT_ID_LENGTH",
     "LdpAuditReply",
     "LdpAuditRequest",
 ]
+
+#: The longest ``audit-id`` a node accepts (a hostile server's long labels would otherwise grow
+#: the node's run state and its users' ledger entries).
+MAX_AUDIT_ID_LENGTH = 128
 
 #: Config record of the request (beside the model's ``ArrayRecord`` under ``"arrays"``).
 CONFIG_KEY = "config"
@@ -101,7 +106,9 @@ class LdpAuditRequest:
     metric : str
         The per-user metric audited (accuracy, tpr, fpr, fnr).
     audit_id : str
-        The audit's label ("" when absent: a node does not need it).
+        The audit's label ("" when absent: a node does not need it), at most
+        :data:`MAX_AUDIT_ID_LENGTH` characters (it keys the node's record of a sequential
+        audit's asked users and labels the users' ledger entries).
     undefined_category : bool
         The mechanism's last category is "metric undefined" (absent: false).
     grid_size : int
@@ -165,8 +172,11 @@ class LdpAuditRequest:
         epsilon_value = _float(record, "epsilon-value")
         budget = _float(record, "budget")
         audit_id = record.get("audit-id", "")
-        if not isinstance(audit_id, str):
-            raise MessageError("message field 'audit-id' must be a string")
+        if not isinstance(audit_id, str) or len(audit_id) > MAX_AUDIT_ID_LENGTH:
+            raise MessageError(
+                f"message field 'audit-id' must be a string of at most {MAX_AUDIT_ID_LENGTH} "
+                "characters"
+            )
         sequential_batch = None
         if "sequential-batch" in record:
             sequential_batch = _int(record, "sequential-batch")
