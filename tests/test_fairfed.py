@@ -17,6 +17,7 @@ from pathlib import Path
 import dp_accounting
 import numpy as np
 import pytest
+import torch
 from dp_accounting.pld import pld_privacy_accountant
 
 from fedparity.clients.fpfl_data import FPFLShard
@@ -258,6 +259,18 @@ def _without_user(shard: FPFLShard, user: int) -> FPFLShard:
     )
 
 
+def exact_sum(model: torch.nn.Module, shard: FPFLShard) -> np.ndarray:
+    """The node's clipped sum over every user, without noise."""
+    return cohort_sum(
+        model,
+        shard,
+        constraint="fnr",
+        clipping_bound=CLIP,
+        sample_rate=1.0,
+        rng=np.random.default_rng(0),
+    )
+
+
 @pytest.mark.parametrize("scale", [1.0, 0.3, 0.0])
 def test_one_user_moves_the_scaled_sum_by_at_most_scale_c_and_the_release_by_at_most_c(
     scale: float,
@@ -283,14 +296,7 @@ def test_one_user_moves_the_scaled_sum_by_at_most_scale_c_and_the_release_by_at_
         return out.total, out.release
 
     total, released = both(shard)
-    raw = cohort_sum(
-        model,
-        shard,
-        constraint="fnr",
-        clipping_bound=CLIP,
-        sample_rate=1.0,
-        rng=np.random.default_rng(0),
-    )
+    raw = exact_sum(model, shard)
     np.testing.assert_allclose(released, raw[indices], rtol=0, atol=1e-9)
     np.testing.assert_allclose(total, scale * raw, rtol=0, atol=1e-9)
     largest = (0.0, 0.0)
@@ -311,14 +317,7 @@ def test_the_release_noise_has_the_std_of_the_split() -> None:
     model, shard = make_model(), node_users()
     indices = release_indices(statistics_layout(model, 2))
     release_std = CLIP * release_noise_multipliers(1.1, 0.25)[1]
-    exact = cohort_sum(
-        model,
-        shard,
-        constraint="fnr",
-        clipping_bound=CLIP,
-        sample_rate=1.0,
-        rng=np.random.default_rng(0),
-    )[indices]
+    exact = exact_sum(model, shard)[indices]
     draws = np.stack(
         [
             round_contribution(
@@ -531,16 +530,8 @@ def test_fairfed_runs_as_a_flower_job_and_charges_what_fpfl_charges(tmp_path: Pa
     completes with the same epsilon and ledger totals as "fpfl", node weights on the simplex,
     and a report that names FairFed."""
     from fedparity.server.api import run_simulation_job
+    from tests.support.fpfl_nodes import FPFL_JOB_3_NODES as common
 
-    common = {
-        "task": "fpfl",
-        "dataset": "synthetic",
-        "users-per-node": 200,
-        "fpfl-cohort-size": 150,
-        "fpfl-client-seed": 7,
-        "fpfl-rounds": 4,
-        "reply-timeout": 60.0,
-    }
     runs = {}
     for algorithm in ("fairfed", "fpfl"):
         runs[algorithm] = run_simulation_job(

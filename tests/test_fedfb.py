@@ -431,16 +431,8 @@ def test_fedfb_runs_as_a_flower_job_and_charges_what_fpfl_charges(tmp_path: Path
     its nodes report the same ledger totals and epsilon as "fpfl" with the same parameters,
     the group weights stay on the simplex, and the report names FedFB."""
     from fedparity.server.api import run_simulation_job
+    from tests.support.fpfl_nodes import FPFL_JOB_3_NODES as common
 
-    common = {
-        "task": "fpfl",
-        "dataset": "synthetic",
-        "users-per-node": 200,
-        "fpfl-cohort-size": 150,
-        "fpfl-client-seed": 7,
-        "fpfl-rounds": 4,
-        "reply-timeout": 60.0,
-    }
     runs = {}
     for algorithm in ("fedfb", "fpfl"):
         runs[algorithm] = run_simulation_job(

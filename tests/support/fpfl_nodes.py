@@ -56,6 +56,18 @@ SMALL_FPFL = {
     "fpfl-client-seed": 3,
 }
 
+#: The FPFL job through the Python API on 3 simulated nodes, 4 seeded rounds: what the update
+#: rules' simulation tests (FedFB, FairFed) compare with "fpfl".
+FPFL_JOB_3_NODES = {
+    "task": "fpfl",
+    "dataset": "synthetic",
+    "users-per-node": 200,
+    "fpfl-cohort-size": 150,
+    "fpfl-client-seed": 7,
+    "fpfl-rounds": 4,
+    "reply-timeout": 60.0,
+}
+
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
