@@ -1038,7 +1038,13 @@ class FPFLTraining:
                 break
             for observer in observers:
                 observer.before_release(round_number)
-            outcome = protocol.run_round(round_number, self.weights, self.node_scales())
+            scales = self.node_scales()
+            # (round, weights) outside FairFed: a protocol that overrides run_round keeps working
+            outcome = (
+                protocol.run_round(round_number, self.weights)
+                if scales is None
+                else protocol.run_round(round_number, self.weights, scales)
+            )
             entry = self._entry(round_number, protocol, outcome)
             self.history.append(entry)
             trained_to = round_number
