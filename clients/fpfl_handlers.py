@@ -350,6 +350,7 @@ class FPFLNode:
         limits.check_population(parameters.population_size)
         limits.check_sizes(num_groups=parameters.num_groups, rounds=parameters.rounds)
         limits.check_dropout_tolerance(parameters.dropout_tolerance)
+        limits.check_node_release(parameters.fairfed)
         if parameters.epsilon is None:
             return
         limits.check_fpfl_noise(parameters.noise_multiplier, parameters.dropout_tolerance)

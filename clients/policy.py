@@ -39,6 +39,9 @@ key                            default     meaning
 ``require-distributed-noise``  true        FPFL noise only from the nodes' own shares
 ``allow-seeded-noise``         false       a server-sent seed for cohort and noise
 ``allow-non-private``          false       FPFL baselines without noise (FL, FFL, ...)
+``allow-node-release``         false       FairFed's per-node release: the node's own noisy
+                                           statistics, outside the secure sum (within the
+                                           training's epsilon)
 ``min-survivors``              2           fewest survivors for which masks are revealed
 ``tolerated-colluders``        0           nodes that may collude with the server (noise
                                            shares are sized for ``n_min - t`` honest ones)
@@ -153,6 +156,7 @@ class NodePrivacyPolicy:
     require_distributed_noise: bool = field(default=True, metadata=_BOOLEAN)
     allow_seeded_noise: bool = field(default=False, metadata=_BOOLEAN)
     allow_non_private: bool = field(default=False, metadata=_BOOLEAN)
+    allow_node_release: bool = field(default=False, metadata=_BOOLEAN)
     min_survivors: int = field(default=2, metadata=_number(2, integer=True))
     tolerated_colluders: int = field(default=0, metadata=_number(0, integer=True))
     max_nodes: int = field(default=1000, metadata=_number(2, integer=True))
@@ -230,6 +234,7 @@ class NodePrivacyPolicy:
     def simulation(cls) -> NodePrivacyPolicy:
         """The policy of a node in Flower's simulation engine: its users are simulated, so the
         research settings (seeded noise, the non-private baselines, central noise, no masking,
+        FairFed's per-node release,
         larger budgets, a ledger that lives as long as the simulation) are allowed; every
         limit is still finite and enforced."""
         return cls(
@@ -241,6 +246,7 @@ class NodePrivacyPolicy:
             require_distributed_noise=False,
             allow_seeded_noise=True,
             allow_non_private=True,
+            allow_node_release=True,
             allow_ephemeral_ledger=True,
             fpfl_min_noise_multiplier=0.25,
             fpfl_max_dropout_tolerance=0.45,
@@ -278,6 +284,12 @@ class NodePrivacyPolicy:
             raise PolicyRefusal("require-distributed-noise forbids central noise")
         if seeded and not self.allow_seeded_noise:
             raise PolicyRefusal("seeded noise needs allow-seeded-noise")
+
+    def check_node_release(self, fairfed: bool) -> None:
+        """Refuse FairFed's per-node release (a run with a release share) unless
+        ``allow-node-release``."""
+        if fairfed and not self.allow_node_release:
+            raise PolicyRefusal("FairFed's per-node release needs allow-node-release")
 
     def bounded_population(self, population_size: int) -> int:
         """The population size K the node uses: the server's, at most ``max-population``."""

@@ -341,6 +341,8 @@ def test_the_release_noise_has_the_std_of_the_split() -> None:
 
 
 FAIRFED_EXACT = replace(EXACT, fairfed_release_share=0.25)
+#: The exact runs' policy, with FairFed's per-node release allowed.
+FAIRFED_POLICY = NodePrivacyPolicy(allow_non_private=True, allow_node_release=True)
 
 
 @pytest.mark.parametrize("scale", [1.5, -0.1, math.nan, math.inf, "0.5", True])
@@ -348,7 +350,7 @@ def test_a_hostile_node_scale_is_refused_before_anything_is_computed(scale: obje
     """Attack: a server sends one node a scale above 1 to lift its users' part of the sum above
     the noise (sensitivity scale * C). The node refuses any scale outside [0, 1] (and non-numbers)
     from the message itself, before it samples, computes or charges anything."""
-    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
+    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT, policy=FAIRFED_POLICY)
     nodes.setup()
     nodes.pin()
     content = nodes.round_message(1)
@@ -358,6 +360,17 @@ def test_a_hostile_node_scale_is_refused_before_anything_is_computed(scale: obje
     # without the check the request would carry the scale to the node's sum
     with pytest.raises(MessageError, match="node-scale"):
         FPFLRoundRequest(1, b"\0" * 32, np.zeros(3), scale)  # type: ignore[arg-type]
+
+
+def test_a_node_releases_its_own_statistics_only_if_its_policy_allows_it() -> None:
+    """allow-node-release (default false; the simulation policy allows it): a node whose
+    policy does not allow FairFed's per-node release refuses the run at setup, before it
+    makes a key or reads a user."""
+    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)  # EXACT_POLICY: node releases not allowed
+    with pytest.raises(Exception, match="FairFed's per-node release needs allow-node-release"):
+        nodes.setup()
+    assert NodePrivacyPolicy.simulation().allow_node_release
+    assert not NodePrivacyPolicy().allow_node_release
 
 
 def test_a_scale_is_refused_in_a_run_that_is_not_fairfed() -> None:
@@ -372,7 +385,7 @@ def test_a_scale_is_refused_in_a_run_that_is_not_fairfed() -> None:
 
 def test_a_node_refuses_a_run_with_another_release_share() -> None:
     """The share is agreed once per run: a node set for FairFed at 0.25 refuses 0.5 (or FPFL)."""
-    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
+    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT, policy=FAIRFED_POLICY)
     for other in (0.5, 0.0):
         proposed = replace(nodes.parameters, fairfed_release_share=other)
         with pytest.raises(Exception, match="FairFed release share"):
@@ -417,7 +430,9 @@ def test_a_fairfed_training_sends_scales_reads_releases_and_moves_the_weights(
         else FAIRFED_EXACT
     )
     nodes = MaskingNodes(
-        [11, 12, 13], settings, **({"policy": NodePrivacyPolicy()} if private else {})
+        [11, 12, 13],
+        settings,
+        policy=NodePrivacyPolicy(allow_node_release=True) if private else FAIRFED_POLICY,
     )
     grid = _grid(nodes)
     protocol = _protocol(nodes, grid)
@@ -458,7 +473,7 @@ def test_fairfeds_weights_combine_with_fedfb_or_mmdm_steps(
     multipliers are >= 0."""
     from fedparity.mechanisms.fpfl.fedfb import FedFBConfig
 
-    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
+    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT, policy=FAIRFED_POLICY)
     protocol = _protocol(nodes)
     training = FPFLTraining(
         statistics_layout(make_model(), 2),
@@ -496,7 +511,7 @@ def test_the_server_refuses_fairfed_on_a_run_without_releases() -> None:
 
 def test_a_malformed_release_is_a_rejected_reply_not_a_crash() -> None:
     """A node whose reply lacks its release (or holds NaN) is counted as rejected."""
-    nodes = MaskingNodes([1, 2, 3, 4], FAIRFED_EXACT)
+    nodes = MaskingNodes([1, 2, 3, 4], FAIRFED_EXACT, policy=FAIRFED_POLICY)
     inner = nodes.handlers["fpfl_round"]
 
     def tamper(node: int, action: str):  # noqa: ANN202
@@ -588,7 +603,7 @@ def test_a_paused_fairfed_training_resumes_with_its_node_weights(tmp_path: Path)
             smoothing=0.5,
         )
 
-    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT)
+    nodes = MaskingNodes([1, 2, 3], FAIRFED_EXACT, policy=FAIRFED_POLICY)
     protocol = _protocol(nodes)
     first = training()
     first.start(protocol, 4, folder=tmp_path, stop_after=2)

@@ -185,7 +185,9 @@ def test_a_pipeline_node_holds_each_session_to_its_own_settings(tmp_path: Path) 
         make_model,
         node_users,
         {"fpfl": fairfed, "pfl": TRAINING},
-        policy=NodePrivacyPolicy(user_epsilon_budget=100.0, user_delta=USER_DELTA),
+        policy=NodePrivacyPolicy(
+            user_epsilon_budget=100.0, user_delta=USER_DELTA, allow_node_release=True
+        ),
         sessions=("fpfl", "pfl"),
     )
     nodes.session = "pfl"
