@@ -182,10 +182,6 @@ def local_fairness(stats: AggregateStatistics, min_count: float = 1.0) -> tuple[
     return rates[1:] - rates[0], float(metrics.accuracy)
 
 
-def _distance(local: FloatArray, pooled: FloatArray) -> float:
-    return float(np.max(np.abs(local - pooled)))
-
-
 def fairfed_step(
     weights: NDArray[np.floating],
     releases: NDArray[np.floating],
@@ -211,7 +207,7 @@ def fairfed_step(
     if rows.shape != (omega.size, width):
         raise ValueError(f"releases must have shape ({omega.size}, {width}), got {rows.shape}")
     present = np.all(np.isfinite(rows), axis=1)
-    if not np.all(np.isfinite(rows[present])) or not np.all(np.isnan(rows[~present])):
+    if not np.all(np.isnan(rows[~present])):  # a row is all finite or all NaN
         raise ValueError("releases must be finite rows, or rows of NaN for nodes without one")
     pooled, pooled_accuracy = local_fairness(
         release_statistics(layout, rows[present].sum(axis=0)), config.min_count
@@ -224,7 +220,7 @@ def fairfed_step(
             continue
         fairness, accuracy = local_fairness(stats, config.min_count)
         if np.all(np.isfinite(fairness)) and np.all(np.isfinite(pooled)):
-            distances[k] = _distance(fairness, pooled)
+            distances[k] = float(np.max(np.abs(fairness - pooled)))
         elif math.isfinite(accuracy) and math.isfinite(pooled_accuracy):
             distances[k] = abs(pooled_accuracy - accuracy)
             used_accuracy[k] = True
