@@ -41,12 +41,15 @@ the module's ``pull_task_input`` and then its ``install_from_fab`` inside the ``
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import hmac
 import io
 import os
 import shutil
 import sys
+import time
+import types
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +60,7 @@ from typing import Any
 
 from flwr.common import log
 
-from ..mechanisms.protocol.object_pulls import PromptObjectPulls
+from ..mechanisms.protocol.object_pulls import IDLE_POLL_LONGEST, IdlePolls, PromptObjectPulls
 from .messages import NodeRefusal
 from .policy import POLICY_ENV, NodePrivacyPolicy, PolicyRefusal, node_policy
 from .warm_clientapp import WARM_EXECUTOR, check_fork_platform, install_warm_executor
@@ -74,6 +77,7 @@ __all__ = [
     "check_flower",
     "clientapp_main",
     "install_gate",
+    "install_idle_task_polls",
     "installed_by_gate",
     "superexec_main",
 ]
@@ -346,7 +350,49 @@ def _superexec_parser() -> argparse.ArgumentParser:
             "fedparity, torch and TenSEAL once; fedparity.clients.warm_clientapp)"
         ),
     )
+    parser.add_argument(
+        "--fixed-task-poll",
+        action="store_true",
+        help=(
+            "poll the SuperNode for tasks every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds even "
+            "while none come (Flower's behaviour); by default the pause grows to a tenth of the "
+            f"time since the last task, at most {IDLE_POLL_LONGEST:g} s or that interval if longer"
+        ),
+    )
     return parser
+
+
+def install_idle_task_polls(polls: IdlePolls | None = None) -> IdlePolls:
+    """Make Flower's SuperExec loop in this process pause as :class:`IdlePolls` says: its
+    interval (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``) right after a task, slower while none
+    come. Replaces ``time`` and ``_handle_launch_result`` (called for every task it acquired)
+    in ``flwr.supercore.superexec.run_superexec``; RuntimeError for a Flower whose loop does not
+    use them."""
+    from flwr.supercore.superexec import run_superexec
+
+    # Flower's own objects (a second call replaces the first one's pauses)
+    launched = getattr(run_superexec, "_handle_launch_result", None)
+    launched = getattr(launched, "__wrapped__", launched)
+    current = getattr(run_superexec, "time", None)
+    if not callable(launched) or not (current is time or hasattr(current, "idle_polls")):
+        raise RuntimeError(
+            "Flower's SuperExec loop has no time.sleep / _handle_launch_result in "
+            "flwr.supercore.superexec.run_superexec: run with --fixed-task-poll"
+        )
+    polls = IdlePolls() if polls is None else polls
+    clock = types.ModuleType("time")
+    clock.__dict__.update(time.__dict__)
+    clock.sleep = polls.sleep  # type: ignore[attr-defined]
+    clock.idle_polls = polls  # type: ignore[attr-defined]
+
+    @functools.wraps(launched)
+    def handle_launch_result(*args: Any, **kwargs: Any) -> Any:
+        polls.activity()
+        return launched(*args, **kwargs)
+
+    run_superexec.time = clock
+    run_superexec._handle_launch_result = handle_launch_result
+    return polls
 
 
 def superexec_main(argv: Sequence[str] | None = None) -> None:
@@ -395,6 +441,11 @@ def superexec_main(argv: Sequence[str] | None = None) -> None:
     except RuntimeError as error:
         sys.exit(f"fedparity-superexec: {error}")
     TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] = command
+    if not ours.fixed_task_poll:
+        try:
+            install_idle_task_polls()
+        except RuntimeError as error:
+            sys.exit(f"fedparity-superexec: {error}")
     if ours.executor == WARM_EXECUTOR:
         try:
             install_warm_executor(command)

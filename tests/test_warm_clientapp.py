@@ -165,12 +165,17 @@ def test_superexec_installs_the_warm_executor_only_when_asked(
     installed: list[str] = []
     monkeypatch.setattr(cli, "flower_superexec", lambda: installed.append(sys.argv[-1]))
     monkeypatch.setattr(run_superexec, "get_executor", factory.get_executor)
+    # superexec_main also installs its idle task polls there: restored after the test
+    monkeypatch.setattr(run_superexec, "time", run_superexec.time)
+    monkeypatch.setattr(run_superexec, "_handle_launch_result", run_superexec._handle_launch_result)
     monkeypatch.setitem(subprocess_executor.TASK_TYPE_TO_COMMAND, TaskType.CLIENT_APP, "x")
     app_gate.superexec_main(["--runtime-api-address", "127.0.0.1:1"])
     assert run_superexec.get_executor is factory.get_executor
     app_gate.superexec_main(["--runtime-api-address", "127.0.0.1:1", "--executor", "warm"])
     assert run_superexec.get_executor is not factory.get_executor
     assert installed == ["subprocess", "subprocess"]  # Flower itself runs its subprocess type
+    assert hasattr(run_superexec.time, "idle_polls")  # installed twice, no error
+    app_gate.superexec_main(["--runtime-api-address", "127.0.0.1:1", "--fixed-task-poll"])
 
 
 # ---------------------------------------------------------------------------- the zygote

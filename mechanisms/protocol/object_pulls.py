@@ -13,16 +13,21 @@ what is pulled, and every check on it, is Flower's. No Flower import (duck-typed
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "IDLE_POLL_LONGEST",
     "OBJECT_POLL_FIRST",
     "OBJECT_POLL_MAX",
     "OBJECT_WAIT_SECONDS",
+    "IdlePolls",
     "PromptObjectPulls",
     "object_poll_interval",
+    "poll_pause",
 ]
 
 #: Seconds a ClientApp process re-asks its SuperNode for a message object that is not there yet
@@ -34,10 +39,66 @@ OBJECT_POLL_FIRST = 0.005
 OBJECT_POLL_MAX = 0.05
 
 
+#: Longest pause (s) of an idle :class:`IdlePolls` poller: Flower's default SuperExec task poll.
+IDLE_POLL_LONGEST = 1.0
+
+
+def poll_pause(waited: float, first: float, longest: float, fraction: float = 0.1) -> float:
+    """The pause before asking again after ``waited`` seconds without an answer: ``fraction``
+    of it (a tenth by default), within ``[first, longest]``. What arrives ``t`` seconds after
+    the wait began is seen at most ``max(first, fraction t)`` later, and a poller left waiting
+    asks about ``1 / (fraction t)`` times a second instead of ``1 / first``."""
+    return min(max(fraction * waited, first), longest)
+
+
 def object_poll_interval(waited: float) -> float:
-    """The pause before re-asking for an object after ``waited`` seconds: a tenth of it, within
-    [:data:`OBJECT_POLL_FIRST`, :data:`OBJECT_POLL_MAX`]."""
-    return min(max(0.1 * waited, OBJECT_POLL_FIRST), OBJECT_POLL_MAX)
+    """The pause before re-asking for an object after ``waited`` seconds (:func:`poll_pause`
+    within [:data:`OBJECT_POLL_FIRST`, :data:`OBJECT_POLL_MAX`])."""
+    return poll_pause(waited, OBJECT_POLL_FIRST, OBJECT_POLL_MAX)
+
+
+class IdlePolls:
+    """Pauses of a polling loop that slow down while nothing comes (:func:`poll_pause`).
+
+    A loop calls :meth:`sleep` with its own interval after each poll and :meth:`activity` when
+    a poll brought work. Right after work the pause is the loop's interval; ``t`` seconds
+    later it is ``t / 10``, at most ``longest`` (or the loop's interval where that is longer).
+    Flower 1.41's SuperExec polls its SuperNode every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
+    seconds whether or not tasks come: at the 0.1 s a device uses to start its ClientApps
+    promptly, ten requests a second while idle, each served by the SuperNode.
+
+    Parameters
+    ----------
+    longest : float
+        Longest pause while idle, :data:`IDLE_POLL_LONGEST` by default.
+    clock, sleep : callables
+        ``time.monotonic`` and ``time.sleep`` by default.
+    """
+
+    def __init__(
+        self,
+        longest: float = IDLE_POLL_LONGEST,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not (math.isfinite(longest) and longest > 0):
+            raise ValueError(f"longest must be a finite number of seconds > 0, got {longest!r}")
+        self.longest = float(longest)
+        self._clock = clock
+        self._sleep = sleep
+        self._last = clock()
+
+    def activity(self) -> None:
+        """A poll brought work: the next pauses start again from the loop's interval."""
+        self._last = self._clock()
+
+    def pause(self, interval: float) -> float:
+        """The pause after a poll of a loop whose interval is ``interval`` seconds."""
+        return poll_pause(self._clock() - self._last, interval, max(interval, self.longest))
+
+    def sleep(self, interval: float) -> None:
+        """Sleep :meth:`pause` seconds."""
+        self._sleep(self.pause(interval))
 
 
 class PromptObjectPulls:
