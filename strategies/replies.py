@@ -27,7 +27,7 @@ from ..mechanisms.protocol import (
     LEDGER_NEW_KEY,
     SESSION_KEY,
 )
-from ..mechanisms.protocol.object_pulls import PromptObjectPulls
+from ..mechanisms.protocol.object_pulls import PromptObjectPulls, poll_pause
 from ..mechanisms.protocol.refusal_log import install_refusal_filter
 
 __all__ = [
@@ -345,13 +345,19 @@ POLL_FIRST_INTERVAL = 0.002
 #: 5% (or 0.25 s) after it arrived, with about 14 polls (ln 2 / 0.05) per doubling of the wait.
 POLL_LAG_FRACTION = 0.05
 POLL_MAX_INTERVAL = 0.25
+#: The wait is also at least this many times the last poll's own duration: a poll of a
+#: SuperLink costs it about 10 ms of CPU (FastAPI, SQLite), so polling every 2 ms would keep it
+#: busy; in simulation a poll takes microseconds and the floor stays 2 ms.
+POLL_COST_FACTOR = 10.0
 
 
-def poll_interval(waited: float) -> float:
-    """The wait before the next poll for replies after ``waited`` seconds:
-    :data:`POLL_LAG_FRACTION` of it, within [:data:`POLL_FIRST_INTERVAL`,
-    :data:`POLL_MAX_INTERVAL`]."""
-    return min(max(POLL_LAG_FRACTION * waited, POLL_FIRST_INTERVAL), POLL_MAX_INTERVAL)
+def poll_interval(waited: float, last_poll: float = 0.0) -> float:
+    """The wait before the next poll for replies after ``waited`` seconds, the last poll having
+    taken ``last_poll`` seconds: :data:`POLL_LAG_FRACTION` of ``waited``, at least
+    :data:`POLL_FIRST_INTERVAL` and :data:`POLL_COST_FACTOR` times ``last_poll``, at most
+    :data:`POLL_MAX_INTERVAL` (:func:`~fedparity.mechanisms.protocol.object_pulls.poll_pause`)."""
+    first = max(POLL_FIRST_INTERVAL, POLL_COST_FACTOR * last_poll)
+    return poll_pause(waited, first, POLL_MAX_INTERVAL, POLL_LAG_FRACTION)
 
 
 def prompt_object_pulls(grid: Grid) -> None:
@@ -378,9 +384,10 @@ def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float) ->
     The same as ``grid.send_and_receive`` except for the waits between polls: Flower sleeps a
     fixed 0.1 s between polls in simulation and 3 s against a SuperLink, which dominated a
     round that itself takes tens of milliseconds. Here each wait is 5% of the time waited so
-    far (2 ms to 0.25 s): a reply is read at most 5% later than it arrived, and a long wait
-    costs about 14 polls per doubling, then one every 0.25 s. (A geometric back-off read the
-    last reply of an FPFL round up to 50% late: 55 ms of a 0.4 s round.)
+    far (2 ms to 0.25 s, and at least ten times the last poll's duration: :func:`poll_interval`):
+    a reply is read at most 5% later than it arrived, and a long wait costs about 14 polls
+    per doubling, then one every 0.25 s. (A geometric back-off read the last reply of an FPFL
+    round up to 50% late: 55 ms of a 0.4 s round.)
     """
     message_ids = {message_id for message_id in grid.push_messages(messages) if message_id}
     prompt_object_pulls(grid)
@@ -388,13 +395,15 @@ def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float) ->
     deadline = started + timeout
     replies: list[Message] = []
     while message_ids:
+        polled = time.monotonic()
         pulled = list(grid.pull_messages(message_ids))
+        now = time.monotonic()
         replies.extend(pulled)
         message_ids.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
-        remaining = deadline - time.monotonic()
+        remaining = deadline - now
         if not message_ids or remaining <= 0:
             break
-        time.sleep(min(poll_interval(time.monotonic() - started), remaining))
+        time.sleep(min(poll_interval(now - started, now - polled), remaining))
     return attribute_replies(messages, replies)
 
 

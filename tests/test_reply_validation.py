@@ -361,8 +361,8 @@ class _VirtualClock:
 class _TimedGrid:
     """A grid whose node replies become available at given (virtual) times after the push."""
 
-    def __init__(self, clock: _VirtualClock, arrivals: dict[int, float]) -> None:
-        self.clock, self.arrivals = clock, arrivals
+    def __init__(self, clock: _VirtualClock, arrivals: dict[int, float], cost: float = 0.0) -> None:
+        self.clock, self.arrivals, self.cost = clock, arrivals, cost
         self.pulls: list[float] = []
         self.sent: list[Message] = []
 
@@ -375,6 +375,7 @@ class _TimedGrid:
 
     def pull_messages(self, message_ids: set[str]) -> list[Message]:
         self.pulls.append(self.clock.now - self.pushed_at)
+        self.clock.now += self.cost  # the poll's own duration (the SuperLink's work)
         ready = []
         for message in self.sent:
             node = int(message.metadata.dst_node_id)
@@ -408,6 +409,30 @@ def test_a_reply_is_read_at_most_five_percent_after_it_arrived(
     # the polls: 2 ms apart at first, never more than 0.25 s
     gaps = np.diff(grid.pulls)
     assert gaps.size == 0 or (gaps.min() >= 0.002 - 1e-12 and gaps.max() <= 0.25 + 1e-12)
+
+
+@pytest.mark.parametrize("arrival", [0.03, 0.9, 2.4, 11.0])
+def test_polls_of_a_slow_superlink_are_spaced_by_ten_times_their_cost(
+    arrival: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against a SuperLink a poll costs it about 10 ms of CPU (2026-11-27, 2 cores): polls
+    2 ms apart kept it busy while ten nodes worked. Each wait is at least ten times the last
+    poll's duration; a reply is still read within max(5% of the wait, that floor), at most
+    0.25 s, after it arrived."""
+    from fedparity.strategies import replies
+
+    cost = 0.015
+    clock = _VirtualClock()
+    monkeypatch.setattr(replies.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(replies.time, "sleep", clock.sleep)
+    grid = _TimedGrid(clock, {7: arrival / 3, 8: arrival}, cost=cost)
+    got = replies.send_and_receive(grid, [_instruction(7), _instruction(8)], timeout=120.0)  # type: ignore[arg-type]
+    assert sorted(int(reply.metadata.src_node_id) for reply in got) == [7, 8]
+    gaps = np.diff(grid.pulls)
+    assert gaps.size == 0 or gaps.min() >= 11 * cost - 1e-12  # the poll, then 10x its cost
+    lag = grid.pulls[-1] + cost - arrival
+    assert 0 <= lag <= min(max(0.05 * arrival, 10 * cost), 0.25) + 2 * cost + 1e-12
+    assert len(grid.pulls) <= 1 + arrival / (11 * cost) + 1
 
 
 def test_waiting_out_a_timeout_costs_few_polls(monkeypatch: pytest.MonkeyPatch) -> None:
