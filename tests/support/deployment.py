@@ -50,6 +50,11 @@ from tests.support.process_tree import (
 )
 
 _NODE_ID_RE = re.compile(r"SuperNode ID: (\d+)")
+#: The SuperLink's own SuperExec (Flower's, started by the SuperLink) starts one ServerApp per
+#: run: it polls every 0.5 s, not the 0.05 s the nodes' SuperExecs start their first poll with
+#: (:func:`~tests.support.flower_env.child_env`). Each poll costs the SuperLink about 10 ms of
+#: CPU here (FastAPI, SQLite): 20 a second kept a third of a core busy while nothing ran.
+SUPERLINK_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}
 
 
 @dataclass
@@ -566,7 +571,7 @@ def local_deployment(
             ),
             work / "superlink.log",
             run_cwd,
-            child_env(flwr_home, env),
+            child_env(flwr_home, {**SUPERLINK_ENV, **(env or {})}),
             link_port,
             tls_ca=None if tls is None else tls.ca_cert,
         )
