@@ -10,20 +10,7 @@ from flwr.supercore.superexec.executor import LaunchResult
 
 from fedparity.clients.app_gate import _superexec_parser, install_idle_task_polls
 from fedparity.mechanisms.protocol.object_pulls import IDLE_POLL_LONGEST, IdlePolls, poll_pause
-
-
-class FakeClock:
-    """Seconds that pass only when the poller sleeps (or the test moves them)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds > 0
-        self.now += seconds
+from tests.support.virtual_clock import VirtualClock
 
 
 def test_the_pause_is_a_tenth_of_the_wait_within_its_bounds() -> None:
@@ -33,8 +20,8 @@ def test_the_pause_is_a_tenth_of_the_wait_within_its_bounds() -> None:
 
 
 def test_idle_polls_start_at_the_interval_after_work_and_slow_to_the_longest() -> None:
-    clock = FakeClock()
-    polls = IdlePolls(clock=clock, sleep=clock.sleep)
+    clock = VirtualClock()
+    polls = IdlePolls(clock=clock.monotonic, sleep=clock.sleep)
     assert polls.pause(0.05) == 0.05
     clock.now = 5.0
     assert polls.pause(0.05) == pytest.approx(0.5)
@@ -50,8 +37,8 @@ def test_work_waits_at_most_a_tenth_longer_and_an_idle_loop_polls_rarely(interva
     """A loop that polls, then sleeps: work arriving ``t`` seconds after the last is seen at
     most ``max(interval, t / 10)`` later; over ten idle minutes it polls a few hundred times
     where a fixed interval polls ``600 / interval`` times."""
-    clock = FakeClock()
-    polls = IdlePolls(clock=clock, sleep=clock.sleep)
+    clock = VirtualClock()
+    polls = IdlePolls(clock=clock.monotonic, sleep=clock.sleep)
     times = [0.0]
     while clock.now < 600.0:
         polls.sleep(interval)
@@ -76,8 +63,8 @@ def test_the_superexec_loop_sleeps_idle_pauses_and_speeds_up_after_each_task(
     ``time`` functions stay), and every task it hands to ``_handle_launch_result`` resets it."""
     monkeypatch.setattr(run_superexec, "time", run_superexec.time)  # restored after the test
     monkeypatch.setattr(run_superexec, "_handle_launch_result", run_superexec._handle_launch_result)
-    clock = FakeClock()
-    polls = install_idle_task_polls(IdlePolls(clock=clock, sleep=clock.sleep))
+    clock = VirtualClock()
+    polls = install_idle_task_polls(IdlePolls(clock=clock.monotonic, sleep=clock.sleep))
     clock.now = 20.0
     run_superexec.time.sleep(0.05)  # what Flower's loop calls after each poll
     assert clock.now == pytest.approx(20.0 + IDLE_POLL_LONGEST)
@@ -87,7 +74,7 @@ def test_the_superexec_loop_sleeps_idle_pauses_and_speeds_up_after_each_task(
     run_superexec.time.sleep(0.05)
     assert clock.now == pytest.approx(21.05)
     # installed again (a second superexec_main in one process): Flower's handler is wrapped once
-    again = install_idle_task_polls(IdlePolls(clock=clock, sleep=clock.sleep))
+    again = install_idle_task_polls(IdlePolls(clock=clock.monotonic, sleep=clock.sleep))
     assert run_superexec.time.idle_polls is again and again is not polls
     assert run_superexec._handle_launch_result.__wrapped__.__module__ == run_superexec.__name__
 

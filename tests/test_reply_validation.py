@@ -23,6 +23,7 @@ from fedparity.mechanisms.protocol import (
 )
 from fedparity.strategies.ldp_audit import LdpGapAudit
 from fedparity.strategies.robust_fedavg import RobustFedAvg
+from tests.support.virtual_clock import VirtualClock
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -344,24 +345,10 @@ def test_an_error_the_superlink_sends_for_a_dead_node_counts_that_node_missing()
     assert [r.node_id for r in refused.rejected] == [7] and refused.missing_nodes == ()
 
 
-class _VirtualClock:
-    """``time.monotonic`` and ``time.sleep`` of the replies module on a virtual clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
-
-
 class _TimedGrid:
     """A grid whose node replies become available at given (virtual) times after the push."""
 
-    def __init__(self, clock: _VirtualClock, arrivals: dict[int, float], cost: float = 0.0) -> None:
+    def __init__(self, clock: VirtualClock, arrivals: dict[int, float], cost: float = 0.0) -> None:
         self.clock, self.arrivals, self.cost = clock, arrivals, cost
         self.pulls: list[float] = []
         self.sent: list[Message] = []
@@ -396,7 +383,7 @@ def test_a_reply_is_read_at_most_five_percent_after_it_arrived(
     that arrived at 0.21 s at 0.26 s: 55 ms of a 0.2 s FPFL round."""
     from fedparity.strategies import replies
 
-    clock = _VirtualClock()
+    clock = VirtualClock(1000.0)
     monkeypatch.setattr(replies.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(replies.time, "sleep", clock.sleep)
     grid = _TimedGrid(clock, {7: arrival / 3, 8: arrival})
@@ -422,7 +409,7 @@ def test_polls_of_a_slow_superlink_are_spaced_by_ten_times_their_cost(
     from fedparity.strategies import replies
 
     cost = 0.015
-    clock = _VirtualClock()
+    clock = VirtualClock(1000.0)
     monkeypatch.setattr(replies.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(replies.time, "sleep", clock.sleep)
     grid = _TimedGrid(clock, {7: arrival / 3, 8: arrival}, cost=cost)
@@ -440,7 +427,7 @@ def test_waiting_out_a_timeout_costs_few_polls(monkeypatch: pytest.MonkeyPatch) 
     of the wait and then one per 0.25 s (about 330 for a minute), not one per 2 ms."""
     from fedparity.strategies import replies
 
-    clock = _VirtualClock()
+    clock = VirtualClock(1000.0)
     monkeypatch.setattr(replies.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(replies.time, "sleep", clock.sleep)
     grid = _TimedGrid(clock, {7: 0.1, 8: math.inf})
