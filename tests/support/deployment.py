@@ -559,7 +559,7 @@ def local_deployment(
         app_dir, flwr_home, work_dir, cwd, "flwr-deployment-"
     )
 
-    link_port, *node_ports = _free_ports(1 + num_supernodes)
+    (link_port,) = _free_ports(1)
     started: list[ManagedProcess] = []
     with ExitStack() as stack:
         stack.push(_work_dir_cleanup(work, created, keep_work_dir))
@@ -594,6 +594,10 @@ def local_deployment(
             for key in node_keys:  # authorised before the SuperNodes first connect
                 register_supernode(key.public_key, federation, flwr_home)
         supernodes: list[ManagedProcess] = []
+        # chosen just before the SuperNodes bind them: an earlier choice (before the SuperLink's
+        # start and the keys' registration, 10-20 s here) lost a port to another process's
+        # connection once (CI, 2026-11-27: "address already in use")
+        node_ports = _free_ports(num_supernodes)
         for i, (port, node_config) in enumerate(zip(node_ports, node_configs, strict=True)):
             node_home = work / f"supernode-{i}"
             node_home.mkdir(exist_ok=True)
