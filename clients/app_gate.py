@@ -49,7 +49,6 @@ import os
 import shutil
 import sys
 import time
-import types
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,7 +59,12 @@ from typing import Any
 
 from flwr.common import log
 
-from ..mechanisms.protocol.object_pulls import IDLE_POLL_LONGEST, IdlePolls, PromptObjectPulls
+from ..mechanisms.protocol.object_pulls import (
+    IDLE_POLL_LONGEST,
+    IdlePolls,
+    PromptObjectPulls,
+    time_with_sleep,
+)
 from .messages import NodeRefusal
 from .policy import POLICY_ENV, NodePrivacyPolicy, PolicyRefusal, node_policy
 from .warm_clientapp import WARM_EXECUTOR, check_fork_platform, install_warm_executor
@@ -380,9 +384,7 @@ def install_idle_task_polls(polls: IdlePolls | None = None) -> IdlePolls:
             "flwr.supercore.superexec.run_superexec: run with --fixed-task-poll"
         )
     polls = IdlePolls() if polls is None else polls
-    clock = types.ModuleType("time")
-    clock.__dict__.update(time.__dict__)
-    clock.sleep = polls.sleep  # type: ignore[attr-defined]
+    clock = time_with_sleep(polls.sleep)
     clock.idle_polls = polls  # type: ignore[attr-defined]
 
     @functools.wraps(launched)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "PromptObjectPulls",
     "object_poll_interval",
     "poll_pause",
+    "time_with_sleep",
 ]
 
 #: Seconds a ClientApp process re-asks its SuperNode for a message object that is not there yet
@@ -55,6 +57,15 @@ def object_poll_interval(waited: float) -> float:
     """The pause before re-asking for an object after ``waited`` seconds (:func:`poll_pause`
     within [:data:`OBJECT_POLL_FIRST`, :data:`OBJECT_POLL_MAX`])."""
     return poll_pause(waited, OBJECT_POLL_FIRST, OBJECT_POLL_MAX)
+
+
+def time_with_sleep(sleep: Callable[[float], None]) -> types.ModuleType:
+    """A copy of the :mod:`time` module whose ``sleep`` is ``sleep``: what a polling loop's
+    module can be given as its ``time`` to change its pauses and nothing else."""
+    module = types.ModuleType("time")
+    module.__dict__.update(time.__dict__)
+    module.sleep = sleep  # type: ignore[attr-defined]
+    return module
 
 
 class IdlePolls:

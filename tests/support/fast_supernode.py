@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import sys
 import time
-import types
 from typing import Any
 
 import flwr.supercore.heartbeat as heartbeat_sender
@@ -33,7 +32,7 @@ import flwr.supernode.start_client_internal as supernode_loop
 from flwr.common.constant import HEARTBEAT_MIN_INTERVAL
 from flwr.supernode.cli import flower_supernode
 
-from fedparity.mechanisms.protocol.object_pulls import IdlePolls, PromptObjectPulls
+from fedparity.mechanisms.protocol.object_pulls import IdlePolls, PromptObjectPulls, time_with_sleep
 
 #: Flower's sleep (s) -> the tests' sleep (s); other durations are kept (3 s: :func:`_sleep`).
 SHORTER = {0.5: 0.05}
@@ -77,10 +76,7 @@ def _prompt_pull_fn(pull_object_protobuf: Any, node: Any, run_id: int) -> Any:
 
 
 def main() -> None:
-    patched = types.ModuleType("time")
-    patched.__dict__.update(time.__dict__)
-    patched.sleep = _sleep  # type: ignore[attr-defined]
-    supernode_loop.time = patched  # type: ignore[attr-defined]
+    supernode_loop.time = time_with_sleep(_sleep)  # type: ignore[attr-defined]
     supernode_loop._push_messages = _push_after_message  # type: ignore[attr-defined]
     # the interval the node announces (activation, heartbeats) and the one it sends at
     fleet_connection.HEARTBEAT_DEFAULT_INTERVAL = HEARTBEAT_MIN_INTERVAL  # type: ignore[misc]
