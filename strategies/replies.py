@@ -27,7 +27,7 @@ from ..mechanisms.protocol import (
     LEDGER_NEW_KEY,
     SESSION_KEY,
 )
-from ..mechanisms.protocol.object_pulls import PromptObjectPulls, poll_pause
+from ..mechanisms.protocol.object_pulls import POLL_COST_FACTOR, PromptObjectPulls, poll_pause
 from ..mechanisms.protocol.refusal_log import install_refusal_filter
 
 __all__ = [
@@ -345,17 +345,18 @@ POLL_FIRST_INTERVAL = 0.002
 #: 5% (or 0.25 s) after it arrived, with about 14 polls (ln 2 / 0.05) per doubling of the wait.
 POLL_LAG_FRACTION = 0.05
 POLL_MAX_INTERVAL = 0.25
-#: The wait is also at least this many times the last poll's own duration: a poll of a
-#: SuperLink costs it about 10 ms of CPU (FastAPI, SQLite), so polling every 2 ms would keep it
-#: busy; in simulation a poll takes microseconds and the floor stays 2 ms.
-POLL_COST_FACTOR = 10.0
+# The wait is also at least POLL_COST_FACTOR (10) times the last poll's own duration, as for
+# object pulls: a poll of a SuperLink costs it about 10 ms of CPU (FastAPI, SQLite), so polling
+# every 2 ms would keep it busy; in simulation a poll takes microseconds and the floor stays 2 ms.
 
 
 def poll_interval(waited: float, last_poll: float = 0.0) -> float:
     """The wait before the next poll for replies after ``waited`` seconds, the last poll having
     taken ``last_poll`` seconds: :data:`POLL_LAG_FRACTION` of ``waited``, at least
-    :data:`POLL_FIRST_INTERVAL` and :data:`POLL_COST_FACTOR` times ``last_poll``, at most
-    :data:`POLL_MAX_INTERVAL` (:func:`~fedparity.mechanisms.protocol.object_pulls.poll_pause`)."""
+    :data:`POLL_FIRST_INTERVAL` and
+    :data:`~fedparity.mechanisms.protocol.object_pulls.POLL_COST_FACTOR` times ``last_poll``,
+    at most :data:`POLL_MAX_INTERVAL`
+    (:func:`~fedparity.mechanisms.protocol.object_pulls.poll_pause`)."""
     first = max(POLL_FIRST_INTERVAL, POLL_COST_FACTOR * last_poll)
     return poll_pause(waited, first, POLL_MAX_INTERVAL, POLL_LAG_FRACTION)
 

@@ -46,8 +46,16 @@ from fedparity.clients.app_gate import (
 )
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import POLICY_ENV, NodePrivacyPolicy
-from fedparity.mechanisms.protocol.object_pulls import OBJECT_POLL_MAX, PromptObjectPulls
+from fedparity.mechanisms.protocol.object_pulls import (
+    OBJECT_POLL_BUSY_MAX,
+    OBJECT_POLL_FIRST,
+    OBJECT_POLL_MAX,
+    POLL_COST_FACTOR,
+    PromptObjectPulls,
+    object_poll_interval,
+)
 from tests.support.flower_processes import flower_executable, local_deployment, run_flwr
+from tests.support.virtual_clock import VirtualClock
 
 GATE_APP = Path(__file__).resolve().parent / "gate_app"
 MARKER = "hostile-clientapp-ran"
@@ -367,6 +375,51 @@ def test_prompt_pulls_give_the_wait_back_to_flower_after_the_window() -> None:
     assert gone.requests == 1
     with pytest.raises(ValueError, match="window must be > 0"):
         PromptObjectPulls(gone, window=0.0)
+
+
+class CostlySuperNode:
+    """A Runtime API client on a virtual clock whose every ``PullObject`` takes ``cost``
+    seconds (the serving process's work) and whose object is available from ``ready_at``."""
+
+    def __init__(self, clock: VirtualClock, ready_at: float, cost: float) -> None:
+        self.clock, self.ready_at, self.cost = clock, ready_at, cost
+        self.requests = 0
+
+    def PullObject(self, request):  # noqa: N802 - Flower's name
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        self.requests += 1
+        self.clock.now += self.cost
+        available = self.clock.now >= self.ready_at
+        return PullObjectResponse(
+            object_found=True,
+            object_available=available,
+            object_content=request.object_id.encode() if available else b"",
+        )
+
+
+@pytest.mark.parametrize("cost", [0.0, 0.001, 0.015, 0.1])
+def test_re_asks_for_an_object_are_spaced_by_ten_times_their_cost(cost: float) -> None:
+    """On a 2-core machine a request costs the Flower process serving it 5-15 ms of CPU; ten
+    ClientApps (or SuperNodes) re-asking every 5 ms would keep it busy serving re-asks instead
+    of the upload they wait for. The pause is at least ten times the last request's duration
+    (at most 0.25 s) and otherwise unchanged: at most 1/(11 cost) requests a second, and the
+    object read at most one pause and one request after it arrived."""
+    clock = VirtualClock(1000.0)
+    node = CostlySuperNode(clock, ready_at=1000.0 + 2.0, cost=cost)
+    prompt = PromptObjectPulls(node, clock=clock.monotonic, sleep=clock.sleep)
+    response = prompt.PullObject(request())
+    assert response.object_available
+    pause_floor = max(min(POLL_COST_FACTOR * cost, OBJECT_POLL_BUSY_MAX), OBJECT_POLL_FIRST)
+    seconds = clock.now - 1000.0
+    lag = max(pause_floor, OBJECT_POLL_MAX)
+    assert 2.0 <= seconds <= 2.0 + lag + 2 * cost + 1e-9
+    # the pauses of the old rule alone (a tenth of the time waited, 5 to 50 ms) ask ~80 times
+    # in 2 s whatever the cost; with the floor at most 2 s / (pause + cost), plus the first
+    assert node.requests <= 2.0 / (max(pause_floor, OBJECT_POLL_FIRST) + cost) + 2
+    if 0 < POLL_COST_FACTOR * cost <= OBJECT_POLL_BUSY_MAX:  # the floor is not capped
+        assert node.requests <= 2.0 / (11 * cost) + 2
+    assert object_poll_interval(0.0, cost) == pytest.approx(pause_floor)
 
 
 def request():

@@ -23,9 +23,11 @@ from typing import Any
 __all__ = [
     "IDLE_POLL_LONGEST",
     "OBJECT_POLL_FIRST",
+    "OBJECT_POLL_BUSY_MAX",
     "OBJECT_POLL_MAX",
     "OBJECT_WAIT_SECONDS",
     "IdlePolls",
+    "POLL_COST_FACTOR",
     "PromptObjectPulls",
     "object_poll_interval",
     "poll_pause",
@@ -39,6 +41,12 @@ OBJECT_WAIT_SECONDS = 10.0
 #: waited so far, within these bounds.
 OBJECT_POLL_FIRST = 0.005
 OBJECT_POLL_MAX = 0.05
+#: A pause is also at least this many times the last request's own duration, at most
+#: :data:`OBJECT_POLL_BUSY_MAX` (s): a request costs the Flower process serving it (a FastAPI
+#: handler) 5 to 15 ms of CPU on a 2-core machine, so re-asking every 5 ms from ten processes
+#: at once would keep it busy serving the re-asks instead of the upload they wait for.
+POLL_COST_FACTOR = 10.0
+OBJECT_POLL_BUSY_MAX = 0.25
 
 
 #: Longest pause (s) of an idle :class:`IdlePolls` poller: Flower's default SuperExec task poll.
@@ -53,10 +61,13 @@ def poll_pause(waited: float, first: float, longest: float, fraction: float = 0.
     return min(max(fraction * waited, first), longest)
 
 
-def object_poll_interval(waited: float) -> float:
-    """The pause before re-asking for an object after ``waited`` seconds (:func:`poll_pause`
-    within [:data:`OBJECT_POLL_FIRST`, :data:`OBJECT_POLL_MAX`])."""
-    return poll_pause(waited, OBJECT_POLL_FIRST, OBJECT_POLL_MAX)
+def object_poll_interval(waited: float, last_request: float = 0.0) -> float:
+    """The pause before re-asking for an object after ``waited`` seconds, the last request
+    having taken ``last_request`` seconds: :func:`poll_pause` within
+    [:data:`OBJECT_POLL_FIRST`, :data:`OBJECT_POLL_MAX`], and at least :data:`POLL_COST_FACTOR`
+    times ``last_request`` (at most :data:`OBJECT_POLL_BUSY_MAX`)."""
+    busy = min(POLL_COST_FACTOR * last_request, OBJECT_POLL_BUSY_MAX)
+    return max(poll_pause(waited, OBJECT_POLL_FIRST, OBJECT_POLL_MAX), busy)
 
 
 def time_with_sleep(sleep: Callable[[float], None]) -> types.ModuleType:
@@ -121,8 +132,9 @@ class PromptObjectPulls:
     SuperLink; a ClientApp started at once (``--executor warm``) then asks for objects that are
     not there yet, and Flower's ``pull_objects`` (``flwr.supercore.inflatable.inflatable_utils``)
     waits 1 s, then 2 s, before it asks again, whatever the SuperNode needed. Here an
-    unavailable object is asked for again after :func:`object_poll_interval` (5 to 50 ms) for up
-    to :data:`OBJECT_WAIT_SECONDS`: one of the pulling threads asks, the others wait until an
+    unavailable object is asked for again after :func:`object_poll_interval` (5 to 50 ms, and
+    at least ten times the last request's duration, at most 0.25 s) for up to
+    :data:`OBJECT_WAIT_SECONDS`: one of the pulling threads asks, the others wait until an
     object arrived (the SuperNode stores a message's objects together) and then ask once
     themselves. What is pulled and checked is Flower's; only the waits change. Every other
     attribute is the wrapped client's.
@@ -133,13 +145,23 @@ class PromptObjectPulls:
         Flower's ``RuntimeHttpClient`` (anything with ``PullObject``).
     window : float
         :data:`OBJECT_WAIT_SECONDS`.
+    clock, sleep : callables
+        ``time.monotonic`` and ``time.sleep`` by default.
     """
 
-    def __init__(self, client: Any, window: float = OBJECT_WAIT_SECONDS) -> None:
+    def __init__(
+        self,
+        client: Any,
+        window: float = OBJECT_WAIT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if not window > 0:
             raise ValueError(f"window must be > 0 seconds, got {window}")
         self._client = client
         self._window = window
+        self._clock = clock
+        self._sleep = sleep
         self._changed = threading.Condition()
         self._asking = False  # one thread re-asks at a time
         self._arrivals = 0  # objects that arrived after a wait
@@ -151,10 +173,10 @@ class PromptObjectPulls:
         """Flower's ``PullObject``; an object that was found but is not available yet is
         asked for again until it is, or until :data:`OBJECT_WAIT_SECONDS` passed (the last
         answer goes back to Flower, whose back-off then applies)."""
-        response = self._client.PullObject(request)
-        start = time.monotonic()
+        response, last_request = self._timed_pull(request)
+        start = self._clock()
         while response.object_found and not response.object_available:
-            waited = time.monotonic() - start
+            waited = self._clock() - start
             if waited >= self._window:
                 break
             with self._changed:
@@ -169,16 +191,16 @@ class PromptObjectPulls:
 
                     self._changed.wait_for(moved, timeout=self._window - waited)
             if not asking:
-                response = self._client.PullObject(request)
+                response, last_request = self._timed_pull(request)
                 continue
             again = False
             try:
-                time.sleep(object_poll_interval(waited))
-                response = self._client.PullObject(request)
+                self._sleep(object_poll_interval(waited, last_request))
+                response, last_request = self._timed_pull(request)
                 again = (
                     response.object_found
                     and not response.object_available
-                    and time.monotonic() - start < self._window
+                    and self._clock() - start < self._window
                 )
             finally:
                 with self._changed:
@@ -187,3 +209,9 @@ class PromptObjectPulls:
                         self._arrivals += bool(response.object_available)
                         self._changed.notify_all()
         return response
+
+    def _timed_pull(self, request: Any) -> tuple[Any, float]:
+        """The wrapped client's answer to ``request`` and the seconds the request took."""
+        started = self._clock()
+        response = self._client.PullObject(request)
+        return response, self._clock() - started

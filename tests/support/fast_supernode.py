@@ -12,7 +12,7 @@ sleeps (to 0.1 s, growing to a tenth of the time since the last message and at m
 :class:`~fedparity.mechanisms.protocol.object_pulls.IdlePolls` does, and to 0.05 s) in that
 module only, announces the SuperLink's minimum heartbeat
 interval (10 s: a killed node is noticed after 16-20 s), re-asks for an object still being
-uploaded every 5 to 50 ms (fedparity's
+uploaded every 5 to 50 ms, at least ten times the last request's duration (fedparity's
 :class:`~fedparity.mechanisms.protocol.object_pulls.PromptObjectPulls`, as its ClientApp and
 ServerApp do) and then runs Flower's own ``flower-supernode`` entry point with the same
 arguments; everything else is Flower's. The SuperExec's own task poll has a setting,
