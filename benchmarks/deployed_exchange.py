@@ -1,6 +1,7 @@
 """Latency of a deployed exchange and of a deployed FPFL round, per ClientApp executor.
 
     python -m benchmarks.deployed_exchange [--nodes 3 10] [--modes subprocess warm]
+        [--superlink-state file memory]
 
 A real SuperLink and N SuperNodes on 127.0.0.1 (``tests/support/flower_processes.py``: the tests'
 SuperNodes, which poll the SuperLink every 0.1 s instead of Flower's 3 s), each SuperNode run
@@ -12,6 +13,9 @@ executor:
   from a zygote that imported Flower, fedparity, torch and TenSEAL once;
 * ``flower`` -- Flower's default SuperNode (``--isolation subprocess``, ungated
   ``flwr-clientapp``), for reference.
+
+and the SuperLink's state either in a SQLite file (``file``, ``--database``: what survives a
+restart, the default here) or in Flower's default in-memory state (``memory``).
 
 Per (mode, N) it times whole ``flwr run`` calls of the built-in app and takes differences, so
 that what every run pays once (the CLI, the ServerApp process, the first FAB install) cancels:
@@ -43,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 USERS = 300
 MODES = ("subprocess", "warm", "flower")
+STATES = ("file", "memory")
 
 
 def _superexec(mode: str) -> list[str] | None:
@@ -58,8 +63,9 @@ def _timed(deployment, config: dict, timeout: float) -> float:
     return elapsed
 
 
-def measure(mode: str, nodes: int, work: Path, app_hash: str) -> dict:
-    """Seconds per exchange and per FPFL round with ``nodes`` SuperNodes in ``mode``."""
+def measure(mode: str, nodes: int, work: Path, app_hash: str, state: str = "file") -> dict:
+    """Seconds per exchange and per FPFL round with ``nodes`` SuperNodes in ``mode``, the
+    SuperLink's state in ``state`` (``"file"`` or ``"memory"``)."""
     configs = [
         f'partition-id={i} num-partitions={nodes} fpfl-max-delta=0.01 allowed-apps="{app_hash}"'
         for i in range(nodes)
@@ -87,6 +93,7 @@ def measure(mode: str, nodes: int, work: Path, app_hash: str) -> dict:
         work_dir=work / "deployment",
         superexecs=None if superexec is None else [superexec] * nodes,
         startup_timeout=180.0,
+        superlink_state=state,
     ) as deployment:
         out = work / "runs"
         _timed(deployment, {**ldp, "epsilons": "1", "output-dir": str(out / "warm-up")}, 600)
@@ -99,6 +106,7 @@ def measure(mode: str, nodes: int, work: Path, app_hash: str) -> dict:
     return {
         "mode": mode,
         "nodes": nodes,
+        "superlink_state": state,
         "ldp_run_1_audit_s": round(one, 2),
         "ldp_run_4_audits_s": round(four, 2),
         "exchange_s": round((four - one) / 3, 2),
@@ -112,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[3, 10])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["subprocess", "warm"])
+    parser.add_argument(
+        "--superlink-state",
+        nargs="+",
+        choices=STATES,
+        default=["file"],
+        help="the SuperLink's state: a SQLite file (--database) or Flower's in-memory default",
+    )
     parser.add_argument("--output", default=str(RESULTS / "deployed_exchange"))
     args = parser.parse_args(argv)
     if any(n < 1 for n in args.nodes):
@@ -121,17 +136,19 @@ def main(argv: list[str] | None = None) -> int:
         app_hash = app_bundle_hash(REPO)  # the gate's allowed-apps, in each node's config
         for nodes in args.nodes:
             for mode in args.modes:
-                work = Path(folder) / f"{mode}-{nodes}"
-                row = measure(mode, nodes, work, app_hash)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                for state in args.superlink_state:
+                    work = Path(folder) / f"{mode}-{nodes}-{state}"
+                    row = measure(mode, nodes, work, app_hash, state)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     header = (
-        "| executor | SuperNodes | exchange (s) | FPFL round (s) | LDP run, 1 audit (s) "
-        "| FPFL run, 1 round (s) |\n|---|---|---|---|---|---|\n"
+        "| executor | SuperNodes | SuperLink state | exchange (s) | FPFL round (s) "
+        "| LDP run, 1 audit (s) | FPFL run, 1 round (s) |\n|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| {r['mode']} | {r['nodes']} | {r['exchange_s']:.2f} | {r['fpfl_round_s']:.2f} "
-        f"| {r['ldp_run_1_audit_s']:.2f} | {r['fpfl_run_1_round_s']:.2f} |"
+        f"| {r['mode']} | {r['nodes']} | {r['superlink_state']} | {r['exchange_s']:.2f} "
+        f"| {r['fpfl_round_s']:.2f} | {r['ldp_run_1_audit_s']:.2f} "
+        f"| {r['fpfl_run_1_round_s']:.2f} |"
         for r in rows
     ]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

@@ -53,6 +53,25 @@ def test_free_port_is_bindable() -> None:
         sock.bind(("127.0.0.1", port))
 
 
+def test_superlink_state_is_a_sqlite_file_or_flowers_in_memory_default(tmp_path: Path) -> None:
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+
+    from tests.support.process_tree import _superlink_cmd
+
+    file_cmd = _superlink_cmd(9093, tmp_path / "state.db", simulation=False)
+    assert file_cmd[file_cmd.index("--database") + 1] == str(tmp_path / "state.db")
+    memory_cmd = _superlink_cmd(9093, None, simulation=False)
+    assert "--database" not in memory_cmd
+    # without --database, Flower keeps its state in memory (what "memory" relies on)
+    args = _parse_args_run_superlink().parse_args(memory_cmd[1:])
+    assert args.database == FLWR_IN_MEMORY_DB_NAME
+    with pytest.raises(ValueError, match='superlink_state must be "file" or "memory"'):
+        with local_deployment(LAB_APP, 1, None, tmp_path / "home", superlink_state="disk"):  # type: ignore[arg-type]
+            pass
+    assert not (tmp_path / "home").exists()  # refused before anything started
+
+
 def test_format_run_config_quotes_for_flower_parser() -> None:
     from flwr.common.config import parse_config_args
 

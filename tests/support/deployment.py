@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tests.support.flower_env import (
     DEPLOYMENT_FEDERATION,
@@ -318,7 +319,8 @@ class Deployment:
         _kill_tree(self.superlink)
 
     def start_superlink(self, timeout: float = 60.0) -> None:
-        """Start the killed SuperLink again: same port and ``--database`` file.
+        """Start the killed SuperLink again: same port and ``--database`` file (an in-memory
+        SuperLink, ``superlink_state="memory"``, starts empty).
 
         Returns once it answers ``/health``; the log is appended to. The SuperNodes
         are not awaited (see :meth:`restart_superlink`).
@@ -440,6 +442,7 @@ def local_deployment(
     superexecs: Sequence[Sequence[str] | None] | None = None,
     warm: bool = False,
     also_allowed: Sequence[Path] = (),
+    superlink_state: Literal["file", "memory"] = "file",
 ) -> Iterator[Deployment]:
     """Start one SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1.
 
@@ -521,6 +524,11 @@ def local_deployment(
     also_allowed : Sequence[Path], default ()
         With ``warm``: more app folders whose bundles the nodes' gate approves (apps other
         than ``app_dir`` submitted with :func:`run_flwr` to this deployment).
+    superlink_state : {"file", "memory"}, default "file"
+        ``"file"``: the SuperLink keeps its state in ``W/state.db`` (SQLite), which a restart
+        keeps. ``"memory"``: Flower's default in-memory state (no ``--database``), which a
+        restart loses; its requests cost the SuperLink about half the CPU
+        (``benchmarks/deployed_exchange.py --superlink-state``).
 
     Yields
     ------
@@ -535,6 +543,8 @@ def local_deployment(
     """
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be >= 1")
+    if superlink_state not in ("file", "memory"):
+        raise ValueError(f'superlink_state must be "file" or "memory", got {superlink_state!r}')
     if node_configs is None:
         node_configs = [
             f"partition-id={i} num-partitions={num_supernodes}" for i in range(num_supernodes)
@@ -567,7 +577,11 @@ def local_deployment(
         superlink = _start(
             "superlink",
             _superlink_cmd(
-                link_port, work / "state.db", simulation=False, tls=tls, node_auth=node_auth
+                link_port,
+                work / "state.db" if superlink_state == "file" else None,
+                simulation=False,
+                tls=tls,
+                node_auth=node_auth,
             ),
             work / "superlink.log",
             run_cwd,

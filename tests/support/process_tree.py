@@ -468,7 +468,7 @@ def _tls_args(tls: TlsMaterial | None) -> list[str]:
 
 def _superlink_cmd(
     port: int,
-    database: Path,
+    database: Path | None,
     simulation: bool,
     tls: TlsMaterial | None = None,
     node_auth: bool = False,
@@ -483,8 +483,7 @@ def _superlink_cmd(
         HOST,
         "--port",
         str(port),
-        "--database",
-        str(database),
+        *([] if database is None else ["--database", str(database)]),  # None: in memory
         "--disable-runtime-dependency-installation",
     ]
     if simulation:
