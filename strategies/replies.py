@@ -385,26 +385,31 @@ def send_and_receive(grid: Grid, messages: Sequence[Message], timeout: float) ->
     The same as ``grid.send_and_receive`` except for the waits between polls: Flower sleeps a
     fixed 0.1 s between polls in simulation and 3 s against a SuperLink, which dominated a
     round that itself takes tens of milliseconds. Here each wait is 5% of the time waited so
-    far (2 ms to 0.25 s, and at least ten times the last poll's duration: :func:`poll_interval`):
-    a reply is read at most 5% later than it arrived, and a long wait costs about 14 polls
-    per doubling, then one every 0.25 s. (A geometric back-off read the last reply of an FPFL
-    round up to 50% late: 55 ms of a 0.4 s round.)
+    far (2 ms to 0.25 s, and at least ten times the last empty poll's duration:
+    :func:`poll_interval`): a reply is read at most 5% later than it arrived, and a long wait
+    costs about 14 polls per doubling, then one every 0.25 s. (A geometric back-off read the
+    last reply of an FPFL round up to 50% late: 55 ms of a 0.4 s round.) Only a poll that
+    brought nothing measures the cost of polling: one that brought replies also took the time
+    to read them, which is no reason to poll less often.
     """
     message_ids = {message_id for message_id in grid.push_messages(messages) if message_id}
     prompt_object_pulls(grid)
     started = time.monotonic()
     deadline = started + timeout
     replies: list[Message] = []
+    empty_poll = 0.0  # the duration of the last poll that brought nothing
     while message_ids:
         polled = time.monotonic()
         pulled = list(grid.pull_messages(message_ids))
         now = time.monotonic()
+        if not pulled:
+            empty_poll = now - polled
         replies.extend(pulled)
         message_ids.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
         remaining = deadline - now
         if not message_ids or remaining <= 0:
             break
-        time.sleep(min(poll_interval(now - started, now - polled), remaining))
+        time.sleep(min(poll_interval(now - started, empty_poll), remaining))
     return attribute_replies(messages, replies)
 
 
