@@ -10,12 +10,14 @@ by every child, and it is drawn from here on purpose to show that the test sees 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
 import secrets
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,23 @@ def _x25519() -> str:
     return raw.hex()
 
 
+def _record_exit(path: Path) -> None:
+    """An exit function of the child: how many of torch's operator finalizers are still set to
+    run at exit (the finalizers run after every exit function registered after torch's import)."""
+    import torch.library
+
+    torch_finalizers = [
+        finalizer
+        for finalizer, info in weakref.finalize._registry.items()
+        if info.func is torch.library._del_library
+    ]
+    record = {
+        "torch_finalizers": len(torch_finalizers),
+        "left_to_run": sum(finalizer.atexit for finalizer in torch_finalizers),
+    }
+    path.write_text(json.dumps(record), encoding="utf-8")
+
+
 def probe() -> None:
     """What a child runs instead of ``fedparity-clientapp``: record, then exit like it."""
     token = sys.argv[sys.argv.index("--token") + 1]
@@ -61,6 +80,7 @@ def probe() -> None:
         "preloaded_app": "fedparity.clients.app" in sys.modules,
     }
     out = Path(os.environ["WARM_PROBE_DIR"]) / f"{token}.json"
+    atexit.register(_record_exit, out.with_suffix(".exit.json"))
     out.with_suffix(".tmp").write_text(json.dumps(record), encoding="utf-8")
     out.with_suffix(".tmp").rename(out)
     sys.exit(0)
