@@ -74,9 +74,11 @@ WARM_EXECUTOR = "warm"
 #: ClientApps (2026-11-27): torch imports SymPy (``torch.fx.experimental.symbolic_shapes``) when
 #: a model is built with ``skip_init`` (0.4 s), and TorchDynamo when ``torch.func`` computes
 #: per-user gradients (FPFL: 0.9 s); httpcore (the Runtime API client's transport) and the
-#: module :func:`~fedparity.clients.app_gate.check_flower` reads. Not Opacus: importing it
-#: configures the root logger (``fedparity.mechanisms.privacy.opacus_accounting`` undoes that
-#: when it imports Opacus), and after TorchDynamo it costs 0.1 s, once per FPFL training.
+#: module :func:`~fedparity.clients.app_gate.check_flower` reads; and Opacus, whose accountant an
+#: FPFL node's setup runs once per run (0.2-0.27 CPU-s of importing, measured 2026-11-27 in forked
+#: children), imported through
+#: :func:`~fedparity.mechanisms.privacy.opacus_accounting.import_opacus` so that its
+#: ``logging.basicConfig`` leaves no handler on the root logger the children inherit.
 DEFAULT_PRELOAD = (
     "flwr.supernode.cli.flwr_clientapp",
     "flwr.supernode.runtime.run_clientapp",
@@ -91,6 +93,7 @@ DEFAULT_PRELOAD = (
     "tenseal",
     "scipy.stats",
     "dp_accounting.pld.privacy_loss_distribution",
+    "opacus.accountants",
 )
 #: Seconds the SuperExec waits for the zygote to be ready (its imports) and to answer a fork.
 ZYGOTE_TIMEOUT = 120.0
@@ -136,7 +139,12 @@ def _preload(modules: Sequence[str]) -> list[str]:
     loaded = []
     for name in modules:
         try:
-            importlib.import_module(name)
+            if name.split(".")[0] == "opacus":
+                from ..mechanisms.privacy.opacus_accounting import import_opacus
+
+                import_opacus(name)
+            else:
+                importlib.import_module(name)
             loaded.append(name)
         except ImportError as error:
             log(INFO, "warm ClientApp zygote: not preloading %s (%s)", name, error)

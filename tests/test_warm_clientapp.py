@@ -111,26 +111,30 @@ def test_the_child_gets_the_command_line_of_flowers_subprocess_executor(
 
 
 #: What the project's handlers do first in a ClientApp: build a model with ``skip_init`` (the
-#: LDP audit, FedEvalFair, FPFL) and compute per-sample gradients with ``torch.func`` (FPFL).
+#: LDP audit, FedEvalFair, FPFL), compute per-sample gradients with ``torch.func`` (FPFL) and,
+#: in an FPFL node's setup, the run's epsilon with Opacus's accountant.
 FIRST_CALLS = """
 from fedparity.clients.project.task import build_model
 build_model(3, 4)
 torch.func.vmap(torch.func.jacrev(lambda x: (x ** 2).sum()))(torch.ones(2, 3))
+from fedparity.mechanisms.privacy.opacus_accounting import privacy_spent
+privacy_spent(noise_multiplier=1.0, sample_rate=0.1, steps=3, delta=1e-3)
 """
 
 
 def imported_by_first_calls(preload: tuple[str, ...]) -> list[str]:
-    """The torch, SymPy and httpcore modules :data:`FIRST_CALLS` imports after ``preload``."""
+    """The torch, SymPy, httpcore and Opacus modules :data:`FIRST_CALLS` imports after the
+    zygote's preload of ``preload``."""
     code = f"""
-import importlib, json, sys
-for name in {list(preload)!r}:
-    importlib.import_module(name)
+import json, sys
+from fedparity.clients.warm_clientapp import _preload
+_preload({list(preload)!r})
 before = set(sys.modules)
 import torch
 {FIRST_CALLS}
 from flwr.supercore.runtime import RuntimeHttpClient
 RuntimeHttpClient.from_server_address("127.0.0.1:9", True, None, []).close()
-roots = ("torch", "sympy", "mpmath", "httpcore", "h11")
+roots = ("torch", "sympy", "mpmath", "httpcore", "h11", "opacus")
 print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in roots)))
 """
     return json.loads(last_line_printed(code))
@@ -139,11 +143,16 @@ print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split(".")[0] 
 @pytest.mark.slow  # two fresh interpreters importing torch: about 15 s
 def test_the_zygote_preloads_what_the_first_calls_of_a_clientapp_import() -> None:
     # Measured 2026-11-27: every forked ClientApp imported SymPy (0.4 s) and FPFL's TorchDynamo
-    # (0.9 s) itself, on first use.
+    # (0.9 s) itself, on first use, and an FPFL setup Opacus (0.2-0.27 s).
     assert imported_by_first_calls(DEFAULT_PRELOAD) == []
-    lazy = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "httpcore")
+    lazy = (
+        "torch.fx.experimental.symbolic_shapes",
+        "torch._dynamo",
+        "httpcore",
+        "opacus.accountants",
+    )
     without = imported_by_first_calls(tuple(m for m in DEFAULT_PRELOAD if m not in lazy))
-    assert {"sympy", "torch._dynamo", "httpcore"} <= set(without)  # power check
+    assert {"sympy", "torch._dynamo", "httpcore", "opacus"} <= set(without)  # power check
 
 
 EXIT_FUNCTIONS = """
@@ -237,6 +246,9 @@ def test_children_of_one_zygote_never_share_a_random_stream(probe_env: Path) -> 
     assert exit_record["torch_finalizers"] >= 100 and exit_record["left_to_run"] == 0
     assert first["argv"] == clientapp_args(spec(tokens[0]), sys.executable)
     assert first["preloaded_app"] and first["threads"] == 1
+    # the zygote preloaded Opacus, whose import adds a root handler (every log line twice)
+    # unless imported through import_opacus: the child's root logger is a fresh process's
+    assert first["preloaded_opacus"] and first["root_handlers"] == []
     # the zygote's pipes to the SuperExec are not in the child (only stdin, stdout, stderr and
     # the descriptor that listed them)
     assert first["stdin"] == "/dev/null" and first["fds"][:3] == [0, 1, 2]

@@ -59,6 +59,7 @@ __all__ = [
     "NoiseCalibration",
     "PrivacySpent",
     "calibrate_noise",
+    "import_opacus",
     "privacy_spent",
     "privacy_spent_history",
     "sample_rate",
@@ -72,10 +73,12 @@ EPSILON_TOLERANCE = 0.01
 PRV_EPSILON_ERROR = 0.01
 
 
-def _opacus(module: str) -> ModuleType:
+def import_opacus(module: str) -> ModuleType:
     """Import an Opacus module (lazily) without its side effect on logging: Opacus calls
     ``logging.basicConfig`` when imported, which adds a handler to the root logger and makes
-    every log line of a Flower app appear twice. Handlers it adds are removed again."""
+    every log line of a Flower app appear twice. Handlers it adds are removed again, and the
+    root logger's level restored. The only way fedparity imports Opacus (the warm ClientApp
+    zygote preloads it through this too)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
@@ -243,7 +246,7 @@ def privacy_spent_history(
             0.0, delta, 0, last_sigma, last_rate, accountant, history=tuple(segments)
         )
     # Opacus (and with it torch) is imported only here, so the module imports without them.
-    accountants = _opacus("opacus.accountants")
+    accountants = import_opacus("opacus.accountants")
     PRVAccountant, RDPAccountant = accountants.PRVAccountant, accountants.RDPAccountant  # noqa: N806
 
     if accountant == "prv":
@@ -260,7 +263,7 @@ def privacy_spent_history(
     curve = sum(steps * _one_step_rdp(sigma, rate) for sigma, rate, steps in segments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # reported as order_at_edge instead
-        epsilon, order = _opacus("opacus.accountants.analysis.rdp").get_privacy_spent(
+        epsilon, order = import_opacus("opacus.accountants.analysis.rdp").get_privacy_spent(
             orders=alphas, rdp=curve, delta=delta
         )
     return PrivacySpent(
@@ -280,8 +283,8 @@ def privacy_spent_history(
 def _one_step_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     """Opacus's RDP curve of one subsampled Gaussian step at RDPAccountant's default orders
     (read-only: cached)."""
-    alphas = _opacus("opacus.accountants").RDPAccountant.DEFAULT_ALPHAS
-    curve = _opacus("opacus.accountants.analysis.rdp").compute_rdp(
+    alphas = import_opacus("opacus.accountants").RDPAccountant.DEFAULT_ALPHAS
+    curve = import_opacus("opacus.accountants.analysis.rdp").compute_rdp(
         q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=alphas
     )
     curve = np.asarray(curve, dtype=np.float64)
@@ -300,7 +303,7 @@ def _calibration(
 ) -> NoiseCalibration:
     """Opacus' bisection for ``sigma`` and the epsilon it achieves (about a second; cached: a
     node asks again every round, and a run, its resume and the planner ask for the same)."""
-    get_noise_multiplier = _opacus("opacus.accountants.utils").get_noise_multiplier
+    get_noise_multiplier = import_opacus("opacus.accountants.utils").get_noise_multiplier
     with warnings.catch_warnings():
         # Opacus warns about the RDP order grid while bisecting through huge sigmas; the
         # final sigma's order is reported in ``achieved.order_at_edge``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import random
 import secrets
@@ -78,6 +79,8 @@ def probe() -> None:
         "stdin": os.readlink("/proc/self/fd/0"),
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
         "preloaded_app": "fedparity.clients.app" in sys.modules,
+        "preloaded_opacus": "opacus.accountants" in sys.modules,
+        "root_handlers": [type(handler).__name__ for handler in logging.getLogger().handlers],
     }
     out = Path(os.environ["WARM_PROBE_DIR"]) / f"{token}.json"
     atexit.register(_record_exit, out.with_suffix(".exit.json"))
