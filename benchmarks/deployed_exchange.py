@@ -37,6 +37,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedparity.clients.app_gate import app_bundle_hash
@@ -116,6 +117,15 @@ def measure(mode: str, nodes: int, work: Path, app_hash: str, state: str = "file
     }
 
 
+def planned_runs(
+    nodes: Sequence[int], modes: Sequence[str], states: Sequence[str]
+) -> list[tuple[int, str, str, str]]:
+    """``(nodes, mode, state, folder name)`` of each measurement, in order; a setting given
+    twice (``--superlink-state memory memory``) is measured twice, each in its own folder."""
+    runs = [(n, mode, state) for n in nodes for mode in modes for state in states]
+    return [(n, mode, state, f"{i}-{mode}-{n}-{state}") for i, (n, mode, state) in enumerate(runs)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[3, 10])
@@ -134,13 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="deployed-exchange-") as folder:
         app_hash = app_bundle_hash(REPO)  # the gate's allowed-apps, in each node's config
-        for nodes in args.nodes:
-            for mode in args.modes:
-                for state in args.superlink_state:
-                    work = Path(folder) / f"{mode}-{nodes}-{state}"
-                    row = measure(mode, nodes, work, app_hash, state)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+        for nodes, mode, state, name in planned_runs(args.nodes, args.modes, args.superlink_state):
+            work = Path(folder) / name
+            row = measure(mode, nodes, work, app_hash, state)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     header = (
         "| executor | SuperNodes | SuperLink state | exchange (s) | FPFL round (s) "
         "| LDP run, 1 audit (s) | FPFL run, 1 round (s) |\n|---|---|---|---|---|---|---|\n"

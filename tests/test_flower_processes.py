@@ -72,6 +72,24 @@ def test_superlink_state_is_a_sqlite_file_or_flowers_in_memory_default(tmp_path:
     assert not (tmp_path / "home").exists()  # refused before anything started
 
 
+def test_the_deployment_benchmark_measures_a_setting_given_twice_in_two_folders() -> None:
+    # ``--superlink-state memory memory`` measured the second run in the first one's folder,
+    # where the ServerApp refused to write over the warm-up run's results.
+    from benchmarks.deployed_exchange import planned_runs
+
+    runs = planned_runs([10], ["warm"], ["memory", "memory"])
+    assert [run[:3] for run in runs] == [(10, "warm", "memory")] * 2
+    assert len({run[3] for run in runs}) == 2
+    plan = planned_runs([3, 10], ["subprocess", "warm"], ["file"])
+    assert [run[:2] for run in plan] == [
+        (3, "subprocess"),
+        (3, "warm"),
+        (10, "subprocess"),
+        (10, "warm"),
+    ]
+    assert len({run[3] for run in plan}) == 4
+
+
 def test_format_run_config_quotes_for_flower_parser() -> None:
     from flwr.common.config import parse_config_args
 
