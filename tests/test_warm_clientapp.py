@@ -156,17 +156,14 @@ def test_the_zygote_preloads_what_the_first_calls_of_a_clientapp_import() -> Non
 
 
 EXIT_FUNCTIONS = """
-import atexit, json, tempfile, weakref
+import atexit, json, tempfile
 from pathlib import Path
-import torch, torch._dynamo, torch.library
-from fedparity.clients.warm_clientapp import skip_torch_library_finalizers
-
-def torch_finalizers():
-    return [f for f, info in weakref.finalize._registry.items()
-            if info.func is torch.library._del_library]
+import torch, torch._dynamo
+from fedparity.clients.warm_clientapp import (
+    skip_torch_library_finalizers, torch_library_finalizers)
 
 folder = tempfile.TemporaryDirectory()  # its cleanup is a finalizer that must still run
-kept = torch_finalizers()
+kept = torch_library_finalizers()
 stopped = SKIP and skip_torch_library_finalizers()
 atexit._run_exitfuncs()
 print(json.dumps({"torch": len(kept), "stopped": stopped, "alive": sum(f.alive for f in kept),

@@ -18,7 +18,6 @@ import random
 import secrets
 import sys
 import threading
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +47,9 @@ def _x25519() -> str:
 def _record_exit(path: Path) -> None:
     """An exit function of the child: how many of torch's operator finalizers are still set to
     run at exit (the finalizers run after every exit function registered after torch's import)."""
-    import torch.library
+    from fedparity.clients.warm_clientapp import torch_library_finalizers
 
-    torch_finalizers = [
-        finalizer
-        for finalizer, info in weakref.finalize._registry.items()
-        if info.func is torch.library._del_library
-    ]
+    torch_finalizers = torch_library_finalizers()
     record = {
         "torch_finalizers": len(torch_finalizers),
         "left_to_run": sum(finalizer.atexit for finalizer in torch_finalizers),
