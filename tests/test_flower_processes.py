@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.flower_processes import (
     FlwrRunError,
+    bundle_folder,
     format_run_config,
     free_port,
     local_deployment,
@@ -23,6 +24,7 @@ from tests.support.flower_processes import (
 )
 
 LAB_APP = Path(__file__).parent / "flower_lab_app"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -88,6 +90,29 @@ def test_the_deployment_benchmark_measures_a_setting_given_twice_in_two_folders(
         (10, "warm"),
     ]
     assert len({run[3] for run in plan}) == 4
+
+
+def test_flwr_run_gets_a_copy_without_the_venv_that_bundles_byte_for_byte_the_same(
+    lab_app: Path,
+) -> None:
+    # A Flower App with a virtual environment in .venv (as this checkout has one after the
+    # README's install): flwr run is given a copy without it, and the bundle built from the copy
+    # is the one built from the folder itself.
+    from flwr.cli.build import build_fab_from_disk
+
+    (lab_app / ".gitignore").write_text(".venv/\n__pycache__/\n", encoding="utf-8")
+    venv = lab_app / ".venv" / "lib" / "site-packages" / "big"
+    venv.mkdir(parents=True)
+    (venv / "module.py").write_text("x = 1\n", encoding="utf-8")
+    (lab_app / "extra.md").write_text("carried in the bundle\n", encoding="utf-8")
+    copy = bundle_folder(lab_app)
+    assert copy != lab_app and not (copy / ".venv").exists()
+    assert (copy / "extra.md").read_text(encoding="utf-8") == "carried in the bundle\n"
+    assert build_fab_from_disk(copy) == build_fab_from_disk(lab_app)
+    # the repository itself, with or without its .venv
+    assert build_fab_from_disk(bundle_folder(REPO)) == build_fab_from_disk(REPO)
+    # a folder without a .venv is handed over as it is
+    assert bundle_folder(LAB_APP) == LAB_APP.resolve()
 
 
 def test_format_run_config_quotes_for_flower_parser() -> None:

@@ -24,6 +24,7 @@ import pytest
 
 from fedparity.server.run_record import STOPPED_TEXT, read_status
 from tests.support.flower_processes import (
+    bundle_folder,
     child_env,
     flower_executable,
     format_run_config,
@@ -48,7 +49,7 @@ def test_ctrl_c_on_fedparity_run_stops_the_run_and_says_how_it_ended(tmp_path: P
         command = [
             flower_executable("fedparity"),
             "run",
-            str(REPO),
+            str(bundle_folder(REPO)),
             simulation.federation,
             "--run-config",
             format_run_config(run_config),

@@ -15,6 +15,7 @@ from typing import Literal
 from tests.support.flower_env import (
     DEPLOYMENT_FEDERATION,
     HOST,
+    SUPERLINK_ENV,
     _connection,
     _free_ports,
     child_env,
@@ -27,6 +28,7 @@ from tests.support.flwr_runs import (
     BackgroundRun,
     FlwrRun,
     RunConfigValue,
+    bundle_folder,
     prepare_folders,
     register_supernode,
     run_flwr,
@@ -51,11 +53,6 @@ from tests.support.process_tree import (
 )
 
 _NODE_ID_RE = re.compile(r"SuperNode ID: (\d+)")
-#: The SuperLink's own SuperExec (Flower's, started by the SuperLink) starts one ServerApp per
-#: run: it polls every 0.5 s, not the 0.05 s the nodes' SuperExecs start their first poll with
-#: (:func:`~tests.support.flower_env.child_env`). Each poll costs the SuperLink about 10 ms of
-#: CPU here (FastAPI, SQLite): 20 a second kept a third of a core busy while nothing ran.
-SUPERLINK_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}
 
 
 @dataclass
@@ -558,7 +555,8 @@ def local_deployment(
     if warm:  # fedparity.clients.warm_clientapp; the gate approves app_dir's bundle
         from fedparity.clients.app_gate import app_bundle_hash
 
-        hashes = ",".join(app_bundle_hash(folder) for folder in (app_dir, *also_allowed))
+        folders = (app_dir, *also_allowed)
+        hashes = ",".join(app_bundle_hash(bundle_folder(folder)) for folder in folders)
         allowed = f'allowed-apps="{hashes}"'
         node_configs = [f"{config} {allowed}" for config in node_configs]
         superexecs = [["fedparity-superexec", "--executor", "warm"]] * num_supernodes

@@ -30,6 +30,9 @@ What this module guarantees (measured on Flower 1.41):
 * On exit, exactly the processes started here are stopped, together with their
   descendants (SuperExec, ``flwr-serverapp``/``flwr-clientapp``/``flwr-simulation``,
   Ray): SIGTERM to each process group, then SIGKILL after a grace period.
+* ``flwr run`` is given :func:`bundle_folder` of the app folder: for a folder holding a
+  ``.venv`` (this checkout), a copy of the files its bundle is built from, the same bundle
+  byte for byte without walking the virtual environment's 53,000 files on every run.
 * ``flwr run`` exits with 0 even when the ServerApp raised; :func:`run_flwr` asks the
   SuperLink for the run status and raises :class:`FlwrRunError` unless it is
   ``finished:completed`` (``check=True``).
@@ -79,6 +82,7 @@ from tests.support.flwr_runs import (
     FlwrRun,
     FlwrRunError,
     RunConfigValue,
+    bundle_folder,
     format_run_config,
     register_supernode,
     run_flwr,
@@ -103,6 +107,7 @@ __all__ = [
     "RunConfigValue",
     "Simulation",
     "TlsMaterial",
+    "bundle_folder",
     "child_env",
     "flower_executable",
     "format_run_config",

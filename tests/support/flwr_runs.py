@@ -3,8 +3,11 @@ configs on the command line, run status, SuperNode registration, runs in the bac
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -193,6 +196,35 @@ def prepare_folders(
     work = Path(work_dir or tempfile.mkdtemp(prefix=prefix)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     return RunFolders(app_dir, flwr_home, work, work_dir is None, Path(cwd or app_dir).resolve())
+
+
+@functools.cache
+def bundle_folder(app_dir: Path) -> Path:
+    """The folder these helpers hand ``flwr run`` for the Flower App in ``app_dir``.
+
+    ``flwr run`` (Flower 1.41, ``flwr.cli.utils.collect_files``) walks and resolves every file
+    under the app folder before ``.gitignore`` and the bundle rules drop most of them: in a
+    checkout with its virtual environment in ``.venv`` (the README's install) that is about
+    53,000 files and 6 CPU-s of every ``flwr run`` on a 2-core machine. For a folder holding a
+    ``.venv``, this returns a copy, made once per test process, of the files Flower's publish
+    rules keep there (``.gitignore`` applied), from which ``flwr run`` builds the same bundle, byte
+    for byte (``tests/test_flower_processes.py`` checks); any other folder is returned as it is.
+    Runs keep ``app_dir`` as their working directory, and relative run-config paths resolve
+    against it.
+    """
+    from flwr.cli.utils import collect_files, filter_paths_for_publish
+
+    app_dir = Path(app_dir).resolve()
+    if not (app_dir / ".venv").is_dir():
+        return app_dir
+    kept = filter_paths_for_publish(collect_files(app_dir))
+    copy = Path(tempfile.mkdtemp(prefix="fedparity-app-"))
+    atexit.register(shutil.rmtree, copy, True)
+    for relative, source in kept.items():
+        target = copy / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(source), target)  # collect_files gives paths
+    return copy
 
 
 def _check_app_dir(app_dir: Path) -> None:
@@ -492,7 +524,8 @@ def start_flwr_run(
     _check_app_dir(app_dir)
     scratch = tempfile.TemporaryDirectory(prefix="flwr-run-")
     try:
-        cmd = [flower_executable("flwr"), "run", str(app_dir), federation, "--stream"]
+        cmd = [flower_executable("flwr"), "run", str(bundle_folder(app_dir)), federation]
+        cmd.append("--stream")
         cmd += _run_config_args(run_config, Path(scratch.name), app_dir)
         if federation_config:
             cmd += ["--federation-config", format_run_config(federation_config)]

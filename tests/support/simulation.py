@@ -14,6 +14,7 @@ from pathlib import Path
 from tests.support.flower_env import (
     HOST,
     SIMULATION_FEDERATION,
+    SUPERLINK_ENV,
     _connection,
     child_env,
     flower_executable,
@@ -23,6 +24,7 @@ from tests.support.flwr_runs import (
     FlwrRun,
     RunConfigValue,
     _run_config_args,
+    bundle_folder,
     prepare_folders,
     run_flwr,
 )
@@ -105,7 +107,7 @@ class Simulation:
             command = [
                 flower_executable("fedparity"),
                 "run",
-                str(self.app_dir),
+                str(bundle_folder(self.app_dir)),
                 self.federation,
                 *_run_config_args(run_config, Path(scratch), self.app_dir),
                 "--federation-config",
@@ -206,7 +208,7 @@ def local_simulation(
             _superlink_cmd(port, work / "state.db", simulation=True),
             work / "superlink.log",
             run_cwd,
-            child_env(flwr_home, env),
+            child_env(flwr_home, {**SUPERLINK_ENV, **(env or {})}),
             port,
         )
         started.append(superlink)
