@@ -524,8 +524,8 @@ def start_flwr_run(
     _check_app_dir(app_dir)
     scratch = tempfile.TemporaryDirectory(prefix="flwr-run-")
     try:
-        cmd = [flower_executable("flwr"), "run", str(bundle_folder(app_dir)), federation]
-        cmd.append("--stream")
+        bundle = bundle_folder(app_dir)
+        cmd = [flower_executable("flwr"), "run", str(bundle), federation, "--stream"]
         cmd += _run_config_args(run_config, Path(scratch.name), app_dir)
         if federation_config:
             cmd += ["--federation-config", format_run_config(federation_config)]
