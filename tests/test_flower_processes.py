@@ -92,6 +92,7 @@ def test_the_deployment_benchmark_measures_a_setting_given_twice_in_two_folders(
     assert len({run[3] for run in plan}) == 4
 
 
+@pytest.mark.slow  # builds the checkout's bundle from a .venv-holding folder (6 CPU-s)
 def test_flwr_run_gets_a_copy_without_the_venv_that_bundles_byte_for_byte_the_same(
     lab_app: Path,
 ) -> None:
