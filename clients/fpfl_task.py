@@ -44,7 +44,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -55,6 +55,8 @@ from torch.func import functional_call, jacrev, vmap
 from ..mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint, StatisticsLayout
 from ..mechanisms.validation import check_int_at_least
 from .fpfl_data import FPFLShard
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 __all__ = [
     "ARCHITECTURES",
@@ -77,6 +79,7 @@ __all__ = [
     "shard_contribution",
     "statistics_layout",
     "unflatten_parameters",
+    "uninitialized",
     "user_statistics",
     "user_statistics_loop",
 ]
@@ -90,6 +93,30 @@ Activation = Literal["sigmoid", "softmax"]
 # --------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------
+
+
+def uninitialized(module_cls: type[ModuleT], *args: Any, **kwargs: Any) -> ModuleT:
+    """``module_cls(*args, **kwargs)`` with its parameters allocated on the CPU but not
+    initialised, like :func:`torch.nn.utils.skip_init`, for modules whose state is their own
+    parameters (``Linear``, ``Conv2d``).
+
+    ``skip_init`` moves the module off the meta device with ``Module.to_empty``, whose first call
+    in a process imports SymPy (about 0.6 CPU-s, measured 2026-11-28 in a Ray actor); this gives
+    the meta module new empty CPU parameters instead.
+    """
+    module = module_cls(*args, device="meta", **kwargs)
+    if any(True for _ in module.children()) or any(True for _ in module.buffers()):
+        raise ValueError(f"{module_cls.__name__} has submodules or buffers; use skip_init")
+    for name, parameter in list(module.named_parameters()):
+        setattr(
+            module,
+            name,
+            nn.Parameter(
+                torch.empty(parameter.shape, dtype=parameter.dtype),
+                requires_grad=parameter.requires_grad,
+            ),
+        )
+    return module
 
 
 def _init_uniform(layers: Sequence[nn.Module], seed: int) -> None:
@@ -108,8 +135,8 @@ def _init_uniform(layers: Sequence[nn.Module], seed: int) -> None:
 
 def _output_layers(width: int, num_classes: int) -> list[nn.Module]:
     if num_classes == 2:
-        return [nn.utils.skip_init(nn.Linear, width, 1), nn.Sigmoid()]
-    return [nn.utils.skip_init(nn.Linear, width, num_classes), nn.Softmax(dim=-1)]
+        return [uninitialized(nn.Linear, width, 1), nn.Sigmoid()]
+    return [uninitialized(nn.Linear, width, num_classes), nn.Softmax(dim=-1)]
 
 
 def build_mlp(
@@ -124,7 +151,7 @@ def build_mlp(
     layers: list[nn.Module] = []
     previous = num_features
     for width in widths:
-        layers += [nn.utils.skip_init(nn.Linear, previous, width), nn.ReLU()]
+        layers += [uninitialized(nn.Linear, previous, width), nn.ReLU()]
         previous = width
     layers += _output_layers(previous, num_classes)
     _init_uniform(layers, seed)
@@ -159,12 +186,12 @@ def build_cnn(
     side = (image_size + 4 - 5) // 2 + 1
     side = (side + 4 - 5) // 2 + 1
     layers: list[nn.Module] = [
-        nn.utils.skip_init(nn.Conv2d, in_channels, 32, 5, stride=2, padding=2),
+        uninitialized(nn.Conv2d, in_channels, 32, 5, stride=2, padding=2),
         nn.ReLU(),
-        nn.utils.skip_init(nn.Conv2d, 32, 64, 5, stride=2, padding=2),
+        uninitialized(nn.Conv2d, 32, 64, 5, stride=2, padding=2),
         nn.ReLU(),
         nn.Flatten(start_dim=-3),
-        nn.utils.skip_init(nn.Linear, 64 * side * side, 100),
+        uninitialized(nn.Linear, 64 * side * side, 100),
         nn.ReLU(),
         *_output_layers(100, num_classes),
     ]

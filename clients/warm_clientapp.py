@@ -70,14 +70,14 @@ __all__ = [
 
 #: The ``--executor`` value of ``fedparity-superexec`` that selects this launcher.
 WARM_EXECUTOR = "warm"
-#: What the zygote imports before it forks (a module that is not installed is skipped). Besides
-#: the ClientApp's own modules, what its handlers import lazily on first use, measured in forked
-#: ClientApps (2026-11-27): torch imports SymPy (``torch.fx.experimental.symbolic_shapes``) when
-#: a model is built with ``skip_init`` (0.4 s), and TorchDynamo when ``torch.func`` computes
-#: per-user gradients (FPFL: 0.9 s); httpcore (the Runtime API client's transport) and the
-#: module :func:`~fedparity.clients.app_gate.check_flower` reads; and Opacus, whose accountant an
-#: FPFL node's setup runs once per run (0.2-0.27 CPU-s of importing, measured 2026-11-27 in forked
-#: children), imported through
+#: What the zygote imports before it forks (a module that is not installed is skipped). Besides the
+#: ClientApp's own modules, what its handlers import lazily on first use, measured in forked
+#: ClientApps (2026-11-27): torch imports TorchDynamo, and with it SymPy, when ``torch.func``
+#: computes per-user gradients (FPFL: 0.9 s; models are built without ``skip_init`` and trained
+#: without a ``torch.optim`` optimizer, which would load them too); httpcore (the Runtime API
+#: client's transport) and the module :func:`~fedparity.clients.app_gate.check_flower` reads; and
+#: Opacus, whose accountant an FPFL node's setup runs once per run (0.2-0.27 CPU-s of importing,
+#: measured 2026-11-27 in forked children), imported through
 #: :func:`~fedparity.mechanisms.privacy.opacus_accounting.import_opacus` so that its
 #: ``logging.basicConfig`` leaves no handler on the root logger the children inherit.
 DEFAULT_PRELOAD = (
@@ -89,7 +89,6 @@ DEFAULT_PRELOAD = (
     "fedparity.clients.app_gate",
     "fedparity.clients.app",
     "torch",
-    "torch.fx.experimental.symbolic_shapes",
     "torch._dynamo",
     "tenseal",
     "scipy.stats",

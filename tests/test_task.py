@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from fedparity.clients.fpfl_task import uninitialized
 from fedparity.clients.project.data import ADULT_DIR_ENV, UserShard, adult_partition, concat_shards
 from fedparity.clients.project.data import synthetic_partition as synthetic
 from fedparity.clients.project.task import (
@@ -66,6 +69,49 @@ def test_build_model_outputs_one_logit_deterministically(hidden: int) -> None:
 
 
 @pytest.mark.parametrize(
+    ("module_cls", "args", "kwargs"),
+    [
+        (torch.nn.Linear, (6, 3), {}),
+        (torch.nn.Linear, (6, 3), {"bias": False}),
+        (torch.nn.Conv2d, (2, 4, 5), {"stride": 2, "padding": 2}),
+    ],
+)
+def test_uninitialized_has_skip_inits_parameters(
+    module_cls: type[torch.nn.Module], args: tuple[int, ...], kwargs: dict[str, object]
+) -> None:
+    ours = uninitialized(module_cls, *args, **kwargs)
+    torchs = torch.nn.utils.skip_init(module_cls, *args, **kwargs)
+    assert type(ours) is module_cls and repr(ours) == repr(torchs)
+    expected = [
+        (n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in torchs.named_parameters()
+    ]
+    got = [(n, p.shape, p.dtype, p.device, p.requires_grad) for n, p in ours.named_parameters()]
+    assert got == expected
+    assert all(isinstance(p, torch.nn.Parameter) for p in ours.parameters())
+    with pytest.raises(ValueError, match="submodules or buffers"):
+        uninitialized(torch.nn.BatchNorm1d, 3)
+
+
+def test_a_model_trained_in_a_new_process_imports_neither_sympy_nor_dynamo() -> None:
+    """Building and training the audit's model leaves out the imports ``skip_init`` (SymPy) and
+    a ``torch.optim`` optimizer (TorchDynamo) would make in every new ClientApp process."""
+    code = (
+        "import sys\n"
+        "from fedparity.clients.project.data import synthetic_partition\n"
+        "from fedparity.clients.project.task import build_model, train\n"
+        "from fedparity.clients.fpfl_task import build_model_for\n"
+        "shard = synthetic_partition(0, 1, 50, seed=0)\n"
+        "train(build_model(shard.num_features, 4), shard, epochs=1, learning_rate=0.1, seed=0)\n"
+        "build_model_for('cnn', (1, 8, 8), num_classes=10)\n"
+        "print(sorted(m for m in ('sympy', 'torch._dynamo') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
     ("kwargs", "parameter"), [({"num_features": 0}, "num_features"), ({"hidden": -1}, "hidden")]
 )
 def test_build_model_bad_arguments(kwargs: dict[str, int], parameter: str) -> None:
@@ -105,6 +151,36 @@ def test_train_is_deterministic_given_seed() -> None:
     assert results[0][0] == results[1][0] and math.isfinite(results[0][0])
     np.testing.assert_array_equal(results[0][1][0], results[1][1][0])
     assert not np.array_equal(results[0][1][0], results[2][1][0])
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_train_steps_exactly_as_torch_optim_sgd(hidden: int) -> None:
+    shard = synthetic(0, 1, 150, seed=3)
+    ours = build_model(shard.num_features, hidden, seed=0)
+    loss = train(ours, shard, epochs=2, learning_rate=0.3, batch_size=32, seed=7)
+    reference = build_model(shard.num_features, hidden, seed=0)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.3)
+    features = torch.from_numpy(shard.features)
+    targets = torch.from_numpy(shard.labels).to(torch.float32)
+    generator = torch.Generator().manual_seed(7)
+    total = 0.0
+    for _ in range(2):
+        order = torch.randperm(shard.num_samples, generator=generator)
+        for start in range(0, shard.num_samples, 32):
+            batch = order[start : start + 32]
+            optimizer.zero_grad()
+            batch_loss = torch.nn.BCEWithLogitsLoss()(
+                reference(features[batch]).squeeze(1), targets[batch]
+            )
+            batch_loss.backward()
+            optimizer.step()
+            total += float(batch_loss.detach()) * batch.shape[0]
+    assert loss == total / (2 * shard.num_samples)
+    for left, right in zip(get_arrays(ours), get_arrays(reference), strict=True):
+        np.testing.assert_array_equal(left, right)
+    assert not np.array_equal(
+        get_arrays(ours)[0], get_arrays(build_model(shard.num_features, hidden, seed=0))[0]
+    )
 
 
 def test_train_reduces_loss() -> None:

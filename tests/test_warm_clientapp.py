@@ -110,8 +110,8 @@ def test_the_child_gets_the_command_line_of_flowers_subprocess_executor(
     assert clientapp_args(task, "/x/cmd") == started[0]
 
 
-#: What the project's handlers do first in a ClientApp: build a model with ``skip_init`` (the
-#: LDP audit, FedEvalFair, FPFL), compute per-sample gradients with ``torch.func`` (FPFL) and,
+#: What the project's handlers do first in a ClientApp: build a model (the LDP audit,
+#: FedEvalFair, FPFL), compute per-sample gradients with ``torch.func`` (FPFL) and,
 #: in an FPFL node's setup, the run's epsilon with Opacus's accountant.
 FIRST_CALLS = """
 from fedparity.clients.project.task import build_model
@@ -146,7 +146,6 @@ def test_the_zygote_preloads_what_the_first_calls_of_a_clientapp_import() -> Non
     # (0.9 s) itself, on first use, and an FPFL setup Opacus (0.2-0.27 s).
     assert imported_by_first_calls(DEFAULT_PRELOAD) == []
     lazy = (
-        "torch.fx.experimental.symbolic_shapes",
         "torch._dynamo",
         "httpcore",
         "opacus.accountants",
