@@ -148,6 +148,7 @@ PLAN_KEYS = {
 }
 
 
+@pytest.mark.slow
 def test_plan_alpha_path() -> None:
     payload = cli_json(["plan", "--clients", "1000000", "--alpha", "0.01"])
     assert PLAN_KEYS <= set(payload)
@@ -184,6 +185,7 @@ def test_plan_epsilon_path() -> None:
     assert normal["alpha"] == pytest.approx(2.5758293035489 / 10 * chebyshev["alpha"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_plan_table_has_paper_and_valid_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     # The valid table is a search per cell: the text and JSON runs share one computation
     # of each table (a cache around the real function, same arguments).

@@ -780,6 +780,7 @@ def test_gap_comparison_of_two_independent_audits_covers_at_its_level() -> None:
     assert abs(np.mean(rejected) - 0.05) <= 4 * se + 0.02, np.mean(rejected)
 
 
+@pytest.mark.slow
 def test_gap_comparison_coverage_and_sign_by_simulation() -> None:
     """Normal estimates with a real difference (PFL gap 0.20, FPFL 0.05, either sign of the
     groups): the interval covers 0.15 at its level; the statistic is unbiased."""

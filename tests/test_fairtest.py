@@ -227,6 +227,7 @@ def known_variance_simulation(k: int, name: str) -> tuple[np.ndarray, np.ndarray
 
 @pytest.mark.parametrize("name", ["equal", "heterogeneous"])
 @pytest.mark.parametrize("k", [2, 5, 11])
+@pytest.mark.slow
 def test_spec_reference_rates_of_t1_and_q(k: int, name: str) -> None:
     t1, q, weights = known_variance_simulation(k, name)
     critical = stats.chi2.ppf(0.95, k - 1)
@@ -248,6 +249,7 @@ def test_spec_reference_rates_of_t1_and_q(k: int, name: str) -> None:
 
 
 @pytest.mark.parametrize("k", [2, 5, 11])
+@pytest.mark.slow
 def test_q_is_chi2_and_t1_is_not(k: int) -> None:
     t1, q, _ = known_variance_simulation(k, "heterogeneous")
     null = stats.chi2(k - 1)
@@ -459,6 +461,7 @@ def test_calibrated_mode_holds_type_one_error_on_a_fair_population() -> None:
     assert 0.03 <= rates[0] <= 0.07, rates
 
 
+@pytest.mark.slow
 def test_paper_mode_rejects_a_fair_population() -> None:
     rates = np.mean(fair_population_pvalues()["paper"] < 0.05, axis=0)
     # |disparity| > 0 and Var = S^2 / B: both stages reject nearly always (measured: 1.0).
@@ -552,6 +555,7 @@ def small_cell_rejections(
         (5, 50, 0.3, (0.35, 0.25), False),  # common disparity 0.1: stage 1's H0 only
     ],
 )
+@pytest.mark.slow
 def test_calibrated_mode_holds_type_one_error_with_small_cells(
     k: int, n: int, minority: float, rates: tuple[float, float], h0_stage2: bool
 ) -> None:

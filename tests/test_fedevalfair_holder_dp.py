@@ -483,6 +483,7 @@ def fair_federation(
     )
 
 
+@pytest.mark.slow
 def test_the_tests_hold_their_level_under_the_noise() -> None:
     """2000 federations of 200 fair holders (:func:`fair_federation`), Gaussian noise of the
     calibrated sigma on their DP sums and the server's tests: stage 2 (the noise's variance
@@ -770,6 +771,7 @@ def test_a_holder_that_can_compute_no_metric_takes_part_with_weight_zero(
         assert np.array_equal(dp_sums(state.statistics), np.zeros((len(DP_BLOCKS), 3)))
 
 
+@pytest.mark.slow
 def test_differencing_two_runs_no_longer_yields_a_holders_sums(
     holders: Holders, tmp_path: Path
 ) -> None:

@@ -253,6 +253,7 @@ def null_holder(
 
 
 @pytest.mark.parametrize("metric", ["precision", "fpr"])
+@pytest.mark.slow
 def test_calibrated_stage2_holds_its_level(metric: str) -> None:
     """H0 true (the success is independent of the group among the metric's rows, group 1 ignored
     at another rate): stage 2's two-sided test at alpha = 0.05 over 10 holders, comparison

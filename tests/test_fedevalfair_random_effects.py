@@ -235,6 +235,7 @@ def test_random_effects_mean_is_unbiased_and_wider_than_the_common_one() -> None
     assert (stderr >= 1.0 / math.sqrt(np.sum(1.0 / variances)) * (1 - 1e-12)).all()
 
 
+@pytest.mark.slow
 def test_pooled_disparity_is_unbiased_and_its_interval_covers() -> None:
     """Holders with fixed group sizes and their own rates: the pooled disparity is unbiased
     for the row-weighted rate difference (mean within 4 Monte Carlo standard errors), and

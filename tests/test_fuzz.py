@@ -224,6 +224,7 @@ def test_an_fpfl_node_refuses_or_sends_only_a_masked_sum_for_any_round_message(
 
 @FUZZ
 @given(data=st.data())
+@pytest.mark.slow
 def test_an_fpfl_node_refuses_any_reveal_it_should_not_give(data: st.DataObject) -> None:
     nodes = pinned_nodes()
     replies = nodes.round(1, nodes=[3, 4, 5])

@@ -137,6 +137,7 @@ def fixed_population(cells_by_group: list[list[int]]) -> tuple[np.ndarray, np.nd
     ],
     ids=["moderate", "near-zero-rate"],
 )
+@pytest.mark.slow
 def test_intervals_cover_the_true_rates_differences_and_ratios(cells_by_group) -> None:
     users, truth_counts = fixed_population(cells_by_group)
     truth = group_rates(truth_counts, num_groups=2)

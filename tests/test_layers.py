@@ -729,6 +729,7 @@ print(len(failures), failures[:1])
 """
 
 
+@pytest.mark.slow
 def test_the_server_and_client_apps_import_concurrently_without_deadlock() -> None:
     # What Flower's simulation does (the ServerApp in a thread, the ClientApp in the main
     # thread). Before the lazy __init__s, 4 of 50 such imports deadlocked here; 100 clean ones

@@ -118,6 +118,7 @@ def _run(command: str, env: dict[str, str]) -> str:
     return output
 
 
+@pytest.mark.slow
 def test_the_readme_then_the_fedevalfair_guide_then_the_pipeline_guide(
     newcomer: dict[str, str],
 ) -> None:

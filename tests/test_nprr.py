@@ -328,6 +328,7 @@ def test_the_planned_variance_is_the_monte_carlo_one() -> None:
     assert split.variance_factor - cases[1][1] == pytest.approx(slack, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_the_planners_tie_goes_to_m_r_and_m_ns_grid_is_in_every_plan() -> None:
     """Where M_N's best grid is G = 1 it is M_R (the same budget): the planner keeps M_R; where
     a finer grid wins, the plans say which grid (M_N's epsilon depends on it)."""

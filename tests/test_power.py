@@ -349,6 +349,7 @@ def fedevalfair_rejections(
         ([100] * 10, 0.06, 0.19, (0.86, 0.14)),  # Adult-like small cells
     ],
 )
+@pytest.mark.slow
 def test_fedevalfair_power_matches_simulation(
     rows: list[int], disparity: float, positive_rate: float, fractions: tuple[float, float]
 ) -> None:

@@ -55,6 +55,7 @@ class Population:
 # ---- the confidence sequence of one mean ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_beta_mixture_sequence_covers_a_bounded_mean_at_every_time() -> None:
     # [0, 1]-valued observations (not Bernoulli: uniform on {0, 0.5, 1} shifted) with mean 0.3;
     # a miss is the sequence excluding 0.3 at any of the 2000 times.
@@ -92,6 +93,7 @@ def test_the_beta_mixture_sequence_shrinks_and_keeps_its_ends_in_the_unit_interv
     ],
     ids=["d=2", "d=5"],
 )
+@pytest.mark.slow
 def test_the_confidence_sequence_covers_at_every_batch_over_many_runs(
     shares: np.ndarray, means: np.ndarray, runs: int
 ) -> None:
@@ -119,6 +121,7 @@ def test_the_confidence_sequence_covers_at_every_batch_over_many_runs(
     assert missed / runs <= 1 - level + binomial_tolerance(1 - level, runs)
 
 
+@pytest.mark.slow
 def test_with_the_undefined_category_the_sequences_cover_the_defined_users_means() -> None:
     """TPR-like metrics: a quarter of the users report the undefined category (value 0, i.e.
     m = 1/2, far from the groups' means); the groups' sequences cover the means over their

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def _mypy(cache: Path, *targets: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_library_type_checks(tmp_path: Path) -> None:
     result = _mypy(tmp_path / "mypy-cache")
     errors = "\n".join(
@@ -39,6 +42,7 @@ def test_library_type_checks(tmp_path: Path) -> None:
     assert "Success: no issues found" in result.stdout, result.stdout
 
 
+@pytest.mark.slow
 def test_lane_fails_on_a_type_error(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
