@@ -70,6 +70,7 @@ __all__ = [
     "clip_statistics",
     "constraint_mask",
     "get_flat_parameters",
+    "init_uniform",
     "logit_model",
     "num_parameters",
     "output_activation",
@@ -119,7 +120,7 @@ def uninitialized(module_cls: type[ModuleT], *args: Any, **kwargs: Any) -> Modul
     return module
 
 
-def _init_uniform(layers: Sequence[nn.Module], seed: int) -> None:
+def init_uniform(layers: Sequence[nn.Module], seed: int) -> None:
     """PyTorch's default ``Linear``/``Conv2d`` init, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
     from a seeded ``torch.Generator`` (the global RNG is neither used nor touched)."""
     generator = torch.Generator().manual_seed(seed)
@@ -154,7 +155,7 @@ def build_mlp(
         layers += [uninitialized(nn.Linear, previous, width), nn.ReLU()]
         previous = width
     layers += _output_layers(previous, num_classes)
-    _init_uniform(layers, seed)
+    init_uniform(layers, seed)
     return nn.Sequential(*layers)
 
 
@@ -195,7 +196,7 @@ def build_cnn(
         nn.ReLU(),
         *_output_layers(100, num_classes),
     ]
-    _init_uniform(layers, seed)
+    init_uniform(layers, seed)
     return nn.Sequential(*layers)
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ...mechanisms.ldp.metrics import METRIC_NAMES, UserRates, user_rates
 from ...mechanisms.validation import check_int
-from ..fpfl_task import uninitialized
+from ..fpfl_task import init_uniform, uninitialized
 from ..shards import UserShard
 
 __all__ = [
@@ -56,13 +56,7 @@ def build_model(num_features: int, hidden: int = 0, *, seed: int = 0) -> nn.Modu
             nn.ReLU(),
             uninitialized(nn.Linear, hidden, 1),
         ]
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in layers:
-            if isinstance(layer, nn.Linear):
-                bound = 1.0 / math.sqrt(layer.in_features)
-                nn.init.uniform_(layer.weight, -bound, bound, generator=generator)
-                nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+    init_uniform(layers, seed)
     return nn.Sequential(*layers)
 
 
