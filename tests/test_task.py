@@ -68,6 +68,21 @@ def test_build_model_outputs_one_logit_deterministically(hidden: int) -> None:
     assert len(get_arrays(model)) == (2 if hidden == 0 else 4)
 
 
+@pytest.mark.parametrize("hidden", [0, 7])
+def test_build_model_draws_uniform_fan_in_weights_in_layer_order(hidden: int) -> None:
+    """PyTorch's ``Linear`` default, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, each layer's weight
+    then bias, from one generator seeded with ``seed``."""
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(1, 9), (1,)] if hidden == 0 else [(hidden, 9), (hidden,), (1, hidden), (1,)]
+    expected = []
+    for index, shape in enumerate(shapes):
+        fan_in = shapes[index - index % 2][1]
+        bound = 1.0 / math.sqrt(fan_in)
+        expected.append(torch.empty(shape).uniform_(-bound, bound, generator=generator).numpy())
+    for got, want in zip(get_arrays(build_model(9, hidden, seed=3)), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize(
     ("module_cls", "args", "kwargs"),
     [
