@@ -430,14 +430,14 @@ def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], M
 def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     """Bootstrap the run's fef-metrics on the holder's test set (seeded, so the simulation
     harness recomputes the same statistics); reply with one ciphertext signed with the node's
-    identity key. In the holder-level DP mode (``fef-dp-epsilon``) the node's policy is
-    checked before the data is read, the test rows' users are kept for the charge at the
+    identity key. The run's mode is checked against the node's policy before the data is read
+    (the holder-level DP mode's epsilon and delta, or ``fef-require-dp`` for a run without it).
+    In the DP mode (``fef-dp-epsilon``) the test rows' users are kept for the charge at the
     commitment, and a holder that can compute no metric takes part with weight 0 instead of
     refusing."""
     holder_identity(context)
     dp = config.fef_holder_dp
-    if dp is not None:
-        node_policy(context.node_config).check_fef_dp(dp.epsilon, dp.delta)
+    node_policy(context.node_config).check_fef_mode(dp)
     secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)

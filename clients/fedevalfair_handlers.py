@@ -531,11 +531,11 @@ class FedEvalFairHolder:
 
     def dp_limits(self, context: Context) -> NodePrivacyPolicy:
         """The node's policy, after refusing (fixed sentences) a holder-level DP mode whose
-        epsilon or delta it does not allow -- decided from the run's parameters and the policy
-        alone, before any data is read."""
+        epsilon or delta it does not allow, or a run without the mode when it has
+        ``fef-require-dp`` -- decided from the run's parameters and the policy alone, before
+        any data is read."""
         limits = self.limits(context)
-        if self.dp is not None:
-            limits.check_fef_dp(self.dp.epsilon, self.dp.delta)
+        limits.check_fef_mode(self.dp)
         return limits
 
     def terms(self) -> bytes:
@@ -646,8 +646,7 @@ class FedEvalFairHolder:
         mode the policy is checked first (before the rows are read), and a holder that can
         compute no metric takes part with weight 0 instead of refusing."""
         self._identity(context)
-        if self.dp is not None:
-            self.dp_limits(context)  # refused before any row is read
+        self.dp_limits(context)  # refused before any row is read
         key = self.secret(context)
         if self.holder_rows is None:
             raise NodeRefusal("this holder computes its round-1 statistics itself")

@@ -72,6 +72,9 @@ key                            default     meaning
 ``fef-dp-max-epsilon``         8.0         largest epsilon of a FedEvalFair release in the
                                            holder-level DP mode (its delta must be below
                                            ``user-delta``); each user is charged it
+``fef-require-dp``             false       FedEvalFair only in the holder-level DP mode: a
+                                           run without it is refused (round 1 before any
+                                           data is read; the key holder releases nothing)
 ``allowed-apps``               (none)      SHA-256 hashes of the app bundles (FABs) this
                                            node's gated ClientApp process may run
 =============================  ==========  ===============================================
@@ -88,9 +91,12 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..mechanisms.validation import parse_int
+
+if TYPE_CHECKING:  # the policy module imports no CKKS code
+    from ..mechanisms.crypto.ckks.holder_dp import HolderDP
 
 __all__ = [
     "DEPRECATED_KEYS",
@@ -176,6 +182,7 @@ class NodePrivacyPolicy:
     max_resamples: int = field(default=10_000, metadata=_number(1, integer=True))
     fef_max_releases_per_key: int = field(default=200, metadata=_number(1, integer=True))
     fef_dp_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
+    fef_require_dp: bool = field(default=False, metadata=_BOOLEAN)
     allowed_apps: tuple[str, ...] = field(default=(), metadata=_HASHES)
     #: Where the policy came from (reported in the node's logs; not a policy key).
     source: str = field(default="built-in defaults", compare=False)
@@ -343,6 +350,17 @@ class NodePrivacyPolicy:
         before any data is read: overflowing weights would make a reply depend on the data)."""
         if not largest_magnitude <= self.fpfl_max_weight:
             raise PolicyRefusal("the round's model weights are above fpfl-max-weight")
+
+    def check_fef_mode(self, dp: HolderDP | None) -> None:
+        """Refuse a FedEvalFair run outside the holder-level DP mode (``dp`` None) when
+        ``fef-require-dp`` is set, and one in the mode that :meth:`check_fef_dp` refuses."""
+        if dp is None:
+            if self.fef_require_dp:
+                raise PolicyRefusal(
+                    "fef-require-dp forbids a FedEvalFair release without holder-level DP"
+                )
+            return
+        self.check_fef_dp(dp.epsilon, dp.delta)
 
     def check_fef_dp(self, epsilon: float, delta: float) -> None:
         """Refuse a FedEvalFair release in the holder-level DP mode whose epsilon is above

@@ -719,6 +719,100 @@ def test_the_policy_refuses_an_epsilon_above_its_cap_before_any_data_is_read(
     assert not isinstance(error.value, PolicyRefusal)
 
 
+REQUIRE_DP = NodePrivacyPolicy(fef_require_dp=True)
+
+
+def test_a_node_that_requires_the_dp_mode_refuses_a_run_without_it(
+    holders: Holders, tmp_path: Path
+) -> None:
+    """The attack: the server runs FedEvalFair without the holder-level DP mode, so the key
+    holders release the holders' exact sums. Against holders whose policy has no
+    ``fef-require-dp`` it succeeds (a release). Holders that set it refuse round 1 with a fixed
+    sentence before their rows are read, and nothing is released; the same holders take part in
+    a run in the DP mode. A key holder that set it releases nothing of a run without the mode
+    (its policy tightened after round 2)."""
+    baseline, _ = run(holders, [1, 2, 3], 81, tmp_path / "baseline", dp=None)
+    assert len(baseline.released) > 0  # the attack, without the defence
+
+    reads: list[int] = []
+
+    def counted_rows(arrays: ArrayRecord, context: Context) -> HolderRows:
+        reads.append(context.node_id)
+        return rows_of(arrays, context)
+
+    grid = holder_grid(holders, 82, tmp_path / "refused", None)
+    grid.handlers = {
+        node: holder_handlers(holders, None, REQUIRE_DP, rows=counted_rows)
+        for node in grid.handlers
+    }
+    outcome = protocol_of(holders, None).start(grid, ArrayRecord(), [1, 2, 3])  # type: ignore[arg-type]
+    assert outcome.released == () and grid.releases == {} and reads == []
+    reasons = {item.node_id: item.reason for _, item in outcome.rejected}
+    assert sorted(reasons) == [1, 2, 3]
+    assert all("fef-require-dp forbids" in reason for reason in reasons.values()), reasons
+
+    grid = holder_grid(
+        holders, 83, tmp_path / "dp", DP, policy=dict.fromkeys((1, 2, 3), REQUIRE_DP)
+    )
+    assert len(protocol_of(holders, DP).start(grid, ArrayRecord(), [1, 2, 3]).released) > 0  # type: ignore[arg-type]
+
+    grid = holder_grid(holders, 84, tmp_path / "key-holder", None)
+    protocol = protocol_of(holders, None)
+    first, second = through_round2(grid, protocol, [1, 2, 3])
+    content = protocol.commit_content(first.entries, second.entries)
+    commitments = raw_commitments(grid.exchange("fef_commit", [1, 2, 3], content))
+    round3 = protocol.round3_content(first.entries, second.entries, commitments)
+    grid.handlers[1] = holder_handlers(holders, None, REQUIRE_DP)
+    [refused] = grid.exchange("fef_round3", [1], round3)
+    assert refused.has_error() and "fef-require-dp forbids" in refused.error.reason
+    assert grid.releases == {}
+    [released] = grid.exchange("fef_round3", [2], round3)  # a holder without the key releases
+    assert not released.has_error() and list(grid.releases) == [2]
+
+
+def test_the_project_app_refuses_a_run_without_the_dp_mode_before_opening_its_data(
+    holders: Holders, tmp_path: Path
+) -> None:
+    """The project's ClientApp: node config ``fef-require-dp = true`` and a run without
+    ``fef-dp-epsilon`` is refused before the holder's data file is opened; without the key the
+    same node goes on to open it. The key is read from files and node config like every policy
+    key, and is off by default (also in simulation)."""
+    from fedparity.clients.app import fef_round1
+    from fedparity.clients.project.config import RunConfig
+    from fedparity.mechanisms.crypto.ckks import NODE_CONFIG_KEY
+
+    message = Message(
+        protocol_of(holders, None).round1_content(ArrayRecord()),
+        dst_node_id=1,
+        message_type="query.fef_round1",
+    )
+    config = RunConfig.from_mapping({"task": "fedevalfair"})
+    missing = tmp_path / "no-such-data.csv"  # opening it would fail
+    node_config = {
+        **holders.node_config(0, tmp_path),
+        NODE_CONFIG_KEY: str(holders.keys.secret),
+        "data-file": str(missing),
+        "num-groups": 2,
+        "partition-id": 0,
+        "num-partitions": 3,
+    }
+    with pytest.raises(PolicyRefusal, match="fef-require-dp forbids"):
+        fef_round1(
+            message,
+            Context(1, 1, {**node_config, "fef-require-dp": True}, RecordDict(), {}),
+            config,
+        )
+    with pytest.raises(Exception, match="no-such-data") as error:
+        fef_round1(message, Context(1, 1, node_config, RecordDict(), {}), config)
+    assert not isinstance(error.value, PolicyRefusal)
+
+    assert not NodePrivacyPolicy().fef_require_dp
+    assert not NodePrivacyPolicy.simulation().fef_require_dp
+    assert NodePrivacyPolicy.from_mapping({"fef-require-dp": "true"}, source="t").fef_require_dp
+    with pytest.raises(ValueError, match="fef-require-dp"):
+        NodePrivacyPolicy.from_mapping({"fef-require-dp": "sometimes"}, source="t")
+
+
 def test_holders_given_other_dp_parameters_never_let_a_key_holder_release(
     holders: Holders, tmp_path: Path
 ) -> None:
