@@ -271,7 +271,7 @@ def measure_handlers(k: int, seed: int, secret_path: Path, public: Any) -> dict[
     commit_replies = [ask("fef_commit", FEF_COMMIT_MESSAGE_TYPE, n, commit) for n in nodes]
     seconds["holders commit"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    commitments, _ = protocol.collect_commitments(
+    commitments, _, _ = protocol.collect_commitments(
         commit_replies, first.entries, second.entries, list(second.accepted), run_id=run_id
     )
     holders = sorted(second.accepted)[:KEY_HOLDERS]

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 
 from ..mechanisms.crypto.ckks import (
@@ -101,6 +101,7 @@ from ..mechanisms.protocol import (
     DEFAULT_LAYOUT,
     FEF_IDENTITY_REFUSAL,
     FEF_KEY,
+    METRICS_KEY,
     UNABLE_REPLY,
     FedEvalFairLayout,
     MessageError,
@@ -131,6 +132,7 @@ from .fedevalfair import (
 from .identity import NodeIdentity, node_identity
 from .ledger import (
     default_ledger_path,
+    ledger_totals,
     node_ledger_dir,
     node_ledger_registry,
     open_node_ledger,
@@ -545,18 +547,22 @@ class FedEvalFairHolder:
 
     def charge(
         self, context: Context, limits: NodePrivacyPolicy, state: HolderState, session: str
-    ) -> None:
+    ) -> dict[str, float]:
         """The DP mode, before a commitment: charge the release's (epsilon, delta) to every
         user of this holder (by id) in the node's privacy ledger -- the one its LDP audits and
         FPFL trainings charge -- saved before the commitment is signed. Holder-level DP is
         user-level DP for each of its users (a user's data is part of one holder's). Refuses
-        with fixed sentences when a user cannot afford it or the ledger cannot be used."""
+        with fixed sentences when a user cannot afford it or the ledger cannot be used.
+
+        Returns the ledger's totals for the commitment reply (:func:`ledger_totals`, as an LDP
+        audit's reply carries them), or nothing for a holder with fewer users than its
+        policy's ``min-users-for-counts``."""
         assert self.dp is not None
         if state.user_ids is None:
             raise NodeRefusal(DP_NEEDS_USER_IDS)
         ids = np.asarray(state.user_ids, dtype=np.int64)
         if ids.size == 0:
-            return  # no user, nothing to charge
+            return {}  # no user, nothing to charge
         path = (self.ledger_path or default_ledger_path)(context)
         if path is None and not limits.allow_ephemeral_ledger:
             raise PolicyRefusal(
@@ -579,6 +585,9 @@ class FedEvalFairHolder:
             log(logging.WARNING, "FedEvalFair: %s", error)
             raise NodeRefusal(DP_LEDGER_REFUSAL) from None
         save_node_ledger(context, path, ledger)
+        if ids.size < limits.min_users_for_counts:
+            return {}  # a small holder sends no totals in clear
+        return ledger_totals(ledger, path)
 
     def secret_path(self, context: Context) -> str:
         path = self.secret_context
@@ -749,7 +758,8 @@ class FedEvalFairHolder:
         holder's own round-2 ciphertext among them) and sign one commitment to them -- the
         only one of the run, kept in the node's state and its key journal. In the DP mode the
         commitment binds the DP parameters, and the first commitment of the run charges the
-        release to every user of the holder before it is signed (:meth:`charge`)."""
+        release to every user of the holder before it is signed (:meth:`charge`); that reply
+        carries the ledger's totals after the charge, in its metrics."""
         own, roster = self._identity(context)
         session, run_id = _session(msg, context, self.sessions)
         request = CommitRequest.from_fields(_fields(msg))
@@ -768,14 +778,18 @@ class FedEvalFairHolder:
         state.check_commitment(digest)
         journal, path = self._journal(context, limits)
         journal.check_commit(run_id, digest)
+        totals: dict[str, float] = {}
         if self.dp is not None and run_id not in journal.commitments:
-            self.charge(context, limits, state, session)  # saved before the commitment
+            totals = self.charge(context, limits, state, session)  # saved before the commitment
         journal.commit(run_id, digest)
         self._save_journal(context, journal, path)  # before the signature leaves the node
         state.commitment = digest
         state.save(context.state, session)
         signature = own.sign(commitment_transcript(run_id, first, second, terms))
-        return _reply(msg, CommitReply(own.public_bytes(), signature).to_fields())
+        reply = _reply(msg, CommitReply(own.public_bytes(), signature).to_fields())
+        if totals:  # the ledger's totals after this release's charge, as an audit reports them
+            reply.content.metric_records[METRICS_KEY] = MetricRecord(totals)
+        return reply
 
     def round3(self, msg: Message, context: Context) -> Message:
         """Key holder: verify both signed ciphertext sets and every round-2 holder's

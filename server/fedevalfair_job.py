@@ -44,6 +44,7 @@ from ..strategies.release_series import (
     Release,
     SeriesObserver,
 )
+from ..strategies.replies import NodeLedgerReports, ledger_fields
 from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
 from .html_report import write_report
 from .orchestration import (
@@ -58,6 +59,7 @@ from .progress import Progress
 from .report import (
     PLOT_NEEDS_MATPLOTLIB,
     fedevalfair_findings,
+    fedevalfair_ledger_text,
     fedevalfair_report,
     fedevalfair_warnings,
     load_pyplot,
@@ -249,15 +251,19 @@ def fedevalfair_protocol(
     )
 
 
-def fedevalfair_privacy(config: RunConfig) -> dict[str, object]:
+def fedevalfair_privacy(
+    config: RunConfig, outcome: FedEvalFairOutcome | None = None
+) -> dict[str, object]:
     """What a FedEvalFair run spends of the users' privacy ledgers, for results.json.
 
     Off (``fef-dp-epsilon = ""``): nothing. Its releases are aggregate statistics over at
     least the holders' min-holders, rounded and noise-flooded against key recovery
     (docs/threat-model.md), not differentially private, so no (epsilon, delta) is charged and
     the nodes report no totals. On: the release is (epsilon, delta)-DP under replace one
-    holder (so one user), each released sum carries Gaussian noise of ``noise_std``, and every
-    round-2 holder charged (epsilon, delta) to each of its users before it committed."""
+    holder (so one user), each released sum carries Gaussian noise of ``noise_std``, every
+    round-2 holder charged (epsilon, delta) to each of its users before it committed, and the
+    totals its ledger reported with its commitment are ``outcome``'s (none from holders below
+    their ``min-users-for-counts``)."""
     dp = config.fef_holder_dp
     if dp is None:
         return {
@@ -265,11 +271,12 @@ def fedevalfair_privacy(config: RunConfig) -> dict[str, object]:
             "charged_to_ledgers": False,
             "ledger_totals_reported_by_nodes": None,
         }
+    ledgers = NodeLedgerReports() if outcome is None else outcome.ledger_reports
     return {
         "differentially_private": True,
         "charged_to_ledgers": True,
         "charged_by": "every round-2 holder, to each of its users, before it committed",
-        "ledger_totals_reported_by_nodes": None,
+        **ledger_fields(ledgers.merged(), ledgers),
         **dp.to_dict(),
     }
 
@@ -300,6 +307,8 @@ def _report_test(
         log(logging.INFO, "%s", finding.plain())
     for warning in fedevalfair_warnings(written):
         log(logging.WARNING, "%s", warning)
+    if config.fef_holder_dp is not None:
+        log(logging.INFO, "%s", fedevalfair_ledger_text(written.privacy or {}))
     table = fedevalfair_table(outcome, config.fef_mode)
     for line in ("", title, *table.splitlines(), ""):
         log(logging.INFO, "%s", line)
@@ -388,7 +397,7 @@ def run_fedevalfair(grid: Grid, config: RunConfig, record: RunRecord | None = No
         harness_plaintext=None if truth is None else truth.to_dict(),
         max_abs_pvalue_difference_vs_plaintext=difference,
         server_context_has_secret_key=context_has_secret_key(protocol.public_context),
-        privacy=fedevalfair_privacy(config),
+        privacy=fedevalfair_privacy(config, outcome),
         elapsed_seconds=time.perf_counter() - started,
     )
     _report_test(config, output_dir, results, outcome, truth)

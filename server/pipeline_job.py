@@ -25,7 +25,10 @@ The users are those of the LDP audit (:func:`~fedparity.clients.project.data.loa
 group per user, ``train`` and ``test`` rows). The trainings use their ``train`` rows and the audit
 and the test their ``test`` rows, so one per-user ledger covers every DP release. FedEvalFair's
 releases are aggregates over at least the holders' ``min-holders`` and noise-flooded against key
-recovery, but not differentially private: they are not in the ledger (said in the report).
+recovery, but not differentially private unless the run sets ``fef-dp-epsilon`` (the
+holder-level DP mode: each of the two tests is then charged to every user of every round-2
+holder, in the same ledger, and the holders report their totals after it); the report says
+which.
 
 References: Borja Rodriguez-Galvez, Filip Granqvist, Rogier van Dalen and Matt Seigel,
 "Enforcing fairness in private federated learning via the modified method of differential
@@ -68,7 +71,12 @@ from ..strategies.release_series import (
     LdpAuditSeries,
 )
 from ..strategies.replies import NodeLedgerReports
-from .fedevalfair_job import ExchangeProgress, fedevalfair_protocol, server_public_context
+from .fedevalfair_job import (
+    ExchangeProgress,
+    fedevalfair_privacy,
+    fedevalfair_protocol,
+    server_public_context,
+)
 from .fpfl_job import FPFLRun, train_fpfl
 from .harness import HARNESS_LABEL, GroundTruth, ground_truth
 from .html_report import write_report
@@ -452,6 +460,7 @@ def _pipeline_results(
                 "error": tests[session].error,
                 "holders": num_nodes,
                 "tests": _blocks(tests[session], config.fef_mode),
+                "privacy": fedevalfair_privacy(config),
             },
         )
     return PipelineResults(
@@ -472,16 +481,44 @@ def _pipeline_results(
             config.mechanism,
             {session: model_label(config, session) for session in PIPELINE_SESSIONS},
         ),
-        privacy=_pipeline_privacy(config, trainings, audits),
+        privacy=_pipeline_privacy(config, trainings, audits, tests),
     )
 
 
+def _fedevalfair_step(config: RunConfig, session: str) -> dict[str, Any]:
+    """The privacy row of one FedEvalFair test: the charged (epsilon, delta) in the
+    holder-level DP mode (``fef-dp-epsilon``), else not differentially private."""
+    step = f"FedEvalFair test of {model_label(config, session)}"
+    dp = config.fef_holder_dp
+    if dp is None:
+        return {
+            "step": step,
+            "epsilon": None,
+            "delta": None,
+            "how": "not differentially private: aggregates over at least the holders' "
+            "min-holders, noise-flooded; not in the ledger",
+        }
+    return {
+        "step": step,
+        "epsilon": dp.epsilon,
+        "delta": dp.delta,
+        "how": "holder-level DP (analytic Gaussian noise of std "
+        f"{dp.noise_std:.3g} on each released sum), charged by every round-2 holder to each "
+        "of its users before it committed",
+    }
+
+
 def _pipeline_privacy(
-    config: RunConfig, trainings: dict[str, FPFLRun], audits: dict[str, list[AuditOutcome]]
+    config: RunConfig,
+    trainings: dict[str, FPFLRun],
+    audits: dict[str, list[AuditOutcome]],
+    tests: dict[str, FedEvalFairOutcome],
 ) -> PipelinePrivacy:
     """Each step's (epsilon, delta) per user, and what the nodes' ledgers reported."""
     ledgers = NodeLedgerReports()
-    for session in PIPELINE_SESSIONS:  # the steps in order: a node's latest totals are kept
+    # the steps in the order they ran (both trainings, both models' audits, both tests): a
+    # node's latest totals are kept
+    for session in PIPELINE_SESSIONS:
         privacy = trainings[session].results.privacy
         if privacy is not None:
             ledgers.update(
@@ -489,8 +526,12 @@ def _pipeline_privacy(
                     privacy.ledger_totals_by_node, privacy.new_ledger_nodes
                 )
             )
+    for session in PIPELINE_SESSIONS:
         for outcome in audits.get(session, []):
             ledgers.update(outcome.ledger_reports)
+    for session in PIPELINE_SESSIONS:  # the DP mode's commitments report totals
+        if session in tests:
+            ledgers.update(tests[session].ledger_reports)
     ledger_totals = ledgers.merged()
     return PipelinePrivacy(
         per_user_steps=[
@@ -512,16 +553,7 @@ def _pipeline_privacy(
             for session in PIPELINE_SESSIONS
             for budget, outcome in zip(config.epsilons, audits[session], strict=True)
         ]
-        + [
-            {
-                "step": f"FedEvalFair test of {model_label(config, session)}",
-                "epsilon": None,
-                "delta": None,
-                "how": "not differentially private: aggregates over at least the holders' "
-                "min-holders, noise-flooded; not in the ledger",
-            }
-            for session in PIPELINE_SESSIONS
-        ],
+        + [_fedevalfair_step(config, session) for session in PIPELINE_SESSIONS],
         # Every release the nodes' per-user ledgers recorded (both trainings and every
         # audit, and earlier runs with a persistent ledger-dir): PLD at the users' delta,
         # basic composition beside it, under replace-one-user.

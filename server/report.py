@@ -768,6 +768,18 @@ def fedevalfair_report(
     )
 
 
+def fedevalfair_ledger_text(privacy: Mapping[str, Any]) -> str:
+    """:func:`ledger_totals_text` of a FedEvalFair results' ``privacy`` in the holder-level DP
+    mode: the totals the round-2 holders reported with their commitments, after the charge."""
+    return ledger_totals_text(
+        privacy.get("ledger_totals_reported_by_nodes"),
+        privacy.get("ledger_totals_by_node"),
+        privacy.get("new_ledger_nodes"),
+        why_missing="holders with fewer users than their min-users-for-counts send no totals, "
+        "and results written before the holders reported them have none",
+    )
+
+
 def _fedevalfair_privacy_blocks(results: FedEvalFairResults) -> list[Any]:
     """The report's privacy section: whether the release is differentially private, and
     its parameters."""
@@ -796,7 +808,10 @@ def _fedevalfair_privacy_blocks(results: FedEvalFairResults) -> list[Any]:
             "key holders release the same values; a repeated request cannot be averaged), and "
             "every round-2 holder charged the release to each of its users' privacy ledgers "
             "before it committed. Differencing two runs gives a holder's sums plus the "
-            "difference of two independent noises. " + holder_dp_line(holder_dp) + "."
+            "difference of two independent noises. "
+            + holder_dp_line(holder_dp)
+            + ". "
+            + fedevalfair_ledger_text(results.privacy or {})
         )
         rows += [
             ["epsilon (replace one holder)", holder_dp["epsilon"]],

@@ -89,6 +89,7 @@ from ..mechanisms.protocol import (
     FEF_ENDORSE_MESSAGE_TYPE,
     FEF_KEY,
     FEF_ROUND_MESSAGE_TYPES,
+    METRICS_KEY,
     RELEASE_WIDTH,
     UNABLE_MARKER,
     FedEvalFairBlock,
@@ -102,7 +103,13 @@ from ..mechanisms.protocol.fedevalfair import (
     Round2Request,
     Round3Request,
 )
-from .replies import RejectedReply, send_and_receive, session_records, short_reason
+from .replies import (
+    NodeLedgerReports,
+    RejectedReply,
+    send_and_receive,
+    session_records,
+    short_reason,
+)
 
 #: Relative tolerance within which the key holders' releases must agree.
 AGREEMENT_TOLERANCE = 1e-6
@@ -176,6 +183,9 @@ class FedEvalFairOutcome:
     committers: tuple[int, ...] = field(default=())
     #: The holder-level DP mode's parameters and noise (``HolderDP.to_dict``), or None (off).
     holder_dp: dict[str, float | str] | None = None
+    #: What the committers reported of their per-user ledgers after the DP mode's charge
+    #: (nothing with the mode off, or from holders below their ``min-users-for-counts``).
+    ledger_reports: NodeLedgerReports = field(default_factory=NodeLedgerReports)
 
     @property
     def tests(self) -> tuple[BlockResult, ...]:
@@ -594,17 +604,19 @@ class FedEvalFairProtocol:
         senders: Sequence[int],
         *,
         run_id: int,
-    ) -> tuple[list[tuple[int, bytes, bytes]], list[RejectedReply]]:
+    ) -> tuple[list[tuple[int, bytes, bytes]], list[RejectedReply], NodeLedgerReports]:
         """The valid commitments to ``round1`` and ``round2`` as (node, signer, signature),
         in the order of ``senders`` (the round-2 participants, aligned with ``round2``): a
         reply counts only when its signer is the key the node signed its round-2 ciphertext
         with and the signature verifies for this run and these sets (the key holders check
-        it again against their rosters)."""
+        it again against their rosters). Also the ledger totals the committers reported (the
+        DP mode: after the release's charge); a malformed one rejects the reply."""
         expected = {node: entry.signer for node, entry in zip(senders, round2, strict=True)}
         terms = self.layout.terms() + (b"" if self.dp is None else self.dp.terms())
         message = commitment_transcript(run_id, set_digest(round1), set_digest(round2), terms)
         found: dict[int, tuple[bytes, bytes]] = {}
         rejected: list[RejectedReply] = []
+        ledgers = NodeLedgerReports()
         for reply in replies:
             node = int(reply.metadata.src_node_id)
             if node not in expected or node in found:
@@ -626,8 +638,15 @@ class FedEvalFairProtocol:
             ):
                 rejected.append(RejectedReply(node, "commitment does not verify"))
                 continue
+            try:
+                totals = NodeLedgerReports.read(reply.content.metric_records.get(METRICS_KEY, {}))
+            except ValueError as error:
+                rejected.append(RejectedReply(node, f"malformed ledger totals: {error}"))
+                continue
+            ledgers.record(node, *totals)
             found[node] = (commitment.signer, commitment.signature)
-        return [(node, *found[node]) for node in senders if node in found], rejected
+        committed = [(node, *found[node]) for node in senders if node in found]
+        return committed, rejected, ledgers
 
     @staticmethod
     def round3_content(
@@ -812,10 +831,11 @@ class FedEvalFairProtocol:
         log(logging.INFO, "[FedEvalFair commitment] %d node(s)", len(round2))
         content = self.commit_content(first.entries, second.entries)
         replies = self._send(grid, FEF_COMMIT_MESSAGE_TYPE, round2, content)
-        commitments, rejected = self.collect_commitments(
+        commitments, rejected, ledgers = self.collect_commitments(
             replies, first.entries, second.entries, round2, run_id=run_id
         )
         progress.rejected += [(2, item) for item in rejected]
+        progress.ledgers.update(ledgers)
         progress.committers.extend(node for node, _, _ in commitments)
         if len(commitments) != len(round2):
             missing = sorted(set(round2) - set(progress.committers))
@@ -893,6 +913,7 @@ class FedEvalFairProtocol:
             endorsers=tuple(progress.endorsers),
             committers=tuple(progress.committers),
             holder_dp=None if self.dp is None else self.dp.to_dict(),
+            ledger_reports=progress.ledgers,
         )
 
 
@@ -929,6 +950,8 @@ class _Progress:
     #: Round 1's nodes that could not take part.
     unable: list[RejectedReply] = field(default_factory=list)
     holders: list[int] = field(default_factory=list)
+    #: The ledger totals the committers reported (the DP mode).
+    ledgers: NodeLedgerReports = field(default_factory=NodeLedgerReports)
 
     def record_round(self, collection: RoundCollection, asked: Sequence[int]) -> None:
         """Bytes, ciphertexts per node, participants and the nodes that never answered, of a

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from scipy import stats
 
 from fedparity.clients import HolderRows, fedevalfair_handlers
@@ -82,6 +82,8 @@ from fedparity.mechanisms.protocol import (
     BLOCK_WIDTH,
     BLOCKS,
     FEF_KEY,
+    LEDGER_NEW_KEY,
+    METRICS_KEY,
     RELEASE_SIZE,
     RELEASE_WIDTH,
     ROUND1_SIZE,
@@ -631,6 +633,39 @@ def test_every_round2_holder_charges_its_users_before_it_commits(
     assert journal_path(tmp_path, 3) is None  # charged first, never committed
 
 
+def test_each_committer_reports_its_ledger_totals_and_a_malformed_report_is_rejected(
+    holders: Holders, tmp_path: Path
+) -> None:
+    """With its commitment every round-2 holder reports its ledger's totals after the charge
+    (as an LDP audit's reply does): the outcome keeps them per node. A holder whose totals are
+    malformed (here ``ledger-new`` without totals) has its commitment rejected and counted, and
+    the server withholds the result instead of crashing or trusting it."""
+    outcome, _ = run(holders, [1, 2, 3], 35, tmp_path / "honest")
+    reports = outcome.ledger_reports
+    assert sorted(reports.by_node) == [1, 2, 3] and reports.new_ledger_nodes == {1, 2, 3}
+    for node, totals in reports.by_node.items():
+        summary = ledger_of(tmp_path / "honest", node).summary()
+        assert totals.epsilon == pytest.approx(summary["max_epsilon"])
+        assert (totals.basic_epsilon, totals.basic_delta) == (DP.epsilon, DP.delta)
+    off, _ = run(holders, [1, 2, 3], 36, tmp_path / "off", dp=None)
+    assert off.ledger_reports.by_node == {}  # the mode off: nothing charged, nothing reported
+
+    grid = holder_grid(holders, 37, tmp_path / "malformed", DP)
+    honest_commit = grid.handlers[2]["fef_commit"]
+
+    def malformed(message: Message, context: Context) -> Message:
+        reply = honest_commit(message, context)
+        reply.content.metric_records[METRICS_KEY] = MetricRecord({LEDGER_NEW_KEY: 1.0})
+        return reply
+
+    grid.handlers[2] = {**grid.handlers[2], "fef_commit": malformed}
+    outcome = protocol_of(holders, DP).start(grid, ArrayRecord(), [1, 2, 3])  # type: ignore[arg-type]
+    assert outcome.released == () and "[2] did not commit" in (outcome.error or "")
+    [reason] = [item.reason for _, item in outcome.rejected if item.node_id == 2]
+    assert reason.startswith("malformed ledger totals: ledger-new without")
+    assert sorted(outcome.ledger_reports.by_node) == [1, 3]
+
+
 def test_a_repeated_commitment_request_is_signed_again_without_a_second_charge(
     holders: Holders, tmp_path: Path
 ) -> None:
@@ -990,8 +1025,14 @@ def test_the_project_app_runs_the_dp_mode_and_charges_each_nodes_ledger(
         assert (release.epsilon, release.delta) == (2.0, 1e-8)  # type: ignore[attr-defined]
         assert sorted(ledger.user_ids.tolist()) == sorted(shard.user_ids.tolist())  # type: ignore[union-attr]
 
-    privacy = fedevalfair_privacy(config)
+    privacy = fedevalfair_privacy(config, outcome)
     assert privacy["differentially_private"] and privacy["noise_std"] == dp.noise_std  # type: ignore[union-attr]
+    # each holder's ledger totals, after the charge, came back with its commitment: a new
+    # ledger holding this release alone (basic composition: 2 at 1e-8)
+    by_node = privacy["ledger_totals_by_node"]
+    assert sorted(by_node) == ["1", "2", "3"] and privacy["new_ledger_nodes"] == [1, 2, 3]  # type: ignore[index]
+    totals = privacy["ledger_totals_reported_by_nodes"]
+    assert (totals["basic_epsilon"], totals["basic_delta"]) == (2.0, 1e-8)  # type: ignore[index]
     results = {
         "run_config": {"fef_variant": "trained", "fef_alpha": 0.05, "fef_mu0": 0.0},
         "num_nodes": 3,
@@ -1006,6 +1047,7 @@ def test_the_project_app_runs_the_dp_mode_and_charges_each_nodes_ledger(
     assert f"{dp.noise_std:.4g}" in warning and "epsilon = 2" in warning
     page = render_report(fedevalfair_report(results, tmp_path, None))
     assert "differentially private at the holder level" in page and f"{dp.noise_std:.4g}" in page
+    assert "the same on each of the 3 nodes" in page and "New privacy ledger on node(s)" in page
 
 
 # --- with the mode off, bit for bit what the code before it gave ------------------------------
@@ -1316,7 +1358,10 @@ def test_with_the_mode_off_the_outputs_are_bit_for_bit_those_of_the_code_before_
         ({"fef-dp-delta": 1.0}, "fef-dp-delta must be in (0, 1)"),
         ({"fef-dp-max-weight": 0}, "fef-dp-max-weight must be in (0, inf)"),
         ({"fef-dp-epsilon": 1, "fef-mode": "paper"}, 'fef-mode must be "calibrated"'),
-        ({"fef-dp-epsilon": 1, "task": "ldp-audit"}, 'fef-dp-epsilon is for task = "fedevalfair"'),
+        (
+            {"fef-dp-epsilon": 1, "task": "ldp-audit"},
+            'fef-dp-epsilon is for task = "fedevalfair" or "pipeline"',
+        ),
     ],
 )
 def test_the_dp_keys_are_checked_before_any_work(mapping: dict, message: str) -> None:

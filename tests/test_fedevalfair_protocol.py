@@ -211,7 +211,7 @@ def test_three_rounds_match_the_plaintext_test(
     for reply in replies:
         assert list(reply.content.array_records[FEF_KEY]) == ["commitment", "signer"]
         assert not reply.content.metric_records and not reply.content.config_records
-    commitments, rejected = protocol.collect_commitments(
+    commitments, rejected, _ = protocol.collect_commitments(
         replies, first.entries, second.entries, nodes, run_id=RUN_ID
     )
     assert [node for node, _, _ in commitments] == nodes and not rejected

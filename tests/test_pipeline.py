@@ -368,6 +368,101 @@ def test_the_pipeline_runs_the_three_steps_in_one_simulation(tmp_path: Path) -> 
     ]
 
 
+def test_the_pipeline_keeps_each_nodes_totals_from_the_last_step_it_reported_in() -> None:
+    """The nodes' totals are merged in the order the steps ran: both trainings, both models'
+    audits, both tests. Node 2 missed the PFL audit, so its total is the one it reported after
+    the FPFL audit (which came after both trainings), not its PFL training's; node 3 reported
+    with its DP-mode commitment of the last test, which is its total."""
+    from types import SimpleNamespace
+
+    from fedparity.server.pipeline_job import _pipeline_privacy
+    from fedparity.strategies.replies import LedgerTotals, NodeLedgerReports
+
+    def totals(epsilon: float) -> LedgerTotals:
+        return LedgerTotals(epsilon, USER_DELTA, epsilon, 1e-3)
+
+    def reports(**by_node: float) -> NodeLedgerReports:
+        return NodeLedgerReports({int(node[1:]): totals(e) for node, e in by_node.items()})
+
+    def training(**by_node: float) -> SimpleNamespace:  # what a finished training reported
+        privacy = SimpleNamespace(
+            ledger_totals_by_node=reports(**by_node).by_node_dict(), new_ledger_nodes=[]
+        )
+        return SimpleNamespace(results=SimpleNamespace(privacy=privacy, epsilon=1.0, delta=1e-3))
+
+    def outcome(**by_node: float) -> SimpleNamespace:  # an audit's or a test's outcome
+        return SimpleNamespace(ledger_reports=reports(**by_node), estimate=None)
+
+    config = RunConfig.from_mapping({**SMALL_PIPELINE, "fef-dp-epsilon": 1.0})
+    privacy = _pipeline_privacy(
+        config,
+        {"fpfl": training(n1=1, n2=1, n3=1), "pfl": training(n1=2, n2=2, n3=2)},
+        {"fpfl": [outcome(n1=3, n2=3, n3=3)], "pfl": [outcome(n1=4, n3=4)]},
+        {"fpfl": outcome(), "pfl": outcome(n3=6)},  # type: ignore[dict-item]
+    )
+    spent = {node: t["epsilon"] for node, t in privacy.ledger_totals_by_node.items()}  # type: ignore[union-attr]
+    assert spent == {"1": 4, "2": 3, "3": 6}
+    assert privacy.ledger_totals_reported_by_nodes["epsilon"] == 6  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_the_pipeline_tests_both_models_in_the_holder_level_dp_mode(tmp_path: Path) -> None:
+    """fef-dp-epsilon in a pipeline: both FedEvalFair tests are released with the DP mode's
+    noise and charged, each, to every user by its holder in the ledger of the trainings and the
+    audits; the holders report their totals after the charge, so the pipeline's totals hold
+    all six releases (basic composition exactly; the PLD total above that of the trainings and
+    audits alone). The privacy table and each model's FedEvalFair section say so, and the
+    report matches results.json. With 3 holders the noise (std 14.4 at epsilon 1) often swamps
+    the sum of weights (at most 3): such a test is reported unavailable with that reason, never
+    as a verdict."""
+    keys = fedevalfair_simulation_keys(tmp_path / "keys", 3)
+    output = tmp_path / "run"
+    results = run_simulation_job(
+        {
+            **SMALL_PIPELINE,
+            "fef-dp-epsilon": 1.0,
+            "fef-dp-delta": 1e-8,
+            "fef-public-context": str(keys.public_context),
+            "output-dir": str(output),
+        },
+        num_supernodes=3,
+        environment=keys.environment,
+    )
+    for session in ("fpfl", "pfl"):
+        fedevalfair = results["models"][session]["fedevalfair"]
+        assert fedevalfair["error"] is None
+        for test in fedevalfair["tests"]:
+            assert test["report"] is not None or "DP noise swamps" in test["unavailable"], test
+        privacy = fedevalfair["privacy"]
+        assert privacy["differentially_private"] and privacy["charged_to_ledgers"]
+        assert (privacy["epsilon"], privacy["delta"]) == (1.0, 1e-8)
+    steps = [s for s in results["privacy"]["per_user_steps"] if "FedEvalFair" in s["step"]]
+    assert [(s["epsilon"], s["delta"]) for s in steps] == [(1.0, 1e-8), (1.0, 1e-8)]
+    assert all("holder-level DP" in s["how"] for s in steps)
+    training = SubsampledGaussianRelease(
+        noise_multiplier=results["models"]["fpfl"]["training"]["noise_multiplier"],
+        sample_rate=150 / 450,
+        steps=8,
+        delta=1 / 450,
+        job="fpfl",
+    )
+    audit_epsilon = results["models"]["fpfl"]["audits"][0]["estimate"]["epsilon"]
+    totals = results["privacy"]["ledger_totals_reported_by_nodes"]
+    assert totals["basic_epsilon"] == pytest.approx(
+        2 * training.basic_epsilon + 2 * audit_epsilon + 2 * 1.0, rel=1e-9
+    )
+    assert totals["basic_delta"] == pytest.approx(2 / 450 + 2 * 1e-8)
+    without_tests = _independent_pld_epsilon([(training, 2)], USER_DELTA, [(audit_epsilon, 2)])
+    assert totals["epsilon"] > without_tests + 0.5
+    by_node = results["privacy"]["ledger_totals_by_node"]
+    assert len(by_node) == 3  # every holder reported, after its charge
+    assert all(
+        node["basic_epsilon"] == pytest.approx(totals["basic_epsilon"]) for node in by_node.values()
+    )
+    assert_report_matches_results(output)
+    assert "holder-level DP" in (output / "report.html").read_text()
+
+
 @pytest.mark.slow
 def test_the_pipeline_trains_fairfed_in_place_of_fpfl(tmp_path: Path) -> None:
     """fpfl-algorithm = "fairfed": the fair session trains FairFed (its nodes release their own

@@ -651,10 +651,10 @@ class RunConfig:
                 config.fef_layout  # noqa: B018 - validates fef-metrics with the group count
             except ValueError as error:
                 raise ConfigError(str(error)) from None
-        if config.fef_dp_epsilon is not None and config.task != "fedevalfair":
+        if config.fef_dp_epsilon is not None and config.task not in ("fedevalfair", "pipeline"):
             raise ConfigError(
-                f'fef-dp-epsilon is for task = "fedevalfair", got task = {config.task!r} (the '
-                "pipeline's report does not describe a differentially private test yet)"
+                'fef-dp-epsilon is for task = "fedevalfair" or "pipeline" (the tasks that run '
+                f"FedEvalFair), got task = {config.task!r}"
             )
         if config.fef_dp_epsilon is not None and config.fef_mode != "calibrated":
             raise ConfigError(
