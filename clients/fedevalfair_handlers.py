@@ -788,7 +788,7 @@ class FedEvalFairHolder:
         signature = own.sign(commitment_transcript(run_id, first, second, terms))
         reply = _reply(msg, CommitReply(own.public_bytes(), signature).to_fields())
         if totals:  # the ledger's totals after this release's charge, as an audit reports them
-            reply.content.metric_records[METRICS_KEY] = MetricRecord(totals)
+            reply.content.metric_records[METRICS_KEY] = MetricRecord({**totals})
         return reply
 
     def round3(self, msg: Message, context: Context) -> Message:
