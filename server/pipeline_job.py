@@ -87,7 +87,7 @@ from .orchestration import (
     harness_applies,
     require_fedevalfair_holders,
 )
-from .pipeline_report import pipeline_findings, pipeline_report
+from .pipeline_report import pipeline_findings, pipeline_report, pipeline_warnings
 from .report import privacy_ledger_text, write_json
 from .results import (
     FPFLPrivacy,
@@ -411,6 +411,8 @@ def run_pipeline(grid: Grid, config: RunConfig, record: RunRecord | None = None)
     log(logging.INFO, "")
     for finding in pipeline_findings(written):
         log(logging.INFO, "%s", finding.plain())
+    for warning in pipeline_warnings(written):
+        log(logging.WARNING, "%s", warning)
     assert written.privacy is not None
     log(logging.INFO, "%s", privacy_ledger_text(written.privacy))
     log(logging.INFO, "results written to %s (report: %s)", folder, report_path)
@@ -460,7 +462,7 @@ def _pipeline_results(
                 "error": tests[session].error,
                 "holders": num_nodes,
                 "tests": _blocks(tests[session], config.fef_mode),
-                "privacy": fedevalfair_privacy(config),
+                "privacy": fedevalfair_privacy(config, tests[session]),
             },
         )
     return PipelineResults(

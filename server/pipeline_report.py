@@ -9,7 +9,12 @@ from typing import Any
 from ..clients.project.config import FAIR_ALGORITHM_LABELS
 from .harness import HARNESS_LABEL
 from .html_report import Finding, Report, Section, Table, Value
-from .report import FEDEVALFAIR_METRICS, PAPER_MODE_WARNING, privacy_ledger_text
+from .report import (
+    FEDEVALFAIR_METRICS,
+    PAPER_MODE_WARNING,
+    holder_dp_line,
+    privacy_ledger_text,
+)
 from .results import PipelineAudit, PipelineModel, PipelinePrivacy, PipelineResults
 
 #: The models in the order the report shows them.
@@ -298,9 +303,6 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
             ),
         ),
     ]
-    warnings = []
-    if results.primary_mode == "paper":
-        warnings.append(PAPER_MODE_WARNING)
     return Report(
         title="fedparity pipeline: train fair under DP, measure privately, test",
         question=(
@@ -318,5 +320,20 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
                 f"Harness values are labelled: {HARNESS_LABEL}.",
             ),
         ),
-        warnings=warnings,
+        warnings=pipeline_warnings(results),
     )
+
+
+def pipeline_warnings(results: PipelineResults | Mapping[str, Any]) -> list[str]:
+    """Warnings a reader of the pipeline's FedEvalFair verdicts must see next to them: the
+    paper mode's, and the holder-level DP mode's noise (:func:`holder_dp_line`)."""
+    results = PipelineResults.coerce(results)
+    warnings = []
+    if results.primary_mode == "paper":
+        warnings.append(PAPER_MODE_WARNING)
+    for model in (results.models or {}).values():
+        privacy = (model.fedevalfair or {}).get("privacy") or {}
+        if privacy.get("differentially_private"):
+            warnings.append(holder_dp_line(privacy))  # the same mode for both tests: once
+            break
+    return warnings

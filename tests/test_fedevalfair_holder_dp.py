@@ -698,6 +698,21 @@ def test_a_user_who_cannot_afford_the_release_makes_the_holder_refuse_to_commit(
     assert journal_path(tmp_path, 3) is None  # nothing committed
 
 
+def project_holder_without_data(holders: Holders, ledgers: Path) -> dict[str, object]:
+    """The node config of a project-app holder (partition 0 of 3) whose data file does not
+    exist: a handler that opens it fails, so a refusal before that is before any data is read."""
+    from fedparity.mechanisms.crypto.ckks import NODE_CONFIG_KEY
+
+    return {
+        **holders.node_config(0, ledgers),
+        NODE_CONFIG_KEY: str(holders.keys.secret),
+        "data-file": str(ledgers / "no-such-data.csv"),
+        "num-groups": 2,
+        "partition-id": 0,
+        "num-partitions": 3,
+    }
+
+
 def test_the_policy_refuses_an_epsilon_above_its_cap_before_any_data_is_read(
     holders: Holders, tmp_path: Path
 ) -> None:
@@ -707,7 +722,6 @@ def test_the_policy_refuses_an_epsilon_above_its_cap_before_any_data_is_read(
     read their data."""
     from fedparity.clients.app import fef_round1
     from fedparity.clients.project.config import RunConfig
-    from fedparity.mechanisms.crypto.ckks import NODE_CONFIG_KEY
 
     reads: list[int] = []
 
@@ -734,15 +748,7 @@ def test_the_policy_refuses_an_epsilon_above_its_cap_before_any_data_is_read(
     assert reads == [1]
 
     config = RunConfig.from_mapping({"task": "fedevalfair", "fef-dp-epsilon": 1.0})
-    missing = tmp_path / "no-such-data.csv"  # opening it would fail
-    node_config = {
-        **holders.node_config(0, tmp_path),
-        NODE_CONFIG_KEY: str(holders.keys.secret),
-        "data-file": str(missing),
-        "num-groups": 2,
-        "partition-id": 0,
-        "num-partitions": 3,
-    }
+    node_config = project_holder_without_data(holders, tmp_path)
     with pytest.raises(PolicyRefusal, match="fef-dp-max-epsilon"):
         fef_round1(
             message,
@@ -814,7 +820,6 @@ def test_the_project_app_refuses_a_run_without_the_dp_mode_before_opening_its_da
     key, and is off by default (also in simulation)."""
     from fedparity.clients.app import fef_round1
     from fedparity.clients.project.config import RunConfig
-    from fedparity.mechanisms.crypto.ckks import NODE_CONFIG_KEY
 
     message = Message(
         protocol_of(holders, None).round1_content(ArrayRecord()),
@@ -822,15 +827,7 @@ def test_the_project_app_refuses_a_run_without_the_dp_mode_before_opening_its_da
         message_type="query.fef_round1",
     )
     config = RunConfig.from_mapping({"task": "fedevalfair"})
-    missing = tmp_path / "no-such-data.csv"  # opening it would fail
-    node_config = {
-        **holders.node_config(0, tmp_path),
-        NODE_CONFIG_KEY: str(holders.keys.secret),
-        "data-file": str(missing),
-        "num-groups": 2,
-        "partition-id": 0,
-        "num-partitions": 3,
-    }
+    node_config = project_holder_without_data(holders, tmp_path)
     with pytest.raises(PolicyRefusal, match="fef-require-dp forbids"):
         fef_round1(
             message,

@@ -436,6 +436,7 @@ def test_the_pipeline_tests_both_models_in_the_holder_level_dp_mode(tmp_path: Pa
         privacy = fedevalfair["privacy"]
         assert privacy["differentially_private"] and privacy["charged_to_ledgers"]
         assert (privacy["epsilon"], privacy["delta"]) == (1.0, 1e-8)
+        assert len(privacy["ledger_totals_by_node"]) == 3  # each holder, after this charge
     steps = [s for s in results["privacy"]["per_user_steps"] if "FedEvalFair" in s["step"]]
     assert [(s["epsilon"], s["delta"]) for s in steps] == [(1.0, 1e-8), (1.0, 1e-8)]
     assert all("holder-level DP" in s["how"] for s in steps)
@@ -460,7 +461,8 @@ def test_the_pipeline_tests_both_models_in_the_holder_level_dp_mode(tmp_path: Pa
         node["basic_epsilon"] == pytest.approx(totals["basic_epsilon"]) for node in by_node.values()
     )
     assert_report_matches_results(output)
-    assert "holder-level DP" in (output / "report.html").read_text()
+    page = (output / "report.html").read_text()
+    assert "holder-level DP: every released sum carries Gaussian noise of standard" in page
 
 
 @pytest.mark.slow
