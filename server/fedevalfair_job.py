@@ -44,7 +44,7 @@ from ..strategies.release_series import (
     Release,
     SeriesObserver,
 )
-from ..strategies.replies import NodeLedgerReports, ledger_fields
+from ..strategies.replies import ledger_fields
 from .harness import HARNESS_LABEL, FedEvalFairTruth, fedevalfair_truth
 from .html_report import write_report
 from .orchestration import (
@@ -251,9 +251,7 @@ def fedevalfair_protocol(
     )
 
 
-def fedevalfair_privacy(
-    config: RunConfig, outcome: FedEvalFairOutcome | None = None
-) -> dict[str, object]:
+def fedevalfair_privacy(config: RunConfig, outcome: FedEvalFairOutcome) -> dict[str, object]:
     """What a FedEvalFair run spends of the users' privacy ledgers, for results.json.
 
     Off (``fef-dp-epsilon = ""``): nothing. Its releases are aggregate statistics over at
@@ -271,7 +269,7 @@ def fedevalfair_privacy(
             "charged_to_ledgers": False,
             "ledger_totals_reported_by_nodes": None,
         }
-    ledgers = NodeLedgerReports() if outcome is None else outcome.ledger_reports
+    ledgers = outcome.ledger_reports
     return {
         "differentially_private": True,
         "charged_to_ledgers": True,

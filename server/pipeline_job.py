@@ -532,8 +532,7 @@ def _pipeline_privacy(
         for outcome in audits.get(session, []):
             ledgers.update(outcome.ledger_reports)
     for session in PIPELINE_SESSIONS:  # the DP mode's commitments report totals
-        if session in tests:
-            ledgers.update(tests[session].ledger_reports)
+        ledgers.update(tests[session].ledger_reports)
     ledger_totals = ledgers.merged()
     return PipelinePrivacy(
         per_user_steps=[
