@@ -23,14 +23,21 @@ of one message's run (keys, data, noise, installed bundles, imported app modules
 next except what Flower's Context carries, as with the subprocess executor. The zygote never
 pulls a task, holds a token, opens a connection, reads the node's policy or data, starts a
 thread or draws randomness (:func:`zygote_main` refuses to fork when it has a second Python
-thread). Randomness in a child: fedparity's privacy noise and secrets come from the operating
-system per use (``secure_generator`` keys AES-CTR with :func:`os.urandom` when called;
-``secrets``; X25519 keys from OpenSSL, which reseeds in a forked child), so children never
-share a random stream; Python's :mod:`random` is reseeded by CPython at fork, and NumPy's
-legacy global generator is reseeded from the OS in each child (as a fresh process seeds it).
-``tests/test_warm_clientapp.py`` checks both. Native thread pools: the zygote runs no torch
-operation (torch's OpenMP pool is never started before a fork); the OpenBLAS pools that NumPy
-and SciPy start at import stop and restart across a fork (their own fork handlers).
+thread). Randomness in a child: a fork copies every generator the zygote holds. fedparity's
+privacy noise and secrets come from the operating system per use (``secure_generator`` keys
+AES-CTR with :func:`os.urandom` when called; ``secrets``; X25519 keys from OpenSSL, which
+reseeds in a forked child), and before any ClientApp code each child reseeds from the operating
+system the global generator of every preloaded library that keeps one, through one registry
+(:data:`FORK_RESEEDS`, run by :func:`reseed_forked_generators`): torch's CPU one, NumPy's
+legacy one and SymPy's; CPython reseeds :mod:`random` itself. It is a call in the
+child, not an :func:`os.register_at_fork` hook: a hook's error is only printed (the child would
+keep the zygote's stream), and a hook would also reseed the processes a ClientApp forks itself,
+which a fresh interpreter does not. ``tests/test_warm_clientapp.py`` finds every generator the
+preloaded modules hold (module and class attributes) and checks that each child's differs from
+the zygote's and its siblings' (SymPy's ``Dummy._prng``, used once at import, excepted). Until
+review M2 (2026-11-28) torch's was shared by every child. Native thread pools: the zygote runs
+no torch operation (torch's OpenMP pool is never started before a fork); the OpenBLAS pools that
+NumPy and SciPy start at import stop and restart across a fork (their own fork handlers).
 
 Linux and macOS only (``os.fork``); elsewhere the option is refused.
 """
@@ -52,17 +59,20 @@ import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from logging import DEBUG, INFO, WARNING
+from types import ModuleType
 from typing import Any
 
 from flwr.common import log
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "FORK_RESEEDS",
     "WARM_EXECUTOR",
     "WarmClientAppExecutor",
     "check_fork_platform",
     "clientapp_args",
     "install_warm_executor",
+    "reseed_forked_generators",
     "skip_torch_library_finalizers",
     "torch_library_finalizers",
     "zygote_main",
@@ -198,6 +208,56 @@ def skip_torch_library_finalizers() -> int:
     return len(stopped)
 
 
+def _reseed_torch(torch: ModuleType) -> None:
+    """torch's default CPU generator from a nondeterministic seed, as a fresh interpreter's.
+
+    Not ``torch.seed()``, which also queues a seed for every accelerator's generators and formats
+    a stack trace for each (2-3 ms per child): a CUDA generator first made in the child seeds
+    itself nondeterministically, as in a fresh interpreter, and a child of a process that
+    initialised CUDA cannot use CUDA at all (torch's "bad fork" refusal), so no CUDA stream is
+    shared; should CUDA be initialised in the child all the same, its generators are reseeded.
+    """
+    torch.default_generator.seed()
+    if torch.cuda.is_initialized():
+        torch.cuda.seed_all()
+
+
+#: The registry of fork-time reseeding: for each library that keeps a global random generator
+#: (its module), what reseeds that generator from the operating system's entropy, as a fresh
+#: interpreter seeds it at import. A forked child inherits the zygote's generators as they are;
+#: :func:`_run_child` runs every entry whose module the zygote imported
+#: (:func:`reseed_forked_generators`) before any ClientApp code. torch: :func:`_reseed_torch`.
+#: NumPy: the legacy global ``RandomState`` (``default_rng()`` draws fresh entropy per call).
+#: SymPy (TorchDynamo's): its two module ``Random`` objects. Python's :mod:`random` needs no
+#: entry: CPython reseeds it in every forked child (``random`` registers ``_inst.seed`` with
+#: :func:`os.register_at_fork`). A library preloaded later that keeps a global generator gets an
+#: entry here; ``tests/test_warm_clientapp.py`` finds every generator the preloaded modules hold
+#: and fails on any that a child inherits unchanged.
+FORK_RESEEDS: dict[str, Callable[[ModuleType], object]] = {
+    "torch": _reseed_torch,
+    "numpy.random": lambda numpy_random: numpy_random.seed(),
+    "sympy.core.random": lambda sympy_random: sympy_random.seed(),
+}
+
+
+def reseed_forked_generators() -> list[str]:
+    """Reseed from the operating system the global generator of every library in
+    :data:`FORK_RESEEDS` that this process imported (in a forked child, before any of its code).
+
+    Returns
+    -------
+    list[str]
+        The modules whose generators were reseeded.
+    """
+    reseeded = []
+    for name, reseed in FORK_RESEEDS.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            reseed(module)
+            reseeded.append(name)
+    return reseeded
+
+
 def _run_child(argv: list[str], quiet: bool, closing: Sequence[int]) -> None:
     """In the forked child: become ``fedparity-clientapp`` with ``argv``; never returns."""
     code: int = 1
@@ -212,9 +272,7 @@ def _run_child(argv: list[str], quiet: bool, closing: Sequence[int]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a fresh interpreter's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        numpy_random = sys.modules.get("numpy.random")
-        if numpy_random is not None:  # a fresh process seeds it from the OS: so does a child
-            numpy_random.seed()
+        reseed_forked_generators()  # a fresh process seeds them from the OS: so does a child
         sys.argv = list(argv)
         from .app_gate import clientapp_main
 

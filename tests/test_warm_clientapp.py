@@ -218,21 +218,31 @@ def test_superexec_installs_the_warm_executor_only_when_asked(
 # ---------------------------------------------------------------------------- the zygote
 
 
-@pytest.mark.slow  # a zygote importing torch and TenSEAL: about 5 s
+#: Generators a preloaded module holds that a child inherits as they are, and why.
+INHERITED_GENERATORS = {
+    "tests.support.warm_probe.ZYGOTE_RNG": "the probe's own, made in the zygote: the hazard shown",
+    "sympy.core.symbol.Dummy._prng": "drawn once, at import (Dummy._base_dummy_index), never after",
+}
+
+
+@pytest.mark.slow  # a zygote importing torch and TenSEAL, three children: about 10 s
 def test_children_of_one_zygote_never_share_a_random_stream(probe_env: Path) -> None:
     """The attack on a pre-forked server: whatever random state exists before the fork is
     copied into every child, so two ClientApps would draw the same noise. The probe's own
-    generator made in the zygote shows that the copy is real (identical in both children);
-    every source the privacy code uses, and NumPy's global generator, differ."""
+    generator made in the zygote shows that the copy is real (identical in every child); every
+    source the privacy code uses differs, and so does every global generator the preloaded
+    libraries hold (review M2 of 2026-11-28: torch's was shared, so an operator's own app drew
+    the same Opacus DP-SGD noise, dropout masks and DataLoader order in every ClientApp)."""
     executor = WarmClientAppExecutor(
         sys.executable, RecordingFallback(), preload=(*DEFAULT_PRELOAD, PROBE)
     )
     try:
-        tokens = ["a1" * 16, "b2" * 16]
+        tokens = ["a1" * 16, "b2" * 16, "c3" * 16]
         for token in tokens:
             assert executor.launch(spec(token)).status == LaunchResultStatus.ACCEPTED
-        first, second = probe_records(probe_env, tokens)
-        assert executor.fallback.launched == []  # both forked, none started afresh
+        children = probe_records(probe_env, tokens)
+        first, second = children[:2]
+        assert executor.fallback.launched == []  # all forked, none started afresh
     finally:
         executor.close()
     assert first["pid"] != second["pid"] and executor.zygote_pid is None
@@ -249,7 +259,7 @@ def test_children_of_one_zygote_never_share_a_random_stream(probe_env: Path) -> 
     # the descriptor that listed them)
     assert first["stdin"] == "/dev/null" and first["fds"][:3] == [0, 1, 2]
     assert len(first["fds"]) == 4
-    assert first["zygote_rng"] == second["zygote_rng"]  # the hazard: state from before fork
+    assert all(child["zygote_rng"] == first["zygote_rng"] for child in children)  # the hazard
     for source in (
         "secure_generator",
         "default_rng",
@@ -258,7 +268,20 @@ def test_children_of_one_zygote_never_share_a_random_stream(probe_env: Path) -> 
         "secrets",
         "x25519",
     ):
-        assert first[source] != second[source], source
+        assert len({json.dumps(child[source]) for child in children}) == 3, source
+    # torch's global generator, as an operator's own app draws from it
+    for source in ("initial_seed", "rand", "opacus_noise", "dropout_mask", "dataloader_order"):
+        assert len({json.dumps(child["torch"][source]) for child in children}) == 3, source
+    # every generator a preloaded module holds: none of them is the zygote's in any child
+    zygote = first["zygote_generators"]
+    assert {"random._inst", "numpy.random.mtrand._rand", "torch.default_generator"} <= set(zygote)
+    assert all(child["zygote_generators"] == zygote for child in children)
+    for name, before in zygote.items():
+        drawn = [child["generators"][name] for child in children]
+        if name in INHERITED_GENERATORS:
+            assert drawn == [before] * 3, name  # the fingerprint sees a generator copied by fork
+        else:
+            assert before not in drawn and len(set(drawn)) == 3, name
 
 
 def test_a_killed_zygote_is_replaced_and_a_failed_fork_starts_a_fresh_process(
