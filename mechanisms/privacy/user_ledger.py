@@ -47,9 +47,18 @@ under-counted):
 * :class:`RandomizedResponseRelease` -- generalised randomized response over ``k``
   categories (exactly ``RandomizedResponseDpEvent``), e.g. a group-only frequency release.
 * :class:`SubsampledGaussianRelease` -- ``steps`` rounds of FPFL (Poisson rate ``q``, noise
-  multiplier ``sigma``).
+  multiplier ``sigma``), with the chance that a round's work showed its cohort
+  (``timing_tail_probability``, below).
 * :class:`ApproximateDPRelease` -- any other ``(epsilon, delta)``-DP release, by the
   pessimistic PLD of ``(epsilon, delta)``-DP (``from_privacy_parameters``).
+
+**Side events.** A release may carry a *failure probability* ``s``: an event of probability
+at most ``s`` under every dataset outside which the release is exactly its mechanism (an FPFL
+node whose Poisson cohort outgrew its fixed per-round workload, so that the round's time showed
+it). Outside the event the rest of what is observed is constant, so a total that is
+``(epsilon, delta_pld)`` holds with ``delta_pld + (1 + e^epsilon) s`` instead: the ledger states
+every total at the user's ``delta`` by taking the PLD's epsilon at ``delta - (1 + e^eps') s``
+(with ``eps'`` the PLD's epsilon at ``delta / 2``, an upper bound of the result).
 
 ``dp_accounting`` is imported only where a PLD is built (it takes ~0.7 s); it adds no
 handler to the root logger.
@@ -67,7 +76,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -204,6 +213,12 @@ class Release(abc.ABC):
     @property
     def basic_delta(self) -> float:
         """The delta that goes with :attr:`basic_epsilon` (0 for a pure-DP release)."""
+        return 0.0
+
+    @property
+    def failure_probability(self) -> float:
+        """The chance of a side event outside which the release is its mechanism (module
+        docstring, "Side events"); 0 for most releases."""
         return 0.0
 
     def parameters(self) -> dict[str, ReleaseParameter]:
@@ -421,6 +436,10 @@ class SubsampledGaussianRelease(Release):
 
     ``delta`` is the delta at which its :attr:`basic_epsilon` (its epsilon alone, replace
     one user, by ``dp-accounting``) is stated for basic composition: e.g. the FPFL job's.
+    ``timing_tail_probability`` bounds the chance that in any of the ``steps`` rounds the
+    node's cohort outgrew its fixed workload, so that the round's time depended on who was
+    sampled (:mod:`fedparity.mechanisms.fpfl.cohort_workload`; the module docstring's "Side
+    events").
     """
 
     kind: ClassVar[str] = "subsampled-gaussian"
@@ -429,6 +448,7 @@ class SubsampledGaussianRelease(Release):
     sample_rate: float
     steps: int
     delta: float
+    timing_tail_probability: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -437,6 +457,12 @@ class SubsampledGaussianRelease(Release):
             check_open_unit("sample_rate", self.sample_rate)
         check_int_at_least("steps", self.steps, 1)
         check_open_unit("delta", self.delta)
+        if self.timing_tail_probability != 0.0:
+            check_open_unit("timing_tail_probability", self.timing_tail_probability)
+
+    @property
+    def failure_probability(self) -> float:
+        return float(self.timing_tail_probability)
 
     def to_dp_event(self) -> dp_accounting.DpEvent:
         from dp_accounting import dp_event
@@ -549,8 +575,13 @@ def release_from_dict(data: dict[str, Any]) -> Release:
         raise ValueError(f"unknown release kind {kind!r} (known: {sorted(RELEASE_KINDS)})")
     cls = RELEASE_KINDS[data["kind"]]
     names = {item.name for item in fields(cls)}
+    required = {
+        item.name
+        for item in fields(cls)
+        if item.default is MISSING and item.default_factory is MISSING
+    }
     values = {key: value for key, value in data.items() if key != "kind"}
-    if set(values) != names:
+    if not required <= set(values) <= names:
         raise ValueError(
             f"a {data['kind']} release has the fields {sorted(names)}, got {sorted(values)}"
         )
@@ -597,10 +628,31 @@ def _identity_pld(interval: float) -> Any:
     return privacy_loss_distribution.identity(value_discretization_interval=interval)
 
 
+def _side_delta(epsilon: float, failure: float) -> float:
+    """``(1 + e^epsilon) failure``: the delta a side event of that probability adds to a total
+    of ``epsilon`` (module docstring, "Side events"); infinite on overflow."""
+    if failure == 0.0:
+        return 0.0
+    try:
+        return (1.0 + math.exp(epsilon)) * failure
+    except OverflowError:
+        return math.inf
+
+
 def _composition(pld: Any, releases: Sequence[Release], delta: float) -> Composition:
-    pld_epsilon = float(pld.get_epsilon_for_delta(delta)) if releases else 0.0
+    failure = math.fsum(release.failure_probability for release in releases)
+    if not releases:
+        pld_epsilon = 0.0
+    elif failure == 0.0:
+        pld_epsilon = float(pld.get_epsilon_for_delta(delta))
+    else:  # the PLD's delta and the side events' share delta (module docstring)
+        side = _side_delta(float(pld.get_epsilon_for_delta(delta / 2)), failure)
+        pld_epsilon = (
+            float(pld.get_epsilon_for_delta(delta - side)) if side <= delta / 2 else math.inf
+        )
     basic_epsilon = math.fsum(release.basic_epsilon for release in releases)
     basic_delta = math.fsum(release.basic_delta for release in releases)
+    basic_delta += _side_delta(basic_epsilon, failure)
     epsilon = pld_epsilon
     if basic_delta <= delta:
         epsilon = min(epsilon, basic_epsilon)
@@ -907,6 +959,52 @@ class UserLedger:
         if wanted.any():
             self._releases.append(release)
             self._participants.append(wanted.copy())
+
+    def extend(self, index: int, release: Release) -> None:
+        """Replace release ``index`` by ``release``, the same release over more rounds (an
+        FPFL training charged block by block): the same kind, job, label, time and parameters
+        but for ``steps`` and ``timing_tail_probability``, neither smaller. Its users' totals
+        are checked first (:class:`PrivacyBudgetExceeded`, nothing changed).
+
+        Parameters
+        ----------
+        index : int
+            A release of this ledger.
+        release : Release
+            Its extension.
+        """
+        index = check_int("index", index, minimum=0, maximum=len(self._releases) - 1)
+        old = self._releases[index]
+        grown = ("steps", "timing_tail_probability")
+        same = replace(
+            release, **{name: getattr(old, name) for name in grown if hasattr(old, name)}
+        )
+        if type(release) is not type(old) or same != old:
+            raise ValueError(
+                f"release {index} ({_describe(old)}) can only be extended by the same release "
+                f"over more rounds, got {_describe(release)}"
+            )
+        if any(getattr(release, name) < getattr(old, name) for name in grown):
+            raise ValueError(f"an extension of release {index} cannot take rounds away")
+        members = self._participants[index]
+        trial = [*self._releases[:index], release, *self._releases[index + 1 :]]
+        for key, users in self._groups(members):
+            after = compose(
+                [trial[i] for i in key],
+                self.delta,
+                value_discretization_interval=self.value_discretization_interval,
+            )
+            if after.epsilon > self.budget + BUDGET_TOLERANCE:
+                names = users if self._user_ids is None else self._user_ids[users]
+                raise PrivacyBudgetExceeded(
+                    f"extending the {old.kind} release of job {old.job!r} to "
+                    f"{_describe(release)} would take user {int(names[0])} ({users.size} of "
+                    f"{int(members.sum())}) past the budget epsilon={self.budget:g} at "
+                    f"delta={self.delta:g} (epsilon={after.epsilon:.4g}); nothing was released "
+                    "or recorded"
+                )
+        self._releases[index] = release
+        self._plds = {}
 
     # -- files ------------------------------------------------------------------------------
 
