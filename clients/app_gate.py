@@ -20,8 +20,11 @@ Three console scripts (``docs/deployment-security.md`` has the operator's comman
 * ``fedparity-clientapp`` -- Flower's ``flwr-clientapp`` with the gate: it pulls the task
   (message, context, run, bundle) as Flower does, then refuses the bundle unless the SHA-256 of
   its bytes equals the hash the run names and is in the node policy's ``allowed-apps``, and
-  unless the run names the app the bundle holds. A refusal reaches the server as the fixed
-  sentence :data:`APP_REFUSED_TEXT`; nothing of the bundle was written or loaded;
+  unless the run names the app the bundle holds. Before every message it then checks that the
+  folder Flower imports the ClientApp from (``$FLWR_HOME/apps/<publisher>.<name>.<version>.
+  <hash>``, which Flower keeps once it exists) holds exactly the bundle's files, byte for byte
+  (:func:`check_installed_app`). A refusal reaches the server as the fixed sentence
+  :data:`APP_REFUSED_TEXT`, before any module of the bundle is imported;
 * ``fedparity-app-hash`` -- the SHA-256 of a ``.fab`` file, or of the bundle ``flwr run``
   builds from an app folder: the value to put into ``allowed-apps``.
 
@@ -47,7 +50,9 @@ import hmac
 import io
 import os
 import shutil
+import stat
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -73,16 +78,16 @@ __all__ = [
     "APP_REFUSED_TEXT",
     "CHECKED_FLOWER",
     "CLIENTAPP_COMMAND",
-    "INSTALLED_MARKER",
     "AppGate",
     "app_bundle_hash",
     "app_hash_main",
+    "bundle_files",
     "check_app_bundle",
     "check_flower",
+    "check_installed_app",
     "clientapp_main",
     "install_gate",
     "install_idle_task_polls",
-    "installed_by_gate",
     "superexec_main",
 ]
 
@@ -125,37 +130,135 @@ def check_app_bundle(content: bytes, claimed_hash: str, policy: NodePrivacyPolic
 # ------------------------------------------------------------------ the ClientApp process
 
 
-#: The file in an app's folder (``$FLWR_HOME/apps/...``) that names the SHA-256 of the bundle
-#: the gate installed there.
-INSTALLED_MARKER = ".fedparity-bundle-sha256"
+def bundle_files(content: bytes) -> dict[str, bytes]:
+    """The files Flower's installer writes into an app's folder from a bundle.
 
+    Parameters
+    ----------
+    content : bytes
+        The bundle's bytes (a zip archive).
 
-def installed_by_gate(folder: Path) -> str | None:
-    """The SHA-256 of the approved bundle the gate installed into ``folder`` (None: none, or
-    not by the gate).
+    Returns
+    -------
+    dict[str, bytes]
+        Each file's path in the app's folder (``/``-separated, as :mod:`zipfile` extracts
+        it) and its bytes: every member of the bundle but those under ``.info/`` (which the
+        installer removes) and folder entries.
 
-    Flower's installer unpacks a bundle into a temporary folder, checks its manifest and then,
-    when the app's folder exists already, keeps that folder and drops the new copy: about 0.1 s
-    of CPU for every message. The gate writes this marker once, after Flower installed an
-    approved bundle into a folder that did not exist, and skips Flower's installer when the
-    marker names the bundle just checked: the folder is then the one Flower would have kept.
-    The bundle's bytes are still hashed and checked against ``allowed-apps`` for every
-    message."""
+    Raises
+    ------
+    ValueError
+        If ``content`` is not a readable zip archive.
+    """
+    files: dict[str, bytes] = {}
     try:
-        text = (folder / INSTALLED_MARKER).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+        with zipfile.ZipFile(io.BytesIO(content)) as bundle:
+            for member in bundle.infolist():
+                parts = [p for p in member.filename.split("/") if p not in ("", ".", "..")]
+                if member.is_dir() or not parts or parts[0] == ".info":
+                    continue
+                files["/".join(parts)] = bundle.read(member)
+    except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError) as error:
+        raise ValueError(f"the app bundle is not a readable zip archive ({error})") from None
+    return files
 
 
-def _mark_installed(folder: Path, digest: str) -> None:
-    marker = folder / INSTALLED_MARKER
-    partial = folder / f"{INSTALLED_MARKER}.{os.getpid()}"
+def check_installed_app(folder: Path, files: Mapping[str, bytes], digest: str) -> None:
+    """Refuse unless ``folder`` holds exactly the approved bundle's ``files``.
+
+    Flower installs a bundle once, into ``$FLWR_HOME/apps/<publisher>.<name>.<version>.<first
+    8 hex digits of its hash>``, and keeps that folder: when it exists, Flower's installer
+    returns without looking into it, and the loader puts it first on ``sys.path`` and imports
+    the ClientApp from it. Code written there by anyone who can write the folder would run
+    under an approved bundle's name. Checked here: every file under ``folder`` is one of
+    ``files`` with the same bytes, none of ``files`` is missing, and nothing is a symbolic
+    link (folders without files are allowed: they hold no code). A bytecode cache
+    (``__pycache__``) is a file not in the bundle, so it is refused too: Python would run a
+    planted one instead of the unchanged source beside it, and the gate stops its own process
+    from writing one (:meth:`AppGate.install_from_fab`).
+
+    Parameters
+    ----------
+    folder : Path
+        The folder Flower loads the ClientApp from.
+    files : Mapping[str, bytes]
+        The approved bundle's files (:func:`bundle_files`).
+    digest : str
+        The bundle's SHA-256, for the log.
+
+    Raises
+    ------
+    NodeRefusal
+        With :data:`APP_REFUSED_TEXT`; the node's log names the folder and what differs.
+    """
+    differences = _folder_differences(folder, files)
+    if differences:
+        more = len(differences) - 3
+        shown = "; ".join(differences[:3]) + (f"; {more} more" if more > 0 else "")
+        log(
+            WARNING,
+            "app gate: refused the app bundle with SHA-256 %s: the folder Flower loads it from, "
+            "%s, does not hold exactly its files (%s). Someone changed that folder: find out "
+            "who, then remove the folder (the gate installs the approved bundle again)",
+            digest,
+            folder,
+            shown,
+        )
+        raise NodeRefusal(APP_REFUSED_TEXT)
+
+
+def _folder_differences(folder: Path, files: Mapping[str, bytes]) -> list[str]:
+    """What makes ``folder`` differ from ``files`` (empty: nothing)."""
     try:
-        partial.write_text(digest + "\n", encoding="ascii")
-        os.replace(partial, marker)
-    except OSError as error:  # only the next message's speed depends on it
-        log(WARNING, "app gate: could not mark %s as installed: %s", folder, error)
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return ["it is not a folder"]
+    except OSError as error:
+        return [f"it cannot be read: {error.strerror}"]
+    found: list[str] = []
+    seen: set[str] = set()
+    pending = [("", str(folder))]
+    while pending:
+        prefix, path = pending.pop()
+        try:
+            with os.scandir(path) as listing:
+                entries = list(listing)
+        except OSError as error:
+            found.append(f"{prefix or './'} cannot be read: {error.strerror}")
+            continue
+        for entry in entries:
+            name = prefix + entry.name
+            if entry.is_symlink():
+                found.append(f"{name} is a symbolic link")
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append((name + "/", entry.path))
+            elif name not in files:
+                found.append(f"{name} is not in the bundle")
+            else:
+                seen.add(name)
+                if not _holds(entry.path, files[name]):
+                    found.append(f"{name} differs from the bundle's")
+    found.extend(f"{name} is missing" for name in sorted(files.keys() - seen))
+    return found
+
+
+#: Opening a file to compare: never through a symbolic link, never blocking on a pipe.
+_COMPARE_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _holds(path: str, content: bytes) -> bool:
+    """Whether ``path`` is a regular file holding ``content``."""
+    try:
+        descriptor = os.open(path, _COMPARE_FLAGS | getattr(os, "O_BINARY", 0))
+    except OSError:
+        return False
+    try:
+        with open(descriptor, "rb") as file:
+            info = os.fstat(descriptor)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != len(content):
+                return False
+            return file.read(len(content) + 1) == content
+    except OSError:
+        return False
 
 
 @dataclass
@@ -171,11 +274,13 @@ class AppGate:
     ``flwr.supernode.runtime.run_clientapp`` (:func:`install_gate`).
 
     ``pull_task_input`` is Flower's, keeping what it pulled; ``install_from_fab`` checks the
-    pulled bundle (:func:`check_app_bundle`) against the node's policy before calling Flower's
-    installer, and afterwards that the folder Flower will load the ClientApp from (named by the
-    run's app id, version and hash) is the one the approved bundle was installed to. Every
-    refusal raises inside ``run_clientapp``'s ``try``, after the message was pulled, so the
-    server gets an error reply with :data:`APP_REFUSED_TEXT`.
+    pulled bundle (:func:`check_app_bundle`) against the node's policy and that the run names
+    the app the bundle holds, installs it if its folder does not exist yet, and then, for
+    every message, that the folder Flower will load the ClientApp from (named by the run's app
+    id, version and hash) holds exactly the bundle's files (:func:`check_installed_app`). Every
+    refusal raises inside ``run_clientapp``'s ``try``, after the message was pulled and before
+    any module of the bundle is imported, so the server gets an error reply with
+    :data:`APP_REFUSED_TEXT`.
 
     Parameters
     ----------
@@ -218,7 +323,16 @@ class AppGate:
     def install_from_fab(
         self, fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt: bool = False
     ) -> Path:
-        """Flower's ``install_from_fab`` of the pulled bundle, if the gate lets it through."""
+        """Flower's ``install_from_fab`` of the pulled bundle, if the gate lets it through.
+
+        Returns the folder Flower loads the ClientApp from, checked for this message to hold
+        exactly the approved bundle's files (:func:`check_installed_app`; about 5 ms for
+        fedparity's 190 files). Flower's installer runs only when that folder does not exist:
+        it unpacks into a temporary folder beside it, renamed into place when complete, so a
+        ClientApp running at the same time sees the whole folder or none. From here on Python
+        writes no bytecode in this process (``sys.dont_write_bytecode``): a cache written into
+        the folder would not be the bundle's files, and the next message would be refused.
+        """
         from flwr.common.config import get_project_dir
 
         task, self._pulled = self._pulled, None
@@ -227,29 +341,66 @@ class AppGate:
             raise NodeRefusal(APP_REFUSED_TEXT)
         digest = self.check(task)
         try:
+            files = bundle_files(fab_file)
+            app = _bundle_app(files)
             loaded = get_project_dir(task.run.fab_id, task.run.fab_version, task.fab.hash_str)
-        except ValueError:
-            loaded = None
-        if install_dir is None and loaded is not None and installed_by_gate(loaded) == digest:
-            log(INFO, "app gate: app bundle %s is in allowed-apps; installed at %s", digest, loaded)
-            return loaded
-        log(INFO, "app gate: app bundle %s is in allowed-apps; installing it", digest)
-        fresh = install_dir is None and loaded is not None and not loaded.exists()
-        installed = Path(self._install(fab_file, install_dir, skip_prompt))
-        if loaded is None or loaded.resolve() != installed.resolve():
+        except ValueError as error:
+            log(WARNING, "app gate: refused the app bundle with SHA-256 %s: %s", digest, error)
+            raise NodeRefusal(APP_REFUSED_TEXT) from None
+        if app != (task.run.fab_id, task.run.fab_version) or install_dir is not None:
             log(
                 WARNING,
                 "app gate: refused run %s: it names app %r version %r, which is not the "
-                "approved bundle's (installed at %s)",
+                "approved bundle's (%r version %r)%s",
                 task.run.run_id,
                 task.run.fab_id,
                 task.run.fab_version,
-                installed,
+                *app,
+                "" if install_dir is None else f", or installs it into {install_dir}",
             )
             raise NodeRefusal(APP_REFUSED_TEXT)
-        if fresh:  # Flower unpacked and checked this bundle into the folder just now
-            _mark_installed(installed, digest)
-        return installed
+        if not os.path.lexists(loaded):
+            log(INFO, "app gate: app bundle %s is in allowed-apps; installing it", digest)
+            self._install_at(loaded, fab_file, skip_prompt)
+        check_installed_app(loaded, files, digest)
+        sys.dont_write_bytecode = True
+        log(
+            INFO,
+            "app gate: app bundle %s is in allowed-apps; %s holds exactly its files",
+            digest,
+            loaded,
+        )
+        return loaded
+
+    def _install_at(self, folder: Path, content: bytes, skip_prompt: bool) -> None:
+        """Flower's installer into a temporary folder beside ``folder``, renamed to it."""
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".fedparity-install-", dir=folder.parent))
+        try:
+            unpacked = Path(self._install(content, staging, skip_prompt))
+            try:
+                os.rename(unpacked, folder)
+            except OSError:
+                if not os.path.lexists(folder):
+                    raise
+                # another ClientApp installed it meanwhile: the check reads that folder
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _bundle_app(files: Mapping[str, bytes]) -> tuple[str, str]:
+    """The app id (``publisher/name``) and version in a bundle's ``pyproject.toml``, as
+    Flower's installer reads them; ValueError when they cannot be read."""
+    import tomllib
+
+    from flwr.common.config import get_metadata_from_config
+
+    try:
+        config = tomllib.loads(files["pyproject.toml"].decode("utf-8"))
+        fab_id, fab_version = get_metadata_from_config(config)
+    except (KeyError, TypeError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"its pyproject.toml names no app and version ({error!r})") from None
+    return str(fab_id), str(fab_version)
 
 
 def check_flower() -> None:

@@ -15,17 +15,21 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import io
 import json
+import logging
 import shutil
 import subprocess
+import sys
 import textwrap
 import threading
 import time
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import get_project_dir
 from flwr.supercore.fab import Fab
@@ -35,14 +39,13 @@ from fedparity.clients import app_gate
 from fedparity.clients.app_gate import (
     APP_REFUSED_TEXT,
     CHECKED_FLOWER,
-    INSTALLED_MARKER,
     AppGate,
     app_bundle_hash,
     app_hash_main,
+    bundle_files,
     check_app_bundle,
     check_flower,
     install_gate,
-    installed_by_gate,
 )
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import POLICY_ENV, NodePrivacyPolicy
@@ -167,6 +170,8 @@ def flwr_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "flwr-home"
     monkeypatch.setenv("FLWR_HOME", str(home))
     monkeypatch.delenv(POLICY_ENV, raising=False)
+    # the gate stops its ClientApp process from writing bytecode: not this test process
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
     return home
 
 
@@ -225,10 +230,9 @@ def test_a_run_that_names_another_app_than_its_bundle_is_refused(
     # another app would load another folder's code than the approved bundle's.
     task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)}, fab_id="other/app")
     assert refused(gate_for(task).install_from_fab, approved_fab) == APP_REFUSED_TEXT
-    # refused after installing the approved bundle, before Flower's loader runs
-    assert installed_apps(flwr_home) == [
-        f"fedparity-tests.gateapp.1.0.0.{sha256(approved_fab)[:8]}"
-    ]
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)}, fab_version="2.0.0")
+    assert refused(gate_for(task).install_from_fab, approved_fab) == APP_REFUSED_TEXT
+    assert installed_apps(flwr_home) == []  # refused before anything was written
 
 
 def test_the_gate_installs_only_the_pulled_bundle(
@@ -267,7 +271,7 @@ def test_an_approved_bundle_is_unpacked_once_and_checked_for_every_message(
         gate.pull_task_input(None)
         folders.append(gate.install_from_fab(approved_fab, skip_prompt=True))
     assert flower.calls == 1 and len(set(folders)) == 1
-    assert installed_by_gate(folders[0]) == sha256(approved_fab)
+    assert installed_apps(flwr_home) == [folders[0].name]  # no temporary folder left
     assert (folders[0] / "gateapp" / "client_app.py").is_file()
     # other bytes under the approved hash are refused although the approved bundle is installed
     tampered = approved_fab[:-1] + bytes([approved_fab[-1] ^ 1])
@@ -283,7 +287,7 @@ def test_an_approved_bundle_is_unpacked_once_and_checked_for_every_message(
     assert flower.calls == 1
 
 
-def test_flowers_installer_runs_for_a_folder_the_gate_did_not_install(
+def test_a_folder_flower_installed_before_the_gate_is_used_if_it_holds_the_bundles_files(
     approved_fab: bytes, flwr_home: Path
 ) -> None:
     from flwr.cli.install import install_from_fab
@@ -291,14 +295,147 @@ def test_flowers_installer_runs_for_a_folder_the_gate_did_not_install(
     folder = install_from_fab(approved_fab, skip_prompt=True)  # plain Flower, before the gate
     task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
     flower = CountingInstaller()
-    for marker in (None, "0" * 64, "not a digest"):
-        if marker is not None:  # a marker naming another bundle, or unreadable
-            (folder / INSTALLED_MARKER).write_text(marker, encoding="ascii")
+    gate = AppGate(lambda client: task, flower, {})
+    gate.pull_task_input(None)
+    assert gate.install_from_fab(approved_fab, skip_prompt=True) == folder
+    assert flower.calls == 0  # Flower's installer would keep the folder anyway
+    # the earlier gate's marker, or Python's bytecode cache from a run without the gate, are
+    # files that are not the bundle's: refused, and the log says which and where
+    for stray in (".fedparity-bundle-sha256", "gateapp/__pycache__/client_app.cpython-311.pyc"):
+        (folder / stray).parent.mkdir(exist_ok=True)
+        (folder / stray).write_bytes(b"")
         gate = AppGate(lambda client: task, flower, {})
         gate.pull_task_input(None)
-        assert gate.install_from_fab(approved_fab, skip_prompt=True) == folder
-    assert flower.calls == 3
-    assert installed_by_gate(folder) is None  # never marked: the gate did not unpack it
+        assert refused(gate.install_from_fab, approved_fab, skip_prompt=True) == APP_REFUSED_TEXT
+        (folder / stray).unlink()
+    assert flower.calls == 0
+
+
+# ------------------------------------ what Flower loads: the installed folder (review L3)
+
+#: The query a server sends (answered by the approved ClientApp with its name).
+QUERY = RecordDict({"gate": ConfigRecord({"ask": "ran"})})
+
+
+@pytest.fixture
+def clientapp_process(
+    flwr_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task_identity: None
+) -> Path:
+    """This process as a fresh ClientApp process for each message: no module of the test app
+    imported, bytecode written as Python does by default, ``sys.path`` restored after the
+    test; ``$HOME`` (where the hostile ClientApp writes its marker) is returned."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    # Python's default (this environment may set PYTHONDONTWRITEBYTECODE): caches are written
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    forget_the_app()
+    yield home
+    forget_the_app()
+
+
+def forget_the_app() -> None:
+    for name in [name for name in sys.modules if name.split(".")[0] == "gateapp"]:
+        del sys.modules[name]
+
+
+def one_message(task: tuple) -> str:
+    """One message through the gate and Flower's own loader, as Flower's ClientApp process
+    runs them (``run_clientapp``: pull, install, load the ClientApp from the run's app folder,
+    call it): the reply's answer. Each call is a new process: no module of the app imported."""
+    from flwr.clientapp.utils import get_load_client_app_fn
+
+    forget_the_app()
+    gate = gate_for(task)
+    _, context, run, fab = task
+    gate.install_from_fab(fab.content, skip_prompt=True)
+    load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+    client_app = load(run.fab_id, run.fab_version, fab.hash_str)
+    message = Message(QUERY, dst_node_id=1, message_type="query")
+    message.metadata.__dict__["_message_id"] = message.object_id  # as pulled messages have
+    reply = client_app(message=message, context=context)
+    return str(reply.content.config_records["gate"]["ran"])
+
+
+def plant_changed_module(folder: Path) -> None:
+    """The approved bundle's ClientApp module, rewritten in place."""
+    (folder / "gateapp" / "client_app.py").write_text(HOSTILE_CLIENT, encoding="utf-8")
+
+
+def plant_bytecode(folder: Path) -> None:
+    """A bytecode cache of another ClientApp beside the unchanged approved module, stamped
+    with that module's time and size: Python imports the cache and never reads the source."""
+    from importlib._bootstrap_external import _code_to_timestamp_pyc
+    from importlib.util import cache_from_source
+
+    source = folder / "gateapp" / "client_app.py"
+    code = compile(HOSTILE_CLIENT, str(source), "exec")
+    info = source.stat()
+    cache = Path(cache_from_source(str(source)))
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_bytes(_code_to_timestamp_pyc(code, int(info.st_mtime), info.st_size))
+
+
+@pytest.mark.parametrize("plant", [plant_changed_module, plant_bytecode])
+def test_code_planted_in_an_approved_bundles_folder_is_refused_before_it_is_imported(
+    plant, approved_fab: bytes, clientapp_process: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review L3: Flower keeps an app's installed folder and imports the ClientApp from it;
+    the gate checked only the pulled bundle's bytes. Someone who can write the node's
+    ``$FLWR_HOME`` plants code there under the approved bundle's name: before the folder
+    check the next message ran it (the marker appeared, the reply was the planted app's)."""
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
+    assert one_message(task) == "gateapp 1.0.0"  # installs the approved bundle
+    assert one_message(task) == "gateapp 1.0.0"  # the gate's own loads leave it exact
+    run, fab = task[2], task[3]
+    folder = get_project_dir(run.fab_id, run.fab_version, fab.hash_str)
+    plant(folder)
+    flwr_logger = logging.getLogger("flwr")  # Flower's logger does not propagate to the root
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        assert refused(one_message, task) == APP_REFUSED_TEXT
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    assert not (clientapp_process / MARKER).exists()
+    assert not [name for name in sys.modules if name.split(".")[0] == "gateapp"]
+    lines = {r.getMessage() for r in caplog.records}  # once, whether or not Flower propagates
+    [line] = [text for text in lines if "does not hold exactly" in text]
+    assert str(folder) in line and "gateapp/" in line and sha256(approved_fab) in line
+
+
+def test_an_approved_bundles_folder_is_checked_against_every_file_of_the_bundle(
+    approved_fab: bytes, flwr_home: Path
+) -> None:
+    task = pulled(approved_fab, {"allowed-apps": sha256(approved_fab)})
+    folder = gate_for(task).install_from_fab(approved_fab, skip_prompt=True)
+    files = bundle_files(approved_fab)
+    # the folder holds the bundle's members but its manifest (.info), byte for byte
+    with zipfile.ZipFile(io.BytesIO(approved_fab)) as bundle:
+        members = {m for m in bundle.namelist() if not m.startswith(".info/")}
+    assert set(files) == members and "pyproject.toml" in files
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert on_disk == members
+    for name, change in [
+        ("gateapp/server_app.py", lambda p: p.unlink()),  # missing
+        ("gateapp/__init__.py", lambda p: p.write_bytes(p.read_bytes() + b"\n")),  # changed
+        ("pyproject.toml", lambda p: p.write_bytes(p.read_bytes().replace(b"1.0.0", b"1.0.1"))),
+        ("gateapp/extra.py", lambda p: p.write_text("")),  # an extra module
+        ("gateapp/client_app.py", lambda p: (p.unlink(), p.symlink_to(folder / "x.py"))),
+    ]:
+        original = files.get(name)
+        path = folder / name
+        change(path)
+        gate = gate_for(task)
+        assert refused(gate.install_from_fab, approved_fab, skip_prompt=True) == APP_REFUSED_TEXT
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        if original is not None:
+            path.write_bytes(original)
+        assert gate_for(task).install_from_fab(approved_fab, skip_prompt=True) == folder
+    # a folder without files holds no code and is accepted
+    (folder / "gateapp" / "empty").mkdir()
+    assert gate_for(task).install_from_fab(approved_fab, skip_prompt=True) == folder
 
 
 # ------------------------------------------------- the ClientApp's pulls of message objects
@@ -460,7 +597,8 @@ def test_flowers_clientapp_process_pulls_then_installs_then_loads_inside_one_try
     """Fails when Flower changes what the gate relies on (checked against Flower 1.41): the
     bundle is installed by the module's ``install_from_fab`` right after the module's
     ``pull_task_input`` and before anything of it is loaded, inside the ``try`` whose
-    ``except`` replies to the pulled message with the exception's text."""
+    ``except`` replies to the pulled message with the exception's text; the ClientApp is
+    loaded from the folder the gate checks."""
     from flwr.supernode.runtime import run_clientapp
 
     source = textwrap.dedent(inspect.getsource(run_clientapp.run_clientapp))
@@ -480,6 +618,16 @@ def test_flowers_clientapp_process_pulls_then_installs_then_loads_inside_one_try
     assert set(calls[pull + 1 : install]) <= {"log"}
     assert calls.index("load_client_app_fn") > install
     assert calls.index("client_app") > install
+    # the ClientApp is imported from the folder of the run's app id, version and hash, the
+    # folder the gate checks (check_installed_app), and only from there
+    body = "\n".join(ast.unparse(statement) for statement in block.body)
+    assert "get_load_client_app_fn(default_app_ref='', app_path=None, multi_app=True)" in body
+    assert "load_client_app_fn(run.fab_id, run.fab_version, fab.hash_str)" in body
+    from flwr.clientapp import utils
+
+    loader = ast.unparse(ast.parse(textwrap.dedent(inspect.getsource(utils))))
+    assert "runtime_app_dir = get_project_dir(fab_id, fab_version, fab_hash)" in loader
+    assert "load_app(client_app_ref, LoadClientAppError, runtime_app_dir)" in loader
     pulled_names = [
         ast.unparse(node.targets[0])
         for node in block.body
@@ -556,7 +704,7 @@ def test_fedparity_superexec_checks_its_policy_file_before_starting(tmp_path: Pa
 # --------------------------------------------------------------------------- deployment
 
 
-@pytest.mark.slow  # a real SuperLink and two SuperNodes, two runs: about 45 s
+@pytest.mark.slow  # a real SuperLink and two SuperNodes, three runs: about 80 s
 def test_a_gated_supernode_refuses_an_unapproved_bundle_and_runs_the_approved_one(
     tmp_path: Path,
 ) -> None:
@@ -565,7 +713,9 @@ def test_a_gated_supernode_refuses_an_unapproved_bundle_and_runs_the_approved_on
     whose ``allowed-apps`` holds the approved bundle's hash), node 1 as Flower's default. The
     server ships the approved app with another ClientApp: node 1 runs it (its marker appears:
     what every node did before the gate), node 0 answers with the fixed sentence and neither
-    installs nor imports it. The approved bundle then runs on both."""
+    installs nor imports it. The approved bundle then runs on both. Then another ClientApp is
+    written into the approved bundle's installed folder on both nodes (review L3): node 1 runs
+    it, node 0 refuses the message with the fixed sentence and logs the folder."""
     policy = tmp_path / "policy.toml"
     policy.write_text(f'allowed-apps = ["{app_bundle_hash(GATE_APP)}"]\n', encoding="utf-8")
     hostile = hostile_app(tmp_path / "server")
@@ -601,6 +751,20 @@ def test_a_gated_supernode_refuses_an_unapproved_bundle_and_runs_the_approved_on
         assert dep.superexecs[0].alive()
         log = dep.superexecs[0].log_text()
         assert "app gate: refused the app bundle" in log and "is in allowed-apps" in log
+
+        # review L3: another ClientApp written into the approved bundle's installed folder
+        # on both nodes. Flower keeps the folder and imports it: node 1 runs the planted code.
+        (work / "supernode-1" / MARKER).unlink()
+        folder = f"fedparity-tests.gateapp.1.0.0.{app_bundle_hash(GATE_APP)[:8]}"
+        for node in ("supernode-0", "supernode-1"):
+            plant_changed_module(work / node / "apps" / folder)
+        answers = replies(GATE_APP, "planted")
+        assert answers[open_id] == "answered: hostile"
+        assert (work / "supernode-1" / MARKER).is_file()
+        assert answers[gated_id] == expected
+        assert not (work / "supernode-0" / MARKER).exists()
+        log = dep.superexecs[0].log_text()
+        assert f"{folder}, does not hold exactly its files (gateapp/client_app.py" in log
 
 
 def test_a_serverapps_grid_reads_reply_objects_promptly() -> None:
