@@ -25,6 +25,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.project.config import RunConfig
+from ..mechanisms.ldp.node_influence import AUTO_CAP, UserCap
 from ..strategies.ldp_audit import AuditOutcome, LdpGapAudit
 from ..strategies.rate_report import RateReportOutcome
 from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release, SeriesObserver
@@ -53,8 +54,8 @@ def ldp_audit_for(
     users_by_node: Mapping[int, int],
     group_sizes: Sequence[int] | None = None,
 ) -> LdpGapAudit:
-    """One audit at ``budget`` with the run config's mechanism, groups, metric and
-    confidence."""
+    """One audit at ``budget`` with the run config's mechanism, groups, metric, confidence
+    and per-node cap (``max-users-per-node``)."""
     return LdpGapAudit.for_budget(
         config.mechanism,
         budget,
@@ -64,12 +65,20 @@ def ldp_audit_for(
         group_sizes=group_sizes,
         audit_id=audit_id,
         users_by_node=users_by_node,
+        max_users_per_node=node_cap_setting(config),
     )
+
+
+def node_cap_setting(config: RunConfig) -> UserCap:
+    """The strategies' ``max_users_per_node`` for the run config's ``max-users-per-node``
+    (``""``: ``"auto"``)."""
+    return AUTO_CAP if config.max_users_per_node is None else config.max_users_per_node
 
 
 def missing_contributions(outcome: AuditOutcome | RateReportOutcome) -> str:
     """Who did not contribute to an audit and why, in words ("" if everyone did): users that
-    refused (their privacy budget is spent), rejected replies, nodes that did not reply."""
+    refused (their privacy budget is spent), rejected replies, nodes that did not reply, nodes
+    the per-node cap left out."""
     parts = []
     if outcome.refused_users:
         parts.append(
@@ -80,6 +89,11 @@ def missing_contributions(outcome: AuditOutcome | RateReportOutcome) -> str:
         parts.append(f"{len(outcome.rejected)} node repl(ies) rejected")
     if outcome.missing_nodes:
         parts.append(f"{len(outcome.missing_nodes)} node(s) did not reply")
+    if outcome.excluded:
+        parts.append(
+            f"{len(outcome.excluded)} node(s) left out: more users than the per-node cap "
+            "(max-users-per-node)"
+        )
     return "; ".join(parts)
 
 

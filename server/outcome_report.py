@@ -26,7 +26,7 @@ from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.rate_report import RateReportOutcome
 from ..strategies.sequential_audit import SequentialAuditOutcome
 from .html_report import Finding, Report, Section, Table, write_report
-from .report import holder_dp_line, write_json
+from .report import holder_dp_line, node_findings, write_json
 
 __all__ = ["Outcome", "OutcomeReportFiles", "write_outcome_report"]
 
@@ -114,6 +114,19 @@ def _finding(label: str, outcome: Outcome) -> Finding:
         verdict += f"; {four_fifths.sentence}"
         bad = four_fifths.verdict == "fails"
     return Finding((f"{label}: {verdict}",), "bad" if bad else "info")
+
+
+def _node_findings(label: str, outcome: Outcome) -> list[Finding]:
+    """The nodes the per-node cap left out of an LDP outcome and those its influence check
+    flagged (none for FedEvalFair)."""
+    if isinstance(outcome, FedEvalFairOutcome):
+        return []
+    checks = outcome.influence if isinstance(outcome, RateReportOutcome) else [outcome.influence]
+    return node_findings(
+        (f"{label}: ",),
+        [item.to_dict() for item in outcome.excluded],
+        [check.to_dict() for check in checks if check is not None],
+    )
 
 
 def _group_table(outcome: Outcome) -> Table | None:
@@ -223,8 +236,11 @@ def write_outcome_report(
         title=title,
         question="Does the model serve every group equally, measured without collecting "
         "anyone's group?",
-        headline=[
-            _finding(label, outcome) for label, outcome in zip(labels, outcomes, strict=True)
+        headline=[_finding(label, outcome) for label, outcome in zip(labels, outcomes, strict=True)]
+        + [
+            finding
+            for label, outcome in zip(labels, outcomes, strict=True)
+            for finding in _node_findings(label, outcome)
         ],
         sections=sections,
         privacy=Section(

@@ -13,6 +13,8 @@ from .report import (
     FEDEVALFAIR_METRICS,
     PAPER_MODE_WARNING,
     holder_dp_line,
+    influence_blocks,
+    node_findings,
     privacy_ledger_text,
 )
 from .results import PipelineAudit, PipelineModel, PipelinePrivacy, PipelineResults
@@ -173,6 +175,12 @@ def pipeline_findings(results: PipelineResults | Mapping[str, Any]) -> list[Find
         error = (model.fedevalfair or {}).get("error")
         if error:
             findings.append(Finding((f"{_label(results, session)}, FedEvalFair: {error}",), "bad"))
+        for audit in model.audits or []:
+            findings += node_findings(
+                (f"{_label(results, session)}, LDP audit at epsilon = {audit.budget:g}: ",),
+                audit.excluded_nodes,
+                [audit.influence] if audit.influence else [],
+            )
     findings += [_comparison_finding(results, row) for row in results.comparison or []]
     for session in MODELS:
         harness = models[session].harness
@@ -273,6 +281,16 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
         caption="Privacy each user spent, step by step",
     )
     timing = results.timing or {}
+    audits = [
+        (f"{_label(results, session)}, epsilon {audit.budget:g}", audit)
+        for session in MODELS
+        for audit in ((results.models or {})[session].audits or [])
+    ]
+    influence = influence_blocks(
+        [(label, audit.influence) for label, audit in audits if audit.influence],
+        [item for _, audit in audits for item in audit.excluded_nodes or []],
+        first="audit",
+    )
     sections = [
         Section(
             "Both models",
@@ -287,6 +305,7 @@ def pipeline_report(results: PipelineResults | Mapping[str, Any]) -> Report:
                 "The FedEvalFair rows are the "
                 f"{results.primary_mode} mode; each training's own report "
                 "(train-fpfl/report.html, train-pfl/report.html) has its rounds and plots.",
+                *influence,
             ),
         ),
         Section(

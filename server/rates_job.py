@@ -25,13 +25,21 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..clients.project.config import RunConfig
+from ..mechanisms.formatting import format_number
 from ..strategies.rate_report import RateReportAudit, RateReportOutcome
 from ..strategies.release_series import DurableReleases, LdpAuditSeries, Release, SeriesObserver
 from .harness import rate_truth
 from .html_report import Finding, Report, Section, Table, Value, write_report
-from .ldp_job import ldp_privacy, missing_contributions
+from .ldp_job import ldp_privacy, missing_contributions, node_cap_setting
 from .orchestration import connect_and_train, harness_applies, training_report
-from .report import ldp_privacy_blocks, no_totals_reason, privacy_ledger_text, write_json
+from .report import (
+    influence_blocks,
+    ldp_privacy_blocks,
+    no_totals_reason,
+    node_findings,
+    privacy_ledger_text,
+    write_json,
+)
 from .results import LdpPrivacy, RateReportRecord, RateReportResults
 from .run_record import RunRecord, open_run_record
 
@@ -117,6 +125,12 @@ def rate_findings(results: RateReportResults | Mapping[str, Any]) -> list[Findin
         parts.append(f". {rates['four_fifths']['sentence']}")
         verdict = rates["four_fifths"]["verdict"]
         findings.append(Finding(tuple(parts), "bad" if verdict == "fails" else "info"))
+    for report in results.reports or []:
+        findings += node_findings(
+            (f"At epsilon = {format_number(report.budget, 'g')}: ",),
+            report.excluded_nodes,
+            report.influence or [],
+        )
     truth = results.ground_truth
     if truth is not None:
         derived = truth["rates"]["derived"]
@@ -162,6 +176,14 @@ def rate_report_page(results: RateReportResults | Mapping[str, Any]) -> Report:
         "from the same reports, so each user was charged once per report.",
     ]
     detail.extend(_rates_table(report) for report in results.reports or [] if report.rates)
+    detail += influence_blocks(
+        [
+            (report.budget, check)
+            for report in results.reports or []
+            for check in report.influence or []
+        ],
+        [item for report in results.reports or [] for item in report.excluded_nodes or []],
+    )
     return Report(
         title="fedparity rate report",
         question="Do the groups get the same selection rate, TPR and FPR, measured under local "
@@ -185,7 +207,8 @@ def rate_report_page(results: RateReportResults | Mapping[str, Any]) -> Report:
 def rate_report_for(
     config: RunConfig, budget: float, *, audit_id: str, users_by_node: Mapping[int, int]
 ) -> RateReportAudit:
-    """One rate report at ``budget`` with the run config's oracle, groups and confidence."""
+    """One rate report at ``budget`` with the run config's oracle, groups, confidence and
+    per-node cap (``max-users-per-node``)."""
     return RateReportAudit.for_budget(
         budget,
         num_groups=config.num_groups,
@@ -193,6 +216,7 @@ def rate_report_for(
         confidence=config.confidence,
         audit_id=audit_id,
         users_by_node=users_by_node,
+        max_users_per_node=node_cap_setting(config),
     )
 
 

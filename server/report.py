@@ -20,6 +20,7 @@ from ..mechanisms.fairness_tests.fedevalfair import (
 )
 from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.estimators import GAP_VERDICTS, normal_quantile
+from ..mechanisms.ldp.node_influence import NodeInfluence
 from ..strategies.fedevalfair import block_label
 from ..strategies.ldp_audit import AuditOutcome
 from ..strategies.replies import LedgerTotals
@@ -242,6 +243,12 @@ def ldp_findings(results: LdpAuditResults | Mapping[str, Any]) -> list[Finding]:
                 "bad" if detected else "info",
             )
         )
+    for audit in results.audits or []:
+        findings += node_findings(
+            (f"At epsilon = {format_number(audit.budget, 'g')}: ",),
+            audit.excluded_nodes,
+            [audit.influence] if audit.influence else [],
+        )
     truth = results.ground_truth
     if truth is not None and truth.get("max_gap") is not None:
         findings.append(
@@ -273,6 +280,10 @@ def ldp_report(
         "Interval: normal approximation (simultaneous over the group pairs when there are more "
         "than two groups); the Chebyshev half width is the paper's worst-case bound.",
         _group_means_table(audits_done, metric),
+        *influence_blocks(
+            [(audit.budget, audit.influence) for audit in audits_done if audit.influence],
+            [item for audit in audits_done for item in audit.excluded_nodes or []],
+        ),
     ]
     if _noisy_rates(estimates):
         detail.append(f"Note: {NOISY_RATES_NOTE}.")
@@ -389,6 +400,97 @@ def _group_means_table(audits_done: Sequence[AuditRecord], metric: str) -> Table
         group_rows,
         caption="Private group means",
     )
+
+
+#: What the influence table's notes say about the check.
+INFLUENCE_NOTE = (
+    "Influence of each node (post-processing of the reports already received, no further "
+    "privacy cost): the largest shift of the estimate when one node's reports are left out, "
+    "in standard errors of the estimate; Cochran's Q across the nodes' own estimates of the "
+    "same quantity (each with its variance as a sample of its users; nodes with too few "
+    "reports to estimate alone are not tested), and the nodes whose own estimate deviates "
+    "from the others' beyond the Bonferroni threshold (flagged). A node that claims invented "
+    "users shows up here; how far it can move the answer is bounded by the per-node cap "
+    "(max-users-per-node; docs/threat-model.md)."
+)
+
+
+def node_findings(
+    prefix: tuple[str | Value, ...],
+    excluded: Sequence[Mapping[str, Any]] | None,
+    influences: Sequence[Mapping[str, Any]],
+) -> list[Finding]:
+    """Headline lines (tone "warn") of one exchange on its nodes: each node the per-node cap
+    left out, and each influence check that flagged nodes (``NodeInfluence.to_dict`` objects),
+    after ``prefix`` (e.g. "At epsilon = 2: ")."""
+    findings = [
+        Finding((*prefix, f"node {item['node_id']} left out: {item['reason']}"), "warn")
+        for item in excluded or []
+    ]
+    for data in influences:
+        check = NodeInfluence.from_dict(data)
+        if check.flagged:
+            nodes = ", ".join(str(node) for node in check.flagged)
+            findings.append(
+                Finding((*prefix, f"node(s) {nodes} flagged: {check.summary()}"), "warn")
+            )
+    return findings
+
+
+def influence_blocks(
+    checks: Sequence[tuple[object, Mapping[str, Any]]],
+    excluded: Sequence[Mapping[str, Any]] = (),
+    first: str = "budget epsilon",
+) -> list[Any]:
+    """The detail of the influence checks: one table row per check (``(label, NodeInfluence
+    .to_dict)``: the largest leave-one-node-out shift and its node, Cochran's Q, its p-value
+    and the flagged nodes), the nodes the per-node cap left out, and the note on the check;
+    nothing when there is neither."""
+    if not checks and not excluded:
+        return []
+    rows = []
+    for label, data in checks:
+        check = NodeInfluence.from_dict(data)
+        rows.append(
+            [
+                label,
+                check.quantity,
+                f"{len(check.tested_nodes)} of {len(check.nodes)}",
+                check.largest_shift,
+                check.largest_shift_node,
+                check.statistic,
+                check.dof or None,
+                check.pvalue,
+                ", ".join(str(node) for node in check.flagged) or "none",
+            ]
+        )
+    blocks: list[Any] = []
+    if rows:
+        blocks.append(
+            Table(
+                [
+                    first,
+                    "quantity",
+                    "nodes tested",
+                    "largest leave-one-node-out shift (std. errors)",
+                    "its node",
+                    "Cochran's Q",
+                    "df",
+                    "p-value",
+                    "flagged nodes",
+                ],
+                rows,
+                caption="Influence of each node on the estimate",
+            )
+        )
+    seen: set[tuple[int, str]] = set()
+    for item in excluded:
+        key = (int(item["node_id"]), str(item["reason"]))
+        if key not in seen:
+            seen.add(key)
+            blocks.append(f"Node {item['node_id']} left out: {item['reason']}.")
+    blocks.append(INFLUENCE_NOTE)
+    return blocks
 
 
 def ldp_privacy_blocks(privacy: LdpPrivacy, why_no_totals: str | None = None) -> list[Any]:

@@ -123,6 +123,11 @@ class AuditRecord(Results):
     # release of this run created (their users' totals start there)
     ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
     new_ledger_nodes: list[int] | None = None
+    # the nodes the per-node cap left out (not asked), the cap, and each node's influence
+    # (NodeInfluence.to_dict: leave-one-node-out shifts, heterogeneity test, flagged nodes)
+    excluded_nodes: list[dict[str, Any]] | None = None
+    max_users_per_node: int | None = None
+    influence: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, budget: float, outcome: AuditOutcome, **more: Any) -> Self:
@@ -186,6 +191,10 @@ class RateReportRecord(Results):
     ledger_totals_reported_by_nodes: dict[str, Any] | None = None
     ledger_totals_by_node: dict[str, dict[str, Any]] | None = None
     new_ledger_nodes: list[int] | None = None
+    # as AuditRecord's; influence: one NodeInfluence.to_dict per rate difference checked
+    excluded_nodes: list[dict[str, Any]] | None = None
+    max_users_per_node: int | None = None
+    influence: list[dict[str, Any]] | None = None
 
 
 @dataclass

@@ -37,6 +37,13 @@ from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.calibration import GapMechanismType, MechanismChoice, mechanism_for_budget
 from ..mechanisms.ldp.laplace import GRID_STEP, LaplaceMechanism
 from ..mechanisms.ldp.metrics import METRIC_NAMES, UNDEFINABLE_METRICS
+from ..mechanisms.ldp.node_influence import (
+    AUTO_CAP,
+    NodeInfluence,
+    UserCap,
+    check_user_cap,
+    gap_node_influence,
+)
 from ..mechanisms.ldp.nprr import NPRRMechanism
 from ..mechanisms.ldp.piecewise import PiecewiseMechanism
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
@@ -49,11 +56,16 @@ from ..mechanisms.protocol.ldp_audit import (
 )
 from ..mechanisms.validation import check_int
 from .replies import (
+    ExcludedNode,
     LedgerTotals,
+    NodeCap,
     NodeLedgerReports,
     RejectedReply,
+    cap_lines,
     exchange_lines,
+    exclude_over_cap,
     ledger_fields,
+    refuse_over_cap,
     send_and_receive,
     short_reason,
     sort_replies,
@@ -123,6 +135,14 @@ class AuditOutcome:
         (a first audit, or a ledger its operator reset).
     metric : str
         The audited metric (accuracy, tpr, fpr, fnr; "" if not recorded).
+    excluded : tuple of ExcludedNode
+        Nodes not asked: they describe more users than the per-node cap (their users were
+        not charged).
+    max_users_per_node : int or None
+        The per-node cap on users this audit applied (None: no cap).
+    influence : NodeInfluence or None
+        Each node's influence on the estimate: the largest leave-one-node-out shift, the
+        heterogeneity test across nodes and the nodes it flags (None without an estimate).
 
     ``print(outcome)`` gives a one-line repr; ``print(outcome.summary())`` the verdict lines
     the built-in job prints, with the nodes' replies and the privacy the users have spent.
@@ -144,6 +164,9 @@ class AuditOutcome:
     # (None rather than a default factory: autodoc cannot parse a signature with <factory>)
     ledger_totals_by_node: Mapping[int, LedgerTotals] | None = None
     new_ledger_nodes: tuple[int, ...] = ()
+    excluded: tuple[ExcludedNode, ...] = ()
+    max_users_per_node: int | None = None
+    influence: NodeInfluence | None = None
 
     @property
     def ledger_reports(self) -> NodeLedgerReports:
@@ -165,7 +188,8 @@ class AuditOutcome:
 
     def summary_text(self) -> str:
         """The verdict (the largest gap, its interval, whether the groups differ), each
-        group's mean, then how many nodes and users took part and the most any user has spent."""
+        group's mean, then how many nodes and users took part, the nodes the per-node cap left
+        out, each node's influence and the most any user has spent."""
         metric = self.metric or "metric"
         lines = [f"LDP audit of {metric}"]
         if self.estimate is None:
@@ -179,6 +203,9 @@ class AuditOutcome:
             f"{self.refused_users} users refused (their ledgers could not afford it), "
             f"{self.undefined_users} without a defined {metric}"
         )
+        lines += cap_lines(self.excluded)
+        if self.influence is not None:
+            lines.append(self.influence.summary())
         lines += exchange_lines("audit", self.rejected, self.ledger_totals, self.new_ledger_nodes)
         return "\n".join(lines)
 
@@ -213,6 +240,9 @@ class AuditOutcome:
             "error": self.error,
             "epsilon_spent_max_reported_by_nodes": self.epsilon_spent_max,
             **ledger_fields(self.ledger_totals, self.ledger_reports),
+            "excluded_nodes": [item.to_dict() for item in self.excluded],
+            "max_users_per_node": self.max_users_per_node,
+            "influence": None if self.influence is None else self.influence.to_dict(),
         }
 
 
@@ -237,7 +267,15 @@ class LdpGapAudit:
         Users each node said it hosts (``num-users`` of its ``query.describe`` reply,
         :class:`fedparity.server.orchestration.NodeDescriptions`). A reply accounting for more users
         (num-reports + num-refused + num-undefined) is rejected; nodes not in the mapping,
-        or no mapping, are not bounded.
+        or no mapping, are bounded by ``max_users_per_node`` only.
+    max_users_per_node : "auto", int or None
+        The most users one node may bring, whatever it claims: a node that describes more
+        (``users_by_node``) is not asked (:attr:`AuditOutcome.excluded`), a reply that
+        accounts for more is refused. ``"auto"`` (the default):
+        :data:`~fedparity.mechanisms.ldp.node_influence.NODE_SIZE_FACTOR` times the lower
+        median of the sizes the nodes describe (or, without ``users_by_node``, of the users
+        the replies account for), which no single node sets; None: no cap, and one node that
+        claims many invented users sets the answer (``docs/threat-model.md``).
     undefined_category : bool
         The mechanism's last category is "metric undefined" (default: for TPR, FPR and FNR,
         which are undefined for a user without positives, resp. negatives). Every user then
@@ -257,6 +295,7 @@ class LdpGapAudit:
         audit_id: str = "audit",
         users_by_node: Mapping[int, int] | None = None,
         undefined_category: bool | None = None,
+        max_users_per_node: UserCap = AUTO_CAP,
     ) -> None:
         if not budget > 0:
             raise ValueError(f"budget must be > 0, got {budget!r}")
@@ -297,6 +336,7 @@ class LdpGapAudit:
                 self.users_by_node[int(node)] = check_int(
                     f"users_by_node[{node!r}]", users, minimum=0
                 )
+        self.max_users_per_node = check_user_cap("max_users_per_node", max_users_per_node)
 
     @classmethod
     def for_budget(
@@ -426,14 +466,32 @@ class LdpGapAudit:
             undefined,
         )
 
-    def aggregate_audit(self, sent_to: Sequence[int], replies: Iterable[Message]) -> AuditOutcome:
-        """Validate replies, merge accepted reports and estimate; never raises on bad replies."""
+    def node_cap(self) -> NodeCap:
+        """The per-node cap over the sizes the nodes described (``max_users_per_node``)."""
+        return NodeCap.resolve(self.max_users_per_node, (self.users_by_node or {}).values())
+
+    def aggregate_audit(
+        self,
+        sent_to: Sequence[int],
+        replies: Iterable[Message],
+        *,
+        excluded: Sequence[ExcludedNode] = (),
+    ) -> AuditOutcome:
+        """Validate replies, refuse those over the per-node cap, merge accepted reports,
+        estimate and check each node's influence; never raises on bad replies.
+        ``excluded``: the nodes :meth:`start` left out (recorded in the outcome)."""
         limits = self.users_by_node or {}
         replies_sorted = sort_replies(
             sent_to,
             replies,
             lambda reply, node: self.check_reply(reply, max_users=limits.get(node)),
             METRICS_KEY,
+        )
+        cap = refuse_over_cap(
+            replies_sorted,
+            lambda item: item[0].num_reports + item[1] + item[2],
+            self.max_users_per_node,
+            limits,
         )
         total = ReportSummary.empty(self.mechanism.num_groups)
         for _, (summary, _, _) in replies_sorted.accepted:
@@ -454,6 +512,20 @@ class LdpGapAudit:
             )
         except (EstimationError, ValueError) as error:
             error_text = str(error)
+        influence = None
+        if estimate is not None:
+            try:  # post-processing of the accepted reports (group sizes estimated)
+                influence = gap_node_influence(
+                    {node: item[0] for node, item in replies_sorted.accepted},
+                    self.mechanism,
+                    metric=self.metric,
+                    undefined_category=self.undefined_category,
+                    alpha=1.0 - self.confidence,
+                )
+            except EstimationError:
+                influence = None
+            if influence is not None and influence.flagged:
+                log(logging.WARNING, "LDP audit: %s", influence.summary())
         for item in rejected:
             log(
                 logging.WARNING,
@@ -479,6 +551,9 @@ class LdpGapAudit:
             metric=self.metric,
             ledger_totals_by_node=ledgers.by_node,
             new_ledger_nodes=tuple(sorted(ledgers.new_ledger_nodes)),
+            excluded=tuple(excluded),
+            max_users_per_node=cap.users,
+            influence=influence,
         )
 
     def start(
@@ -493,9 +568,13 @@ class LdpGapAudit:
 
         ``node_ids``: the nodes to ask (default: every connected node). A job that runs
         several audits passes the federation it started with, so that a node lost in one
-        audit is counted missing in the next, not forgotten."""
+        audit is counted missing in the next, not forgotten. A node that describes more
+        users than the per-node cap (``max_users_per_node``) is not asked."""
         self.summary()
         node_ids = sorted(grid.get_node_ids() if node_ids is None else set(node_ids))
-        messages = self.configure_audit(arrays, node_ids)
+        asked, excluded = exclude_over_cap(
+            node_ids, self.users_by_node or {}, self.node_cap(), "LDP audit"
+        )
+        messages = self.configure_audit(arrays, asked)
         replies = send_and_receive(grid, messages, timeout)
-        return self.aggregate_audit(node_ids, replies)
+        return self.aggregate_audit(asked, replies, excluded=excluded)

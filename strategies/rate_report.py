@@ -33,6 +33,13 @@ from flwr.serverapp import Grid
 from ..mechanisms.formatting import format_number
 from ..mechanisms.ldp.frequency_oracle import FrequencyEstimate, FrequencyOracle, frequency_oracle
 from ..mechanisms.ldp.group_rates import CELLS, GroupRates, group_rates
+from ..mechanisms.ldp.node_influence import (
+    AUTO_CAP,
+    NodeInfluence,
+    UserCap,
+    check_user_cap,
+    rate_node_influence,
+)
 from ..mechanisms.privacy.basic_ledger import BUDGET_TOLERANCE
 from ..mechanisms.protocol import METRICS_KEY, REPORTS_KEY
 from ..mechanisms.protocol.rate_report import (
@@ -43,11 +50,16 @@ from ..mechanisms.protocol.rate_report import (
 )
 from ..mechanisms.validation import check_int, check_num_groups
 from .replies import (
+    ExcludedNode,
     LedgerTotals,
+    NodeCap,
     NodeLedgerReports,
     RejectedReply,
+    cap_lines,
     exchange_lines,
+    exclude_over_cap,
     ledger_fields,
+    refuse_over_cap,
     send_and_receive,
     short_reason,
     sort_replies,
@@ -90,6 +102,15 @@ class RateReportOutcome:
         Each accepted node's totals.
     new_ledger_nodes : tuple of int
         Accepted nodes whose ledger this report created.
+    excluded : tuple of ExcludedNode
+        Nodes not asked: they describe more users than the per-node cap (their users were
+        not charged).
+    max_users_per_node : int or None
+        The per-node cap on users this report applied (None: no cap).
+    influence : tuple of NodeInfluence
+        Each node's influence on the selection rate, TPR and FPR differences between the
+        groups (:data:`~fedparity.mechanisms.ldp.node_influence.INFLUENCE_RATE_METRICS`):
+        the largest leave-one-node-out shift, the heterogeneity test and the flagged nodes.
     """
 
     rates: GroupRates | None
@@ -107,6 +128,9 @@ class RateReportOutcome:
     ledger_totals: LedgerTotals | None = None
     ledger_totals_by_node: Mapping[int, LedgerTotals] | None = None
     new_ledger_nodes: tuple[int, ...] = ()
+    excluded: tuple[ExcludedNode, ...] = ()
+    max_users_per_node: int | None = None
+    influence: tuple[NodeInfluence, ...] = ()
 
     @property
     def ledger_reports(self) -> NodeLedgerReports:
@@ -115,7 +139,8 @@ class RateReportOutcome:
 
     def summary(self) -> str:
         """The rates' verdict lines (:meth:`GroupRates.summary`), then how many nodes and users
-        took part, what each was charged, and the most any user has spent."""
+        took part, what each was charged, the nodes the per-node cap left out, each node's
+        influence, and the most any user has spent."""
         lines = [
             f"Rate report ({self.oracle}, epsilon {format_number(self.epsilon, '.4g')} per "
             "user, charged once for every metric)"
@@ -127,6 +152,8 @@ class RateReportOutcome:
             f"{len(self.missing_nodes)} nodes missing); {self.refused_users} users refused "
             "(their ledgers could not afford it)"
         )
+        lines += cap_lines(self.excluded)
+        lines += [check.summary() for check in self.influence]
         lines += exchange_lines("report", self.rejected, self.ledger_totals, self.new_ledger_nodes)
         return "\n".join(lines)
 
@@ -152,6 +179,9 @@ class RateReportOutcome:
             "refused_users": self.refused_users,
             "error": self.error,
             **ledger_fields(self.ledger_totals, self.ledger_reports),
+            "excluded_nodes": [item.to_dict() for item in self.excluded],
+            "max_users_per_node": self.max_users_per_node,
+            "influence": [check.to_dict() for check in self.influence],
         }
 
 
@@ -176,6 +206,12 @@ class RateReportAudit:
         Label recorded in the users' ledgers.
     users_by_node : mapping of int to int, optional
         Users each node said it hosts; a reply accounting for more is rejected.
+    max_users_per_node : "auto", int or None
+        The most users one node may bring, whatever it claims: a node that describes more is
+        not asked, a reply that accounts for more is refused (as
+        :class:`~fedparity.strategies.ldp_audit.LdpGapAudit`'s; ``"auto"``, the default,
+        :data:`~fedparity.mechanisms.ldp.node_influence.NODE_SIZE_FACTOR` times the lower
+        median of the nodes' sizes; None: no cap).
     """
 
     def __init__(
@@ -188,6 +224,7 @@ class RateReportAudit:
         min_group_count: float = 0.0,
         audit_id: str = "rates",
         users_by_node: Mapping[int, int] | None = None,
+        max_users_per_node: UserCap = AUTO_CAP,
     ) -> None:
         if not isinstance(oracle, FrequencyOracle):
             raise TypeError(f"oracle must be a FrequencyOracle, got {type(oracle).__name__}")
@@ -212,6 +249,7 @@ class RateReportAudit:
             int(node): check_int(f"users_by_node[{node!r}]", users, minimum=0)
             for node, users in (users_by_node or {}).items()
         }
+        self.max_users_per_node = check_user_cap("max_users_per_node", max_users_per_node)
 
     @classmethod
     def for_budget(
@@ -280,16 +318,31 @@ class RateReportAudit:
             )
         return support, typed.num_reports, typed.num_refused
 
+    def node_cap(self) -> NodeCap:
+        """The per-node cap over the sizes the nodes described (``max_users_per_node``)."""
+        return NodeCap.resolve(self.max_users_per_node, self.users_by_node.values())
+
     def aggregate_report(
-        self, sent_to: Sequence[int], replies: Iterable[Message]
+        self,
+        sent_to: Sequence[int],
+        replies: Iterable[Message],
+        *,
+        excluded: Sequence[ExcludedNode] = (),
     ) -> RateReportOutcome:
-        """Check replies, add the accepted reports' support counts and estimate; never raises
-        on bad replies."""
+        """Check replies, refuse those over the per-node cap, add the accepted reports'
+        support counts, estimate and check each node's influence; never raises on bad
+        replies. ``excluded``: the nodes :meth:`start` left out (recorded in the outcome)."""
         replies_sorted = sort_replies(
             sent_to,
             replies,
             lambda reply, node: self.check_reply(reply, max_users=self.users_by_node.get(node)),
             METRICS_KEY,
+        )
+        cap = refuse_over_cap(
+            replies_sorted,
+            lambda item: item[1] + item[2],
+            self.max_users_per_node,
+            self.users_by_node,
         )
         support = np.zeros(self.oracle.domain_size, dtype=np.int64)
         num_reports = refused = 0
@@ -310,6 +363,7 @@ class RateReportAudit:
         counts: FrequencyEstimate | None = None
         rates: GroupRates | None = None
         error: str | None = None
+        influence: tuple[NodeInfluence, ...] = ()
         if num_reports == 0:
             error = "no report was accepted"
         else:
@@ -321,6 +375,15 @@ class RateReportAudit:
                 confidence=self.confidence,
                 min_group_count=self.min_group_count,
             )
+            influence = rate_node_influence(  # post-processing of the accepted reports
+                {node: (item[0], item[1]) for node, item in replies_sorted.accepted},
+                self.oracle,
+                num_groups=self.num_groups,
+                alpha=1.0 - self.confidence,
+            )
+            for check in influence:
+                if check.flagged:
+                    log(logging.WARNING, "Rate report: %s", check.summary())
         ledgers = replies_sorted.ledgers
         return RateReportOutcome(
             rates=rates,
@@ -338,6 +401,9 @@ class RateReportAudit:
             ledger_totals=ledgers.merged(),
             ledger_totals_by_node=ledgers.by_node,
             new_ledger_nodes=tuple(sorted(ledgers.new_ledger_nodes)),
+            excluded=tuple(excluded),
+            max_users_per_node=cap.users,
+            influence=influence,
         )
 
     def start(
@@ -348,8 +414,12 @@ class RateReportAudit:
         timeout: float = 600.0,
         node_ids: Iterable[int] | None = None,
     ) -> RateReportOutcome:
-        """Run the report on ``node_ids`` (default: every connected node); the outcome."""
+        """Run the report on ``node_ids`` (default: every connected node) but those that
+        describe more users than the per-node cap; the outcome."""
         self.summary()
         node_ids = sorted(grid.get_node_ids() if node_ids is None else set(node_ids))
-        replies = send_and_receive(grid, self.configure_report(arrays, node_ids), timeout)
-        return self.aggregate_report(node_ids, replies)
+        asked, excluded = exclude_over_cap(
+            node_ids, self.users_by_node, self.node_cap(), "Rate report"
+        )
+        replies = send_and_receive(grid, self.configure_report(arrays, asked), timeout)
+        return self.aggregate_report(asked, replies, excluded=excluded)

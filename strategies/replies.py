@@ -18,6 +18,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from ..mechanisms.formatting import strip_ansi
+from ..mechanisms.ldp.node_influence import AUTO_CAP, NODE_SIZE_FACTOR, UserCap, resolve_user_cap
 from ..mechanisms.privacy.user_ledger import NEIGHBOURING
 from ..mechanisms.protocol import (
     EPSILON_SPENT_BASIC_DELTA_KEY,
@@ -31,7 +32,10 @@ from ..mechanisms.protocol.object_pulls import POLL_COST_FACTOR, PromptObjectPul
 from ..mechanisms.protocol.refusal_log import install_refusal_filter
 
 __all__ = [
+    "CAP_SETTING",
+    "ExcludedNode",
     "LedgerTotals",
+    "NodeCap",
     "NodeLedgerReports",
     "merge_ledger_totals",
     "MAX_REASON_LENGTH",
@@ -41,10 +45,13 @@ __all__ = [
     "RejectedReply",
     "SortedReplies",
     "attribute_replies",
+    "cap_lines",
+    "exclude_over_cap",
     "exchange_lines",
     "ledger_fields",
     "poll_interval",
     "prompt_object_pulls",
+    "refuse_over_cap",
     "send_and_receive",
     "session_records",
     "short_reason",
@@ -88,6 +95,94 @@ class RejectedReply:
 
     node_id: int
     reason: str
+
+
+#: What an operator changes to let a larger node take part.
+CAP_SETTING = "max-users-per-node in the run config (max_users_per_node of the strategy)"
+
+
+@dataclass(frozen=True)
+class NodeCap:
+    """The most users one node may bring to an exchange, and how it was set
+    (:func:`~fedparity.mechanisms.ldp.node_influence.resolve_user_cap`): a node that describes
+    more is not asked, a reply that accounts for more is refused.
+
+    Attributes
+    ----------
+    users : int or None
+        The cap (None: no cap).
+    automatic : bool
+        Derived from the nodes' sizes (``"auto"``) rather than set.
+    """
+
+    users: int | None
+    automatic: bool = False
+
+    @classmethod
+    def resolve(cls, setting: UserCap, sizes: Iterable[int]) -> NodeCap:
+        """The cap ``setting`` (``"auto"``, an integer or None) gives over the nodes'
+        ``sizes``."""
+        return cls(resolve_user_cap(setting, sizes), setting == AUTO_CAP)
+
+    @property
+    def rule(self) -> str:
+        """How the cap was set, in words."""
+        if self.automatic:
+            return f"{NODE_SIZE_FACTOR} x the lower median of the sizes the nodes describe"
+        return "set by max-users-per-node"
+
+    def exceeded_by(self, users: int) -> bool:
+        """``users`` is over the cap."""
+        return self.users is not None and users > self.users
+
+    def reason(self, users: int, claim: str = "it describes") -> str:
+        """One line: the node's ``users``, the cap, how it was set and what to change."""
+        return (
+            f"{claim} {users} users, more than the per-node cap of {self.users} ({self.rule}); "
+            f"if its size is real, raise {CAP_SETTING}"
+        )
+
+
+@dataclass(frozen=True)
+class ExcludedNode:
+    """A node left out of an exchange before it was asked (its users were not charged): it
+    describes more users than the per-node cap (:class:`NodeCap`)."""
+
+    node_id: int
+    claimed_users: int
+    cap: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "claimed_users": self.claimed_users,
+            "cap": self.cap,
+            "reason": self.reason,
+        }
+
+
+def exclude_over_cap(
+    node_ids: Iterable[int], users_by_node: Mapping[int, int], cap: NodeCap, what: str
+) -> tuple[list[int], tuple[ExcludedNode, ...]]:
+    """(the nodes to ask, the nodes left out): a node whose described size is over ``cap``
+    is left out, with one warning line naming it, its size, the cap and what to change."""
+    asked: list[int] = []
+    excluded: list[ExcludedNode] = []
+    for node in node_ids:
+        users = users_by_node.get(node)
+        if users is not None and cap.users is not None and cap.exceeded_by(users):
+            item = ExcludedNode(node, users, cap.users, cap.reason(users))
+            log(logging.WARNING, "%s: node %d left out: %s", what, node, item.reason)
+            excluded.append(item)
+        else:
+            asked.append(node)
+    return asked, tuple(excluded)
+
+
+def cap_lines(excluded: Sequence[ExcludedNode]) -> list[str]:
+    """The lines an outcome's ``summary()`` gives on the nodes the per-node cap left out."""
+    return [f"  node {item.node_id} left out: {item.reason}" for item in excluded]
 
 
 @dataclass(frozen=True)
@@ -309,6 +404,32 @@ def sort_replies(
         result.ledgers.record(node_id, *ledger)
         result.accepted.append((node_id, checked))
     return result
+
+
+def refuse_over_cap(
+    replies: SortedReplies[Checked],
+    users_of: Callable[[Checked], int],
+    setting: UserCap,
+    users_by_node: Mapping[int, int],
+) -> NodeCap:
+    """Refuse the accepted replies that account for more users than the per-node cap (moved
+    to the rejected ones, their ledger reports dropped) and return the cap. ``"auto"`` is
+    derived from the sizes the nodes described (``users_by_node``), or, when none is known,
+    from the users each accepted reply accounts for (``users_of``)."""
+    accounted = {node: users_of(checked) for node, checked in replies.accepted}
+    cap = NodeCap.resolve(setting, users_by_node.values() or accounted.values())
+    kept = []
+    for node, checked in replies.accepted:
+        if cap.exceeded_by(accounted[node]):
+            replies.rejected.append(
+                RejectedReply(node, cap.reason(accounted[node], "the reply accounts for"))
+            )
+            replies.ledgers.by_node.pop(node, None)
+            replies.ledgers.new_ledger_nodes.discard(node)
+        else:
+            kept.append((node, checked))
+    replies.accepted = kept
+    return cap
 
 
 def attribute_replies(sent: Sequence[Message], replies: Iterable[Message]) -> list[Message]:

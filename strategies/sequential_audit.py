@@ -37,8 +37,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from ..mechanisms.ldp.estimators import EstimationError
+from ..mechanisms.ldp.node_influence import (
+    AUTO_CAP,
+    NodeInfluence,
+    UserCap,
+    check_user_cap,
+    gap_node_influence,
+)
 from ..mechanisms.ldp.nprr import NPRRMechanism
-from ..mechanisms.ldp.reports import PerturbedReports
+from ..mechanisms.ldp.reports import PerturbedReports, ReportSummary
 from ..mechanisms.ldp.sequential import (
     STOP_REASONS,
     SequentialGapAudit,
@@ -49,7 +57,14 @@ from ..mechanisms.protocol import AUDIT_MESSAGE_TYPE, METRICS_KEY, REPORTS_KEY, 
 from ..mechanisms.protocol.ldp_audit import CONFIG_KEY, LdpAuditReply
 from ..mechanisms.validation import check_int_at_least, check_positive_finite
 from .ldp_audit import LdpGapAudit
-from .replies import RejectedReply, send_and_receive
+from .replies import (
+    ExcludedNode,
+    NodeCap,
+    RejectedReply,
+    cap_lines,
+    exclude_over_cap,
+    send_and_receive,
+)
 
 __all__ = ["SequentialAuditOutcome", "SequentialLdpAudit"]
 
@@ -76,6 +91,17 @@ class SequentialAuditOutcome:
         Nodes that did not answer a message sent to them.
     epsilon : float
         Each asked user's epsilon (one M_N report).
+    excluded : tuple of ExcludedNode
+        Nodes left out of the audit: their size is over the per-node cap (none of their
+        users was asked).
+    max_users_per_node : int or None
+        The per-node cap on users (None: no cap).
+    influence : NodeInfluence or None
+        Each node's influence on the fixed-sample estimate of the largest gap from the
+        reports of the whole batches
+        (:func:`~fedparity.mechanisms.ldp.estimators.estimate_gap`; a diagnostic beside the
+        confidence sequence): the largest leave-one-node-out shift, the heterogeneity test
+        and the flagged nodes.
     """
 
     result: SequentialGapResult | None
@@ -86,6 +112,9 @@ class SequentialAuditOutcome:
     missing: tuple[int, ...] = ()
     epsilon: float = 0.0
     batches_sent: int = field(default=0)
+    excluded: tuple[ExcludedNode, ...] = ()
+    max_users_per_node: int | None = None
+    influence: NodeInfluence | None = None
 
     @property
     def users_asked(self) -> int:
@@ -97,7 +126,8 @@ class SequentialAuditOutcome:
         return sum(self.users_by_node.values())
 
     def summary(self) -> str:
-        """The verdict, the interval and what was spent, in the audit's words."""
+        """The verdict, the interval, what was spent, the nodes the per-node cap left out and
+        each node's influence, in the audit's words."""
         lines = []
         if self.result is None:
             lines.append(f"sequential audit: no result ({self.stopped_because})")
@@ -119,6 +149,9 @@ class SequentialAuditOutcome:
             lines.append(f"rejected reply from node {item.node_id}: {item.reason}")
         if self.missing:
             lines.append(f"no reply from node(s) {list(self.missing)}")
+        lines += cap_lines(self.excluded)
+        if self.influence is not None:
+            lines.append(self.influence.summary())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -139,6 +172,9 @@ class SequentialAuditOutcome:
             "missing": list(self.missing),
             "epsilon": self.epsilon,
             "batches_sent": self.batches_sent,
+            "excluded_nodes": [item.to_dict() for item in self.excluded],
+            "max_users_per_node": self.max_users_per_node,
+            "influence": None if self.influence is None else self.influence.to_dict(),
         }
 
 
@@ -173,6 +209,13 @@ class SequentialLdpAudit:
     seed : int, optional
         Seeds the multinomial spread of each batch over the nodes (not a privacy mechanism:
         which users a node asks is the node's own secure draw).
+    max_users_per_node : "auto", int or None
+        The most users one node may bring, whatever size it replies: a node whose size is
+        over it is left out of the audit, so a node's share of every batch is at most the cap
+        over the population. ``"auto"`` (the default):
+        :data:`~fedparity.mechanisms.ldp.node_influence.NODE_SIZE_FACTOR` times the lower
+        median of the nodes' sizes; None: no cap (one node that claims many invented users
+        takes most of every batch).
     """
 
     def __init__(
@@ -188,6 +231,7 @@ class SequentialLdpAudit:
         audit_id: str = "sequential-audit",
         timeout: float = 600.0,
         seed: int | None = None,
+        max_users_per_node: UserCap = AUTO_CAP,
     ) -> None:
         if not isinstance(mechanism, NPRRMechanism):
             raise ValueError(
@@ -205,6 +249,7 @@ class SequentialLdpAudit:
         self.confidence = float(confidence)
         self.timeout = check_positive_finite("timeout", timeout)
         self.rng = np.random.default_rng(seed)
+        self.max_users_per_node = check_user_cap("max_users_per_node", max_users_per_node)
 
     def _messages(self, arrays: ArrayRecord, batches: Mapping[int, int]) -> list[Message]:
         base = self.checker.request()
@@ -259,7 +304,11 @@ class SequentialLdpAudit:
             except ValueError as error:
                 rejected.append(RejectedReply(node, str(error)))
         users = {node: count for node, count in users.items() if count > 0}
+        cap = NodeCap.resolve(self.max_users_per_node, users.values())
+        kept, excluded = exclude_over_cap(sorted(users), users, cap, "Sequential audit")
+        users = {node: users[node] for node in kept}
         asked = dict.fromkeys(users, 0)
+        reports = {node: ReportSummary.empty(self.mechanism.num_groups) for node in users}
         audit = SequentialGapAudit(
             self.mechanism,
             confidence=self.confidence,
@@ -269,6 +318,21 @@ class SequentialLdpAudit:
 
         def outcome(reason: str) -> SequentialAuditOutcome:
             result = audit.result(reason) if audit.batches else None
+            influence = None
+            contributed = {node: part for node, part in reports.items() if part.num_reports}
+            if contributed:
+                try:  # post-processing of the reports of the whole batches
+                    influence = gap_node_influence(
+                        contributed,
+                        self.mechanism,
+                        metric=self.checker.metric,
+                        undefined_category=self.checker.undefined_category,
+                        alpha=1.0 - self.confidence,
+                    )
+                except EstimationError:
+                    influence = None
+            if influence is not None and influence.flagged:
+                log(logging.WARNING, "[sequential audit] %s", influence.summary())
             return SequentialAuditOutcome(
                 result,
                 users,
@@ -278,6 +342,9 @@ class SequentialLdpAudit:
                 tuple(missing),
                 epsilon,
                 batches_sent,
+                excluded,
+                cap.users,
+                influence,
             )
 
         if not users:
@@ -311,6 +378,14 @@ class SequentialLdpAudit:
             groups = np.concatenate([replies[node].groups for node in batch]).astype(np.int64)
             values = np.concatenate([replies[node].values for node in batch]).astype(np.float64)
             audit.update(PerturbedReports(groups, values))
+            for node in batch:
+                reports[node] = reports[node].merge(
+                    ReportSummary.from_reports(
+                        replies[node].groups.astype(np.int64),
+                        replies[node].values.astype(np.float64),
+                        self.mechanism.num_groups,
+                    )
+                )
             reason = audit.stop_reason(target_width=self.target_width, max_users=self.max_users)
             if reason is not None:
                 return outcome(reason)

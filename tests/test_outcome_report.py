@@ -155,3 +155,31 @@ def test_text_a_node_sent_is_escaped_in_the_page(tmp_path: Path) -> None:
     outcome = replace(audit_outcome(0.0), rejected=(RejectedReply(9, hostile),))
     page = write_outcome_report(tmp_path, [outcome]).report_html.read_text(encoding="utf-8")
     assert hostile not in page and html.escape(hostile) in page
+
+
+def test_an_own_app_page_names_the_nodes_left_out_and_flagged(tmp_path: Path) -> None:
+    """The per-node cap's exclusions and the influence check's flags of an own app's outcome:
+    in results.json and as headline lines of the page (review M3, 2026-11-28)."""
+    from dataclasses import replace
+
+    from fedparity.mechanisms.ldp.node_influence import node_influence
+    from fedparity.strategies.replies import ExcludedNode
+
+    check = node_influence(
+        "difference",
+        0.3,
+        0.05,
+        {1: 0.2, 2: 0.21, 3: 0.05},
+        {1: (0.0, 0.1), 2: (0.02, 0.1), 3: (0.9, 0.1)},
+    )
+    excluded = ExcludedNode(7, 3000, 400, "it describes 3000 users, more than the per-node cap")
+    audit = replace(audit_outcome(0.25), excluded=(excluded,), influence=check)
+    rates = replace(rate_outcome(), influence=(check,))
+    files = write_outcome_report(tmp_path / "out", [audit, rates])
+    results = json.loads(files.results_json.read_text(encoding="utf-8"))
+    first, second = results["outcomes"]
+    assert first["excluded_nodes"] == [excluded.to_dict()] and first["influence"]["flagged"] == [3]
+    assert second["influence"][0]["flagged"] == [3]
+    page = html.unescape(files.report_html.read_text(encoding="utf-8"))
+    assert "LDP audit of accuracy: node 7 left out: it describes 3000 users" in page
+    assert page.count("node(s) 3 flagged: influence on the difference") == 2

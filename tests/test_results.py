@@ -249,3 +249,54 @@ def test_the_job_findings_read_attributes_and_dicts_alike() -> None:
 def test_an_unknown_task_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="task must be one of"):
         results_for_task({"task": "other"})
+
+
+def test_the_pages_name_the_nodes_left_out_and_flagged(tmp_path: Path) -> None:
+    """An audit and a rate report with a node over the per-node cap and a node the influence
+    check flagged: each is a headline line (warn, on the console too) and the section has the
+    influence table; the same from the dataclass and from its dict (review M3, 2026-11-28)."""
+    from fedparity.mechanisms.ldp.node_influence import node_influence
+    from fedparity.server.rates_job import rate_findings, rate_report_page
+    from fedparity.server.results import RateReportRecord, RateReportResults
+    from fedparity.strategies.replies import ExcludedNode
+
+    excluded = ExcludedNode(7, 3000, 400, "it describes 3000 users, more than the per-node cap")
+    check = node_influence(
+        "difference of the accuracy means of groups 0 and 1",
+        0.3,
+        0.05,
+        {1: 0.2, 2: 0.21, 3: 0.05},
+        {1: (0.0, 0.1), 2: (0.02, 0.1), 3: (0.9, 0.1)},
+    )
+    assert check.flagged == (3,)
+    audited = AuditOutcome(**{**vars(outcome(1.0)), "excluded": (excluded,), "influence": check})
+    results = ldp_results()
+    results.audits = [AuditRecord.of(1.0, audited)]
+    rates = RateReportResults(
+        task="rate-report",
+        run_config=dict(RUN_CONFIG),
+        reports=[
+            RateReportRecord(
+                budget=1.0,
+                rates=None,
+                error="no report was accepted",
+                excluded_nodes=[excluded.to_dict()],
+                influence=[check.to_dict()],
+            )
+        ],
+        privacy=LdpPrivacy(),
+    )
+    for findings, page in (
+        (report.ldp_findings(results), report.ldp_report(results.to_dict(), tmp_path, None)),
+        (rate_findings(rates), rate_report_page(rates.to_dict())),
+    ):
+        warned = [finding.plain() for finding in findings if finding.tone == "warn"]
+        assert warned == [
+            "At epsilon = 1: node 7 left out: it describes 3000 users, more than the per-node cap",
+            f"At epsilon = 1: node(s) 3 flagged: {check.summary()}",
+        ]
+        shown = render_report(page)
+        assert "Influence of each node on the estimate" in shown and "Cochran&#x27;s Q" in shown
+    assert render_report(report.ldp_report(results, tmp_path, None)) == render_report(
+        report.ldp_report(results.to_dict(), tmp_path, None)
+    )

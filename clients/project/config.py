@@ -444,6 +444,13 @@ class RunConfig:
         _number(0.0, math.inf),
         "per-user LDP budget the audits are planned for; each node enforces its own policy's",
     )
+    max_users_per_node: int | None = _key(
+        None,
+        _optional(_integer(1)),
+        "ldp-audit, rate-report, pipeline: the most users one node may bring to an audit, "
+        'whatever it describes (a node over it is left out, counted in results.json); "" = '
+        "4 x the lower median of the sizes the nodes describe",
+    )
     group_sizes: str = _key(
         "estimated", _choice(GROUP_SIZE_MODES), "estimated from the reports, or known (harness)"
     )

@@ -377,6 +377,32 @@ class GroupRates:
     def _known(self, i: int) -> bool:
         return bool(math.isfinite(self.stderrs.reshape(-1)[i]))
 
+    def pair_difference(self, metric: str, first: int, second: int) -> tuple[float, float]:
+        """(R_first - R_second, its delta-method standard error) of ``metric`` for two groups
+        (by index); the standard error is nan when either rate's is unknown.
+
+        Parameters
+        ----------
+        metric : str
+            One of :attr:`metrics`.
+        first, second : int
+            Group indices in [0, number of groups).
+
+        Returns
+        -------
+        (float, float)
+            The difference and its standard error.
+        """
+        m = self._metric_index(metric)
+        for name, group in (("first", first), ("second", second)):
+            if not 0 <= group < len(self.groups):
+                raise ValueError(f"{name} must be a group index in [0, {len(self.groups) - 1}]")
+        i, j = self._flat(m, first), self._flat(m, second)
+        ri, rj, vi, vj, cij = self._pair_stats(i, j)
+        if not (self._known(i) and self._known(j)):
+            return ri - rj, math.nan
+        return ri - rj, math.sqrt(max(vi + vj - 2.0 * cij, 0.0))
+
     # ---- summaries -------------------------------------------------------------------
 
     def _extreme(self, metric: str, which: str) -> RateEstimate:
