@@ -21,7 +21,6 @@ would let it undo the perturbation.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -31,19 +30,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common import log
 
 from ..clients import _math_first  # noqa: F401 - before the math package
 from ..mechanisms.crypto.ckks import KeyMaterialError, secret_context_path
 from ..mechanisms.crypto.identity import IdentityError
-from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData
 from ..mechanisms.protocol import (
     METRICS_KEY,
 )
 from ..mechanisms.validation import parse_int
-from .fedevalfair import ClientStatistics
 from .fedevalfair_handlers import (
-    CannotTakePart,
     fedevalfair_handlers,
     holder_identity,
     load_secret_context_cached,
@@ -430,27 +425,21 @@ def _fef_handlers(config: RunConfig) -> dict[str, Callable[[Message, Context], M
 def fef_round1(msg: Message, context: Context, config: RunConfig) -> Message:
     """Bootstrap the run's fef-metrics on the holder's test set (seeded, so the simulation
     harness recomputes the same statistics); reply with one ciphertext signed with the node's
-    identity key. The run's mode is checked against the node's policy before the data is read
-    (the holder-level DP mode's epsilon and delta, or ``fef-require-dp`` for a run without it).
-    In the DP mode (``fef-dp-epsilon``) the test rows' users are kept for the charge at the
-    commitment, and a holder that can compute no metric takes part with weight 0 instead of
-    refusing."""
+    identity key. The run is checked against the node's policy before the data is read (the
+    holder-level DP mode's epsilon and delta, or ``fef-require-dp`` for a run without it, and
+    ``fef-min-cell`` against ``fef-min-cell-floor``). In the DP mode (``fef-dp-epsilon``) the
+    test rows' users are kept for the charge at the commitment. A holder that can compute no
+    metric takes part with weight 0, in every mode (:func:`round1_reply`)."""
     holder_identity(context)
     dp = config.fef_holder_dp
-    node_policy(context.node_config).check_fef_mode(dp)
+    policy = node_policy(context.node_config)
+    policy.check_fef_mode(dp)
+    policy.check_fef_min_cell(config.fef_min_cell)
     secret = load_secret_context_cached(_node_secret_context_path(context))
     shard = load_shard(context, config, "test")
     partition_id, _ = _partition(context)
     model = received_model(shard, msg.content.array_records["arrays"], config)
-    try:
-        statistics = holder_statistics_for(config, shard, model, partition_id)
-    except InsufficientGroupData as error:
-        # The detailed reason holds this node's cell counts: it stays in the node's log.
-        log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-        if dp is None:
-            raise CannotTakePart from None
-        # DP: weight 0, the same reply as anyone's
-        statistics = ClientStatistics.empty(config.fef_layout)
+    statistics = holder_statistics_for(config, shard, model, partition_id)
     return round1_reply(
         msg,
         context,

@@ -22,18 +22,23 @@ side in one CKKS ciphertext per message, so a client sends at most one ciphertex
 * Round 3 -- :func:`release_vector` (key holders only): decrypt both sums and release, per
   block, ``[stage-1 statistic, sum w, sum w Ybar, sum w Ybar^2, sum w^2 Var, k]`` over the
   round-2 clients. These numbers determine (T, W*, mu_hat, its standard error, k) plus
-  sum w and sum w Ybar^2: the server learns the test statistics and nothing per client.
+  sum w and sum w Ybar^2: the server learns the test statistics and nothing per client. A
+  block fewer than the key holder's ``min-holders`` clients could compute is not released.
+
+A holder that can compute no block takes part with weight 0 (zeros, count slot 1), in every
+mode: whether it answers never depends on its data.
 * The holder-level DP mode (``dp``, :mod:`fedparity.mechanisms.crypto.ckks.holder_dp`): the
   contributions carry capped, normalised weights (:meth:`ClientStatistics.contribution`), round
   2 has no stage-1 terms, and round 3 releases only the calibrated blocks' three sums with
   keyed Gaussian noise (:func:`dp_release_vector`).
 
-Dropouts between rounds 1 and 2: a calibrated block's Cochran's Q,
-sum u (y - c)^2 - (sum u (y - c))^2 / sum u, is exact over whichever clients sent round 2
-(c, the round-1 mean, is only a centre); the paper's T1 has 1 / (1 - omega_i) factors that
-refer to the round-1 clients, so a paper block is released as NaN (unavailable) and reported
-so. The round-1 sum itself is never released (with the round-2 sum it would reveal the
-dropped client's contribution).
+Dropouts between rounds 1 and 2: every round-2 vector depends on the round-1 sum, hence on a
+client that sent round 1 and not round 2 (the stage-1 terms are weighted at the round-1
+centre c, u_i = 1 / V_i(c); the paper's T1 has 1 / (1 - omega_i) factors of the round-1
+weights; every slot is scaled by a power of two of the round-1 sums, which the flooded
+release's rounding grid shows). In the plain mode a key holder therefore releases only over
+a round-2 set equal to round 1's (review 2026-11-28, L2); the holder-level DP mode releases
+over the round-2 holders with its noise. The round-1 sum itself is never released.
 """
 
 from __future__ import annotations
@@ -74,9 +79,11 @@ from ..mechanisms.protocol import (
     CORRUPT_SUM_MARKER,
     DEFAULT_LAYOUT,
     RANDOM_EFFECTS_WIDTH,
+    RELEASE_WIDTH,
     STAGE1_WIDTH,
     FedEvalFairLayout,
 )
+from ..mechanisms.validation import check_int
 from .shards import UserShard
 
 if TYPE_CHECKING:
@@ -129,10 +136,14 @@ class ClientStatistics:
 
     @classmethod
     def empty(cls, layout: FedEvalFairLayout = DEFAULT_LAYOUT) -> ClientStatistics:
-        """No block can be computed: what a holder in the holder-level DP mode takes part with
-        (weight 0 everywhere) instead of refusing, so whether it answers says nothing about
-        its data."""
+        """No block can be computed: weight 0 everywhere (a holder takes part with it, in
+        every mode, instead of refusing: whether it answers says nothing about its data)."""
         return cls((None,) * len(layout.blocks), (), layout=layout)
+
+    @property
+    def is_empty(self) -> bool:
+        """No block has a summary: the holder takes part with weight 0 in every block."""
+        return all(summary is None for summary in self.summaries)
 
     def contribution(
         self, *, mu0: float, tolerance: float | None, dp: HolderDP | None = None
@@ -252,7 +263,10 @@ def rows_statistics(
     joint (group, prediction) cells: the calibrated test conditions on the margins, and a rule
     on the joint cells would select holders by their disparity and bias the test (FedEvalFair
     guide, "fef-min-cell").
-    Raises InsufficientGroupData when no block can be computed (the client cannot take part).
+    When no block can be computed every summary is None (:attr:`ClientStatistics.is_empty`,
+    the reasons in ``reasons``): the holder takes part with weight 0, never refuses -- whether
+    it could compute a metric is a predicate of its data that the server steers (the model,
+    ``fef-min-cell``), review 2026-11-28 M1.
     """
     summaries: list[ClientSummary | None] = []
     reasons: list[str] = []
@@ -281,8 +295,6 @@ def rows_statistics(
             reasons.append(f"{which}: {error}")
         summaries.extend(pair)
         bootstraps.append(boot)
-    if all(summary is None for summary in summaries):
-        raise InsufficientGroupData("cannot take part: " + "; ".join(reasons))
     return ClientStatistics(tuple(summaries), tuple(reasons), tuple(bootstraps), layout)
 
 
@@ -299,8 +311,8 @@ def holder_statistics(
 ) -> ClientStatistics:
     """A holder's round-1 statistics from the global model: predictions (``variant``) and
     the bootstrap, both from the holder's seeded stream (:func:`bootstrap_seed`). The
-    ClientApp and the simulation harness both call this, so they agree by construction.
-    Raises InsufficientGroupData as :func:`client_statistics`."""
+    ClientApp and the simulation harness both call this, so they agree by construction
+    (weight 0 where a block cannot be computed, as :func:`rows_statistics`)."""
     rng = np.random.default_rng(bootstrap_seed(seed, partition_id))
     predictions = holder_predictions(model, shard, variant, rng)
     return client_statistics(
@@ -516,36 +528,37 @@ def dp_release_vector(
 
 
 def release_vector(
-    round1_sum: np.ndarray,
     round2_sum: np.ndarray,
     layout: FedEvalFairLayout = DEFAULT_LAYOUT,
+    *,
+    min_holders: int,
 ) -> np.ndarray:
-    """Round 3 (key holder): per block [stage-1 statistic, round-2 sums of the contribution,
-    random-effects summary].
+    """Round 3 (key holder, plain mode, a round-2 set equal to round 1's): per block
+    [stage-1 statistic, round-2 sums of the contribution, random-effects summary], from the
+    decrypted round-2 sum without its count slot.
 
-    ``round1_sum`` / ``round2_sum`` are the decrypted sums without their count slots. The
-    random-effects summary (a calibrated block of >= 2 holders;
+    The random-effects summary (a calibrated block of >= 2 holders;
     :func:`~fedparity.mechanisms.fairness_tests.fedevalfair.random_effects_release`: tau^2,
     its Q-profile interval, the random-effects mean and its sum of weights) comes from the
     round-2 grid sums, which are never released themselves; NaN where there is none.
+    ``min_holders``: the key holder's policy; a block fewer round-2 holders could compute is
+    released as NaN whole (with weight-0 holders in the sets, the sets' size no longer bounds
+    a block's, and a run of one holder and weight-0 ones would release that holder's sums).
     """
+    min_holders = check_int("min_holders", min_holders, minimum=1)
     num_blocks = len(layout.blocks)
     split = num_blocks * STAGE1_WIDTH
     parts = [round2_sum[i * STAGE1_WIDTH : (i + 1) * STAGE1_WIDTH] for i in range(num_blocks)]
     fresh = _blocks(round2_sum[split:], layout)
-    reference = _blocks(round1_sum, layout)
     released = []
     for index, (_, mode, _) in enumerate(layout.blocks):
-        now, before = fresh[index], reference[index]
-        changed = abs(now[-1] - before[-1]) > 0.5
-        if mode == "paper" and changed:
-            total = math.nan  # T1's 1/(1 - omega_i) factors refer to the round-1 clients
-        elif now[0] > 0:
-            total = stage1_statistic(parts[index], mode)
-        else:
-            total = 0.0  # nobody reported this block
-        effects = np.full(RANDOM_EFFECTS_WIDTH, math.nan)
+        now = fresh[index]
         holders = int(round(now[-1]))
+        if holders < min_holders:
+            released.append(np.full(RELEASE_WIDTH, math.nan))
+            continue
+        total = stage1_statistic(parts[index], mode) if now[0] > 0 else 0.0
+        effects = np.full(RANDOM_EFFECTS_WIDTH, math.nan)
         if mode == "calibrated" and now[0] > 0 and holders >= 2:
             try:
                 effects = random_effects_release(parts[index], holders)

@@ -93,16 +93,13 @@ from ..mechanisms.crypto.ckks import (
 )
 from ..mechanisms.crypto.ckks.holder_dp import HOLDER_DP_LABEL, HolderDP
 from ..mechanisms.crypto.identity import IdentityError, IdentityKey, Roster, transcript
-from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData
 from ..mechanisms.privacy.basic_ledger import LedgerFileError, PrivacyBudgetExceeded
 from ..mechanisms.privacy.user_ledger import ApproximateDPRelease
 from ..mechanisms.protocol import (
-    BLOCK_WIDTH,
     DEFAULT_LAYOUT,
     FEF_IDENTITY_REFUSAL,
     FEF_KEY,
     METRICS_KEY,
-    UNABLE_REPLY,
     FedEvalFairLayout,
     MessageError,
 )
@@ -153,7 +150,7 @@ __all__ = [
     "FLOOD_LABEL",
     "JOURNAL_UNUSABLE_REPLY",
     "RELEASE_CAP_RULE",
-    "CannotTakePart",
+    "SMALLER_ROUND2_REFUSAL",
     "SecretContextRefusal",
     "FedEvalFairHolder",
     "HolderIdentityRefusal",
@@ -198,6 +195,12 @@ DP_NEEDS_USER_IDS = (
 RELEASE_CAP_RULE = (
     "this key holder has made fef-max-releases-per-key releases with its secret key; new keys "
     "are needed (fedparity keys)"
+)
+#: What a key holder answers, in the plain mode, for a round-2 set smaller than round 1's.
+SMALLER_ROUND2_REFUSAL = (
+    "fedevalfair: without holder-level DP a key holder releases only over a round-2 set equal "
+    "to the round-1 set (every round-2 value depends on the round-1 sum, hence on a holder "
+    "left out of round 2); run the test again with the holders that answer"
 )
 #: What a holder without a usable secret TenSEAL context answers (a fixed sentence, no path).
 FEF_SECRET_CONTEXT_REFUSAL = (
@@ -259,16 +262,6 @@ class HolderIdentityRefusal(IdentityError):
     :data:`~fedparity.mechanisms.protocol.FEF_IDENTITY_REFUSAL`, a fixed sentence)."""
 
     fixed_text = True
-
-
-class CannotTakePart(InsufficientGroupData):
-    """This holder cannot bootstrap any metric (text:
-    :data:`~fedparity.mechanisms.protocol.UNABLE_REPLY`, a fixed sentence without counts)."""
-
-    fixed_text = True
-
-    def __init__(self) -> None:
-        super().__init__(UNABLE_REPLY)
 
 
 @functools.lru_cache(maxsize=4)
@@ -443,11 +436,22 @@ def round1_reply(
     (refused if the node has no identity, or already signed a round-1 ciphertext this run).
     ``sessions``: the tests the node's run config defines (:func:`fedevalfair_handlers`).
     ``dp``: the holder-level DP mode's parameters (its contribution; ``user_ids``, the
-    holder's users, are kept for the charge at the commitment and required)."""
+    holder's users, are kept for the charge at the commitment and required).
+
+    Statistics without any block (``statistics.is_empty``) are sent as weight 0, in every
+    mode: a reply of the same records, shapes and ciphertext size as anyone's (an encryption
+    of zeros and the count slot), never a refusal (review 2026-11-28, M1); the reasons, with
+    this node's cell counts, stay in its log."""
     key, _ = holder_identity(context, identity)
     session, run_id = _session(msg, context, sessions)
     if dp is not None and user_ids is None:
         raise NodeRefusal(DP_NEEDS_USER_IDS)
+    if statistics.is_empty:
+        log(
+            logging.WARNING,
+            "FedEvalFair: this node can compute no metric and takes part with weight 0: %s",
+            "; ".join(statistics.reasons) or "no block",
+        )
     state = HolderState.load(context.state, session, statistics.layout)
     state.take("round1")
     state.statistics = statistics
@@ -457,15 +461,6 @@ def round1_reply(
     vector = round1_vector(statistics, mu0=mu0, tolerance=tolerance, dp=dp)
     payload = encrypt_vector(secret, vector)
     return _signed_reply(msg, payload, key, run_id=run_id, round_number=1)
-
-
-def _release_reference(round1_sum: np.ndarray) -> np.ndarray:
-    """The round-1 sum as :func:`release_vector` may see it: only its per-block counts
-    (rounded to integers), every other value zero -- the round-1 sum is never released."""
-    reference = np.zeros_like(round1_sum)
-    counts = slice(BLOCK_WIDTH - 1, None, BLOCK_WIDTH)
-    reference[counts] = np.round(round1_sum[counts])
-    return reference
 
 
 def _sum(secret: ts.Context, entries: tuple[SignedCiphertext, ...], size: int) -> bytes:
@@ -651,11 +646,15 @@ class FedEvalFairHolder:
     def round1(self, msg: Message, context: Context) -> Message:
         """Bootstrap the layout's metrics and comparisons on the holder's rows; reply with one
         signed ciphertext. A group value beyond the layout's ``num_groups`` is refused (the
-        holder's own rows disagree with its own setting). In the DP
-        mode the policy is checked first (before the rows are read), and a holder that can
-        compute no metric takes part with weight 0 instead of refusing."""
+        holder's own rows disagree with its own setting). The policy is checked first, before
+        the rows are read: the DP mode's parameters (or ``fef-require-dp``) and
+        ``min_cell_count`` against ``fef-min-cell-floor``. A holder that can compute no
+        metric takes part with weight 0, in every mode: the same reply as anyone's."""
         self._identity(context)
-        self.dp_limits(context)  # refused before any row is read
+        # refused before any row is read
+        self.dp_limits(context).check_fef_min_cell(
+            self.min_cell_count, source="min_cell_count of fedevalfair_handlers"
+        )
         key = self.secret(context)
         if self.holder_rows is None:
             raise NodeRefusal("this holder computes its round-1 statistics itself")
@@ -669,23 +668,15 @@ class FedEvalFairHolder:
                 f"{int(rows.groups.max())}"
             )
         rng = np.random.default_rng() if self.bootstrap_rng is None else self.bootstrap_rng(context)
-        try:
-            statistics = rows_statistics(
-                rows.labels,
-                rows.predictions,
-                rows.groups,
-                num_resamples=self.num_resamples,
-                rng=rng,
-                min_cell_count=self.min_cell_count,
-                layout=self.layout,
-            )
-        except InsufficientGroupData as error:
-            # The detailed reason holds this node's cell counts: it stays in the node's log.
-            log(logging.WARNING, "FedEvalFair: this node cannot take part: %s", error)
-            if self.dp is None:
-                raise CannotTakePart from None
-            # DP: weight 0, the same reply as anyone's
-            statistics = ClientStatistics.empty(self.layout)
+        statistics = rows_statistics(
+            rows.labels,
+            rows.predictions,
+            rows.groups,
+            num_resamples=self.num_resamples,
+            rng=rng,
+            min_cell_count=self.min_cell_count,
+            layout=self.layout,
+        )
         return round1_reply(
             msg,
             context,
@@ -795,7 +786,10 @@ class FedEvalFairHolder:
         """Key holder: verify both signed ciphertext sets and every round-2 holder's
         commitment to them, recompute both sums, decrypt them and release the aggregate
         statistics, noise-flooded (plaintext); the release is counted in the key's journal. In
-        the DP mode the released sums carry the keyed Gaussian noise of the DP mode
+        the plain mode only over a round-2 set equal to the round-1 set
+        (:data:`SMALLER_ROUND2_REFUSAL` otherwise, from the signed sets, before anything is
+        decrypted), and no block fewer than ``min-holders`` holders could compute. In the DP
+        mode the released sums carry the keyed Gaussian noise of the DP mode
         (:func:`~fedparity.clients.fedevalfair.dp_release_vector`), derived from the secret
         key, the run and the commitment digest."""
         _, roster = self._identity(context)
@@ -816,6 +810,8 @@ class FedEvalFairHolder:
             round2_digest=second,
             terms=terms,
         )
+        if self.dp is None and set(round2_keys) != set(round1_keys):
+            raise NodeRefusal(SMALLER_ROUND2_REFUSAL)  # decided from the signed sets alone
         digest = commitment_digest(run_id, first, second, terms)
         state = HolderState.load(context.state, session, self.layout)
         state.check_commitment(digest)
@@ -846,7 +842,7 @@ class FedEvalFairHolder:
             layout=self.layout,
         )
         if self.dp is None:
-            released = release_vector(_release_reference(round1_sum), round2_sum, self.layout)
+            released = release_vector(round2_sum, self.layout, min_holders=limits.min_holders)
         else:
             released = dp_release_vector(
                 round2_sum,
@@ -908,7 +904,9 @@ def fedevalfair_handlers(
     num_resamples : int
         Bootstrap resamples B per metric (FedEvalFair's per-holder bootstrap).
     min_cell_count : int
-        A metric is reported only when both groups and both predictions have this many rows.
+        A metric is reported only when both groups and both predictions have this many rows
+        (else the holder's weight for it is 0; it never refuses). Below the node policy's
+        ``fef-min-cell-floor`` round 1 is refused before the rows are read.
     mu0, tolerance : float, float or None
         The stage-2 null value and the TOST tolerance; the server's protocol must use the same.
     bootstrap_rng : callable, optional

@@ -144,7 +144,7 @@ def fedevalfair_truth(
     """Recompute every holder's bootstrap exactly as its ClientApp does (the same
     :func:`~fedparity.clients.project.evaluation.holder_statistics_for`, same seeds) and run
     :func:`fedparity.mechanisms.fairness_tests.fedevalfair.fedevalfair` in plaintext."""
-    from ..mechanisms.fairness_tests.fedevalfair import InsufficientGroupData, fedevalfair
+    from ..mechanisms.fairness_tests.fedevalfair import fedevalfair
 
     layout = config.fef_layout
     per_block: dict[tuple[Metric, Mode, tuple[int, int]], list[ClientSummary]] = {
@@ -154,10 +154,7 @@ def fedevalfair_truth(
     for partition_id, num_partitions in sorted(partitions):
         shard = load_shard_for(config, partition_id, num_partitions, "test")
         model = received_model(shard, arrays, config)
-        try:
-            statistics = holder_statistics_for(config, shard, model, partition_id)
-        except InsufficientGroupData:
-            continue
+        statistics = holder_statistics_for(config, shard, model, partition_id)  # weight 0: None
         for block, summary in zip(layout.blocks, statistics.summaries, strict=True):
             if summary is not None:
                 per_block[block].append(summary)

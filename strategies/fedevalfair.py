@@ -33,9 +33,11 @@ epsilon and delta. The commitment binds the DP parameters, so the server's must 
 holders'.
 
 Replies that are errors, undecodable, not a ciphertext of the expected context or of the
-wrong length are rejected and counted; nodes that do not answer are reported as dropped;
-a node that cannot take part (e.g. one group only in its test set) says so and is listed.
-The protocol completes while at least 2 nodes remain.
+wrong length are rejected and counted; nodes that do not answer are reported as dropped.
+A holder that can compute no metric (e.g. one group only in its test set) takes part with
+weight 0, in every mode; a block that fewer than a key holder's ``min-holders`` holders
+could compute comes back NaN and is reported unavailable. The protocol completes while at
+least 2 nodes remain.
 
 A ciphertext under another key with the same CKKS parameters, or one carrying out-of-range
 values, passes every check the server can make without the secret key. The nodes catch it
@@ -662,7 +664,8 @@ class FedEvalFairProtocol:
         return RecordDict({FEF_KEY: _record(request.to_fields())})
 
     def reports(self, released: np.ndarray) -> tuple[BlockResult, ...]:
-        """The (metric, mode) tests from a key holder's release."""
+        """The (metric, mode) tests from a key holder's release (a block released as NaN was
+        computed by fewer holders than the key holder's ``min-holders``)."""
         if self.dp is not None:
             return self.dp_reports(released)
         results = []
@@ -670,6 +673,13 @@ class FedEvalFairProtocol:
             block = released[index * RELEASE_WIDTH : (index + 1) * RELEASE_WIDTH]
             stage1, totals = block[0], block[1 : 1 + BLOCK_WIDTH]
             effects = block[1 + BLOCK_WIDTH :]
+            if not math.isfinite(totals[-1]):
+                reason = (
+                    f"fewer nodes than the key holder's min-holders could compute {metric}: "
+                    "not released"
+                )
+                results.append(BlockResult(metric, mode, None, reason, comparison))
+                continue
             clients = int(round(totals[-1]))
             if clients < 2:
                 reason = f"only {clients} node(s) could compute {metric}"
@@ -816,6 +826,14 @@ class FedEvalFairProtocol:
             raise _Withheld(_corrupt_error(2, corrupt, round1))
         if second.total is None or len(round2) < self.min_clients:
             raise _Withheld(f"round 2: {len(round2)} valid ciphertext(s), need {self.min_clients}")
+        if self.dp is None and set(round2) != set(round1):
+            missing = sorted(set(round1) - set(round2))
+            raise _Withheld(
+                f"round 2: node(s) {missing} of round 1 sent no valid round-2 ciphertext; "
+                "without holder-level DP the key holders release only over the round-1 set "
+                "(every round-2 value depends on the round-1 sum, docs/threat-model.md): run "
+                "the test again with the nodes that answer"
+            )
         return second
 
     def _commit(

@@ -533,11 +533,14 @@ def test_whichever_round2_set_is_committed_first_the_other_is_refused(
 ) -> None:
     """The same attack in the other order: the server first has A and B commit to {A, B} and
     B release it, then asks for {A, B, C}. On the previous main A released {A, B, C}; now A
-    and B refuse the second set, so no release of {A, B, C} can carry their commitments."""
+    and B refuse the second set, so no release of {A, B, C} can carry their commitments. (B
+    no longer releases {A, B} either: a round-2 set smaller than round 1's is never released
+    without holder-level DP, review 2026-11-28 L2, ``tests/test_fedevalfair_no_oracle.py``.)"""
     first, second = through_round2(federation, ledgers=tmp_path)
     subset = {name: second[name] for name in ("a", "b")}
     commitments = commit(federation, first, subset)
-    release(federation, first, "b", subset, commitments)
+    with pytest.raises(NodeRefusal, match="only over a round-2 set equal to the round-1 set"):
+        release(federation, first, "b", subset, commitments)
     for name in ("a", "b"):
         with pytest.raises(CommitmentConflict):
             commit(federation, first, second, (name,))

@@ -96,9 +96,8 @@ def holder_statistics_for(
 ) -> ClientStatistics:
     """A FedEvalFair holder's bootstrap statistics of ``model`` on ``shard`` with the run's
     variant, resamples and minimum cell count, seeded by the run's seed and the partition (so
-    the harness recomputes exactly what the holder sent). Raises
-    :class:`~fedparity.mechanisms.fairness_tests.fedevalfair.InsufficientGroupData` as
-    :func:`~fedparity.clients.fedevalfair.holder_statistics` does."""
+    the harness recomputes exactly what the holder sent); a block it cannot compute has no
+    summary (weight 0), as in :func:`~fedparity.clients.fedevalfair.holder_statistics`."""
     return holder_statistics(
         shard,
         model,

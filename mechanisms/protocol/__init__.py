@@ -59,7 +59,6 @@ __all__ = [
     "ROUND2_SIZE",
     "STAGE1_WIDTH",
     "UNABLE_MARKER",
-    "UNABLE_REPLY",
     "USER_COUNT_KEYS",
     "VALUES_KEY",
     "message_int",
@@ -138,15 +137,11 @@ CONTRIBUTION_SIZE = DEFAULT_LAYOUT.contribution_size
 ROUND1_SIZE = DEFAULT_LAYOUT.round1_size
 ROUND2_SIZE = DEFAULT_LAYOUT.round2_size
 RELEASE_SIZE = DEFAULT_LAYOUT.release_size
-#: Error-reply markers the server sorts replies by.
+#: Error-reply markers the server sorts replies by. fedparity's FedEvalFair holders never
+#: refuse for their data (one that can compute no metric takes part with weight 0); a reply
+#: with UNABLE_MARKER comes from another app's holder and is listed apart from rejections.
 UNABLE_MARKER = "cannot take part"
 CORRUPT_SUM_MARKER = "encrypted sum is corrupt"
-#: What a node that cannot take part tells the server: a fixed sentence, no counts (its
-#: detailed reason, with cell counts, stays in the node's own log).
-UNABLE_REPLY = (
-    f"{UNABLE_MARKER}: no metric can be bootstrapped on this node's test set "
-    "(a group or a prediction is missing, or one is below fef-min-cell rows)"
-)
 
 # -- FPFL ------------------------------------------------------------------------------------
 
