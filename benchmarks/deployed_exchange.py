@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedparity.clients.app_gate import app_bundle_hash
+from fedparity.server.cli.identity import write_node_identities
 from tests.support.flower_processes import local_deployment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,9 +67,13 @@ def _timed(deployment, config: dict, timeout: float) -> float:
 
 def measure(mode: str, nodes: int, work: Path, app_hash: str, state: str = "file") -> dict:
     """Seconds per exchange and per FPFL round with ``nodes`` SuperNodes in ``mode``, the
-    SuperLink's state in ``state`` (``"file"`` or ``"memory"``)."""
+    SuperLink's state in ``state`` (``"file"`` or ``"memory"``). Each node has its identity
+    key and the roster (``fedparity identity``), which the built-in policy's
+    ``require-roster`` asks of an FPFL node."""
+    identities = write_node_identities(work / "identity", nodes, overwrite=True)
     configs = [
-        f'partition-id={i} num-partitions={nodes} fpfl-max-delta=0.01 allowed-apps="{app_hash}"'
+        f'partition-id={i} num-partitions={nodes} fpfl-max-delta=0.01 allowed-apps="{app_hash}" '
+        f"identity-key='{identities / f'node-{i}.key'}' roster='{identities / 'roster.toml'}'"
         for i in range(nodes)
     ]
     ldp = {

@@ -26,8 +26,11 @@ all of its parameters), ending in ``nn.Sigmoid`` (binary) or ``nn.Softmax(dim=-1
 anything, parameters that are not its own ``settings``, that its
 :class:`~fedparity.clients.policy.NodePrivacyPolicy` does not allow (``max-population``,
 ``fpfl-max-rounds``, ``max-groups``, ``fpfl-max-dropout-tolerance``, ``fpfl-max-delta``,
-``fpfl-min-noise-multiplier``), or a sigma whose epsilon (its own accountant) is above its
-``settings.epsilon``; it signs the parameters' digest with its masking key. ``fpfl_keys``
+``fpfl-min-noise-multiplier``), a sigma whose epsilon (its own accountant) is above its
+``settings.epsilon``, or, under ``require-roster`` (the built-in policy's default outside
+simulation), a masked run when it has no roster and identity key: without a roster the server
+could invent peers (sybils) whose masks it knows. It signs the parameters' digest with its
+masking key. ``fpfl_keys``
 brings the members and their keys, which the node checks (with a roster: every key signed by
 a distinct roster member over the *same* parameters) and pins with the run digest, from which
 every pair secret is derived: nodes shown different parameters or tables derive masks that do
@@ -35,11 +38,17 @@ not cancel. The node compares the server's fixed-point codec with its own. A rou
 run digest and carries only the weights; a node refuses another digest, so every round uses
 the pinned ``K``, sigma and ``q``.
 
-**Charged what is released.** Before its first noisy round the node charges the whole
-training (``SubsampledGaussianRelease`` of the pinned sigma, ``q = m / K`` and ``T``) to every
-user in its per-user ledger (:mod:`fedparity.clients.ledger`), saved before anything is
-released; it refuses the run when a user cannot afford it, and releases at most ``T`` noisy
-sums. Every round is the pinned release, so the charge is what is released.
+**Charged what is released.** Before its first noisy round the node checks that every user
+can afford the whole training (``SubsampledGaussianRelease`` of the pinned sigma, ``q = m / K``
+and ``T``) and refuses the run otherwise; it then charges the training to every user in its
+per-user ledger (:mod:`fedparity.clients.ledger`) in blocks of rounds that double (1, 2, 4,
+... up to ``T``), each saved before the round that opens it is released, so a training stopped
+after ``r`` rounds is charged at most ``2 r - 1`` rounds (review L1 of 2026-11-28), and releases
+at most ``T`` noisy sums. Every round is the pinned release, so the charge is what is released.
+
+**No timing channel on sampling.** Every round computes the same fixed workload of user slots
+and rows whoever was sampled (:func:`~fedparity.clients.fpfl_node.node_workload`); the chance
+that a cohort outgrows it is charged with the training (``timing_tail_probability``).
 
 **Replies that do not depend on the data.** Every refusal is decided from the request and the
 node's policy before the data is read: weights beyond ``fpfl-max-weight`` or of the wrong
@@ -95,9 +104,10 @@ from ..mechanisms.crypto.secure_sum import (
     share_self_seed,
     share_threshold,
 )
+from ..mechanisms.fpfl.cohort_workload import CohortWorkload
 from ..mechanisms.fpfl.fairfed import release_size
 from ..mechanisms.privacy.basic_ledger import LedgerFileError, PrivacyBudgetExceeded
-from ..mechanisms.privacy.user_ledger import SubsampledGaussianRelease
+from ..mechanisms.privacy.user_ledger import SubsampledGaussianRelease, UserLedger
 from ..mechanisms.protocol import FPFL_KEY, METRICS_KEY
 from ..mechanisms.protocol.fpfl import (
     RELEASE_ARRAY,
@@ -114,7 +124,7 @@ from ..mechanisms.protocol.fpfl import (
     FPFLSetupRequest,
 )
 from .fpfl_data import FPFLShard
-from .fpfl_node import FPFLNodeSettings, round_contribution, round_rng
+from .fpfl_node import FPFLNodeSettings, node_workload, round_contribution, round_rng
 from .identity import NodeIdentity, node_identity
 from .ledger import default_ledger_path, ledger_totals, open_node_ledger, save_node_ledger
 from .messages import NodeRefusal, fixed_error_texts, session_label, session_state_key
@@ -175,9 +185,11 @@ class FPFLRunState:
     #: The view (survivors, dropped) this node attested for ``attested_round``.
     attested_round: int = -1
     attested_view: bytes = b""
-    #: Noisy round sums released, whether the training was charged, the ledger's totals.
+    #: Noisy round sums released, the rounds charged so far and when the training's release
+    #: was first charged (its ``time`` in the ledger), the ledger's totals.
     answered: int = 0
-    charged: bool = False
+    charged_rounds: int = 0
+    charged_at: str = ""
     totals: dict[str, float] = field(default_factory=dict)
 
     def round_fields(self) -> dict[str, Any]:
@@ -189,7 +201,8 @@ class FPFLRunState:
             "attested-round": self.attested_round,
             "attested-view": self.attested_view,
             "answered": self.answered,
-            "charged": self.charged,
+            "charged-rounds": self.charged_rounds,
+            "charged-at": self.charged_at,
             "total-keys": list(self.totals),
             "total-values": [float(value) for value in self.totals.values()],
         }
@@ -240,7 +253,8 @@ class FPFLRunState:
             attested_round=int(record["attested-round"]),  # type: ignore[arg-type]
             attested_view=bytes(record["attested-view"]),  # type: ignore[arg-type]
             answered=int(record["answered"]),  # type: ignore[arg-type]
-            charged=bool(record["charged"]),
+            charged_rounds=int(record["charged-rounds"]),  # type: ignore[arg-type]
+            charged_at=str(record["charged-at"]),
             totals=dict(
                 zip(
                     (str(key) for key in record["total-keys"]),  # type: ignore[union-attr]
@@ -249,6 +263,23 @@ class FPFLRunState:
                 )
             ),
         )
+
+
+def _training_index(ledger: UserLedger, release: SubsampledGaussianRelease) -> int:
+    """The index of the training ``release`` (same job, label and time) charged before."""
+    for index in range(len(ledger.releases) - 1, -1, -1):
+        charged = ledger.releases[index]
+        if (charged.kind, charged.job, charged.label, charged.time) == (
+            release.kind,
+            release.job,
+            release.label,
+            release.time,
+        ):
+            return index
+    raise LedgerFileError(
+        f"the ledger no longer holds this training ({release.label}, charged {release.time}); "
+        "it was reset or replaced during the training"
+    )
 
 
 def _view_digest(survivors: Collection[int], dropped: Collection[int]) -> bytes:
@@ -311,6 +342,20 @@ class FPFLNode:
         except IdentityError as error:  # names the node's files: it stays in the node's log
             log(logging.ERROR, "fpfl: %s", error)
             raise NodeRefusal("fpfl: this node's identity key or roster cannot be read") from None
+
+    def masking_identity(self, context: Context, limits: NodePrivacyPolicy) -> NodeIdentity:
+        """This node's identity for a masked run, checked at setup before any data is read or
+        any key is made: under ``require-roster`` a node without its roster or identity key
+        refuses (a server could invent peers whose masks it knows), with one log line."""
+        identity = self.own_identity(context)
+        try:
+            limits.check_roster(
+                identity_key=identity.key is not None, roster=identity.roster is not None
+            )
+        except PolicyRefusal as refusal:
+            log(logging.ERROR, "fpfl: %s (policy: %s)", refusal, limits.source)
+            raise
+        return identity
 
     def load_state(self, context: Context, session: str) -> FPFLRunState:
         record = context.state.config_records.get(session_state_key(FPFL_STATE_KEY, session))
@@ -413,9 +458,10 @@ class FPFLNode:
     # -- setup --------------------------------------------------------------------------------
 
     def setup(self, msg: Message, context: Context) -> Message:
-        """Check the proposed run parameters against the node's settings and policy; make this
-        run's masking key pair (kept in the node state) and reply with the parameters' digest
-        and the public key, signed with the node's identity key when it has one."""
+        """Check the proposed run parameters against the node's settings and policy (and, for
+        a masked run, ``require-roster``: :meth:`masking_identity`); make this run's masking
+        key pair (kept in the node state) and reply with the parameters' digest and the public
+        key, signed with the node's identity key when it has one."""
         limits = self.limits(context)
         session = session_label(msg, self.sessions)
         request = FPFLSetupRequest.from_fields(msg.content.config_records.get(FPFL_KEY, {}))
@@ -423,6 +469,7 @@ class FPFLNode:
             raise NodeRefusal("fpfl: this run's setup was made already; refusing a second setup")
         parameters = request.parameters
         self.check_parameters(parameters, limits, session)
+        identity = self.masking_identity(context, limits) if parameters.masking else None
         shard = self.node_users(context)
         if parameters.population_size < shard.num_users:
             raise NodeRefusal("fpfl: the population size is below this node's own users")
@@ -431,11 +478,11 @@ class FPFLNode:
         digest = parameters.digest()
         reply = FPFLSetupReply(parameters_digest=digest)
         state = FPFLRunState(run_salt=request.run_salt, parameters=parameters)
-        if parameters.masking:
+        if identity is not None:
             keys = MaskingKeyPair.generate()
             state.private_key = keys.private_bytes()
             reply = replace(reply, public_key=keys.public_bytes())
-            key = self.own_identity(context).key
+            key = identity.key
             if key is not None:
                 transcript = masking_key_transcript(
                     request.run_salt, int(context.node_id), keys.public_bytes(), digest
@@ -555,33 +602,59 @@ class FPFLNode:
         context: Context,
         limits: NodePrivacyPolicy,
         shard: FPFLShard,
-        parameters: FPFLRunParameters,
-    ) -> dict[str, float]:
-        """Check and charge the whole pinned training to every user of the node, saved before
-        any release; the ledger's totals for the replies. Refuses (fixed sentences) when a
-        user cannot afford it or the ledger cannot be used."""
+        state: FPFLRunState,
+        workload: CohortWorkload,
+    ) -> None:
+        """Charge the pinned training's next block of rounds to every user of the node (the
+        first block after checking that every user can afford all ``T`` rounds), saved before
+        any release; ``state`` gets the rounds charged and the ledger's totals for the
+        replies. Refuses (fixed sentences) when a user cannot afford it or the ledger cannot
+        be used."""
         path = self.ledger_path(context)
         if path is None and not limits.allow_ephemeral_ledger:
             raise PolicyRefusal(
                 "a persistent privacy ledger is required (ledger-dir, or allow-ephemeral-ledger)"
             )
+        parameters = state.parameters
         assert parameters.delta is not None
         session = parameters.session
-        release = SubsampledGaussianRelease(
-            noise_multiplier=parameters.noise_multiplier,
-            sample_rate=parameters.sample_rate,
-            steps=parameters.rounds,
-            delta=parameters.delta,
-            job="fpfl",
-            label=f"FPFL training{f' {session!r}' if session else ''}, {parameters.rounds} "
-            f"rounds, constraint {parameters.constraint}",
-        )
+        first = state.charged_rounds == 0
+        steps = min(parameters.rounds, max(1, 2 * state.charged_rounds))
+
+        def training(rounds: int, time: str | None = None) -> SubsampledGaussianRelease:
+            extra = {} if time is None else {"time": time}
+            return SubsampledGaussianRelease(
+                noise_multiplier=parameters.noise_multiplier,
+                sample_rate=parameters.sample_rate,
+                steps=rounds,
+                delta=parameters.delta,  # type: ignore[arg-type]
+                timing_tail_probability=min(0.5, rounds * workload.tail_probability),
+                job="fpfl",
+                label=f"FPFL training{f' {session!r}' if session else ''}, {parameters.rounds} "
+                f"rounds, constraint {parameters.constraint}",
+                **extra,
+            )
+
         try:
             ledger = open_node_ledger(
                 context, path, limits, shard.num_users, user_ids=shard.user_ids
             )
             # every user (by id): the Poisson sampling is in the release
-            ledger.charge(release, user_ids=shard.user_ids)
+            if first:
+                ledger.check(training(parameters.rounds), user_ids=shard.user_ids)
+                release = training(steps)
+                ledger.charge(release, user_ids=shard.user_ids)
+                state.charged_at = release.time
+            else:
+                index = _training_index(ledger, training(steps, state.charged_at))
+                old = ledger.releases[index]
+                release = replace(
+                    training(steps, state.charged_at),
+                    timing_tail_probability=max(
+                        old.failure_probability, min(0.5, steps * workload.tail_probability)
+                    ),
+                )
+                ledger.extend(index, release)
         except LedgerFileError as error:  # names the node's files: it stays in the node's log
             log(logging.ERROR, "fpfl: %s", error)
             raise NodeRefusal(FPFL_LEDGER_UNUSABLE) from None
@@ -589,9 +662,9 @@ class FPFLNode:
             log(logging.WARNING, "fpfl: %s", error)
             raise NodeRefusal(FPFL_LEDGER_REFUSAL) from None
         save_node_ledger(context, path, ledger)
-        if shard.num_users < limits.min_users_for_counts:
-            return {}  # a small node (a device) sends no totals in clear
-        return ledger_totals(ledger, path)
+        state.charged_rounds = steps
+        if shard.num_users >= limits.min_users_for_counts:  # a device sends no totals in clear
+            state.totals = ledger_totals(ledger, path)
 
     def round(self, msg: Message, context: Context) -> Message:
         """Sample this node's cohort with the pinned ``q``, sum the users' clipped vectors,
@@ -629,10 +702,16 @@ class FPFLNode:
             raise NodeRefusal("fpfl: the run's statistic vector size is not this node's model's")
         # Every refusal is decided: from here on the round is released, whatever the data.
         shard = self.node_users(context)
+        workload = node_workload(
+            shard,
+            parameters.sample_rate,
+            parameters.rounds,
+            user_epsilon_budget=limits.user_epsilon_budget,
+            user_delta=limits.user_delta,
+        )
         if parameters.epsilon is not None:
-            if not state.charged:  # the run's first noisy round: the whole training, up front
-                state.totals = self.charge_training(context, limits, shard, parameters)
-                state.charged = True
+            if state.answered >= state.charged_rounds:  # the next block, before its release
+                self.charge_training(context, limits, shard, state, workload)
             state.answered += 1  # counted (in the node state) before anything is released
         own_id = int(context.node_id)
         self_seed, threshold, shares = b"", 0, {}
@@ -649,7 +728,14 @@ class FPFLNode:
         self.save_round(context, session, state)  # one write, before anything is computed
         set_flat_parameters(model, request.weights)
         total, release = self._contribution(
-            model, shard, parameters, share_std, context, request.round, request.node_scale
+            model,
+            shard,
+            parameters,
+            share_std,
+            context,
+            request.round,
+            request.node_scale,
+            workload if parameters.epsilon is not None else None,
         )
         extra = {METRICS_KEY: MetricRecord({**state.totals})} if state.totals else {}
         released = {} if release is None else {RELEASE_ARRAY: Array(release)}
@@ -692,6 +778,7 @@ class FPFLNode:
         context: Context,
         round_number: int,
         scale: float = 1.0,
+        workload: CohortWorkload | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The round's noised sum, and in a FairFed run the node's own noised release (None
         otherwise). A failure while computing them (after the round was counted) becomes
@@ -710,6 +797,7 @@ class FPFLNode:
                 rng=rng,
                 scale=scale,
                 release_std=release_std if parameters.fairfed else None,
+                workload=workload,
             )
             return both.total, both.release
         except Exception as error:  # noqa: BLE001 - a data-dependent failure is no refusal
@@ -947,7 +1035,7 @@ def fpfl_handlers(
     sessions : collection of str, optional
         The trainings this node's run defines (``("",)``: one). A run that trains more than
         once (the pipeline: ``("fpfl", "pfl")``) labels each; every session has its own
-        parameters, keys, rounds and replay state, and is charged to the users' ledger in full.
+        parameters, keys, rounds and replay state, and is charged to the users' ledger.
     """
     by_session = (
         dict(settings)

@@ -12,9 +12,14 @@ A node hosts a shard of users (simulation) or one user (a device); the same code
   probability ``q = m / K``, drawn *on the node*: the server never learns who took part, and
   the accountant's Poisson-sampling assumption holds exactly
   (:mod:`fedparity.mechanisms.privacy.opacus_accounting`).
-* **Statistics.** :func:`fedparity.clients.fpfl_task.shard_contribution` (vectorised, clipped to
-  ``C``),
-  or the unclipped sum for the non-private baselines FL and FFL.
+* **A fixed workload (no timing channel on sampling).** The cohort's statistics are computed
+  over the same number of user slots and rows in every round (:func:`node_workload`): the real
+  cohort padded with dummy rows of weight 0 and selected arithmetically, so a round takes as
+  long whether its cohort is empty or full; only a cohort beyond the workload (a tail of
+  chance at most :data:`WORKLOAD_TAIL_SHARE` of the users' delta over the training) makes more
+  work, and the ledger charges that chance (``timing_tail_probability``).
+* **Statistics.** :func:`fedparity.clients.fpfl_task.user_statistics` (vectorised, clipped to
+  ``C``), or the unclipped sum for the non-private baselines FL and FFL.
 * **Noise share (distributed noise).** The node recomputes the noise multiplier ``sigma``
   itself from the run's public parameters (:meth:`FPFLNodeSettings.noise_multiplier`,
   Opacus); it never takes a noise level from the server. With ``n`` nodes in the round and at
@@ -37,6 +42,7 @@ The project app's settings and populations from its run config (``node_settings(
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -47,6 +53,7 @@ from numpy.typing import NDArray
 from ..mechanisms._deprecated import moved_names
 from ..mechanisms.crypto.secure_random import secure_generator
 from ..mechanisms.crypto.secure_sum import minimum_survivors, noise_share_std
+from ..mechanisms.fpfl.cohort_workload import CohortWorkload, cohort_workload
 from ..mechanisms.fpfl.mmdm import CONSTRAINTS, Constraint
 from ..mechanisms.privacy.opacus_accounting import AccountantName, calibrate_noise
 from ..mechanisms.protocol.fpfl import FPFLRunParameters
@@ -59,8 +66,11 @@ if TYPE_CHECKING:
 __all__ = [
     "FPFLNodeSettings",
     "RoundContribution",
+    "WORKLOAD_TAIL_SHARE",
     "cohort_contribution",
     "cohort_sum",
+    "node_workload",
+    "padded_cohort",
     "round_contribution",
     "round_rng",
 ]
@@ -68,6 +78,98 @@ __all__ = [
 #: ``spawn_key`` tags of the seeded (reproducible, not private) streams.
 _COHORT_AND_NOISE_TAG = 41
 _CENTRAL_NOISE_TAG = 42
+#: The share of the users' delta that a training's workload tails may take, at the worst
+#: epsilon the users' budget allows: the tails add ``(1 + e^eps) s`` to a total's delta.
+WORKLOAD_TAIL_SHARE = 1e-3
+
+
+def node_workload(
+    shard: FPFLShard,
+    sample_rate: float,
+    rounds: int,
+    *,
+    user_epsilon_budget: float,
+    user_delta: float,
+) -> CohortWorkload:
+    """The fixed per-round workload of ``shard`` in a training of ``rounds`` rounds at Poisson
+    rate ``sample_rate``: its tails over the whole training add at most
+    :data:`WORKLOAD_TAIL_SHARE` ``* user_delta`` to any total within ``user_epsilon_budget``.
+
+    Parameters
+    ----------
+    shard : FPFLShard
+        The node's users (their rows per user is the shard's layout, treated as public like
+        the node's number of users).
+    sample_rate : float
+        ``q = m / K``.
+    rounds : int
+        ``T``.
+    user_epsilon_budget, user_delta : float
+        The node policy's ``user-epsilon-budget`` and ``user-delta``.
+
+    Returns
+    -------
+    CohortWorkload
+    """
+    try:
+        scale = 1.0 + math.exp(user_epsilon_budget)
+    except OverflowError:
+        scale = math.inf
+    per_round = WORKLOAD_TAIL_SHARE * user_delta / (scale * rounds)
+    counts = shard.samples_per_user()
+    return _workload(counts.tobytes(), float(sample_rate), per_round)
+
+
+@functools.lru_cache(maxsize=16)
+def _workload(counts: bytes, sample_rate: float, tail: float) -> CohortWorkload:
+    return cohort_workload(np.frombuffer(counts, dtype=np.int64), sample_rate, tail)
+
+
+def padded_cohort(
+    shard: FPFLShard, cohort: NDArray[np.bool_], workload: CohortWorkload
+) -> tuple[FPFLShard, NDArray[np.float64]]:
+    """The rows a round computes: the cohort's users in the first slots, dummy rows (copies of
+    the shard's first rows) in one extra slot, ``max(workload, cohort)`` user slots and rows in
+    all; and the slots' weights (1 for a cohort user, else 0).
+
+    Parameters
+    ----------
+    shard : FPFLShard
+        The node's users.
+    cohort : bool array, shape (num_users,)
+        Who was sampled.
+    workload : CohortWorkload
+        The fixed workload (:func:`node_workload`).
+
+    Returns
+    -------
+    padded : FPFLShard
+        ``user_slots + 1`` users (the last holds the dummy rows), ``sample_slots`` rows, or
+        more when the cohort is larger.
+    weights : float64 array, shape (padded.num_users,)
+    """
+    members = np.flatnonzero(cohort)
+    real_rows = np.flatnonzero(cohort[shard.user_index])
+    slots = max(workload.user_slots, members.size)
+    rows = max(workload.sample_slots, real_rows.size)
+    slot_of = np.full(shard.num_users, slots, dtype=np.int64)
+    slot_of[members] = np.arange(members.size, dtype=np.int64)
+    dummy = np.arange(rows - real_rows.size, dtype=np.int64) % max(shard.num_samples, 1)
+    taken = np.concatenate([real_rows, dummy])
+    padded = FPFLShard(
+        features=shard.features[taken],
+        labels=shard.labels[taken],
+        groups=shard.groups[taken],
+        user_index=np.concatenate(
+            [slot_of[shard.user_index[real_rows]], np.full(dummy.size, slots, dtype=np.int64)]
+        ),
+        user_ids=np.arange(slots + 1, dtype=np.int64),
+        num_groups=shard.num_groups,
+        num_classes=shard.num_classes,
+    )
+    weights = np.zeros(slots + 1)
+    weights[: members.size] = 1.0
+    return padded, weights
 
 
 def round_rng(
@@ -274,6 +376,7 @@ def round_contribution(
     rng: np.random.Generator,
     scale: float = 1.0,
     release_std: float | None = None,
+    workload: CohortWorkload | None = None,
 ) -> RoundContribution:
     """The clipped cohort sum ``S`` of :func:`cohort_sum`, and ``scale * S + N(0,
     noise_share_std^2 I)`` for the secure sum; with ``release_std`` (FairFed,
@@ -292,6 +395,7 @@ def round_contribution(
         clipping_bound=clipping_bound,
         sample_rate=sample_rate,
         rng=rng,
+        workload=workload,
     )
     total = scale * raw if scale != 1.0 else raw
     if noise_share_std > 0:
@@ -308,6 +412,11 @@ def round_contribution(
     return RoundContribution(np.asarray(total, dtype=np.float64), release)
 
 
+def _draw_cohort(num_users: int, sample_rate: float, rng: np.random.Generator) -> NDArray[np.bool_]:
+    """Who joins the round: each user independently with probability ``sample_rate``."""
+    return rng.random(num_users) < sample_rate
+
+
 def cohort_sum(
     model: torch.nn.Module,
     shard: FPFLShard,
@@ -316,13 +425,19 @@ def cohort_sum(
     clipping_bound: float | None,
     sample_rate: float,
     rng: np.random.Generator,
+    workload: CohortWorkload | None = None,
 ) -> NDArray[np.float64]:
     """The sum of the node's cohort users' statistic vectors for ``model``, clipped to
     ``clipping_bound`` unless None (Poisson cohort with rate ``sample_rate``, drawn from
-    ``rng``), without noise."""
+    ``rng``), without noise. With ``workload`` (and a clipping bound) the round computes the
+    fixed workload of :func:`padded_cohort` whoever was sampled; without, only the cohort
+    (its time then shows the cohort's size)."""
     # torch's modules are loaded by the round itself, not by a node's other messages (a
     # deployed SuperNode starts a process for each).
+    import torch
+
     from .fpfl_task import (
+        clip_statistics,
         shard_contribution,
         statistics_layout,
         user_statistics,
@@ -331,8 +446,15 @@ def cohort_sum(
 
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    sampled = _draw_cohort(shard.num_users, sample_rate, rng)
+    if workload is not None and clipping_bound is not None:
+        padded, weights = padded_cohort(shard, sampled, workload)
+        vectors = clip_statistics(
+            user_statistics(model, padded, constraint=constraint), clipping_bound
+        ).vectors  # non-finite rows are zeros, so the weights select exactly
+        return np.asarray(torch.from_numpy(weights) @ vectors, dtype=np.float64)
     layout = statistics_layout(model, shard.num_groups)
-    cohort = np.flatnonzero(rng.random(shard.num_users) < sample_rate)
+    cohort = np.flatnonzero(sampled)
     if cohort.size == 0:
         total = np.zeros(layout.size)
     elif clipping_bound is not None:

@@ -15,9 +15,12 @@ Where a node finds its policy (:func:`node_policy`), first match wins:
    hosts the node -- how a simulation's operator (or a test) sets the simulated nodes' policy;
 4. inside Flower's simulation engine (a node-side fact: the ClientApp runs in a Ray actor,
    which no server message can cause), :meth:`NodePrivacyPolicy.simulation`: the research
-   knobs (seeded noise, non-private baselines, central noise) are allowed because the users
-   are simulated;
+   knobs (seeded noise, non-private baselines, central noise, masking without a roster) are
+   allowed because the users are simulated;
 5. otherwise the safe built-in defaults, :class:`NodePrivacyPolicy` ``()``.
+
+A policy file or node config starts from the built-in defaults: a key it does not set keeps
+the safe default (``require-roster = true`` included, in a simulation too).
 
 Keys (kebab-case in files and node config) and built-in defaults:
 
@@ -55,9 +58,15 @@ key                            default     meaning
                                            in clear
 ``allow-ephemeral-ledger``     false       LDP audits with a ledger kept only for the run
                                            (forgotten after it; logged at every audit)
-``require-roster``             false       FPFL masking only with peers whose masking keys
+``require-roster``             true        FPFL masking only with peers whose masking keys
                                            are signed by members of the node's roster
-                                           (node config ``roster``, ``identity-key``)
+                                           (node config ``roster``, ``identity-key``);
+                                           without both, a masked FPFL run is refused at
+                                           setup. ``false`` (the simulation's default)
+                                           accepts that the server may invent peers
+                                           (sybils) whose masks it knows: the node's
+                                           vector is then hidden by its own noise share
+                                           only (cross-device)
 ``fpfl-min-noise-multiplier``  0.5         smallest noise multiplier sigma of an FPFL
                                            training (a floor under any population size)
 ``fpfl-max-dropout-tolerance`` 0.3         largest dropout tolerance rho of an FPFL run,
@@ -75,6 +84,9 @@ key                            default     meaning
 ``fef-require-dp``             false       FedEvalFair only in the holder-level DP mode: a
                                            run without it is refused (round 1 before any
                                            data is read; the key holder releases nothing)
+``fef-min-cell-floor``         5           smallest ``fef-min-cell`` a FedEvalFair holder
+                                           applies: a run below it is refused in round 1,
+                                           before any data is read (simulation: 0)
 ``allowed-apps``               (none)      SHA-256 hashes of the app bundles (FABs) this
                                            node's gated ClientApp process may run
 =============================  ==========  ===============================================
@@ -170,7 +182,7 @@ class NodePrivacyPolicy:
     min_holders: int = field(default=2, metadata=_number(2, integer=True))
     min_users_for_counts: int = field(default=10, metadata=_number(1, integer=True))
     allow_ephemeral_ledger: bool = field(default=False, metadata=_BOOLEAN)
-    require_roster: bool = field(default=False, metadata=_BOOLEAN)
+    require_roster: bool = field(default=True, metadata=_BOOLEAN)
     fpfl_min_noise_multiplier: float = field(default=0.5, metadata=_number(0.0, closed_low=True))
     fpfl_max_dropout_tolerance: float = field(
         default=0.3, metadata=_number(0.0, 0.5, closed_low=True, open_high=True)
@@ -183,6 +195,7 @@ class NodePrivacyPolicy:
     fef_max_releases_per_key: int = field(default=200, metadata=_number(1, integer=True))
     fef_dp_max_epsilon: float = field(default=8.0, metadata=_number(0.0))
     fef_require_dp: bool = field(default=False, metadata=_BOOLEAN)
+    fef_min_cell_floor: int = field(default=5, metadata=_number(0, integer=True))
     allowed_apps: tuple[str, ...] = field(default=(), metadata=_HASHES)
     #: Where the policy came from (reported in the node's logs; not a policy key).
     source: str = field(default="built-in defaults", compare=False)
@@ -241,7 +254,7 @@ class NodePrivacyPolicy:
     def simulation(cls) -> NodePrivacyPolicy:
         """The policy of a node in Flower's simulation engine: its users are simulated, so the
         research settings (seeded noise, the non-private baselines, central noise, no masking,
-        FairFed's per-node release,
+        masking without a roster, FairFed's per-node release,
         larger budgets, a ledger that lives as long as the simulation) are allowed; every
         limit is still finite and enforced."""
         return cls(
@@ -255,8 +268,10 @@ class NodePrivacyPolicy:
             allow_non_private=True,
             allow_node_release=True,
             allow_ephemeral_ledger=True,
+            require_roster=False,
             fpfl_min_noise_multiplier=0.25,
             fpfl_max_dropout_tolerance=0.45,
+            fef_min_cell_floor=0,
             source="simulation defaults",
         )
 
@@ -291,6 +306,24 @@ class NodePrivacyPolicy:
             raise PolicyRefusal("require-distributed-noise forbids central noise")
         if seeded and not self.allow_seeded_noise:
             raise PolicyRefusal("seeded noise needs allow-seeded-noise")
+
+    def check_roster(self, *, identity_key: bool, roster: bool) -> None:
+        """Refuse FPFL masking when ``require-roster`` is set and this node has no identity
+        key or no roster (``identity_key``, ``roster``: whether it has each): without a roster
+        the server may invent peers (sybils) whose masks it knows. The sentence names what is
+        missing, the node config keys and the policy key that accepts the risk."""
+        if not self.require_roster or (identity_key and roster):
+            return
+        missing = " and ".join(
+            name
+            for name, present in (("roster", roster), ("identity-key", identity_key))
+            if not present
+        )
+        raise PolicyRefusal(
+            f"FPFL masking needs this node's {missing} (node config roster and identity-key, "
+            "made by fedparity identity), or require-roster = false to accept peers the "
+            "server may invent"
+        )
 
     def check_node_release(self, fairfed: bool) -> None:
         """Refuse FairFed's per-node release (a run with a release share) unless
@@ -370,6 +403,29 @@ class NodePrivacyPolicy:
             raise PolicyRefusal("the FedEvalFair release's epsilon is above fef-dp-max-epsilon")
         if not delta < self.user_delta:
             raise PolicyRefusal("the FedEvalFair release's delta is not below user-delta")
+
+    def check_fef_min_cell(self, min_cell: int, *, source: str = "the run config") -> None:
+        """Refuse a FedEvalFair ``fef-min-cell`` below ``fef-min-cell-floor`` (before any data
+        is read), in one line naming both values and which side to change.
+
+        Refused, not raised to the floor: every holder of a test then applies the rule the
+        run states, so the report's ``fef-min-cell`` is the one its holders used (a silently
+        raised threshold would differ between holders with different floors, unseen by the
+        server). The decision depends on the run's setting and the policy only.
+
+        Parameters
+        ----------
+        min_cell : int
+            The ``fef-min-cell`` asked for.
+        source : str
+            Where it comes from, for the sentence (default: the run config).
+        """
+        if not min_cell >= self.fef_min_cell_floor:
+            raise PolicyRefusal(
+                f"fef-min-cell = {min_cell} ({source}) is below this node's fef-min-cell-floor "
+                f"= {self.fef_min_cell_floor}: raise fef-min-cell to at least "
+                f"{self.fef_min_cell_floor}, or lower fef-min-cell-floor in the node's policy"
+            )
 
     def check_app(self, app_hash: str) -> None:
         """Refuse an app bundle whose SHA-256 hash is not in ``allowed-apps``."""

@@ -23,6 +23,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fedparity.clients import FPFLNodeSettings, FPFLShard
+from fedparity.clients.fpfl_node import node_workload
 from fedparity.clients.messages import NodeRefusal
 from fedparity.clients.policy import NodePrivacyPolicy, PolicyRefusal
 from fedparity.mechanisms.crypto.secure_sum import (
@@ -33,7 +34,7 @@ from fedparity.mechanisms.crypto.secure_sum import (
 from fedparity.mechanisms.privacy.user_ledger import SubsampledGaussianRelease, UserLedger, compose
 from fedparity.mechanisms.protocol import MessageError
 from fedparity.mechanisms.protocol.fpfl import FPFLKeyTable, FPFLRunParameters
-from tests.support.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, run_parameters
+from tests.support.fpfl_nodes import EXACT, EXACT_POLICY, MaskingNodes, node_users, run_parameters
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -41,8 +42,10 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 PRIVATE = FPFLNodeSettings(
     constraint="fnr", cohort_size=10, rounds=5, clipping_bound=1.0, epsilon=2.0, delta=1e-6
 )
-#: The built-in policy, with a ledger kept in the run state (these nodes are in-process).
-STRICT = NodePrivacyPolicy(allow_ephemeral_ledger=True)
+#: The built-in policy, with a ledger kept in the run state (these nodes are in-process) and
+#: masking without a roster (the attacks here are on nodes that have none; invented peers:
+#: tests/test_sybil_peers.py).
+STRICT = NodePrivacyPolicy(allow_ephemeral_ledger=True, require_roster=False)
 
 
 def setup_all(nodes: MaskingNodes, views: dict[int, FPFLRunParameters]) -> dict[int, FPFLKeyTable]:
@@ -57,13 +60,25 @@ def setup_all(nodes: MaskingNodes, views: dict[int, FPFLRunParameters]) -> dict[
     return tables
 
 
-def pinned_rounds(parameters: FPFLRunParameters, steps: int) -> SubsampledGaussianRelease:
-    """``steps`` rounds released at the pinned sigma and ``q``: what a ledger must cover."""
+def pinned_rounds(
+    parameters: FPFLRunParameters, steps: int, policy: NodePrivacyPolicy = STRICT
+) -> SubsampledGaussianRelease:
+    """``steps`` rounds released at the pinned sigma and ``q``: what a ledger must cover (with
+    the chance, per round, that the cohort of a node of :func:`node_users` outgrew its fixed
+    workload under ``policy``)."""
+    workload = node_workload(
+        node_users(),
+        parameters.sample_rate,
+        parameters.rounds,
+        user_epsilon_budget=policy.user_epsilon_budget,
+        user_delta=policy.user_delta,
+    )
     return SubsampledGaussianRelease(
         noise_multiplier=parameters.noise_multiplier,
         sample_rate=parameters.sample_rate,
         steps=steps,
         delta=parameters.delta,  # type: ignore[arg-type]
+        timing_tail_probability=steps * workload.tail_probability,
         job="fpfl",
         label="released",
     )
@@ -476,7 +491,7 @@ def test_a_failure_while_computing_is_a_counted_round_with_the_noise_share_alone
     assert np.isfinite(total).all()
     assert np.abs(total).max() > 0  # the noise shares alone: no statistics, but noise
     state = FPFLRunState.from_record(nodes.contexts[3].state.config_records[FPFL_STATE_KEY])
-    assert state.answered == 1 and state.charged
+    assert state.answered == 1 and state.charged_rounds == 1
 
 
 # --- run parameters beyond the node's settings or policy --------------------------------------

@@ -341,8 +341,11 @@ def test_the_release_noise_has_the_std_of_the_split() -> None:
 
 
 FAIRFED_EXACT = replace(EXACT, fairfed_release_share=0.25)
-#: The exact runs' policy, with FairFed's per-node release allowed.
-FAIRFED_POLICY = NodePrivacyPolicy(allow_non_private=True, allow_node_release=True)
+#: The exact runs' policy, with FairFed's per-node release allowed (and masking without a
+#: roster, as EXACT_POLICY).
+FAIRFED_POLICY = NodePrivacyPolicy(
+    allow_non_private=True, allow_node_release=True, require_roster=False
+)
 
 
 @pytest.mark.parametrize("scale", [1.5, -0.1, math.nan, math.inf, "0.5", True])
@@ -432,7 +435,9 @@ def test_a_fairfed_training_sends_scales_reads_releases_and_moves_the_weights(
     nodes = MaskingNodes(
         [11, 12, 13],
         settings,
-        policy=NodePrivacyPolicy(allow_node_release=True) if private else FAIRFED_POLICY,
+        policy=NodePrivacyPolicy(allow_node_release=True, require_roster=False)
+        if private
+        else FAIRFED_POLICY,
     )
     grid = _grid(nodes)
     protocol = _protocol(nodes, grid)

@@ -231,9 +231,17 @@ FPFL_RUN_TIMEOUT = 600
 
 @pytest.mark.slow
 def test_fpfl_faults(tmp_path: Path) -> None:
+    from fedparity.server.cli.identity import write_node_identities
+
     # 900 users: delta = 1/K is above the built-in fpfl-max-delta (1e-3); each node's
-    # operator allows it in the node's own config.
-    node_configs = [f"partition-id={i} num-partitions=3 fpfl-max-delta=0.002" for i in range(3)]
+    # operator allows it in the node's own config. Each node has its identity key and the
+    # roster (the built-in policy's require-roster: no masked sum with peers it cannot check).
+    identities = write_node_identities(tmp_path / "identity", 3)
+    node_configs = [
+        f"partition-id={i} num-partitions=3 fpfl-max-delta=0.002 "
+        f"identity-key='{identities / f'node-{i}.key'}' roster='{identities / 'roster.toml'}'"
+        for i in range(3)
+    ]
     with local_deployment(REPO, 3, node_configs, tmp_path / "flwr-home", warm=True) as deployment:
         # 1. The ServerApp dies mid-training; the training resumes, every release counted.
         folder = tmp_path / "killed-server"

@@ -151,9 +151,19 @@ def test_a_node_checks_sigma_once_per_run_and_a_round_loads_no_opacus(tmp_path: 
 
     from fedparity.clients.fpfl_handlers import FPFL_STATE_KEY, FPFLRunState
     from fedparity.clients.policy import NodePrivacyPolicy
-    from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes
+    from tests.support.fpfl_nodes import (
+        POPULATION,
+        PRIVATE_TRAINING,
+        MaskingNodes,
+        roster_identities,
+    )
 
-    nodes = MaskingNodes([3, 4, 5], PRIVATE_TRAINING, policy=NodePrivacyPolicy())
+    nodes = MaskingNodes(
+        [3, 4, 5],
+        PRIVATE_TRAINING,
+        policy=NodePrivacyPolicy(),
+        identities=roster_identities([3, 4, 5]),
+    )
     nodes.setup()
     nodes.pin()
     nodes.round(1)

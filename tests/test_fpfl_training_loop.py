@@ -30,7 +30,13 @@ from fedparity.strategies import (
     StopAfterLostRounds,
     StopWhenTooFewNodes,
 )
-from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, MaskingNodes, make_model
+from tests.support.fpfl_nodes import (
+    POPULATION,
+    PRIVATE_TRAINING,
+    MaskingNodes,
+    make_model,
+    roster_identities,
+)
 from tests.test_secure_sum_attacks import NodesGrid, server_protocol
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -78,8 +84,14 @@ class CountingGrid(NodesGrid):
 
 
 def private_nodes() -> MaskingNodes:
-    """Three real nodes of a noisy masked training (a new Flower run each time)."""
-    return MaskingNodes(MEMBERS, PRIVATE_TRAINING, policy=NodePrivacyPolicy())
+    """Three real nodes of a noisy masked training (a new Flower run each time), with a
+    roster (the built-in policy's require-roster)."""
+    return MaskingNodes(
+        MEMBERS,
+        PRIVATE_TRAINING,
+        policy=NodePrivacyPolicy(),
+        identities=roster_identities(MEMBERS),
+    )
 
 
 def new_training() -> FPFLTraining:

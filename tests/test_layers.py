@@ -802,7 +802,8 @@ def test_a_nodes_messages_without_a_model_load_no_torch(tmp_path: Path) -> None:
         context = Context(
             run_id=1,
             node_id=7,
-            node_config={"partition-id": 0, "num-partitions": 2},
+            # masking with the invented peer 8 below: no roster (require-roster's accepted risk)
+            node_config={"partition-id": 0, "num-partitions": 2, "require-roster": "false"},
             state=RecordDict(),
             run_config=run_config,
         )

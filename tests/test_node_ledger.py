@@ -12,6 +12,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from fedparity.clients.fpfl_handlers import FPFL_LEDGER_REFUSAL
+from fedparity.clients.fpfl_node import node_workload
 from fedparity.clients.ldp import LocalUsers, ldp_audit_handler
 from fedparity.clients.ledger import MIGRATED_SUFFIX
 from fedparity.clients.messages import NodeRefusal
@@ -36,7 +37,15 @@ from fedparity.mechanisms.protocol import (
 )
 from fedparity.server.api import run_simulation_job
 from fedparity.strategies.ldp_audit import LdpGapAudit
-from tests.support.fpfl_nodes import POPULATION, PRIVATE_TRAINING, SMALL_FPFL, USERS, MaskingNodes
+from tests.support.fpfl_nodes import (
+    POPULATION,
+    PRIVATE_TRAINING,
+    SMALL_FPFL,
+    USERS,
+    MaskingNodes,
+    roster_identities,
+)
+from tests.support.fpfl_nodes import node_users as fpfl_users
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -50,13 +59,26 @@ AUDIT = mechanism_for_budget("R", 0.25)
 AUDITS = 5
 
 
-def training_release() -> SubsampledGaussianRelease:
-    """The release a node of :data:`TRAINING` charges, built here from public parameters."""
+def training_release(budget: float | None = None) -> SubsampledGaussianRelease:
+    """The release a node of :data:`TRAINING` charges, built here from public parameters:
+    with ``budget`` (the users' epsilon budget), the chance that a round's cohort outgrew the
+    node's fixed workload, which that budget sizes (``fpfl_node.node_workload``)."""
+    tail = 0.0
+    if budget is not None:
+        workload = node_workload(
+            fpfl_users(),
+            TRAINING.cohort_size / POPULATION,
+            TRAINING.rounds,
+            user_epsilon_budget=budget,
+            user_delta=USER_DELTA,
+        )
+        tail = TRAINING.rounds * workload.tail_probability
     return SubsampledGaussianRelease(
         noise_multiplier=TRAINING.noise_multiplier(POPULATION),
         sample_rate=TRAINING.cohort_size / POPULATION,
         steps=TRAINING.rounds,
         delta=1e-6,
+        timing_tail_probability=tail,
         job="fpfl",
     )
 
@@ -79,18 +101,21 @@ def audit_message(node: int = 3) -> Message:
 def train_then_audit(
     tmp_path: Path, budget: float
 ) -> tuple[Message, list[Message], MaskingNodes, NodePrivacyPolicy]:
-    """Round 1 of a private training on three nodes (each charges the whole training), then
-    :data:`AUDITS` audits of node 3 through its LDP handler, on the same ledger."""
+    """A whole private training of node 3 among three nodes (charged block by block; the reply
+    of its last round is returned), then :data:`AUDITS` audits of node 3 through its LDP
+    handler, on the same ledger."""
     policy = NodePrivacyPolicy(user_epsilon_budget=budget, user_delta=USER_DELTA)
     nodes = MaskingNodes(
         NODES,
         TRAINING,
         policy=policy,
+        identities=roster_identities(NODES),
         node_config={node: {"ledger-dir": str(tmp_path / f"node-{node}")} for node in NODES},
     )
     nodes.setup()
     nodes.pin()
-    round_reply = nodes.send("fpfl_round", 3, nodes.round_message(1))
+    for round_number in range(1, TRAINING.rounds + 1):
+        round_reply = nodes.send("fpfl_round", 3, nodes.round_message(round_number))
     handler = ldp_audit_handler(node_users, num_groups=2, policy=policy)
     audit_replies = [handler(audit_message(), nodes.contexts[3]) for _ in range(AUDITS)]
     return round_reply, audit_replies, nodes, policy
@@ -115,6 +140,8 @@ def test_a_node_that_trained_and_audits_is_charged_both_and_pld_allows_what_basi
     basic = training.basic_epsilon + AUDITS * audit.basic_epsilon  # each at its delta, summed
     assert both.epsilon < basic - 0.3  # the PLD's gain is real at these parameters
     budget = (both.epsilon + basic) / 2  # PLD within it, basic composition past it
+    training = training_release(budget)
+    both = compose([training] + [audit] * AUDITS, USER_DELTA)
     round_reply, audit_replies, _, _ = train_then_audit(tmp_path, budget)
     audit_reply = audit_replies[-1]
 
@@ -124,7 +151,7 @@ def test_a_node_that_trained_and_audits_is_charged_both_and_pld_allows_what_basi
     assert sent[EPSILON_SPENT_KEY] == pytest.approx(alone.epsilon, rel=1e-9)
     assert sent[EPSILON_SPENT_DELTA_KEY] == USER_DELTA
     assert sent[EPSILON_SPENT_BASIC_KEY] == pytest.approx(training.basic_epsilon, rel=1e-9)
-    assert sent[EPSILON_SPENT_BASIC_DELTA_KEY] == pytest.approx(1e-6)
+    assert sent[EPSILON_SPENT_BASIC_DELTA_KEY] == pytest.approx(alone.basic_delta, rel=1e-9)
     # the training is the first release of the node's new ledger file: said once, not after
     assert sent[LEDGER_NEW_KEY] == 1
     assert all(
@@ -153,7 +180,7 @@ def test_an_audit_that_would_pass_the_composed_budget_is_refused_by_both(tmp_pat
     training, audit = training_release(), audit_release()
     all_audits = compose([training] + [audit] * AUDITS, USER_DELTA)
     budget = all_audits.epsilon - 0.05  # the training and 4 audits fit, the fifth does not
-    four = compose([training] + [audit] * (AUDITS - 1), USER_DELTA)
+    four = compose([training_release(budget)] + [audit] * (AUDITS - 1), USER_DELTA)
     assert four.epsilon < budget < all_audits.basic_epsilon  # both accountants refuse it
     _, audit_replies, _, _ = train_then_audit(tmp_path, budget)
     answered = [r.content.metric_records[METRICS_KEY]["num-reports"] for r in audit_replies]
@@ -173,7 +200,11 @@ def test_a_node_whose_users_cannot_afford_the_training_refuses_the_run(tmp_path:
     policy = NodePrivacyPolicy(user_epsilon_budget=budget, user_delta=USER_DELTA)
     folder = tmp_path / "node-3"
     nodes = MaskingNodes(
-        NODES, TRAINING, policy=policy, node_config={3: {"ledger-dir": str(folder)}}
+        NODES,
+        TRAINING,
+        policy=policy,
+        identities=roster_identities(NODES),
+        node_config={3: {"ledger-dir": str(folder)}},
     )
     nodes.setup()
     nodes.pin()
@@ -295,7 +326,11 @@ def test_the_ldp_job_reports_the_nodes_ledger_totals(tmp_path: Path) -> None:
 def test_round_replies_of_a_small_node_carry_no_totals(tmp_path: Path) -> None:
     policy = NodePrivacyPolicy(user_epsilon_budget=50.0, min_users_for_counts=USERS + 1)
     nodes = MaskingNodes(
-        NODES, TRAINING, policy=policy, node_config={3: {"ledger-dir": str(tmp_path)}}
+        NODES,
+        TRAINING,
+        policy=policy,
+        identities=roster_identities(NODES),
+        node_config={3: {"ledger-dir": str(tmp_path)}},
     )
     nodes.setup()
     nodes.pin()

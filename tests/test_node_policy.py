@@ -339,6 +339,7 @@ def test_fpfl_settings_beyond_the_policy_are_refused_at_setup(overrides: dict, r
         allow_seeded_noise=True,
         allow_non_private=True,
         fpfl_min_noise_multiplier=0.0,
+        require_roster=False,
     )
     allowed = fpfl_handlers(make_model, node_users, node, policy=allowing)
     reply = allowed["fpfl_setup"](setup_message(node), _context({}))

@@ -39,6 +39,7 @@ from tests.support.fpfl_nodes import (
     MaskingNodes,
     make_model,
     node_users,
+    roster_identities,
 )
 from tests.test_html_report import assert_report_matches_results
 
@@ -54,6 +55,7 @@ def pipeline_nodes(tmp_path: Path) -> MaskingNodes:
         NODES,
         TRAINING,
         policy=NodePrivacyPolicy(user_epsilon_budget=100.0, user_delta=USER_DELTA),
+        identities=roster_identities(NODES),
         node_config={node: {"ledger-dir": str(tmp_path / f"node-{node}")} for node in NODES},
         sessions=("fpfl", "pfl"),
     )
@@ -62,7 +64,7 @@ def pipeline_nodes(tmp_path: Path) -> MaskingNodes:
 # --- FPFL sessions -----------------------------------------------------------------------------
 
 
-def test_each_training_has_its_own_keys_and_rounds_and_is_charged_in_full(
+def test_each_training_has_its_own_keys_and_rounds_and_is_charged_before_it_releases(
     tmp_path: Path,
 ) -> None:
     nodes = pipeline_nodes(tmp_path)
@@ -81,16 +83,20 @@ def test_each_training_has_its_own_keys_and_rounds_and_is_charged_in_full(
     # ...and the two trainings' round 1 use different keys: the two masked vectors do not
     # differ by the difference of the values (which the pair masks alone would allow).
     assert not np.array_equal(masked["fpfl"], masked["pfl"])
-    # Both trainings are charged to every user, in full, before anything is released.
+    # Both trainings are charged to every user before anything is released: each for the
+    # first block of its rounds (round 1; blocks double, so a stopped training costs at most
+    # twice the rounds it sent). The users' budget leaves no workload tail here (every user and
+    # row is computed: tests/test_fpfl_timing.py).
     training = SubsampledGaussianRelease(
         noise_multiplier=TRAINING.noise_multiplier(POPULATION),
         sample_rate=TRAINING.cohort_size / POPULATION,
-        steps=TRAINING.rounds,
+        steps=1,
         delta=1e-6,
         job="fpfl",
     )
     ledger = UserLedger.load(tmp_path / "node-3" / "user-ledger.json", USERS)
     assert [release.kind for release in ledger.releases] == [training.kind] * 2
+    assert [release.failure_probability for release in ledger.releases] == [0.0, 0.0]
     np.testing.assert_allclose(
         ledger.epsilon_spent(),
         _independent_pld_epsilon([(training, 2)], USER_DELTA),
@@ -188,6 +194,7 @@ def test_a_pipeline_node_holds_each_session_to_its_own_settings(tmp_path: Path) 
         policy=NodePrivacyPolicy(
             user_epsilon_budget=100.0, user_delta=USER_DELTA, allow_node_release=True
         ),
+        identity=lambda context: nodes.identities[int(context.node_id)],
         sessions=("fpfl", "pfl"),
     )
     nodes.session = "pfl"

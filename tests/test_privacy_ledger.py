@@ -348,6 +348,7 @@ def test_ledger_show_json(written_ledger: Path, cli: Callable[[list[str]], CliRe
         "sample_rate": 0.01,
         "steps": 50,
         "delta": DELTA,
+        "timing_tail_probability": 0.0,
     }
     assert shown["releases"][0]["participants"] == 2
     assert shown["releases"][0]["user_total"] is None  # user 0 was not in the training

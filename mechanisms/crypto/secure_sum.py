@@ -72,8 +72,9 @@ Threat model (see also the project's threat-model page)
 * **What is not protected without a roster.** Keys exchanged without authentication can be
   replaced by a server that is active *at setup*, and a server can invent up to ``max-nodes``
   peers (sybils) whose masks it knows: the honest nodes' privacy then rests on their own noise
-  shares. With a roster (node config ``roster``, ``identity-key``; policy ``require-roster``)
-  neither is possible.
+  shares. With a roster (node config ``roster``, ``identity-key``) neither is possible; a
+  node's policy ``require-roster``, true by default outside simulation, refuses masking
+  without one.
 * **Colluding nodes.** ``c`` colluders learn nothing of the honest nodes' vectors beyond the
   sum; they do know their own noise shares, so each node sizes its share for ``n_min - c``
   honest survivors (:func:`noise_share_std`). The sum itself is not hidden: its privacy is the

@@ -26,6 +26,7 @@ from fedparity.clients.fpfl_task import get_flat_parameters, statistics_layout
 from fedparity.clients.identity import NodeIdentity
 from fedparity.clients.messages import session_state_key
 from fedparity.clients.policy import NodePrivacyPolicy
+from fedparity.mechanisms.crypto.identity import IdentityKey, Roster
 from fedparity.mechanisms.crypto.secure_sum import combine_self_seed, unmask_sum
 from fedparity.mechanisms.protocol import FPFL_KEY, SESSION_KEY
 from fedparity.mechanisms.protocol.fpfl import (
@@ -89,7 +90,9 @@ def node_users(_: Context | None = None) -> FPFLShard:
 
 
 #: Clipped sums without noise (the sum is exact, so an unmasked vector is recognisable), with
-#: every user in the cohort; a policy that allows the noise-free run.
+#: every user in the cohort; a policy that allows the noise-free run, and masking without a
+#: roster (the tests that use it play other attacks than invented peers, which
+#: tests/test_sybil_peers.py plays: ``require-roster = false`` is that accepted risk).
 EXACT = FPFLNodeSettings(
     constraint="fnr",
     cohort_size=POPULATION,
@@ -98,7 +101,7 @@ EXACT = FPFLNodeSettings(
     epsilon=None,
     dropout_tolerance=0.25,
 )
-EXACT_POLICY = NodePrivacyPolicy(allow_non_private=True)
+EXACT_POLICY = NodePrivacyPolicy(allow_non_private=True, require_roster=False)
 #: A private training under masking and distributed noise (the built-in policy's rules).
 PRIVATE_TRAINING = FPFLNodeSettings(
     constraint="fnr",
@@ -109,6 +112,15 @@ PRIVATE_TRAINING = FPFLNodeSettings(
     delta=1e-6,
     dropout_tolerance=0.0,
 )
+
+
+def roster_identities(node_ids: Sequence[int]) -> dict[int, NodeIdentity]:
+    """A fresh identity key per node and one roster of them all (what ``fedparity identity``
+    gives a cross-silo federation): for :class:`MaskingNodes` ``identities``, so that nodes
+    under the built-in policy (``require-roster``) take part."""
+    keys = {node: IdentityKey.generate() for node in node_ids}
+    roster = Roster.from_keys({f"node-{node}": key for node, key in keys.items()})
+    return {node: NodeIdentity(keys[node], roster) for node in node_ids}
 
 
 @dataclass
@@ -161,15 +173,17 @@ class MaskingNodes:
         node_ids: Sequence[int],
         settings: FPFLNodeSettings = EXACT,
         *,
-        policy: NodePrivacyPolicy = EXACT_POLICY,
+        policy: NodePrivacyPolicy | None = EXACT_POLICY,
         identities: Mapping[int, NodeIdentity] | None = None,
         node_config: Mapping[int, dict] | None = None,
         sessions: Sequence[str] = ("",),
         population: int = POPULATION,
     ) -> None:
         """Each node keeps its privacy ledger in its own folder (node config ``ledger-dir``,
-        default: a temporary folder removed with this object). ``sessions``: the trainings
-        the nodes' run defines; every message names :attr:`session` (``""``: none)."""
+        default: a temporary folder removed with this object). ``policy`` None: each node's
+        own, from its ``node_config`` (:func:`~fedparity.clients.policy.node_policy`).
+        ``sessions``: the trainings the nodes' run defines; every message names
+        :attr:`session` (``""``: none)."""
         self.ids = sorted(node_ids)
         self.session = ""
         self._ledgers = tempfile.TemporaryDirectory(prefix="fedparity-ledgers-")
