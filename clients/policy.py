@@ -24,72 +24,72 @@ the safe default (``require-roster = true`` included, in a simulation too).
 
 Keys (kebab-case in files and node config) and built-in defaults:
 
-=============================  ==========  ===============================================
-key                            default     meaning
-=============================  ==========  ===============================================
-``ldp-max-epsilon``            8.0         largest true epsilon of one LDP audit report
-``user-epsilon-budget``        10.0        each user's lifetime epsilon over every DP
-                                           release the node's ledger records (LDP audits,
-                                           FPFL trainings), at ``user-delta`` (kept in the
-                                           ledger; a later, lower policy lowers it, a
-                                           higher one never raises it). The old name
-                                           ``ldp-user-budget`` is still read (deprecated)
-``user-delta``                 1e-6        the delta at which each user's total is stated
-                                           and checked (kept in the ledger; only lowered)
-``fpfl-max-epsilon``           8.0         largest user-level epsilon of an FPFL training
-``fpfl-max-delta``             1e-3        largest delta of an FPFL training
-``require-masking``            true        FPFL sums only under the masked secure sum
-``require-distributed-noise``  true        FPFL noise only from the nodes' own shares
-``allow-seeded-noise``         false       a server-sent seed for cohort and noise
-``allow-non-private``          false       FPFL baselines without noise (FL, FFL, ...)
-``allow-node-release``         false       FairFed's per-node release: the node's own noisy
-                                           statistics, outside the secure sum (within the
-                                           training's epsilon)
-``min-survivors``              2           fewest survivors for which masks are revealed
-``tolerated-colluders``        0           nodes that may collude with the server (noise
-                                           shares are sized for ``n_min - t`` honest ones)
-``max-nodes``                  1000        most nodes a round may claim (noise shares
-                                           shrink with the node count)
-``max-population``             10000000    most users K a run may claim (a larger K is
-                                           refused at setup)
-``min-holders``                2           fewest holders in a CKKS sum a key holder opens
-``min-users-for-counts``       10          below this many users a node sends no counts
-                                           (of reports, samples, refusals, spent budget)
-                                           in clear
-``allow-ephemeral-ledger``     false       LDP audits with a ledger kept only for the run
-                                           (forgotten after it; logged at every audit)
-``require-roster``             true        FPFL masking only with peers whose masking keys
-                                           are signed by members of the node's roster
-                                           (node config ``roster``, ``identity-key``);
-                                           without both, a masked FPFL run is refused at
-                                           setup. ``false`` (the simulation's default)
-                                           accepts that the server may invent peers
-                                           (sybils) whose masks it knows: the node's
-                                           vector is then hidden by its own noise share
-                                           only (cross-device)
-``fpfl-min-noise-multiplier``  0.5         smallest noise multiplier sigma of an FPFL
-                                           training (a floor under any population size)
-``fpfl-max-dropout-tolerance`` 0.3         largest dropout tolerance rho of an FPFL run,
-                                           below 0.5 (split views of the survivors)
-``fpfl-max-weight``            10000       largest absolute model weight a round may carry
-``fpfl-max-rounds``            10000       most rounds T of an FPFL training
-``max-groups``                 256         most protected groups a run may claim
-``max-users-per-node``         10000000    most simulated users per node (embedded data)
-``max-resamples``              10000       most bootstrap resamples (``fef-resamples``)
-``fef-max-releases-per-key``   200         most FedEvalFair releases a key holder makes
-                                           with one secret key (its flooding margin)
-``fef-dp-max-epsilon``         8.0         largest epsilon of a FedEvalFair release in the
-                                           holder-level DP mode (its delta must be below
-                                           ``user-delta``); each user is charged it
-``fef-require-dp``             false       FedEvalFair only in the holder-level DP mode: a
-                                           run without it is refused (round 1 before any
-                                           data is read; the key holder releases nothing)
-``fef-min-cell-floor``         5           smallest ``fef-min-cell`` a FedEvalFair holder
-                                           applies: a run below it is refused in round 1,
-                                           before any data is read (simulation: 0)
-``allowed-apps``               (none)      SHA-256 hashes of the app bundles (FABs) this
-                                           node's gated ClientApp process may run
-=============================  ==========  ===============================================
+==============================  ==========  ===============================================
+key                             default     meaning
+==============================  ==========  ===============================================
+``ldp-max-epsilon``             8.0         largest true epsilon of one LDP audit report
+``user-epsilon-budget``         10.0        each user's lifetime epsilon over every DP
+                                            release the node's ledger records (LDP audits,
+                                            FPFL trainings), at ``user-delta`` (kept in the
+                                            ledger; a later, lower policy lowers it, a
+                                            higher one never raises it). The old name
+                                            ``ldp-user-budget`` is still read (deprecated)
+``user-delta``                  1e-6        the delta at which each user's total is stated
+                                            and checked (kept in the ledger; only lowered)
+``fpfl-max-epsilon``            8.0         largest user-level epsilon of an FPFL training
+``fpfl-max-delta``              1e-3        largest delta of an FPFL training
+``require-masking``             true        FPFL sums only under the masked secure sum
+``require-distributed-noise``   true        FPFL noise only from the nodes' own shares
+``allow-seeded-noise``          false       a server-sent seed for cohort and noise
+``allow-non-private``           false       FPFL baselines without noise (FL, FFL, ...)
+``allow-node-release``          false       FairFed's per-node release: the node's own noisy
+                                            statistics, outside the secure sum (within the
+                                            training's epsilon)
+``min-survivors``               2           fewest survivors for which masks are revealed
+``tolerated-colluders``         0           nodes that may collude with the server (noise
+                                            shares are sized for ``n_min - t`` honest ones)
+``max-nodes``                   1000        most nodes a round may claim (noise shares
+                                            shrink with the node count)
+``max-population``              10000000    most users K a run may claim (a larger K is
+                                            refused at setup)
+``min-holders``                 2           fewest holders in a CKKS sum a key holder opens
+``min-users-for-counts``        10          below this many users a node sends no counts
+                                            (of reports, samples, refusals, spent budget)
+                                            in clear
+``allow-ephemeral-ledger``      false       LDP audits with a ledger kept only for the run
+                                            (forgotten after it; logged at every audit)
+``require-roster``              true        FPFL masking only with peers whose masking keys
+                                            are signed by members of the node's roster
+                                            (node config ``roster``, ``identity-key``);
+                                            without both, a masked FPFL run is refused at
+                                            setup. ``false`` (the simulation's default)
+                                            accepts that the server may invent peers
+                                            (sybils) whose masks it knows: the node's
+                                            vector is then hidden by its own noise share
+                                            only (cross-device)
+``fpfl-min-noise-multiplier``   0.5         smallest noise multiplier sigma of an FPFL
+                                            training (a floor under any population size)
+``fpfl-max-dropout-tolerance``  0.3         largest dropout tolerance rho of an FPFL run,
+                                            below 0.5 (split views of the survivors)
+``fpfl-max-weight``             10000       largest absolute model weight a round may carry
+``fpfl-max-rounds``             10000       most rounds T of an FPFL training
+``max-groups``                  256         most protected groups a run may claim
+``max-users-per-node``          10000000    most simulated users per node (embedded data)
+``max-resamples``               10000       most bootstrap resamples (``fef-resamples``)
+``fef-max-releases-per-key``    200         most FedEvalFair releases a key holder makes
+                                            with one secret key (its flooding margin)
+``fef-dp-max-epsilon``          8.0         largest epsilon of a FedEvalFair release in the
+                                            holder-level DP mode (its delta must be below
+                                            ``user-delta``); each user is charged it
+``fef-require-dp``              false       FedEvalFair only in the holder-level DP mode: a
+                                            run without it is refused (round 1 before any
+                                            data is read; the key holder releases nothing)
+``fef-min-cell-floor``          5           smallest ``fef-min-cell`` a FedEvalFair holder
+                                            applies: a run below it is refused in round 1,
+                                            before any data is read (simulation: 0)
+``allowed-apps``                (none)      SHA-256 hashes of the app bundles (FABs) this
+                                            node's gated ClientApp process may run
+==============================  ==========  ===============================================
 """
 
 from __future__ import annotations
