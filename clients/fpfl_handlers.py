@@ -618,7 +618,6 @@ class FPFLNode:
         parameters = state.parameters
         assert parameters.delta is not None
         session = parameters.session
-        first = state.charged_rounds == 0
         steps = min(parameters.rounds, max(1, 2 * state.charged_rounds))
 
         def training(rounds: int, time: str | None = None) -> SubsampledGaussianRelease:
@@ -640,21 +639,16 @@ class FPFLNode:
                 context, path, limits, shard.num_users, user_ids=shard.user_ids
             )
             # every user (by id): the Poisson sampling is in the release
-            if first:
+            if state.charged_rounds == 0:
                 ledger.check(training(parameters.rounds), user_ids=shard.user_ids)
                 release = training(steps)
                 ledger.charge(release, user_ids=shard.user_ids)
                 state.charged_at = release.time
             else:
-                index = _training_index(ledger, training(steps, state.charged_at))
-                old = ledger.releases[index]
-                release = replace(
-                    training(steps, state.charged_at),
-                    timing_tail_probability=max(
-                        old.failure_probability, min(0.5, steps * workload.tail_probability)
-                    ),
-                )
-                ledger.extend(index, release)
+                release = training(steps, state.charged_at)
+                index = _training_index(ledger, release)
+                tail = max(ledger.releases[index].failure_probability, release.failure_probability)
+                ledger.extend(index, replace(release, timing_tail_probability=tail))
         except LedgerFileError as error:  # names the node's files: it stays in the node's log
             log(logging.ERROR, "fpfl: %s", error)
             raise NodeRefusal(FPFL_LEDGER_UNUSABLE) from None
@@ -702,14 +696,15 @@ class FPFLNode:
             raise NodeRefusal("fpfl: the run's statistic vector size is not this node's model's")
         # Every refusal is decided: from here on the round is released, whatever the data.
         shard = self.node_users(context)
-        workload = node_workload(
-            shard,
-            parameters.sample_rate,
-            parameters.rounds,
-            user_epsilon_budget=limits.user_epsilon_budget,
-            user_delta=limits.user_delta,
-        )
+        workload = None  # only a noisy training's cohort is secret
         if parameters.epsilon is not None:
+            workload = node_workload(
+                shard,
+                parameters.sample_rate,
+                parameters.rounds,
+                user_epsilon_budget=limits.user_epsilon_budget,
+                user_delta=limits.user_delta,
+            )
             if state.answered >= state.charged_rounds:  # the next block, before its release
                 self.charge_training(context, limits, shard, state, workload)
             state.answered += 1  # counted (in the node state) before anything is released
@@ -735,7 +730,7 @@ class FPFLNode:
             context,
             request.round,
             request.node_scale,
-            workload if parameters.epsilon is not None else None,
+            workload,
         )
         extra = {METRICS_KEY: MetricRecord({**state.totals})} if state.totals else {}
         released = {} if release is None else {RELEASE_ARRAY: Array(release)}
